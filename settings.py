@@ -1,0 +1,133 @@
+"""One frozen Settings object, built from the environment at the entry points."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+
+class SettingsError(ValueError):
+    """A variable in the environment has a value the service cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the web process, the worker and the jobs are configured with.
+
+    Built once by `from_env` in each entry point and passed down; nothing else
+    reads the environment.
+    """
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    port: int = 8000
+    queue: str = "tts"
+    # None: the real weights from the Hugging Face hub (cached under HF_HOME).
+    model_path: str | None = None
+    # What `make run` sets: when the real weights cannot be had, load (and if
+    # needed generate) the tiny random checkpoint at this path instead of
+    # stopping. Never set in production: the tiny model speaks noise.
+    fallback_model_path: str | None = None
+    device: str = "auto"
+    engine: str = "chattts"
+    max_chars: int = 5000
+    chunk_chars: int = 180
+    batch_size: int = 4
+    max_new_token: int = 2048
+    result_ttl: int = 7 * 24 * 3600
+    default_seed: int = 2
+    job_timeout_base: int = 60
+    job_timeout_per_chunk: int = 120
+    max_body: int = 64 * 1024
+    torch_threads: int = 0
+
+    def job_timeout(self, chunks: int) -> int:
+        """Seconds a job of `chunks` chunks may run before RQ stops it."""
+        return self.job_timeout_base + self.job_timeout_per_chunk * max(1, chunks)
+
+
+def _parse(environ: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepts: str) -> T:
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return convert(raw.strip())
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(f"{name}={raw!r} is not valid: expected {accepts}") from exc
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    def convert(raw: str) -> int:
+        value = int(raw)
+        if value < low or (high is not None and value > high):
+            raise ValueError(raw)
+        return value
+
+    return convert
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def convert(raw: str) -> str:
+        if raw not in options:
+            raise ValueError(raw)
+        return raw
+
+    return convert
+
+
+def _redis_url(raw: str) -> str:
+    if urlsplit(raw).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(raw)
+    return raw
+
+
+def _device(raw: str) -> str:
+    if raw in ("auto", "cpu", "mps") or raw == "cuda" or (raw.startswith("cuda:") and raw[5:].isdigit()):
+        return raw
+    raise ValueError(raw)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read Settings from `environ` (default: os.environ).
+
+    Raises SettingsError naming the variable and what it accepts.
+    """
+    env = os.environ if environ is None else environ
+    d = Settings()
+    positive = "a whole number of at least 1"
+    return Settings(
+        redis_url=_parse(env, "REDIS_URL", d.redis_url, _redis_url, "a redis://, rediss:// or unix:// URL"),
+        port=_parse(env, "PORT", d.port, _int_in(1, 65535), "a port number 1-65535"),
+        queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
+        model_path=_parse(env, "TTS_MODEL_PATH", d.model_path, _existing_dir, "an existing directory"),
+        fallback_model_path=_parse(env, "TTS_FALLBACK_MODEL_PATH", d.fallback_model_path, str, "a directory path"),
+        device=_parse(env, "TTS_DEVICE", d.device, _device, "auto, cpu, cuda, cuda:N or mps"),
+        engine=_parse(env, "TTS_ENGINE", d.engine, _choice("chattts", "tone"), "chattts or tone"),
+        max_chars=_parse(env, "TTS_MAX_CHARS", d.max_chars, _int_in(1, 1_000_000), positive),
+        chunk_chars=_parse(env, "TTS_CHUNK_CHARS", d.chunk_chars, _int_in(20, 1000), "a whole number 20-1000"),
+        batch_size=_parse(env, "TTS_BATCH_SIZE", d.batch_size, _int_in(1, 256), "a whole number 1-256"),
+        max_new_token=_parse(env, "TTS_MAX_NEW_TOKEN", d.max_new_token, _int_in(1, 4096), "a whole number 1-4096"),
+        result_ttl=_parse(env, "TTS_RESULT_TTL", d.result_ttl, _int_in(1), "seconds, at least 1"),
+        default_seed=_parse(env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"),
+        job_timeout_base=_parse(env, "TTS_JOB_TIMEOUT_BASE", d.job_timeout_base, _int_in(1), "seconds, at least 1"),
+        job_timeout_per_chunk=_parse(
+            env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(1), "seconds, at least 1"
+        ),
+        max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
+        torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
+    )
+
+
+def _choice_name(raw: str) -> str:
+    if not raw or not all(c.isalnum() or c in "_-" for c in raw):
+        raise ValueError(raw)
+    return raw
+
+
+def _existing_dir(raw: str) -> str:
+    if not os.path.isdir(raw):
+        raise ValueError(raw)
+    return raw
