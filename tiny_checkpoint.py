@@ -169,7 +169,7 @@ def write(directory: str | os.PathLike[str], seed: int = 0) -> Path:
     with torch.no_grad():
         # Keep the random spectrum quiet so the noise stays inside [-1, 1].
         vocos.head.out.weight.mul_(0.05)
-        vocos.head.out.bias.fill_(-2.0)
+        vocos.head.out.bias.fill_(3.0)
     _save(vocos, asset / "Vocos.safetensors")
 
     dvae = DVAE(

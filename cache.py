@@ -1,0 +1,194 @@
+"""Request identity (normalization and keys) and the chunk audio kept in Redis."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+# Bump when anything that changes the sound for the same inputs changes
+# (splitting rules, how audio is trimmed or stored): old keys then miss.
+KEY_VERSION = 1
+SAMPLE_RATE = 24_000
+# Chunk audio is PCM16 little-endian mono at SAMPLE_RATE: lossless for what
+# the model emits after clipping, half the size of float32, and joinable by
+# plain concatenation.
+SAMPLE_WIDTH = 2
+
+PREFIX = "tts"
+MODEL_KEY = f"{PREFIX}:model"
+_ID = re.compile(r"[0-9a-f]{32}")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize(text: str) -> str:
+    """Remove what cannot change the sound; keep everything that can.
+
+    NFKC folds width forms (full-width Latin, half-width kana); zero-width,
+    format and control characters and lone surrogates are dropped; runs of
+    white space become one space; the ends are stripped. Punctuation, case and
+    tags are kept: they change prosody.
+    """
+    text = unicodedata.normalize("NFKC", text)
+    # White space first: newlines and tabs are control characters too, but
+    # they separate words, so they become spaces rather than vanish.
+    text = _WHITESPACE.sub(" ", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Cn"))
+    return _WHITESPACE.sub(" ", text).strip()
+
+
+def is_well_formed_id(value: str) -> bool:
+    """True when `value` could be a request id (32 lowercase hex digits)."""
+    return _ID.fullmatch(value) is not None
+
+
+def _digest(payload: Any) -> str:
+    data = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything that decides the sound of one request, already validated.
+
+    `chunks` are normalized text pieces from the splitter. `speaker`, when
+    set, overrides `seed`. `model` is the identity the worker published.
+    """
+
+    chunks: tuple[str, ...]
+    model: str
+    seed: int | None = 2
+    speaker: str | None = None
+    speed: int = 5
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    refine_text: bool = False
+    oral: int | None = None
+    laugh: int | None = None
+    break_: int | None = None
+
+    def voice(self) -> dict[str, Any]:
+        """The voice part of the identity: a speaker string wins over a seed."""
+        if self.speaker is not None:
+            return {"speaker": hashlib.sha256(self.speaker.encode("utf-8")).hexdigest()}
+        return {"seed": self.seed}
+
+    def _identity(self) -> dict[str, Any]:
+        refine = (
+            {"refine": True, "oral": self.oral, "laugh": self.laugh, "break": self.break_}
+            if self.refine_text
+            else {"refine": False}
+        )
+        return {
+            "v": KEY_VERSION,
+            "model": self.model,
+            "voice": self.voice(),
+            "speed": self.speed,
+            # Rounded so 0.3 and 0.30000000000000004 are one request.
+            "temperature": round(self.temperature, 4),
+            "top_p": round(self.top_p, 4),
+            "top_k": self.top_k,
+            **refine,
+        }
+
+    def chunk_ids(self) -> list[str]:
+        """One id per chunk: equal chunks of equal voice and settings share audio."""
+        identity = self._identity()
+        return [_digest({**identity, "text": chunk}) for chunk in self.chunks]
+
+    def request_id(self) -> str:
+        """The request's id: a hash of its chunk ids, in order."""
+        return _digest({"v": KEY_VERSION, "chunks": self.chunk_ids()})
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (for RQ's JSON serializer); `from_json` inverts it."""
+        data = asdict(self)
+        data["chunks"] = list(self.chunks)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Spec:
+        names = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["chunks"] = tuple(values.get("chunks", ()))
+        return cls(**values)
+
+
+def chunk_key(chunk_id: str) -> str:
+    return f"{PREFIX}:chunk:{chunk_id}"
+
+
+def request_key(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}"
+
+
+def events_channel(request_id: str) -> str:
+    """Pub/sub channel on which the worker announces a request's progress."""
+    return f"{PREFIX}:events:{request_id}"
+
+
+def manifest(spec: Spec, excerpt_chars: int = 60) -> dict[str, Any]:
+    """What is stored under `request_key`: enough to find and describe the audio."""
+    text = " ".join(spec.chunks)
+    return {
+        "chunks": spec.chunk_ids(),
+        "chars": len(text),
+        "excerpt": text[:excerpt_chars],
+        "model": spec.model,
+    }
+
+
+class AudioCache:
+    """Reads and writes chunk audio and request manifests in Redis.
+
+    `redis` is a `redis.asyncio.Redis` (web side). Every value has a TTL of
+    `ttl` seconds; a request that is asked for again has its TTLs renewed.
+    """
+
+    def __init__(self, redis: Any, ttl: int) -> None:
+        self.redis = redis
+        self.ttl = ttl
+
+    async def missing(self, chunk_ids: Sequence[str]) -> list[int]:
+        """Indexes of the chunks whose audio is not stored."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cid in chunk_ids:
+                pipe.exists(chunk_key(cid))
+            found = await pipe.execute()
+        return [i for i, hit in enumerate(found) if not hit]
+
+    async def remember(self, request_id: str, spec: Spec, touch_chunks: bool) -> None:
+        """Store the request's manifest; renew its chunks' TTLs when they are all there."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(request_key(request_id), json.dumps(manifest(spec)), ex=self.ttl)
+            if touch_chunks:
+                for cid in spec.chunk_ids():
+                    pipe.expire(chunk_key(cid), self.ttl)
+            await pipe.execute()
+
+    async def manifest(self, request_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.get(request_key(request_id))
+        return None if raw is None else json.loads(raw)
+
+    async def chunks(self, chunk_ids: Sequence[str]) -> list[bytes | None]:
+        """The PCM16 audio of each chunk, None where it is not (or no longer) stored."""
+        if not chunk_ids:
+            return []
+        return list(await self.redis.mget([chunk_key(cid) for cid in chunk_ids]))
+
+
+def store_chunk(redis: Any, chunk_id: str, pcm: bytes, ttl: int) -> None:
+    """Write one chunk's PCM16 audio (sync client, worker side)."""
+    redis.set(chunk_key(chunk_id), pcm, ex=ttl)
+
+
+def stored(redis: Any, chunk_ids: Iterable[str]) -> list[bool]:
+    """Which of `chunk_ids` have audio stored (sync client, worker side)."""
+    pipe = redis.pipeline(transaction=False)
+    for cid in chunk_ids:
+        pipe.exists(chunk_key(cid))
+    return [bool(x) for x in pipe.execute()]

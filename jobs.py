@@ -1,0 +1,195 @@
+"""The job RQ runs (synthesize a request's missing chunks) and how it is enqueued."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+from redis import Redis
+from rq import Queue, Retry, get_current_job
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+import audio
+from cache import MODEL_KEY, Spec, events_channel, stored, store_chunk
+from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SERIALIZER = JSONSerializer
+# Samples per generated audio token, and the centre-padding ChatTTS's vocoder
+# removes once per clip: a clip of T tokens has 512*T - 256 samples.
+SAMPLES_PER_TOKEN = 512
+_ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
+
+
+class Engine(Protocol):
+    """A text-to-speech model, as the job sees it."""
+
+    def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
+        """Float32 mono 24 kHz audio for each of `texts`, in order, in the voice
+        and with the settings of `spec`. Deterministic for equal inputs on one
+        device. Raises on failure; never returns fewer items than `texts`."""
+        ...
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a worker tells the web side about the model it serves."""
+
+    id: str
+    name: str
+    tiny: bool
+    engine: str
+    device: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ModelInfo:
+        return cls(**json.loads(raw))
+
+
+class ModelMismatch(RuntimeError):
+    """The job was keyed for another model than the one this worker runs."""
+
+
+@dataclass
+class _Bound:
+    engine: Engine
+    model: ModelInfo
+    settings: Settings
+    redis: Redis
+
+
+_bound: _Bound | None = None
+
+
+def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> None:
+    """Give the jobs of this process their model (called once by the worker).
+
+    Also publishes `model` under MODEL_KEY, so the web side keys new requests
+    for it.
+    """
+    global _bound
+    _bound = _Bound(engine, model, settings, redis)
+    redis.set(MODEL_KEY, model.to_json())
+
+
+def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
+    """RQ job: store the audio of every chunk of the request that is missing.
+
+    Chunks are synthesized in batches of `settings.batch_size`; after each
+    batch the audio is in Redis, `job.meta["progress"]` is updated and an
+    event is published on the request's channel, so a crash loses at most one
+    batch. Returns a small JSON-able summary (never audio: RQ's JSON
+    serializer would drop bytes).
+    """
+    if _bound is None:
+        raise RuntimeError("no model is bound in this process; run jobs with worker.py")
+    ctx = _bound
+    spec = Spec.from_json(spec_json)
+    if spec.model != ctx.model.id:
+        raise ModelMismatch(f"request was keyed for model {spec.model}, this worker runs {ctx.model.id}; submit it again")
+    job = get_current_job()
+    request_id = job.id if job is not None else spec.request_id()
+    chunk_ids = spec.chunk_ids()
+    total = len(chunk_ids)
+    todo = [i for i, hit in enumerate(stored(ctx.redis, chunk_ids)) if not hit]
+    done = total - len(todo)
+    started = time.monotonic()
+    audio_seconds = 0.0
+    tokens: dict[int, int] = {}
+    _progress(ctx, job, request_id, done, total)
+    try:
+        for start in range(0, len(todo), ctx.settings.batch_size):
+            batch = todo[start : start + ctx.settings.batch_size]
+            wavs = ctx.engine.synthesize([spec.chunks[i] for i in batch], spec)
+            if len(wavs) != len(batch):
+                raise RuntimeError(f"engine returned {len(wavs)} clips for {len(batch)} texts")
+            for i, wav in zip(batch, wavs):
+                pcm = audio.to_pcm16(wav)
+                store_chunk(ctx.redis, chunk_ids[i], pcm, ctx.settings.result_ttl)
+                audio_seconds += audio.duration(pcm)
+                tokens[i] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
+            done += len(batch)
+            _progress(ctx, job, request_id, done, total)
+    except Exception:
+        ctx.redis.publish(events_channel(request_id), json.dumps({"event": "failed"}))
+        raise
+    seconds = time.monotonic() - started
+    ctx.redis.publish(events_channel(request_id), json.dumps({"event": "finished"}))
+    logger.info(
+        "job %s finished: %d chunks, %d synthesized, %.2f s audio in %.2f s",
+        request_id, total, len(todo), audio_seconds, seconds,
+    )
+    return {
+        "chunks_total": total,
+        "chunks_synthesized": len(todo),
+        "tokens": [tokens[i] for i in sorted(tokens)],
+        "audio_seconds": round(audio_seconds, 3),
+        "synthesis_seconds": round(seconds, 3),
+        "model": ctx.model.id,
+    }
+
+
+def _progress(ctx: _Bound, job: Job | None, request_id: str, done: int, total: int) -> None:
+    progress = {"chunks_done": done, "chunks_total": total}
+    if job is not None:
+        job.meta["progress"] = progress
+        job.save_meta()
+    ctx.redis.publish(events_channel(request_id), json.dumps({"event": "progress", **progress}))
+
+
+def queue(redis: Redis, settings: Settings) -> Queue:
+    """The synthesis queue, with the JSON serializer both sides must share."""
+    return Queue(settings.queue, connection=redis, serializer=SERIALIZER)
+
+
+def fetch(redis: Redis, request_id: str) -> Job | None:
+    """The RQ job of a request, or None when there is none (never, or expired)."""
+    try:
+        return Job.fetch(request_id, connection=redis, serializer=SERIALIZER)
+    except NoSuchJobError:
+        return None
+
+
+def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
+    """Enqueue the request's job, or return the job already doing it.
+
+    The job id is the request id and RQ's `unique` enqueue is atomic, so
+    identical requests in flight share one job. A job under that id that is
+    over (finished, failed, stopped, canceled) is replaced, under a short
+    lock so that two submitters cannot delete each other's new job.
+    """
+    request_id = spec.request_id()
+    redis = q.connection
+    for _ in range(5):
+        try:
+            return q.enqueue(
+                synthesize,
+                spec.to_json(),
+                job_id=request_id,
+                unique=True,
+                job_timeout=settings.job_timeout(len(spec.chunks)),
+                result_ttl=settings.result_ttl,
+                failure_ttl=settings.result_ttl,
+                retry=Retry(max=2, interval=[5, 30]),
+                description=f"tts {len(spec.chunks)} chunk(s): {excerpt!r}",
+                meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
+            )
+        except DuplicateJobError:
+            job = fetch(redis, request_id)
+            if job is not None and job.get_status(refresh=False) in _ACTIVE:
+                return job
+            with redis.lock(f"tts:lock:{request_id}", timeout=10, blocking_timeout=5):
+                job = fetch(redis, request_id)
+                if job is not None and job.get_status(refresh=False) not in _ACTIVE:
+                    job.delete()
+    raise RuntimeError(f"could not enqueue request {request_id}")

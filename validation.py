@@ -1,0 +1,159 @@
+"""Turning untrusted request bodies and query strings into a Spec, or a clear error."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from starlette.requests import Request
+
+import audio
+from cache import Spec, normalize
+from settings import Settings
+from splitter import split
+
+
+class ApiError(Exception):
+    """An answer for the client: HTTP status, words for a curl user, the field at fault."""
+
+    def __init__(self, status: int, detail: str, field: str | None = None, headers: Mapping[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.field = field
+        self.headers = dict(headers or {})
+
+
+def _invalid(field: str, detail: str) -> ApiError:
+    return ApiError(422, f"{field}: {detail}", field=field)
+
+
+async def read_json(request: Request, max_body: int) -> Any:
+    """The body parsed as JSON; 413 past `max_body` bytes (read no further), 400 if not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body:
+        raise ApiError(413, f"request body is over the {max_body}-byte limit")
+    data = bytearray()
+    async for piece in request.stream():
+        data += piece
+        if len(data) > max_body:
+            raise ApiError(413, f"request body is over the {max_body}-byte limit")
+    try:
+        return json.loads(bytes(data).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "request body is not UTF-8") from exc
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+
+
+def _int(body: Mapping[str, Any], name: str, low: int, high: int) -> int:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(name, f"must be a whole number from {low} to {high}")
+    if not low <= value <= high:
+        raise _invalid(name, f"must be from {low} to {high}, got {value}")
+    return value
+
+
+def _unit(body: Mapping[str, Any], name: str) -> float:
+    value = body[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _invalid(name, "must be a number greater than 0 and at most 1")
+    if not 0 < value <= 1:
+        raise _invalid(name, f"must be greater than 0 and at most 1, got {value}")
+    return float(value)
+
+
+_TTS_FIELDS = {"text", "seed", "speaker", "speed", "temperature", "top_p", "top_k",
+               "refine_text", "oral", "laugh", "break", "format"}
+_REFINE_ONLY = ("oral", "laugh", "break")
+
+
+def tts_fields(body: Any, settings: Settings) -> dict[str, Any]:
+    """The validated fields of a `POST /v1/tts` body (defaults not filled in).
+
+    Raises ApiError 422 naming the first field at fault.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(422, "request body must be a JSON object", field="body")
+    for name in body:
+        if name not in _TTS_FIELDS:
+            raise _invalid(name, f"unknown field; accepted fields are {', '.join(sorted(_TTS_FIELDS))}")
+    if "text" not in body:
+        raise _invalid("text", "is required")
+    if not isinstance(body["text"], str):
+        raise _invalid("text", "must be a string")
+    out: dict[str, Any] = {"text": normalize(body["text"])}
+    if not out["text"]:
+        raise _invalid("text", "is empty once white space and invisible characters are removed")
+    if len(out["text"]) > settings.max_chars:
+        raise _invalid("text", f"is {len(out['text'])} characters; the limit is {settings.max_chars}")
+    if "seed" in body:
+        out["seed"] = _int(body, "seed", 0, 2**32 - 1)
+    if "speaker" in body:
+        speaker = body["speaker"]
+        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 8192:
+            raise _invalid("speaker", "must be a ChatTTS speaker string (as returned by sample_random_speaker)")
+        out["speaker"] = speaker.strip()
+    if "speed" in body:
+        out["speed"] = _int(body, "speed", 1, 9)
+    for name in ("temperature", "top_p"):
+        if name in body:
+            out[name] = _unit(body, name)
+    if "top_k" in body:
+        out["top_k"] = _int(body, "top_k", 1, 100)
+    if "refine_text" in body:
+        if not isinstance(body["refine_text"], bool):
+            raise _invalid("refine_text", "must be true or false")
+        out["refine_text"] = body["refine_text"]
+    for name, high in zip(_REFINE_ONLY, (9, 2, 7)):
+        if name in body:
+            if not out.get("refine_text"):
+                raise _invalid(name, "only applies with refine_text: true")
+            out[name] = _int(body, name, 0, high)
+    if "format" in body:
+        if not isinstance(body["format"], str):
+            raise _invalid("format", f"must be one of {', '.join(audio.FORMATS)}")
+        out["format"] = audio_format(body["format"])
+    return out
+
+
+def spec(fields: Mapping[str, Any], settings: Settings, model: str) -> Spec:
+    """The Spec of validated `fields`: text split into chunks, defaults filled in."""
+    speaker = fields.get("speaker")
+    return Spec(
+        chunks=tuple(split(fields["text"], settings.chunk_chars)),
+        model=model,
+        seed=None if speaker is not None else fields.get("seed", settings.default_seed),
+        speaker=speaker,
+        speed=fields.get("speed", 5),
+        temperature=fields.get("temperature", 0.3),
+        top_p=fields.get("top_p", 0.7),
+        top_k=fields.get("top_k", 20),
+        refine_text=fields.get("refine_text", False),
+        oral=fields.get("oral"),
+        laugh=fields.get("laugh"),
+        break_=fields.get("break"),
+    )
+
+
+def audio_format(value: str) -> str:
+    """A supported output format name, or 422 naming `format`."""
+    fmt = value.strip().lower()
+    if fmt not in audio.FORMATS:
+        raise _invalid("format", f"{value!r} is not supported; use one of {', '.join(audio.FORMATS)}")
+    return fmt
+
+
+def wait_seconds(value: str | None) -> float:
+    """The `wait` query parameter: 0-60 seconds, default 0."""
+    if value is None or value == "":
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise _invalid("wait", "must be a number of seconds from 0 to 60") from None
+    if not (math.isfinite(seconds) and 0 <= seconds <= 60):
+        raise _invalid("wait", f"must be from 0 to 60 seconds, got {value}")
+    return seconds
