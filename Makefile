@@ -1,0 +1,37 @@
+# Two commands do everything:  make run  (Redis, web and worker)  and  make test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TINY := .cache/tiny-model
+
+.PHONY: install run test tiny-model clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements-test.txt
+	# PyPI's torchaudio is a CUDA build whose native libraries do not load
+	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
+	# without them.
+	rm -f $(VENV)/lib/python3*/site-packages/torchaudio/lib/*.so
+	touch $@
+
+# Web and worker from the Procfile (honcho), on $REDIS_URL or a private Redis.
+# Without real weights (no TTS_MODEL_PATH, hub unreachable) the worker says
+# so and runs on the tiny random checkpoint.
+run: install
+	@url=$$(scripts/redis-url $(BIN)/python) && \
+	echo "Redis: $$url" && \
+	REDIS_URL=$$url TTS_FALLBACK_MODEL_PATH=$(TINY) PATH=$(abspath $(BIN)):$$PATH exec $(BIN)/honcho start
+
+test: install
+	@url=$$(scripts/redis-url $(BIN)/python) && \
+	REDIS_URL=$$url $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+tiny-model: install
+	$(BIN)/python tiny_checkpoint.py $(TINY)
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

@@ -1,0 +1,216 @@
+"""Fixtures: a claimed Redis database, the tiny checkpoint, real web and worker processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from redis import Redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+CLAIM = "tts-tests:claim"
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+    """Poll `check` until it returns something truthy; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis database claimed for this test run.
+
+    On $REDIS_URL's server (when it answers) the first empty database from 15
+    down is claimed with a marker key and flushed only by us; otherwise a
+    private redis-server is started on a free port.
+    """
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        Redis.from_url(url, socket_connect_timeout=1).ping()
+    except Exception:
+        server = shutil.which("redis-server")
+        if server is None:
+            pytest.skip("no Redis answers at REDIS_URL and there is no redis-server binary")
+        port = _free_port()
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            cwd=tmp_path_factory.mktemp("redis"),
+        )
+        url = f"redis://127.0.0.1:{port}/0"
+        wait_for(lambda: _pings(url), 10, "private redis-server")
+        yield url
+        proc.terminate()
+        proc.wait(10)
+        return
+    for db in range(15, 0, -1):
+        claimed = _with_db(url, db)
+        conn = Redis.from_url(claimed)
+        if conn.dbsize() == 0 and conn.set(CLAIM, os.getpid(), nx=True):
+            yield claimed
+            conn.flushdb()
+            return
+    pytest.skip(f"no empty database to claim on {url}")
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def redis(redis_url: str) -> Iterator[Redis]:
+    """A clean claimed database for one test."""
+    conn = Redis.from_url(redis_url)
+    conn.flushdb()
+    conn.set(CLAIM, os.getpid())
+    yield conn
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random ChatTTS checkpoint, written once per run by the documented command."""
+    path = tmp_path_factory.mktemp("model") / "tiny"
+    subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(path)], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return path
+
+
+class Proc:
+    """A child process with its output in a log file, stopped on teardown."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = log.open("wb")
+        self.popen = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._out.close()
+
+
+class Stack:
+    """Real processes the way the Procfile starts them: uvicorn and rq workers."""
+
+    def __init__(self, redis_url: str, tmp: Path, env: dict[str, str]) -> None:
+        self.env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
+        self.tmp = tmp
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        self.web: Proc | None = None
+
+    def start_web(self) -> Proc:
+        self.web = self._spawn(
+            "web", ["uvicorn", "service:create_app", "--factory", "--host", "127.0.0.1", "--port", str(self.port)]
+        )
+        wait_for(lambda: self._answers("/healthz"), 30, "the web process to answer /healthz")
+        return self.web
+
+    def start_worker(self, *args: str) -> Proc:
+        return self._spawn("worker", ["worker.py", *args])
+
+    def run_worker_burst(self, timeout: float = 120) -> str:
+        """Run one `worker.py --burst` to completion; its output."""
+        proc = self._spawn("burst", ["worker.py", "--burst"])
+        proc.popen.wait(timeout)
+        proc.stop()
+        assert proc.popen.returncode == 0, proc.output()
+        return proc.output()
+
+    def wait_ready(self, timeout: float = 120) -> dict:
+        def ready() -> dict | None:
+            r = httpx.get(self.url + "/readyz")
+            return r.json() if r.status_code == 200 else None
+
+        try:
+            return wait_for(ready, timeout, "/readyz to say ready", interval=0.2)  # type: ignore[return-value]
+        except AssertionError:
+            logs = "\n".join(p.output()[-3000:] for p in self.procs)
+            raise AssertionError(f"stack not ready; logs:\n{logs}") from None
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        exe = [sys.executable, "-m", args[0], *args[1:]] if args[0] == "uvicorn" else [sys.executable, *args]
+        proc = Proc(exe, self.env, self.tmp / f"{name}-{len(self.procs)}.log")
+        self.procs.append(proc)
+        return proc
+
+    def _answers(self, path: str) -> bool:
+        try:
+            return httpx.get(self.url + path, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture
+def stack_factory(redis: Redis, redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
+    """Make a Stack on the test's clean database; everything is stopped after the test."""
+    made: list[Stack] = []
+
+    def make(**env: str) -> Stack:
+        stack = Stack(redis_url, tmp_path, env)
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        stack.stop()
+
+
+@pytest.fixture
+def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
+    """Web plus one worker on the deterministic tone engine (fast, no torch)."""
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.start_worker()
+    stack.wait_ready()
+    return stack

@@ -1,0 +1,221 @@
+"""The HTTP API end to end: real uvicorn, real rq workers (tone engine), real Redis."""
+
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import pytest
+import soundfile
+from redis import Redis
+
+from conftest import Stack, wait_for
+
+TEXT = "Hello from the tone engine. This is the second sentence."
+
+
+def _poll_finished(stack: Stack, request_id: str, timeout: float = 60) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        body = httpx.get(f"{stack.url}/v1/tts/{request_id}").json()
+        assert body["status"] in ("queued", "started", "finished"), body
+        return body if body["status"] == "finished" else None
+
+    return wait_for(finished, timeout, f"request {request_id} to finish", interval=0.05)  # type: ignore[return-value]
+
+
+def _rq_state(redis: Redis) -> dict[str, Any]:
+    """Everything RQ knows about jobs: queue contents, registries, job keys."""
+    return {
+        "queue": redis.lrange("rq:queue:tts", 0, -1),
+        "jobs": sorted(redis.keys("rq:job:*")),
+        **{name: redis.zrange(f"rq:{name}:tts", 0, -1) for name in ("wip", "finished", "failed", "scheduled")},
+        "job_hashes": {k: redis.hgetall(k) for k in redis.keys("rq:job:*")},
+    }
+
+
+def test_submit_poll_audio_then_repeat_is_served_from_redis(tone_stack: Stack, redis: Redis) -> None:
+    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    request_id = body["id"]
+    assert r.headers["location"] == f"/v1/tts/{request_id}" == body["status_url"]
+    assert body["status"] in ("queued", "started")
+    done = _poll_finished(tone_stack, request_id)
+    assert done["progress"]["chunks_done"] == done["progress"]["chunks_total"] >= 1
+
+    audio = httpx.get(tone_stack.url + body["audio_url"])
+    assert audio.status_code == 200
+    assert audio.headers["content-type"] == "audio/wav"
+    assert int(audio.headers["content-length"]) == len(audio.content)
+    assert "immutable" in audio.headers["cache-control"]
+    data, rate = soundfile.read(io.BytesIO(audio.content))
+    assert rate == 24000 and data.ndim == 1 and len(data) > 24000 // 2
+    again = httpx.get(tone_stack.url + body["audio_url"], headers={"If-None-Match": audio.headers["etag"]})
+    assert again.status_code == 304
+
+    before = _rq_state(redis)
+    # Same sound: width forms, zero-width characters and white space differ.
+    repeat = httpx.post(tone_stack.url + "/v1/tts",
+                        json={"text": "  Ｈｅｌｌｏ from the tone\u200b engine.\n\nThis is the second   sentence. "})
+    assert repeat.status_code == 200, repeat.text
+    assert repeat.json()["id"] == request_id
+    assert repeat.json()["status"] == "finished"
+    assert _rq_state(redis) == before, "a cached request touched the queue"
+
+
+def test_identical_concurrent_submissions_share_one_job(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    # A worker publishes the model, then exits: the queue is ours to inspect.
+    stack.run_worker_burst()
+    with ThreadPoolExecutor(20) as pool:
+        answers = list(pool.map(lambda _: httpx.post(stack.url + "/v1/tts", json={"text": TEXT}, timeout=30),
+                                range(20)))
+    assert {a.status_code for a in answers} == {202}
+    ids = {a.json()["id"] for a in answers}
+    assert len(ids) == 1
+    assert redis.llen("rq:queue:tts") == 1
+    assert len(redis.keys("rq:job:*")) == 1
+    output = stack.run_worker_burst()
+    assert output.count("Job OK") == 1, output
+    _poll_finished(stack, ids.pop())
+
+
+def test_failed_job_is_replaced_by_a_new_submission(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.run_worker_burst()
+    request_id = httpx.post(stack.url + "/v1/tts", json={"text": "Fail me once."}).json()["id"]
+    # Make the queued job fail for real: it names a model no worker runs.
+    key = f"rq:job:{request_id}"
+    data = json.loads(zlib.decompress(redis.hget(key, "data")))
+    data[2][0]["model"] = "some-other-model"
+    redis.hset(key, "data", zlib.compress(json.dumps(data).encode()))
+    redis.hset(key, "retries_left", 0)
+    stack.run_worker_burst()
+    failed = httpx.get(f"{stack.url}/v1/tts/{request_id}").json()
+    assert failed["status"] == "failed"
+    assert "model" in failed["error"] and "Traceback" not in failed["error"]
+    audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio")
+    assert audio.status_code == 500 and "Traceback" not in audio.text
+
+    again = httpx.post(stack.url + "/v1/tts", json={"text": "Fail me once."})
+    assert again.status_code == 202 and again.json()["id"] == request_id
+    stack.run_worker_burst()
+    _poll_finished(stack, request_id)
+
+
+def test_audio_wait_holds_until_ready(tone_stack: Stack) -> None:
+    body = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Wait for me, please."}).json()
+    r = httpx.get(tone_stack.url + body["audio_url"] + "?wait=30", timeout=40)
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
+
+
+def test_audio_not_ready_is_202_with_retry_after(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.run_worker_burst()
+    body = httpx.post(stack.url + "/v1/tts", json={"text": "Nobody is working."}).json()
+    r = httpx.get(stack.url + body["audio_url"] + "?wait=0.2")
+    assert r.status_code == 202
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["status"] == "queued" and r.json()["position"] == 0
+
+
+def test_web_process_never_imports_torch(tone_stack: Stack) -> None:
+    httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
+    assert tone_stack.web is not None
+    maps = Path(f"/proc/{tone_stack.web.pid}/maps").read_text()
+    assert "libtorch" not in maps and "torch/lib" not in maps
+
+
+def test_readyz_names_the_model_and_counts_workers(tone_stack: Stack) -> None:
+    body = httpx.get(tone_stack.url + "/readyz").json()
+    assert body["status"] == "ready" and body["workers"] == 1
+    assert body["model"]["name"] == "tone"
+    assert httpx.get(tone_stack.url + "/healthz").status_code == 200
+
+
+def test_readyz_without_worker_is_503(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    r = httpx.get(stack.url + "/readyz")
+    assert r.status_code == 503 and "worker" in r.json()["detail"]
+    # No model published yet: submissions are refused clearly, not lost.
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "too early"})
+    assert r.status_code == 503 and "retry-after" in r.headers
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        pytest.param(b"{not json", 400, None, id="malformed-json"),
+        pytest.param(b"\xff\xfe", 400, None, id="not-utf8"),
+        pytest.param(b"[1, 2]", 422, "body", id="not-an-object"),
+        pytest.param({}, 422, "text", id="missing-text"),
+        pytest.param({"text": 5}, 422, "text", id="text-not-string"),
+        pytest.param({"text": " \u200b\n"}, 422, "text", id="blank-text"),
+        pytest.param({"text": "x" * 5001}, 422, "text", id="text-too-long"),
+        pytest.param({"text": "hi", "voice": 1}, 422, "voice", id="unknown-field"),
+        pytest.param({"text": "hi", "seed": -1}, 422, "seed", id="seed-negative"),
+        pytest.param({"text": "hi", "seed": "1"}, 422, "seed", id="seed-string"),
+        pytest.param({"text": "hi", "seed": True}, 422, "seed", id="seed-bool"),
+        pytest.param({"text": "hi", "speed": 10}, 422, "speed", id="speed-range"),
+        pytest.param({"text": "hi", "temperature": 0}, 422, "temperature", id="temperature-zero"),
+        pytest.param({"text": "hi", "top_p": 1.5}, 422, "top_p", id="top-p-range"),
+        pytest.param({"text": "hi", "top_k": 0}, 422, "top_k", id="top-k-range"),
+        pytest.param({"text": "hi", "refine_text": "yes"}, 422, "refine_text", id="refine-not-bool"),
+        pytest.param({"text": "hi", "oral": 2}, 422, "oral", id="oral-without-refine"),
+        pytest.param({"text": "hi", "refine_text": True, "laugh": 3}, 422, "laugh", id="laugh-range"),
+        pytest.param({"text": "hi", "format": "aiff"}, 422, "format", id="format"),
+        pytest.param({"text": "hi", "speaker": None}, 422, "speaker", id="speaker-null"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx(tone_stack: Stack, redis: Redis, body: Any, status: int, field: str | None) -> None:
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(tone_stack.url + "/v1/tts", **kwargs)
+    assert r.status_code == status, r.text
+    answer = r.json()
+    assert answer["detail"]
+    assert answer.get("field") == field
+    assert redis.llen("rq:queue:tts") == 0
+
+
+def test_oversized_body_is_413(tone_stack: Stack) -> None:
+    r = httpx.post(tone_stack.url + "/v1/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}')
+    assert r.status_code == 413 and r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1/tts/not-an-id", id="malformed-status"),
+        pytest.param("/v1/tts/" + "0" * 32, id="unknown-status"),
+        pytest.param("/v1/tts/" + "0" * 32 + "/audio", id="unknown-audio"),
+        pytest.param("/nowhere", id="no-route"),
+    ],
+)
+def test_unknown_is_404_json(tone_stack: Stack, path: str) -> None:
+    r = httpx.get(tone_stack.url + path)
+    assert r.status_code == 404 and r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [pytest.param("?format=aiff", "format", id="format"), pytest.param("?wait=61", "wait", id="wait-range"),
+     pytest.param("?wait=soon", "wait", id="wait-word")],
+)
+def test_bad_audio_query_is_422(tone_stack: Stack, query: str, field: str) -> None:
+    request_id = httpx.post(tone_stack.url + "/v1/tts", json={"text": "query checks"}).json()["id"]
+    r = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio{query}")
+    assert r.status_code == 422 and r.json()["field"] == field
+
+
+def test_page_is_served(tone_stack: Stack) -> None:
+    r = httpx.get(tone_stack.url + "/")
+    assert r.status_code == 200 and "<textarea" in r.text and "/readyz" in r.text
