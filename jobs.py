@@ -60,6 +60,15 @@ class ModelMismatch(RuntimeError):
     """The job was keyed for another model than the one this worker runs."""
 
 
+class QueueFull(RuntimeError):
+    """The queue is deeper than the configured limit; nothing was enqueued."""
+
+
+def cancel_key(request_id: str) -> str:
+    """Set while a request is canceled; the running job checks it before each batch."""
+    return f"tts:cancel:{request_id}"
+
+
 @dataclass
 class _Bound:
     engine: Engine
@@ -111,6 +120,11 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
     try:
         for start in range(0, len(todo), ctx.settings.batch_size):
+            if ctx.redis.exists(cancel_key(request_id)):
+                logger.info("job %s canceled before batch %d", request_id, start // ctx.settings.batch_size)
+                ctx.redis.publish(events_channel(request_id), json.dumps({"event": "canceled"}))
+                return {"chunks_total": total, "chunks_synthesized": len(tokens), "canceled": True,
+                        "model": ctx.model.id}
             batch = todo[start : start + ctx.settings.batch_size]
             wavs = ctx.engine.synthesize([text_of[cid] for cid in batch], spec)
             if len(wavs) != len(batch):
@@ -179,7 +193,14 @@ def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
     """
     request_id = spec.request_id()
     redis = q.connection
+    # Asking again is asking for the audio: an earlier cancel no longer holds.
+    redis.delete(cancel_key(request_id))
     for _ in range(5):
+        job = fetch(redis, request_id)
+        if job is not None and job.get_status(refresh=False) in _ACTIVE:
+            return job
+        if q.count >= settings.max_queue:
+            raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
         try:
             return q.enqueue(
                 synthesize,
@@ -202,3 +223,15 @@ def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
                 if job is not None and job.get_status(refresh=False) not in _ACTIVE:
                     job.delete()
     raise RuntimeError(f"could not enqueue request {request_id}")
+
+
+def cancel(redis: Redis, request_id: str, ttl: int) -> None:
+    """Cancel a request: a queued job never runs, a running one stops before its next batch.
+
+    Audio already stored stays and serves later requests. Idempotent.
+    """
+    redis.set(cancel_key(request_id), 1, ex=ttl)
+    job = fetch(redis, request_id)
+    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.DEFERRED,
+                                                              JobStatus.SCHEDULED):
+        job.cancel()

@@ -143,11 +143,16 @@ class Service:
         }
         if not missing:
             return {**body, "status": "finished"}
+        if await self.redis.exists(jobs.cancel_key(request_id)):
+            return {**body, "status": "canceled"}
         job = await run_in_threadpool(jobs.fetch, self.sync_redis, request_id)
         if job is None:
             raise _not_found(request_id)
         rq_status = job.get_status(refresh=False) or "queued"
         status = _STATUS.get(rq_status, "queued")
+        if status == "finished":
+            # The job ran, but some of its audio has since expired or been evicted.
+            raise _not_found(request_id)
         body["status"] = status
         if status == "queued":
             position = await run_in_threadpool(job.get_position)
@@ -161,6 +166,12 @@ class Service:
         request_id = request.path_params["id"]
         manifest = await self._manifest(request_id)
         return JSONResponse(await self._status(request_id, manifest))
+
+    async def cancel(self, request: Request) -> Response:
+        request_id = request.path_params["id"]
+        await self._manifest(request_id)
+        await run_in_threadpool(jobs.cancel, self.sync_redis, request_id, self.settings.result_ttl)
+        return Response(status_code=204)
 
     async def audio(self, request: Request) -> Response:
         request_id = request.path_params["id"]
@@ -294,6 +305,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _queue_full(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"detail": f"the service is busy ({exc}); try again later"}, status_code=429,
+                        headers={"Retry-After": "30"})
+
+
 async def _redis_down(request: Request, exc: Exception) -> Response:
     logger.warning("Redis unavailable: %s", exc)
     return JSONResponse({"detail": "the service's Redis is unavailable; try again shortly"}, status_code=503,
@@ -323,11 +339,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/readyz", service.readyz, methods=["GET"]),
         Route("/v1/tts", service.submit, methods=["POST"]),
         Route("/v1/tts/{id}", service.status, methods=["GET"]),
+        Route("/v1/tts/{id}", service.cancel, methods=["DELETE"]),
         Route("/v1/tts/{id}/audio", service.audio, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {
         ApiError: _api_error,
         HTTPException: _http_error,
+        jobs.QueueFull: _queue_full,
         RedisConnectionError: _redis_down,
         RedisTimeoutError: _redis_down,
         Exception: _internal,

@@ -42,6 +42,7 @@ class Settings:
     job_timeout_base: int = 60
     job_timeout_per_chunk: int = 120
     max_body: int = 64 * 1024
+    max_queue: int = 1000
     torch_threads: int = 0
 
     def job_timeout(self, chunks: int) -> int:
@@ -117,6 +118,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(1), "seconds, at least 1"
         ),
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
+        max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
     )
 

@@ -76,3 +76,31 @@ def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> N
         "sha256_asset_tokenizer_special_tokens_map_json", "sha256_asset_tokenizer_tokenizer_config_json",
         "sha256_asset_tokenizer_tokenizer_json",
     }
+
+
+def test_cancel_stops_a_running_job_between_batches(stack_factory: Callable[..., Stack], tiny_model: Path,
+                                                     redis: Redis) -> None:
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="20", TTS_BATCH_SIZE="1")
+    stack.start_web()
+    stack.start_worker()
+    stack.wait_ready(timeout=180)
+    text = " ".join(f"Sentence number {word} here." for word in
+                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
+    pubsub = redis.pubsub()
+    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    pubsub.subscribe(f"tts:events:{body['id']}")
+
+    def first_chunk() -> bool:
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        return bool(message) and json.loads(message["data"]).get("chunks_done", 0) >= 1
+
+    wait_for(first_chunk, 60, "the first chunk to be stored", interval=0)
+    assert httpx.delete(stack.url + body["status_url"]).status_code == 204
+    job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
+    wait_for(lambda: job.get_status() == "finished", 60, "the job to stop")
+    result = job.return_value()
+    assert result["canceled"] is True
+    assert 1 <= result["chunks_synthesized"] < result["chunks_total"]
+    status = httpx.get(stack.url + body["status_url"]).json()
+    assert status["status"] == "canceled"
+    assert status["progress"]["chunks_done"] < status["progress"]["chunks_total"] == result["chunks_total"]

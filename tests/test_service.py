@@ -219,3 +219,39 @@ def test_bad_audio_query_is_422(tone_stack: Stack, query: str, field: str) -> No
 def test_page_is_served(tone_stack: Stack) -> None:
     r = httpx.get(tone_stack.url + "/")
     assert r.status_code == 200 and "<textarea" in r.text and "/readyz" in r.text
+
+
+def test_cancel_queued_job_never_runs(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.run_worker_burst()
+    body = httpx.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."}).json()
+    r = httpx.delete(stack.url + body["status_url"])
+    assert r.status_code == 204
+    assert httpx.get(stack.url + body["status_url"]).json()["status"] == "canceled"
+    output = stack.run_worker_burst()
+    assert "Job OK" not in output
+    assert httpx.get(stack.url + body["status_url"]).json()["status"] == "canceled"
+    assert httpx.get(stack.url + body["audio_url"]).status_code == 409
+    assert httpx.delete(stack.url + body["status_url"]).status_code == 204  # idempotent
+    assert httpx.delete(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 404
+    # Asking again un-cancels.
+    again = httpx.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."})
+    assert again.status_code == 202 and again.json()["id"] == body["id"]
+    stack.run_worker_burst()
+    _poll_finished(stack, body["id"])
+
+
+def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE="1")
+    stack.start_web()
+    stack.run_worker_burst()
+    cached = httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).json()
+    stack.run_worker_burst()
+    _poll_finished(stack, cached["id"])
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202
+    full = httpx.post(stack.url + "/v1/tts", json={"text": "One too many."})
+    assert full.status_code == 429 and int(full.headers["retry-after"]) > 0 and full.json()["detail"]
+    assert redis.llen("rq:queue:tts") == 1
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202  # joins its job
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).status_code == 200
