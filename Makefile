@@ -24,7 +24,7 @@ $(VENV)/.installed: requirements.txt requirements-test.txt
 run: install
 	@url=$$(scripts/redis-url $(BIN)/python) && \
 	echo "Redis: $$url" && \
-	REDIS_URL=$$url TTS_FALLBACK_MODEL_PATH=$(TINY) PATH=$(abspath $(BIN)):$$PATH exec $(BIN)/honcho start
+	REDIS_URL=$$url TTS_FALLBACK_MODEL_PATH=$(TINY) PATH=$(abspath $(BIN)):$$PATH exec $(BIN)/honcho start --port $${PORT:-8000}
 
 test: install
 	@url=$$(scripts/redis-url $(BIN)/python) && \

@@ -255,7 +255,9 @@ def load_engine(settings: Settings) -> tuple[jobs.Engine, jobs.ModelInfo]:
         engine, info = load_chattts(settings)
     # The first inference pays for JIT compilation and allocator growth; pay
     # it before taking jobs, not inside the first user's request.
-    warm = ("Warm up.", "预热一下。")
+    # Mixed scripts and a character ChatTTS rejects: each path compiles its own
+    # numba kernels on first use.
+    warm = ("Warm up, 1!", "预热一下。")
     engine.synthesize(list(warm), Spec(chunks=warm, model=info.id))
     return engine, info
 
