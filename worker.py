@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import sys
+import threading
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -262,6 +263,52 @@ def load_engine(settings: Settings) -> tuple[jobs.Engine, jobs.ModelInfo]:
     return engine, info
 
 
+class TTSWorker(SimpleWorker):
+    """RQ's non-forking worker, with heartbeats that outlive a long job's silence.
+
+    A SimpleWorker runs the job on its main thread, so RQ's own heartbeats
+    stop for the job's length and a dead worker's job is only noticed after
+    `job_timeout + 60 s` and the next 10-minute maintenance pass. Here a
+    thread beats every HEARTBEAT_EVERY seconds while a job runs, the claim on
+    the job lapses HEARTBEAT_TTL seconds after the last beat, and idle workers
+    run the registry clean-up every MAINTENANCE_EVERY seconds: a SIGKILLed
+    worker's job is re-queued (RQ's Retry) within about a minute.
+    """
+
+    HEARTBEAT_EVERY = 5
+    HEARTBEAT_TTL = 20
+    MAINTENANCE_EVERY = 10
+    # Sets how long an idle worker blocks on the queue (worker_ttl - 15 s), so
+    # that maintenance passes come often.
+    WORKER_TTL = 35
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("worker_ttl", self.WORKER_TTL)
+        kwargs.setdefault("maintenance_interval", self.MAINTENANCE_EVERY)
+        super().__init__(*args, **kwargs)
+
+    def get_heartbeat_ttl(self, job: Any) -> int:
+        return self.HEARTBEAT_TTL
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.HEARTBEAT_EVERY):
+                try:
+                    self.maintain_heartbeats(job)
+                except Exception:  # a missed beat is retried; never kill the job for it
+                    logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
+
+        thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        thread.start()
+        try:
+            super().execute_job(job, queue)
+        finally:
+            done.set()
+            thread.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ChatTTS synthesis worker (non-forking rq worker)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
@@ -282,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
-    worker = SimpleWorker(
+    worker = TTSWorker(
         [jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name
     )
     worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)

@@ -104,3 +104,45 @@ def test_cancel_stops_a_running_job_between_batches(stack_factory: Callable[...,
     status = httpx.get(stack.url + body["status_url"]).json()
     assert status["status"] == "canceled"
     assert status["progress"]["chunks_done"] < status["progress"]["chunks_total"] == result["chunks_total"]
+
+
+def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[..., Stack], tiny_model: Path,
+                                                       redis: Redis) -> None:
+    import signal
+    import time
+
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
+    stack.start_web()
+    workers = [stack.start_worker(), stack.start_worker()]
+    wait_for(lambda: stack.wait_ready(timeout=180)["workers"] == 2, 180, "two workers")
+    text = " ".join(f"Sentence number {word} here." for word in
+                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
+    pubsub = redis.pubsub()
+    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    pubsub.subscribe(f"tts:events:{body['id']}")
+
+    def first_chunk() -> bool:
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        return bool(message) and json.loads(message["data"]).get("chunks_done", 0) >= 1
+
+    wait_for(first_chunk, 60, "the first chunk to be stored", interval=0)
+    job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
+    victim = next(w for w in workers if job.worker_name and job.worker_name.endswith(f"-{w.pid}"))
+    victim.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    done = _wait_audio(stack, body["id"], timeout=90)
+    assert time.monotonic() - killed_at < 60, "the job should finish on the live worker within 60 s of the kill"
+    assert done.status_code == 200
+    job.refresh()
+    assert job.get_status() == "finished" and job.retries_left == 1
+    survivor = next(w for w in workers if w is not victim)
+    assert "AbandonedJobError" in survivor.output() or job.worker_name.endswith(f"-{survivor.pid}")
+
+
+def _wait_audio(stack: Stack, request_id: str, timeout: float) -> httpx.Response:
+    def ready() -> httpx.Response | None:
+        r = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=5", timeout=10)
+        return r if r.status_code == 200 else None
+
+    return wait_for(ready, timeout, "the audio", interval=0)  # type: ignore[return-value]
