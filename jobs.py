@@ -14,6 +14,7 @@ from rq import Queue, Retry, get_current_job
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
 
 import audio
 from cache import MODEL_KEY, Spec, events_channel, stored, store_chunk
@@ -91,6 +92,12 @@ def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> 
     redis.set(MODEL_KEY, model.to_json())
 
 
+def announce() -> None:
+    """Publish the bound model again (after Redis lost it). No-op when unbound."""
+    if _bound is not None:
+        _bound.redis.set(MODEL_KEY, _bound.model.to_json())
+
+
 def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     """RQ job: store the audio of every chunk of the request that is missing.
 
@@ -115,6 +122,9 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     todo = [cid for cid, hit in zip(unique, stored(ctx.redis, unique)) if not hit]
     text_of = dict(zip(chunk_ids, spec.chunks))
     started = time.monotonic()
+    # RQ's SIGALRM can be swallowed by a bare `except:` inside the model's
+    # code; checking between batches keeps the limit whatever happens.
+    limit = job.timeout if job is not None and job.timeout and job.timeout > 0 else None
     audio_seconds = 0.0
     tokens: dict[str, int] = {}
     _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
@@ -125,6 +135,8 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
                 ctx.redis.publish(events_channel(request_id), json.dumps({"event": "canceled"}))
                 return {"chunks_total": total, "chunks_synthesized": len(tokens), "canceled": True,
                         "model": ctx.model.id}
+            if limit is not None and time.monotonic() - started > limit:
+                raise JobTimeoutException(f"job ran past its {limit} s time limit")
             batch = todo[start : start + ctx.settings.batch_size]
             wavs = ctx.engine.synthesize([text_of[cid] for cid in batch], spec)
             if len(wavs) != len(batch):

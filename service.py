@@ -7,7 +7,8 @@ Never imports torch, ChatTTS or the worker: it stays small and starts fast.
 
 from __future__ import annotations
 
-import json
+import hashlib
+import hmac
 import logging
 import math
 import time
@@ -87,9 +88,38 @@ class Service:
             self._model = (time.monotonic(), info)
         return info
 
+    async def _guard(self, request: Request) -> None:
+        """401 without a configured API key; 429 past the key's rate limit.
+
+        Keys are compared in constant time against every configured key, and
+        only their hash reaches Redis.
+        """
+        keys = self.settings.api_keys
+        if not keys:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given_bytes = given.strip().encode()
+        matched = False
+        for key in keys:
+            matched |= hmac.compare_digest(given_bytes, key.encode())
+        if scheme.lower() != "bearer" or not matched:
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                           headers={"WWW-Authenticate": "Bearer"})
+        limit = self.settings.rate_limit
+        if limit:
+            window = int(time.time()) // 60
+            name = f"tts:rate:{hashlib.sha256(given_bytes).hexdigest()[:16]}:{window}"
+            async with self.redis.pipeline(transaction=True) as pipe:
+                count, _ = await pipe.incr(name).expire(name, 61).execute()
+            if count > limit:
+                retry = 60 - int(time.time()) % 60
+                raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",
+                               headers={"Retry-After": str(max(1, retry))})
+
     # -- endpoints ---------------------------------------------------------
 
     async def submit(self, request: Request) -> Response:
+        await self._guard(request)
         body = await validation.read_json(request, self.settings.max_body)
         fields = validation.tts_fields(body, self.settings)
         model = await self.model()
@@ -163,17 +193,20 @@ class Service:
         return body
 
     async def status(self, request: Request) -> Response:
+        await self._guard(request)
         request_id = request.path_params["id"]
         manifest = await self._manifest(request_id)
         return JSONResponse(await self._status(request_id, manifest))
 
     async def cancel(self, request: Request) -> Response:
+        await self._guard(request)
         request_id = request.path_params["id"]
         await self._manifest(request_id)
         await run_in_threadpool(jobs.cancel, self.sync_redis, request_id, self.settings.result_ttl)
         return Response(status_code=204)
 
     async def audio(self, request: Request) -> Response:
+        await self._guard(request)
         request_id = request.path_params["id"]
         fmt = validation.audio_format(request.query_params.get("format", "wav"))
         wait = validation.wait_seconds(request.query_params.get("wait"))

@@ -43,6 +43,10 @@ class Settings:
     job_timeout_per_chunk: int = 120
     max_body: int = 64 * 1024
     max_queue: int = 1000
+    # Bearer keys; empty: no authentication. Never logged or echoed.
+    api_keys: tuple[str, ...] = ()
+    # Requests per minute per API key; 0: unlimited.
+    rate_limit: int = 0
     torch_threads: int = 0
 
     def job_timeout(self, chunks: int) -> int:
@@ -50,14 +54,18 @@ class Settings:
         return self.job_timeout_base + self.job_timeout_per_chunk * max(1, chunks)
 
 
-def _parse(environ: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepts: str) -> T:
+def _parse(
+    environ: Mapping[str, str], name: str, default: T, convert: Callable[[str], T], accepts: str, secret: bool = False
+) -> T:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
         return convert(raw.strip())
-    except (ValueError, TypeError) as exc:
-        raise SettingsError(f"{name}={raw!r} is not valid: expected {accepts}") from exc
+    except (ValueError, TypeError):
+        shown = "(value hidden)" if secret else repr(raw)
+        # `from None`: the conversion error would repeat a secret value.
+        raise SettingsError(f"{name}={shown} is not valid: expected {accepts}") from None
 
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -115,10 +123,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         default_seed=_parse(env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"),
         job_timeout_base=_parse(env, "TTS_JOB_TIMEOUT_BASE", d.job_timeout_base, _int_in(1), "seconds, at least 1"),
         job_timeout_per_chunk=_parse(
-            env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(1), "seconds, at least 1"
+            env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(0), "seconds, 0 or more"
         ),
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
+        api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,
+                        "comma-separated keys of at least 16 characters", secret=True),
+        rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
     )
 
@@ -127,6 +138,14 @@ def _choice_name(raw: str) -> str:
     if not raw or not all(c.isalnum() or c in "_-" for c in raw):
         raise ValueError(raw)
     return raw
+
+
+def _keys(raw: str) -> tuple[str, ...]:
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    # Short keys can be guessed; refuse them rather than run half-protected.
+    if not keys or any(len(k) < 16 or not k.isprintable() or " " in k for k in keys):
+        raise ValueError("keys")
+    return keys
 
 
 def _existing_dir(raw: str) -> str:

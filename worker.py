@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +29,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 from redis import Redis
-from rq import SimpleWorker
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import SimpleWorker, worker_registration
 
 import jobs
 from cache import SAMPLE_RATE, Spec
@@ -290,6 +294,13 @@ class TTSWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.HEARTBEAT_TTL
 
+    def run_maintenance_tasks(self) -> None:
+        # A Redis that restarted empty has forgotten this worker and the model
+        # it serves: say both again (idempotent, two commands).
+        worker_registration.register(self)
+        jobs.announce()
+        super().run_maintenance_tasks()
+
     def execute_job(self, job: Any, queue: Any) -> None:
         done = threading.Event()
 
@@ -324,16 +335,41 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ModelUnavailable) as exc:
         logger.error("%s", exc)
         return 2
-    redis = Redis.from_url(settings.redis_url)
-    jobs.bind(engine, info, settings, redis)
-    logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
+    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-    name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
-    worker = TTSWorker(
-        [jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name
-    )
-    worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
+    base_name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
+    # The model stays loaded across Redis outages: RQ's loop gives up on some
+    # connection errors, so a fresh rq worker is started once Redis answers.
+    for generation in itertools.count():
+        _wait_for_redis(redis)
+        jobs.bind(engine, info, settings, redis)
+        logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
+        name = base_name if generation == 0 else f"{base_name}-{generation}"
+        worker = TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name)
+        worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
+        # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
+        if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:
+            return 0
+        if _redis_answers(redis):
+            logger.error("the rq worker stopped on an unexpected error (see above)")
+            return 1
+        logger.warning("lost Redis; waiting for it to come back")
     return 0
+
+
+def _redis_answers(redis: Redis) -> bool:
+    try:
+        return bool(redis.ping())
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+
+
+def _wait_for_redis(redis: Redis) -> None:
+    delay = 0.5
+    while not _redis_answers(redis):
+        logger.warning("Redis does not answer; retrying in %.1f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
 
 
 if __name__ == "__main__":

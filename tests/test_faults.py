@@ -1,0 +1,157 @@
+"""Faults caused for real: Redis going away and coming back, jobs past their time limit, API keys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import httpx
+import pytest
+from redis import Redis
+from rq.job import Job
+
+from conftest import Stack, _free_port, wait_for
+from jobs import SERIALIZER
+
+
+class RedisServer:
+    """A private redis-server that keeps its data (AOF), so it can be stopped and started."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        server = shutil.which("redis-server")
+        assert server, "redis-server is needed for this test"
+        self.proc = subprocess.Popen(
+            [server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+             "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_for(lambda: _pings(self.url), 10, "redis-server to start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: redis-server flushes its AOF and exits
+            self.proc.wait(10)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(Redis.from_url(url, socket_connect_timeout=0.2).ping())
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def outage_stack(private_redis: RedisServer, tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(private_redis.url, tmp_path, {"TTS_ENGINE": "tone"})
+    try:
+        stack.start_web()
+        stack.start_worker()
+        stack.wait_ready()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _finish(stack: Stack, text: str) -> str:
+    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    r = httpx.get(stack.url + body["audio_url"] + "?wait=30", timeout=40)
+    assert r.status_code == 200, r.text
+    return body["id"]
+
+
+def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private_redis: RedisServer) -> None:
+    stack = outage_stack
+    before = _finish(stack, "Stored before the outage.")
+    private_redis.stop()
+
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Asked during the outage."}, timeout=15)
+    assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
+    assert "Redis" in r.json()["detail"] and "Traceback" not in r.text
+    r = httpx.get(f"{stack.url}/v1/tts/{before}", timeout=15)
+    assert r.status_code == 503 and r.json()["detail"]
+    ready = httpx.get(stack.url + "/readyz", timeout=15)
+    assert ready.status_code == 503 and "Redis" in ready.json()["detail"]
+    assert httpx.get(stack.url + "/healthz").status_code == 200
+
+    private_redis.start()
+    restarted = time.monotonic()
+    stack.wait_ready(timeout=60)
+    recovered_in = time.monotonic() - restarted
+    assert recovered_in < 30, f"took {recovered_in:.1f} s to be ready again"
+    _finish(stack, "Asked after the outage.")
+    assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
+    assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"
+
+
+def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, private_redis: RedisServer) -> None:
+    # A Redis without persistence comes back empty: the worker must say again
+    # who it is and which model it serves.
+    Redis.from_url(private_redis.url).flushall()
+    stack = outage_stack
+    wait_for(lambda: httpx.get(stack.url + "/readyz").status_code == 200, 40, "the worker to re-register")
+    _finish(stack, "After an empty restart.")
+
+
+def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(stack_factory: Callable[..., Stack],
+                                                                   tiny_model: Path, redis: Redis) -> None:
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1",
+                          TTS_JOB_TIMEOUT_BASE="1", TTS_JOB_TIMEOUT_PER_CHUNK="0")
+    stack.start_web()
+    worker = stack.start_worker()
+    stack.wait_ready(timeout=180)
+    # 40 chunks of ~0.15 s each: no attempt (retries resume) gets through them in 1 s.
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    slow = httpx.post(stack.url + "/v1/tts", json={"text": long_text}).json()
+    job = Job.fetch(slow["id"], connection=redis, serializer=SERIALIZER)
+    wait_for(lambda: job.get_status() == "failed", 60, "the job to fail on its time limit", interval=0.1)
+    status = httpx.get(stack.url + slow["status_url"]).json()
+    assert status["status"] == "failed" and "time limit" in status["error"]
+    assert httpx.get(stack.url + slow["audio_url"]).status_code == 500
+    # The same worker goes on to the next job.
+    _finish(stack, "Short.")
+    assert worker.popen.poll() is None
+
+
+def test_api_keys_and_rate_limit(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    key = "k" * 20 + "-secret-value"
+    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=f"{key},{'o' * 24}", TTS_RATE_LIMIT="5")
+    web = stack.start_web()
+    stack.start_worker()
+    stack.wait_ready()
+    auth = {"Authorization": f"Bearer {key}"}
+    for headers in ({}, {"Authorization": "Bearer wrong-key-wrong-key"}, {"Authorization": key}):
+        r = httpx.post(stack.url + "/v1/tts", json={"text": "hi"}, headers=headers)
+        assert r.status_code == 401 and r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 401
+    assert httpx.get(stack.url + "/healthz").status_code == 200
+    assert httpx.get(stack.url + "/").status_code == 200
+    answers = [httpx.post(stack.url + "/v1/tts", json={"text": f"hi {i}"}, headers=auth).status_code
+               for i in range(7)]
+    assert answers[:5] == [202] * 5 or time.time() % 60 < 2  # a minute boundary may reset the window
+    assert 429 in answers
+    limited = httpx.post(stack.url + "/v1/tts", json={"text": "again"}, headers=auth)
+    if limited.status_code == 429:
+        assert 1 <= int(limited.headers["retry-after"]) <= 60
+    other = httpx.post(stack.url + "/v1/tts", json={"text": "other key"}, headers={"Authorization": "Bearer " + "o" * 24})
+    assert other.status_code == 202
+    assert key not in web.output()
+    assert not any(key.encode() in k for k in redis.keys("*"))
+    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys("tts:*") if redis.type(k) == b"string")
