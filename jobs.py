@@ -222,9 +222,9 @@ def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
                 job_timeout=settings.job_timeout(len(spec.chunks)),
                 result_ttl=settings.result_ttl,
                 failure_ttl=settings.result_ttl,
-                # Immediate re-queue: an interval would need RQ's scheduler,
-                # a forked process, which a torch worker must not start.
-                retry=Retry(max=2),
+                # Backoff between tries; the workers' maintenance pass
+                # re-queues retries that are due (see worker.TTSWorker).
+                retry=Retry(max=2, interval=[5, 15]),
                 description=f"tts {len(spec.chunks)} chunk(s): {excerpt!r}",
                 meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
             )

@@ -32,6 +32,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, worker_registration
+from rq.scheduler import RQScheduler
 
 import jobs
 from cache import SAMPLE_RATE, Spec
@@ -277,14 +278,18 @@ class TTSWorker(SimpleWorker):
     the job lapses HEARTBEAT_TTL seconds after the last beat, and idle workers
     run the registry clean-up every MAINTENANCE_EVERY seconds: a SIGKILLed
     worker's job is re-queued (RQ's Retry) within about a minute.
+
+    Retries wait out their backoff in RQ's scheduled registry. RQ's scheduler
+    runs in a forked process, which a worker holding torch (and CUDA) must not
+    start, so its one pass runs here, in-process, with each maintenance.
     """
 
     HEARTBEAT_EVERY = 5
-    HEARTBEAT_TTL = 20
-    MAINTENANCE_EVERY = 10
+    HEARTBEAT_TTL = 15
+    MAINTENANCE_EVERY = 5
     # Sets how long an idle worker blocks on the queue (worker_ttl - 15 s), so
     # that maintenance passes come often.
-    WORKER_TTL = 35
+    WORKER_TTL = 20
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("worker_ttl", self.WORKER_TTL)
@@ -300,6 +305,13 @@ class TTSWorker(SimpleWorker):
         worker_registration.register(self)
         jobs.announce()
         super().run_maintenance_tasks()
+        scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
+        scheduler.acquire_locks()
+        if scheduler.acquired_locks:
+            try:
+                scheduler.enqueue_scheduled_jobs()
+            finally:
+                scheduler.release_locks()
 
     def execute_job(self, job: Any, queue: Any) -> None:
         done = threading.Event()
