@@ -80,21 +80,11 @@ def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> N
 
 def test_cancel_stops_a_running_job_between_batches(stack_factory: Callable[..., Stack], tiny_model: Path,
                                                      redis: Redis) -> None:
-    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="20", TTS_BATCH_SIZE="1")
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
     stack.start_web()
     stack.start_worker()
     stack.wait_ready(timeout=180)
-    text = " ".join(f"Sentence number {word} here." for word in
-                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
-    pubsub = redis.pubsub()
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    pubsub.subscribe(f"tts:events:{body['id']}")
-
-    def first_chunk() -> bool:
-        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
-        return bool(message) and json.loads(message["data"]).get("chunks_done", 0) >= 1
-
-    wait_for(first_chunk, 60, "the first chunk to be stored", interval=0)
+    body = _start_long_job(stack, redis)
     assert httpx.delete(stack.url + body["status_url"]).status_code == 204
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "finished", 60, "the job to stop")
@@ -115,17 +105,7 @@ def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[.
     stack.start_web()
     workers = [stack.start_worker(), stack.start_worker()]
     wait_for(lambda: stack.wait_ready(timeout=180)["workers"] == 2, 180, "two workers")
-    text = " ".join(f"Sentence number {word} here." for word in
-                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
-    pubsub = redis.pubsub()
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    pubsub.subscribe(f"tts:events:{body['id']}")
-
-    def first_chunk() -> bool:
-        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
-        return bool(message) and json.loads(message["data"]).get("chunks_done", 0) >= 1
-
-    wait_for(first_chunk, 60, "the first chunk to be stored", interval=0)
+    body = _start_long_job(stack, redis)
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     victim = next(w for w in workers if job.worker_name and job.worker_name.endswith(f"-{w.pid}"))
     victim.stop(signal.SIGKILL)
@@ -138,6 +118,23 @@ def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[.
     assert job.get_status() == "finished" and job.retries_left == 1
     survivor = next(w for w in workers if w is not victim)
     assert "AbandonedJobError" in survivor.output() or job.worker_name.endswith(f"-{survivor.pid}")
+
+
+def _start_long_job(stack: Stack, redis: Redis) -> dict:
+    """Submit 14 one-chunk sentences; return once the first chunk is stored."""
+    text = " ".join(f"Sentence number {word} here." for word in
+                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
+    pubsub = redis.pubsub()
+    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    pubsub.subscribe(f"tts:events:{body['id']}")
+
+    def first_chunk() -> bool:
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        return bool(message) and json.loads(message["data"]).get("chunks_done", 0) >= 1
+
+    wait_for(first_chunk, 60, "the first chunk to be stored", interval=0)
+    pubsub.close()
+    return body
 
 
 def _wait_audio(stack: Stack, request_id: str, timeout: float) -> httpx.Response:
