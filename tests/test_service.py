@@ -255,3 +255,23 @@ def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[
     assert redis.llen("rq:queue:tts") == 1
     assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202  # joins its job
     assert httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content_type"),
+    [pytest.param("wav", "audio/wav", id="wav"), pytest.param("flac", "audio/flac", id="flac"),
+     pytest.param("mp3", "audio/mpeg", id="mp3"), pytest.param("ogg", "audio/ogg", id="ogg-opus")],
+)
+def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, content_type: str) -> None:
+    body = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
+    assert body["audio_url"].endswith(f"?format={fmt}") or fmt == "wav"
+    wav = httpx.get(tone_stack.url + body["audio_url"].split("?")[0] + "?wait=30", timeout=40)
+    r = httpx.get(f"{tone_stack.url}/v1/tts/{body['id']}/audio?format={fmt}")
+    assert r.status_code == 200 and r.headers["content-type"] == content_type
+    assert r.headers["content-disposition"].endswith(f'.{fmt}"')
+    assert r.headers["etag"] != wav.headers["etag"] or fmt == "wav"
+    expected = soundfile.info(io.BytesIO(wav.content))
+    info = soundfile.info(io.BytesIO(r.content))
+    assert (info.samplerate, info.channels) == (24000, 1)
+    # Lossy codecs pad to whole frames; the clip is the same length within 60 ms.
+    assert abs(info.duration - expected.duration) < 0.06
