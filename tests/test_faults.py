@@ -77,7 +77,8 @@ def _finish(stack: Stack, text: str) -> str:
     return body["id"]
 
 
-def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private_redis: RedisServer) -> None:
+def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private_redis: RedisServer,
+                                                    record_property: Callable[[str, object], None]) -> None:
     stack = outage_stack
     before = _finish(stack, "Stored before the outage.")
     private_redis.stop()
@@ -95,6 +96,7 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
     restarted = time.monotonic()
     stack.wait_ready(timeout=60)
     recovered_in = time.monotonic() - restarted
+    record_property("ready_again_after_restart_s", round(recovered_in, 2))
     assert recovered_in < 30, f"took {recovered_in:.1f} s to be ready again"
     _finish(stack, "Asked after the outage.")
     assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
