@@ -29,8 +29,49 @@ def _invalid(field: str, detail: str) -> ApiError:
     return ApiError(422, f"{field}: {detail}", field=field)
 
 
+def _utf8(value: str) -> bool:
+    """True when `value` can be written as UTF-8 (has no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(name: str) -> str:
+    """A client's field name as an answer can carry it.
+
+    JSON lets a client write a lone surrogate ("\\ud800"); answers are UTF-8,
+    which cannot hold one, so it is named by the escape the client wrote.
+    """
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _not_a_json_constant(name: str) -> Any:
+    # Python's json reads NaN, Infinity and -Infinity; JSON (RFC 8259) has no such values.
+    raise ApiError(400, f"request body is not valid JSON: {name} is not a JSON value")
+
+
+def _parse_int(literal: str) -> int | float:
+    """A JSON integer literal as an int, or as +-inf when it is too long to convert.
+
+    Python refuses int() past sys.get_int_max_str_digits() (4300) digits with a
+    plain ValueError that would escape json.loads as a 500. No field takes a
+    number near that long, so the literal becomes an infinite float: the field
+    check then refuses it with a 422 naming the field.
+    """
+    try:
+        return int(literal)
+    except ValueError:
+        return float(literal)
+
+
 async def read_json(request: Request, max_body: int) -> Any:
-    """The body parsed as JSON; 413 past `max_body` bytes (read no further), 400 if not JSON."""
+    """The body parsed as JSON; 413 past `max_body` bytes (read no further), 400 if not JSON.
+
+    NaN and Infinity are not JSON (400); nesting deeper than the parser can
+    follow is refused (400), as RFC 8259 section 9 allows.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body:
         raise ApiError(413, f"request body is over the {max_body}-byte limit")
@@ -40,9 +81,12 @@ async def read_json(request: Request, max_body: int) -> Any:
         if len(data) > max_body:
             raise ApiError(413, f"request body is over the {max_body}-byte limit")
     try:
-        return json.loads(bytes(data).decode("utf-8"))
+        return json.loads(bytes(data).decode("utf-8"), parse_int=_parse_int, parse_constant=_not_a_json_constant)
     except UnicodeDecodeError as exc:
         raise ApiError(400, "request body is not UTF-8") from exc
+    except RecursionError as exc:
+        # The C scanner recurses per level of [ or {; a body of 64 KB can nest 32,000 deep.
+        raise ApiError(400, "request body is not valid JSON we can read: it is nested too deeply") from exc
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
 
@@ -58,7 +102,9 @@ def _int(body: Mapping[str, Any], name: str, low: int, high: int) -> int:
 
 def _unit(body: Mapping[str, Any], name: str) -> float:
     value = body[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # isfinite() only on floats: it converts an int, and one past 1.8e308 overflows.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise _invalid(name, "must be a number greater than 0 and at most 1")
     if not 0 < value <= 1:
         raise _invalid(name, f"must be greater than 0 and at most 1, got {value}")
@@ -79,7 +125,7 @@ def tts_fields(body: Any, settings: Settings) -> dict[str, Any]:
         raise ApiError(422, "request body must be a JSON object", field="body")
     for name in body:
         if name not in _TTS_FIELDS:
-            raise _invalid(name, f"unknown field; accepted fields are {', '.join(sorted(_TTS_FIELDS))}")
+            raise _invalid(_shown(name), f"unknown field; accepted fields are {', '.join(sorted(_TTS_FIELDS))}")
     if "text" not in body:
         raise _invalid("text", "is required")
     if not isinstance(body["text"], str):
@@ -93,7 +139,8 @@ def tts_fields(body: Any, settings: Settings) -> dict[str, Any]:
         out["seed"] = _int(body, "seed", 0, 2**32 - 1)
     if "speaker" in body:
         speaker = body["speaker"]
-        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 8192:
+        # A lone surrogate is in no speaker string, and could be neither hashed nor stored.
+        if not isinstance(speaker, str) or not speaker.strip() or len(speaker) > 8192 or not _utf8(speaker):
             raise _invalid("speaker", "must be a ChatTTS speaker string (as returned by sample_random_speaker)")
         out["speaker"] = speaker.strip()
     if "speed" in body:
