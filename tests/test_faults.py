@@ -14,7 +14,7 @@ import pytest
 from redis import Redis
 from rq.job import Job
 
-from conftest import Stack, _free_port, wait_for
+from conftest import Stack, _free_port, _pings, wait_for
 from jobs import SERIALIZER
 
 
@@ -41,13 +41,6 @@ class RedisServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()  # SIGTERM: redis-server flushes its AOF and exits
             self.proc.wait(10)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return bool(Redis.from_url(url, socket_connect_timeout=0.2).ping())
-    except Exception:
-        return False
 
 
 @pytest.fixture
