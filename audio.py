@@ -17,7 +17,13 @@ FORMATS: dict[str, tuple[str, str | None, str | None]] = {
     "flac": ("audio/flac", "FLAC", "PCM_16"),
     "mp3": ("audio/mpeg", "MP3", "MPEG_LAYER_III"),
     "ogg": ("audio/ogg", "OGG", "OPUS"),
+    # For the OpenAI-compatible route: Opus in Ogg as OpenAI serves it, and
+    # headerless PCM16 at 24 kHz (OpenAI's "pcm" is exactly what we store).
+    "opus": ("audio/opus", "OGG", "OPUS"),
+    "pcm": ("audio/pcm", None, None),
 }
+# What GET /v1/tts/{id}/audio offers (API.md); the OpenAI route has its own list.
+TTS_FORMATS = ("wav", "flac", "mp3", "ogg")
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
@@ -46,6 +52,8 @@ def encode(pcm: bytes, fmt: str) -> bytes:
             w.setframerate(SAMPLE_RATE)
             w.writeframes(pcm)
         return out.getvalue()
+    if fmt == "pcm":
+        return pcm
     import soundfile  # only for the compressed formats
 
     _, container, subtype = FORMATS[fmt]

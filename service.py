@@ -122,37 +122,65 @@ class Service:
         await self._guard(request)
         body = await validation.read_json(request, self.settings.max_body)
         fields = validation.tts_fields(body, self.settings)
+        spec = await self._spec(fields)
+        fmt = fields.get("format", "wav")
+        request_id, missing, job = await self._ensure(spec)
+        total = len(spec.chunks)
+        body = {
+            "id": request_id,
+            "status_url": f"/v1/tts/{request_id}",
+            "audio_url": f"/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
+            "progress": {"chunks_done": total - len(missing), "chunks_total": total},
+        }
+        if job is None:
+            return JSONResponse({**body, "status": "finished", "cached": True})
+        status = _STATUS.get(job.get_status(refresh=False) or "queued", "queued")
+        return JSONResponse({**body, "status": status}, status_code=202, headers={"Location": body["status_url"]})
+
+    async def speech(self, request: Request) -> Response:
+        """OpenAI's `POST /v1/audio/speech`: the same queue, cache and dedupe, answered with audio."""
+        await self._guard(request)
+        body = await validation.read_json(request, self.settings.max_body)
+        fields, fmt = validation.speech_fields(body, self.settings)
+        spec = await self._spec(fields)
+        request_id, missing, job = await self._ensure(spec)
+        chunk_ids = spec.chunk_ids()
+        if job is not None:
+            await self._wait(request_id, chunk_ids, time.monotonic() + self.settings.speech_wait)
+        pcm = await self._audio(chunk_ids)
+        if pcm is None:
+            status = await self._status(request_id, await self._manifest(request_id))
+            if status["status"] == "failed":
+                raise ApiError(500, f"synthesis failed: {status['error']}")
+            if status["status"] == "canceled":
+                raise ApiError(409, "this request was canceled while it waited")
+            raise ApiError(504, f"the audio was not ready within {self.settings.speech_wait} s; "
+                                f"it is still being made: GET /v1/tts/{request_id}/audio",
+                           headers={"Location": f"/v1/tts/{request_id}"})
+        data = await run_in_threadpool(audio.encode, pcm, fmt)
+        return Response(data, media_type=audio.FORMATS[fmt][0], headers={"X-Request-Id": request_id})
+
+    async def _spec(self, fields: dict[str, Any]) -> Spec:
         model = await self.model()
         if model is None:
             raise ApiError(503, "no worker has started yet, so no model is loaded; start one (python worker.py)",
                            headers={"Retry-After": "5"})
-        spec = validation.spec(fields, self.settings, model.id)
-        return await self._answer(spec, fields.get("format", "wav"))
+        return validation.spec(fields, self.settings, model.id)
 
-    async def _answer(self, spec: Spec, fmt: str) -> Response:
+    async def _ensure(self, spec: Spec) -> tuple[str, list[int], Job | None]:
+        """Make sure the request's audio is stored or on its way.
+
+        Returns its id, the indexes of chunks not stored yet, and the job
+        making them (None when everything is stored: the queue is not touched).
+        """
         request_id = spec.request_id()
-        urls = {
-            "status_url": f"/v1/tts/{request_id}",
-            "audio_url": f"/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
-        }
         missing = await self.cache.missing(spec.chunk_ids())
-        total = len(spec.chunks)
+        await self.cache.remember(request_id, spec, touch_chunks=not missing)
         if not missing:
-            await self.cache.remember(request_id, spec, touch_chunks=True)
-            return JSONResponse(
-                {"id": request_id, "status": "finished", **urls,
-                 "progress": {"chunks_done": total, "chunks_total": total}, "cached": True}
-            )
-        await self.cache.remember(request_id, spec, touch_chunks=False)
+            return request_id, missing, None
         excerpt = " ".join(spec.chunks)[:60]
         job = await run_in_threadpool(jobs.submit, self.queue, spec, self.settings, excerpt)
-        status = _STATUS.get(job.get_status(refresh=False) or "queued", "queued")
-        return JSONResponse(
-            {"id": request_id, "status": status, **urls,
-             "progress": {"chunks_done": total - len(missing), "chunks_total": total}},
-            status_code=202,
-            headers={"Location": urls["status_url"]},
-        )
+        return request_id, missing, job
 
     async def _manifest(self, request_id: str) -> dict[str, Any]:
         # Malformed ids cannot exist: answer without asking Redis.
@@ -374,6 +402,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/tts/{id}", service.status, methods=["GET"]),
         Route("/v1/tts/{id}", service.cancel, methods=["DELETE"]),
         Route("/v1/tts/{id}/audio", service.audio, methods=["GET"]),
+        Route("/v1/audio/speech", service.speech, methods=["POST"]),
     ]
     handlers: dict[Any, Any] = {
         ApiError: _api_error,

@@ -43,6 +43,8 @@ class Settings:
     job_timeout_per_chunk: int = 120
     max_body: int = 64 * 1024
     max_queue: int = 1000
+    # How long POST /v1/audio/speech holds the connection for its audio.
+    speech_wait: int = 120
     # Bearer keys; empty: no authentication. Never logged or echoed.
     api_keys: tuple[str, ...] = ()
     # Requests per minute per API key; 0: unlimited.
@@ -127,6 +129,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
+        speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
         api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,
                         "comma-separated keys of at least 16 characters", secret=True),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),

@@ -188,9 +188,70 @@ def spec(fields: Mapping[str, Any], settings: Settings, model: str) -> Spec:
 def audio_format(value: str) -> str:
     """A supported output format name, or 422 naming `format`."""
     fmt = value.strip().lower()
-    if fmt not in audio.FORMATS:
-        raise _invalid("format", f"{value!r} is not supported; use one of {', '.join(audio.FORMATS)}")
+    if fmt not in audio.TTS_FORMATS:
+        raise _invalid("format", f"{value!r} is not supported; use one of {', '.join(audio.TTS_FORMATS)}")
     return fmt
+
+
+# OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
+# were picked once and must never change, or cached audio changes voice).
+OPENAI_VOICES = {
+    "alloy": 1001, "ash": 1002, "ballad": 1003, "coral": 1004, "echo": 1005, "fable": 1006, "onyx": 1007,
+    "nova": 1008, "sage": 1009, "shimmer": 1010, "verse": 1011, "marin": 1012, "cedar": 1013,
+}
+SPEECH_FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
+_SPEECH_FIELDS = {"model", "input", "voice", "response_format", "speed", "instructions", "stream_format"}
+
+
+def speech_fields(body: Any, settings: Settings) -> tuple[dict[str, Any], str]:
+    """A `POST /v1/audio/speech` body (OpenAI's shape) as /v1/tts fields plus the output format.
+
+    `voice`: an OpenAI name (fixed seed), a number (seed), or a ChatTTS
+    speaker string. `speed` 0.25-4.0 maps onto ChatTTS's 1-9 on a log scale
+    (1.0 -> 5). An unsupported `response_format` is a 400 naming the
+    supported ones, as OpenAI answers. `model` and `instructions` are accepted
+    and ignored: one model serves this deployment.
+    """
+    if not isinstance(body, dict):
+        raise ApiError(422, "request body must be a JSON object", field="body")
+    for name in body:
+        if name not in _SPEECH_FIELDS:
+            raise _invalid(_shown(name), f"unknown field; accepted fields are {', '.join(sorted(_SPEECH_FIELDS))}")
+    for name in ("model", "instructions"):
+        if name in body and not isinstance(body[name], str):
+            raise _invalid(name, "must be a string")
+    if body.get("stream_format", "audio") != "audio":
+        raise _invalid("stream_format", "only 'audio' is supported")
+    fmt = body.get("response_format", "mp3")
+    if not isinstance(fmt, str) or fmt not in SPEECH_FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(SPEECH_FORMATS)}", field="response_format")
+    if "input" not in body:
+        raise _invalid("input", "is required")
+    tts: dict[str, Any] = {"text": body["input"]}
+    voice = body.get("voice", "alloy")
+    if isinstance(voice, str) and voice.strip().lower() in OPENAI_VOICES:
+        tts["seed"] = OPENAI_VOICES[voice.strip().lower()]
+    elif isinstance(voice, str) and voice.strip().isdigit():
+        tts["seed"] = int(voice.strip())
+    elif isinstance(voice, str) and len(voice.strip()) > 32:
+        tts["speaker"] = voice
+    elif isinstance(voice, int) and not isinstance(voice, bool):
+        tts["seed"] = voice
+    elif isinstance(voice, dict) and isinstance(voice.get("id"), str) and voice["id"].lower() in OPENAI_VOICES:
+        tts["seed"] = OPENAI_VOICES[voice["id"].lower()]
+    else:
+        raise _invalid("voice", f"use one of {', '.join(OPENAI_VOICES)}, a seed number, or a ChatTTS speaker string")
+    if "speed" in body:
+        speed = body["speed"]
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
+            raise _invalid("speed", "must be a number from 0.25 to 4.0")
+        tts["speed"] = max(1, min(9, round(5 + 4 * math.log(speed, 4))))
+    try:
+        return tts_fields(tts, settings), fmt
+    except ApiError as exc:
+        # Name the OpenAI field the client sent, not ours.
+        renamed = {"text": "input", "seed": "voice", "speaker": "voice"}.get(exc.field or "", exc.field)
+        raise ApiError(exc.status, exc.detail.replace(f"{exc.field}:", f"{renamed}:", 1), field=renamed) from exc
 
 
 def wait_seconds(value: str | None) -> float:
