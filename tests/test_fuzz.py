@@ -408,3 +408,40 @@ def test_status_and_audio_paths_never_fail(tone_stack: Stack) -> None:
                 assert r.status_code == 404, (r.status_code, r.text[:300])
 
         paths()
+
+
+SPEECH_FIELDS = ("model", "input", "voice", "response_format", "speed", "instructions", "stream_format")
+speech_value = st.one_of(
+    json_value,
+    st.sampled_from(["tts-1", "alloy", "NOVA", "42", "nobody", "mp3", "pcm", "aac", "audio", "sse", ""]),
+    st.floats(0.1, 5, allow_nan=False),
+    st.text(any_char, max_size=60),
+)
+
+
+def test_openai_speech_bodies_never_fail(tone_stack: Stack, redis: Redis) -> None:
+    """POST /v1/audio/speech: never 5xx, 4xx JSON naming a field, nothing queued for a 4xx."""
+    with httpx.Client(base_url=tone_stack.url, timeout=70) as client:
+
+        @settings(FUZZ, max_examples=300)
+        @given(body=st.one_of(json_value, st.dictionaries(st.sampled_from(SPEECH_FIELDS) | st.text(max_size=6),
+                                                          speech_value, max_size=6)),
+               ascii_only=st.booleans())
+        def speech(body: Any, ascii_only: bool) -> None:
+            before = job_count(redis)
+            with unlimited_int_digits():
+                raw = encode(body, ascii_only)
+            r = client.post("/v1/audio/speech", content=raw,
+                            headers={"content-type": "application/json"})
+            event(f"speech answered {r.status_code}")
+            answer = check_error_shape(r)
+            if r.status_code >= 400:
+                assert job_count(redis) == before, "a refused request enqueued a job"
+                if r.status_code == 422 and not isinstance(body, dict):
+                    assert answer.get("field") == "body", answer
+                elif r.status_code == 422:
+                    assert answer.get("field") in {shown(k) for k in body} | {"input"}, (answer, body)
+            else:
+                assert r.status_code == 200 and r.content, r.status_code
+
+        speech()
