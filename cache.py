@@ -100,6 +100,10 @@ class Spec:
         identity = self._identity()
         return [_digest({**identity, "text": chunk}) for chunk in self.chunks]
 
+    def excerpt(self, chars: int = 60) -> str:
+        """The first `chars` characters of the text, for logs and rq-dashboard."""
+        return " ".join(self.chunks)[:chars]
+
     def request_id(self) -> str:
         """The request's id: a hash of its chunk ids, in order."""
         return _digest({"v": KEY_VERSION, "chunks": self.chunk_ids()})
@@ -131,15 +135,9 @@ def events_channel(request_id: str) -> str:
     return f"{PREFIX}:events:{request_id}"
 
 
-def manifest(spec: Spec, excerpt_chars: int = 60) -> dict[str, Any]:
-    """What is stored under `request_key`: enough to find and describe the audio."""
-    text = " ".join(spec.chunks)
-    return {
-        "chunks": spec.chunk_ids(),
-        "chars": len(text),
-        "excerpt": text[:excerpt_chars],
-        "model": spec.model,
-    }
+def manifest(spec: Spec) -> dict[str, Any]:
+    """What is stored under `request_key`: the request's chunk ids, in order."""
+    return {"chunks": spec.chunk_ids()}
 
 
 class AudioCache:

@@ -132,7 +132,7 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
         for start in range(0, len(todo), ctx.settings.batch_size):
             if ctx.redis.exists(cancel_key(request_id)):
                 logger.info("job %s canceled before batch %d", request_id, start // ctx.settings.batch_size)
-                ctx.redis.publish(events_channel(request_id), json.dumps({"event": "canceled"}))
+                _event(ctx, request_id, "canceled")
                 return {"chunks_total": total, "chunks_synthesized": len(tokens), "canceled": True,
                         "model": ctx.model.id}
             if limit is not None and time.monotonic() - started > limit:
@@ -148,10 +148,10 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
                 tokens[cid] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
             _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
     except Exception:
-        ctx.redis.publish(events_channel(request_id), json.dumps({"event": "failed"}))
+        _event(ctx, request_id, "failed")
         raise
     seconds = time.monotonic() - started
-    ctx.redis.publish(events_channel(request_id), json.dumps({"event": "finished"}))
+    _event(ctx, request_id, "finished")
     logger.info(
         "job %s finished: %d chunks, %d synthesized, %.2f s audio in %.2f s",
         request_id, total, len(todo), audio_seconds, seconds,
@@ -179,7 +179,12 @@ def _progress(ctx: _Bound, job: Job | None, request_id: str, done: int, total: i
     if job is not None:
         job.meta["progress"] = progress
         job.save_meta()
-    ctx.redis.publish(events_channel(request_id), json.dumps({"event": "progress", **progress}))
+    _event(ctx, request_id, "progress", **progress)
+
+
+def _event(ctx: _Bound, request_id: str, name: str, **fields: Any) -> None:
+    """Announce on the request's channel (the web side's `wait` wakes on it)."""
+    ctx.redis.publish(events_channel(request_id), json.dumps({"event": name, **fields}))
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:
@@ -195,7 +200,7 @@ def fetch(redis: Redis, request_id: str) -> Job | None:
         return None
 
 
-def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
+def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
     """Enqueue the request's job, or return the job already doing it.
 
     The job id is the request id and RQ's `unique` enqueue is atomic, so
@@ -225,7 +230,7 @@ def submit(q: Queue, spec: Spec, settings: Settings, excerpt: str) -> Job:
                 # Backoff between tries; the workers' maintenance pass
                 # re-queues retries that are due (see worker.TTSWorker).
                 retry=Retry(max=2, interval=[5, 15]),
-                description=f"tts {len(spec.chunks)} chunk(s): {excerpt!r}",
+                description=f"tts {len(spec.chunks)} chunk(s): {spec.excerpt()!r}",
                 meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
             )
         except DuplicateJobError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -178,8 +177,7 @@ class Service:
         await self.cache.remember(request_id, spec, touch_chunks=not missing)
         if not missing:
             return request_id, missing, None
-        excerpt = " ".join(spec.chunks)[:60]
-        job = await run_in_threadpool(jobs.submit, self.queue, spec, self.settings, excerpt)
+        job = await run_in_threadpool(jobs.submit, self.queue, spec, self.settings)
         return request_id, missing, job
 
     async def _manifest(self, request_id: str) -> dict[str, Any]:
@@ -263,7 +261,7 @@ class Service:
             raise ApiError(500, f"synthesis failed: {status['error']}")
         if status["status"] == "canceled":
             raise ApiError(409, "this request was canceled; submit it again to synthesize it")
-        retry = max(1, math.ceil(len(chunk_ids) - status["progress"]["chunks_done"]))
+        retry = max(1, len(chunk_ids) - status["progress"]["chunks_done"])
         return JSONResponse(status, status_code=202, headers={"Retry-After": str(min(retry, 30))})
 
     async def _audio(self, chunk_ids: list[str]) -> bytes | None:

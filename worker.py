@@ -193,13 +193,13 @@ def _select_device(setting: str) -> Any:
     return torch.device(setting)
 
 
-def _resolve_model_path(settings: Settings, chat: Any) -> tuple[Path, bool]:
-    """The asset directory to load and whether it is the fallback."""
+def _resolve_model_path(settings: Settings, chat: Any) -> Path:
+    """The asset directory to load: configured, from the hub, or the tiny fallback."""
     if settings.model_path is not None:
-        return Path(settings.model_path), False
+        return Path(settings.model_path)
     hub = chat.download_models(source="huggingface")
     if hub is not None:
-        return Path(hub), False
+        return Path(hub)
     if settings.fallback_model_path is None:
         raise ModelUnavailable(
             f"the real ChatTTS weights could not be had from the Hugging Face hub ({HUB_NAME}) "
@@ -215,7 +215,7 @@ def _resolve_model_path(settings: Settings, chat: Any) -> tuple[Path, bool]:
         import tiny_checkpoint
 
         tiny_checkpoint.write(fallback)
-    return fallback, True
+    return fallback
 
 
 def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
@@ -226,7 +226,7 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     chat = ChatTTS.Chat(logging.getLogger("chattts"))
-    path, _ = _resolve_model_path(settings, chat)
+    path = _resolve_model_path(settings, chat)
     manifest_path = path / "model.json"
     manifest: dict[str, Any] = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     try:

@@ -221,7 +221,7 @@ def run_batch(q: Queue, settings: Settings, specs: Sequence[Spec], worker: Proc,
     """Submit `specs` as the web does and wait until every job has finished."""
     submitted: list[Job] = []
     for spec in specs:
-        job = jobs.submit(q, spec, settings, " ".join(spec.chunks)[:60])
+        job = jobs.submit(q, spec, settings)
         if job.get_status(refresh=False) == JobStatus.FINISHED:
             raise BenchError(f"request {job.id} was already done: the texts are not distinct")
         submitted.append(job)
