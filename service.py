@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -332,11 +333,18 @@ class Service:
 
 
 def _failure(job: Job) -> str:
+    """Safe words for why `job` failed: the exception's name is looked up, its text never shown.
+
+    The name is found in the last line of RQ's record: a traceback ends with
+    "module.Name: message"; an abandoned job's record is a sentence naming
+    AbandonedJobError.
+    """
     result = job.latest_result()
     text = getattr(result, "exc_string", None) or ""
     last = text.strip().splitlines()[-1] if text.strip() else ""
-    name = last.split(":", 1)[0].rsplit(".", 1)[-1]
-    return _FAILURES.get(name, "synthesis failed in the worker (details are in its log)")
+    names = set(re.findall(r"[A-Za-z_]\w*", last))
+    return next((words for name, words in _FAILURES.items() if name in names),
+                "synthesis failed in the worker (details are in its log)")
 
 
 def _safe_url(url: str) -> str:

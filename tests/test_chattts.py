@@ -120,6 +120,26 @@ def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[.
     assert "AbandonedJobError" in survivor.output() or job.worker_name.endswith(f"-{survivor.pid}")
 
 
+def test_sigkilled_job_without_retries_left_fails_with_a_reason(stack_factory: Callable[..., Stack],
+                                                                 tiny_model: Path, redis: Redis) -> None:
+    import signal
+
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
+    stack.start_web()
+    worker = stack.start_worker()
+    stack.wait_ready(timeout=180)
+    body = _start_long_job(stack, redis)
+    job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
+    # As if the two retries were already spent on earlier deaths.
+    redis.hset(job.key, "retries_left", 0)
+    worker.stop(signal.SIGKILL)
+    stack.start_worker()  # a live worker notices the dead one's job
+    wait_for(lambda: job.get_status() == "failed", 90, "the abandoned job to be marked failed", interval=0.2)
+    status = httpx.get(stack.url + body["status_url"]).json()
+    assert status["status"] == "failed" and "worker stopped" in status["error"]
+    assert httpx.get(stack.url + body["audio_url"]).status_code == 500
+
+
 def _start_long_job(stack: Stack, redis: Redis) -> dict:
     """Submit 14 one-chunk sentences; return once the first chunk is stored."""
     text = " ".join(f"Sentence number {word} here." for word in

@@ -84,6 +84,8 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
     ready = httpx.get(stack.url + "/readyz", timeout=15)
     assert ready.status_code == 503 and "Redis" in ready.json()["detail"]
     assert httpx.get(stack.url + "/healthz").status_code == 200
+    # Ids that cannot exist are answered without asking Redis: 404, not 503.
+    assert httpx.get(f"{stack.url}/v1/tts/not-an-id", timeout=15).status_code == 404
 
     private_redis.start()
     restarted = time.monotonic()
