@@ -35,3 +35,12 @@ tiny-model: install
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
+# a private redis-server, the web process, workers on the tiny checkpoint and
+# the two baselines, about 6 minutes on 2 cores; the table goes to stdout and
+# into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
+# worker on full-size random weights. On a GPU machine: bench/gpu.sh.
+.PHONY: bench
+bench: install
+	$(BIN)/python bench/run.py --write BENCHMARKS.md

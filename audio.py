@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import io
+import struct
 import wave
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,9 +33,54 @@ def to_pcm16(samples: np.ndarray) -> bytes:
     return (clipped * 32767.0).round().astype("<i2").tobytes()
 
 
-def join(chunks: Sequence[bytes]) -> bytes:
-    """One clip from the chunks' PCM16 audio, in order."""
-    return b"".join(chunks)
+# Edge trimming keeps this much before the first and after the last sound,
+# so soft onsets and breaths are not clipped.
+TRIM_MARGIN = 0.03
+# Samples quieter than this share of the clip's peak (and never louder than
+# TRIM_FLOOR absolute) count as silence at the edges.
+TRIM_RELATIVE = 0.02
+TRIM_FLOOR = 1e-3
+# A raised-cosine fade this long at both ends: every chunk starts and ends at
+# zero, so no join can click.
+FADE = 0.008
+
+
+def finish(samples: np.ndarray) -> np.ndarray:
+    """One chunk's samples with edge silence trimmed and both ends faded to zero.
+
+    The result is never longer than the input; a clip that is silent
+    throughout comes back empty.
+    """
+    x = np.asarray(samples, dtype=np.float32)
+    if x.size == 0:
+        return x
+    peak = float(np.max(np.abs(x)))
+    loud = np.flatnonzero(np.abs(x) > max(TRIM_FLOOR, TRIM_RELATIVE * peak))
+    if loud.size == 0:
+        return x[:0]
+    margin = int(TRIM_MARGIN * SAMPLE_RATE)
+    x = x[max(0, loud[0] - margin) : loud[-1] + 1 + margin].copy()
+    n = min(int(FADE * SAMPLE_RATE), x.size // 2)
+    if n > 0:
+        ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+        x[:n] *= ramp
+        x[-n:] *= ramp[::-1]
+    return x
+
+
+def silence(ms: int) -> bytes:
+    """`ms` milliseconds of PCM16 silence."""
+    return bytes(SAMPLE_WIDTH * (SAMPLE_RATE * ms // 1000))
+
+
+def join(chunks: Sequence[bytes], pauses_ms: Sequence[int] | None = None) -> bytes:
+    """One clip from the chunks' PCM16 audio, in order, with `pauses_ms[i]` of silence after chunk i.
+
+    The stream relay emits exactly the same bytes piece by piece: chunk i
+    followed by its pause.
+    """
+    pauses = list(pauses_ms or [])
+    return b"".join(c + silence(pauses[i] if i < len(pauses) else 0) for i, c in enumerate(chunks))
 
 
 def duration(pcm: bytes) -> float:
@@ -61,3 +107,101 @@ def encode(pcm: bytes, fmt: str) -> bytes:
     samples = np.frombuffer(pcm, dtype="<i2")
     soundfile.write(out, samples, SAMPLE_RATE, format=container, subtype=subtype)
     return out.getvalue()
+
+
+class StreamEncoder:
+    """Encodes PCM16 audio piece by piece, for a response of unknown length.
+
+    `feed(pcm)` returns the bytes ready to send (possibly none yet: encoders
+    buffer a frame); `close()` returns the rest. WAV gets a header whose sizes
+    say "unknown" (0xFFFFFFFF), which players and soundfile accept for a
+    stream; mp3 and ogg are encoded frames from one encoder, so the pieces
+    form one valid file. Header fix-ups that libsndfile writes on close over
+    bytes already sent are dropped: a stream cannot take them back.
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self._started = False
+        self._sink: _Sink | None = None
+        self._file: Any = None
+        if fmt not in ("wav", "pcm"):
+            import soundfile
+
+            _, container, subtype = FORMATS[fmt]
+            self._sink = _Sink()
+            self._file = soundfile.SoundFile(self._sink, "w", SAMPLE_RATE, 1, format=container, subtype=subtype)
+
+    def feed(self, pcm: bytes) -> bytes:
+        if self._file is None:
+            head = b""
+            if self.fmt == "wav" and not self._started:
+                head = wav_stream_header()
+            self._started = True
+            return head + pcm
+        self._file.write(np.frombuffer(pcm, dtype="<i2"))
+        assert self._sink is not None
+        return self._sink.drain()
+
+    def close(self) -> bytes:
+        if self._file is None:
+            return b"" if self._started or self.fmt != "wav" else wav_stream_header()
+        self._file.close()
+        self._file = None
+        assert self._sink is not None
+        return self._sink.drain()
+
+
+def wav_stream_header() -> bytes:
+    """A 44-byte WAV header for PCM16 mono 24 kHz of unknown length."""
+    unknown = 0xFFFFFFFF
+    return (
+        b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
+        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * SAMPLE_WIDTH, SAMPLE_WIDTH, 16)
+        + b"data" + struct.pack("<I", unknown)
+    )
+
+
+class _Sink(io.RawIOBase):
+    """A seekable file for libsndfile whose written bytes can be taken away as they come."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._base = 0  # offset of the first byte not yet drained
+        self._buf = bytearray()
+        self._pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        start = self._pos - self._base
+        if start >= 0:
+            self._buf[start : start + len(data)] = data
+        # else: a rewrite of bytes already sent (a header fix-up); dropped.
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        end = self._base + len(self._buf)
+        self._pos = {io.SEEK_SET: offset, io.SEEK_CUR: self._pos + offset, io.SEEK_END: end + offset}[whence]
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def drain(self) -> bytes:
+        out = bytes(self._buf)
+        self._base += len(self._buf)
+        self._buf = bytearray()
+        return out

@@ -9,9 +9,11 @@ import unicodedata
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable, Mapping, Sequence
 
+from splitter import pause_after
+
 # Bump when anything that changes the sound for the same inputs changes
 # (splitting rules, how audio is trimmed or stored): old keys then miss.
-KEY_VERSION = 1
+KEY_VERSION = 2
 SAMPLE_RATE = 24_000
 # Chunk audio is PCM16 little-endian mono at SAMPLE_RATE: lossless for what
 # the model emits after clipping, half the size of float32, and joinable by
@@ -130,14 +132,27 @@ def request_key(request_id: str) -> str:
     return f"{PREFIX}:req:{request_id}"
 
 
+def voice_key(model_id: str, seed: int) -> str:
+    """Where the speaker string of `seed` on model `model_id` is kept."""
+    return f"{PREFIX}:voice:{model_id}:{seed}"
+
+
 def events_channel(request_id: str) -> str:
     """Pub/sub channel on which the worker announces a request's progress."""
     return f"{PREFIX}:events:{request_id}"
 
 
 def manifest(spec: Spec) -> dict[str, Any]:
-    """What is stored under `request_key`: the request's chunk ids, in order."""
-    return {"chunks": spec.chunk_ids()}
+    """What is stored under `request_key`: the chunk ids in order, and the
+    silence (ms) after each when joined (none after the last).
+
+    The pauses follow from the chunk texts, which the request id hashes, so
+    an id's audio never changes (bump KEY_VERSION if the pause rules do).
+    """
+    pauses = [pause_after(chunk) for chunk in spec.chunks]
+    if pauses:
+        pauses[-1] = 0
+    return {"chunks": spec.chunk_ids(), "pauses": pauses}
 
 
 class AudioCache:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue, Retry, get_current_job
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
@@ -17,7 +20,8 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 
 import audio
-from cache import MODEL_KEY, Spec, events_channel, stored, store_chunk
+import metrics
+from cache import MODEL_KEY, Spec, events_channel, stored, store_chunk, voice_key
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,15 @@ class Engine(Protocol):
         ...
 
 
+class VoiceBank(Protocol):
+    """What a model offers for exporting voices (GET /v1/voices/{seed})."""
+
+    def speaker(self, seed: int) -> str:
+        """The speaker string that `seed` names on this model: passing it as
+        `speaker` gives the same voice as passing the seed, on any machine."""
+        ...
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What a worker tells the web side about the model it serves."""
@@ -48,13 +61,17 @@ class ModelInfo:
     tiny: bool
     engine: str
     device: str
+    # Length of a decoded speaker string for this model (None: not checked).
+    speaker_dim: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ModelInfo:
-        return cls(**json.loads(raw))
+        # Fields a newer worker added are ignored by an older web process.
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in known})
 
 
 class ModelMismatch(RuntimeError):
@@ -68,6 +85,31 @@ class QueueFull(RuntimeError):
 def cancel_key(request_id: str) -> str:
     """Set while a request is canceled; the running job checks it before each batch."""
     return f"tts:cancel:{request_id}"
+
+
+# Set by the worker's SIGTERM handler; read by the running job between batches.
+_stopping = threading.Event()
+_interrupted: set[str] = set()
+# This process's figures, added to Redis after each job run (see metrics.py).
+_figures = metrics.Recorder()
+
+
+def stop_after_batch() -> None:
+    """Make the running job, if any, return before its next batch: the worker is shutting down.
+
+    The job then reports itself through `take_interrupted`, and the worker puts
+    it back at the front of the queue; the audio it stored stays, so whoever
+    runs it next synthesizes only the rest.
+    """
+    _stopping.set()
+
+
+def take_interrupted(request_id: str) -> bool:
+    """True, once, when this process's last run of `request_id`'s job stopped early for a shutdown."""
+    if request_id in _interrupted:
+        _interrupted.discard(request_id)
+        return True
+    return False
 
 
 @dataclass
@@ -126,36 +168,49 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     # code; checking between batches keeps the limit whatever happens.
     limit = job.timeout if job is not None and job.timeout and job.timeout > 0 else None
     audio_seconds = 0.0
+    model_seconds = 0.0
     tokens: dict[str, int] = {}
-    _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
+    cached = _done(chunk_ids, todo, tokens)
+    outcome = "failed"
+    _progress(ctx, job, request_id, cached, total)
     try:
-        for start in range(0, len(todo), ctx.settings.batch_size):
+        for number, batch in enumerate(_batches(todo, ctx.settings.batch_size)):
             if ctx.redis.exists(cancel_key(request_id)):
-                logger.info("job %s canceled before batch %d", request_id, start // ctx.settings.batch_size)
+                logger.info("job %s canceled before batch %d", request_id, number)
                 _event(ctx, request_id, "canceled")
+                outcome = "canceled"
                 return {"chunks_total": total, "chunks_synthesized": len(tokens), "canceled": True,
+                        "model": ctx.model.id}
+            if _stopping.is_set():
+                logger.info("job %s stops before batch %d: the worker is shutting down", request_id, number)
+                _interrupted.add(request_id)
+                outcome = "requeued"
+                return {"chunks_total": total, "chunks_synthesized": len(tokens), "interrupted": True,
                         "model": ctx.model.id}
             if limit is not None and time.monotonic() - started > limit:
                 raise JobTimeoutException(f"job ran past its {limit} s time limit")
-            batch = todo[start : start + ctx.settings.batch_size]
+            began = time.monotonic()
             wavs = ctx.engine.synthesize([text_of[cid] for cid in batch], spec)
+            model_seconds += time.monotonic() - began
             if len(wavs) != len(batch):
                 raise RuntimeError(f"engine returned {len(wavs)} clips for {len(batch)} texts")
             for cid, wav in zip(batch, wavs):
-                pcm = audio.to_pcm16(wav)
+                pcm = audio.to_pcm16(audio.finish(wav))
                 store_chunk(ctx.redis, cid, pcm, ctx.settings.result_ttl)
                 audio_seconds += audio.duration(pcm)
                 tokens[cid] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
+            if number == 0 and cached == 0 and job is not None:
+                _first_chunk(job)
             _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
+        outcome = "finished"
     except Exception:
         _event(ctx, request_id, "failed")
         raise
+    finally:
+        _report(ctx, request_id, outcome, total, cached, len(tokens), model_seconds, audio_seconds,
+                time.monotonic() - started)
     seconds = time.monotonic() - started
     _event(ctx, request_id, "finished")
-    logger.info(
-        "job %s finished: %d chunks, %d synthesized, %.2f s audio in %.2f s",
-        request_id, total, len(todo), audio_seconds, seconds,
-    )
     return {
         "chunks_total": total,
         "chunks_synthesized": len(todo),
@@ -166,6 +221,49 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
         "synthesis_seconds": round(seconds, 3),
         "model": ctx.model.id,
     }
+
+
+def _batches(todo: Sequence[str], size: int) -> list[list[str]]:
+    """`todo` in batches of `size`, except that the first batch is one chunk.
+
+    A listener of the stream hears the first chunk after one chunk's
+    synthesis rather than a whole batch's; the rest keep the batch's
+    throughput.
+    """
+    if not todo:
+        return []
+    rest = todo[1:]
+    return [list(todo[:1])] + [list(rest[i : i + size]) for i in range(0, len(rest), size)]
+
+
+def _first_chunk(job: Job) -> None:
+    """Time from the job's creation (the request; not reset by retries) to its first stored chunk."""
+    created = job.created_at
+    if created is None:
+        return
+    if created.tzinfo is None:  # RQ stores UTC
+        created = created.replace(tzinfo=timezone.utc)
+    waited = (datetime.now(timezone.utc) - created).total_seconds()
+    _figures.observe("tts_time_to_first_chunk_seconds", max(0.0, waited))
+
+
+def _report(ctx: _Bound, request_id: str, outcome: str, total: int, cached: int, synthesized: int,
+            model_seconds: float, audio_seconds: float, seconds: float) -> None:
+    """One log line and this worker's figures for one run of a job; never the text."""
+    event = {"event": "job", "id": request_id, "status": outcome, "chunks": total, "cached": cached,
+             "synthesized": synthesized, "seconds": round(seconds, 3), "model_seconds": round(model_seconds, 3),
+             "audio_seconds": round(audio_seconds, 3)}
+    logger.info("job %s %s", request_id, outcome, extra={"event": event})
+    _figures.inc("tts_jobs_total", outcome=outcome)
+    _figures.inc("tts_chunks_synthesized_total", synthesized)
+    _figures.inc("tts_synthesis_seconds_total", model_seconds)
+    _figures.inc("tts_audio_seconds_total", audio_seconds)
+    if audio_seconds > 0:
+        _figures.observe("tts_real_time_factor", model_seconds / audio_seconds)
+    try:
+        _figures.flush(ctx.redis)
+    except (RedisError, OSError) as exc:
+        logger.warning("metrics kept until after the next job: Redis said %s", exc)
 
 
 def _done(chunk_ids: Sequence[str], todo: Sequence[str], made: Mapping[str, int]) -> int:
@@ -203,45 +301,86 @@ def fetch(redis: Redis, request_id: str) -> Job | None:
 def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
     """Enqueue the request's job, or return the job already doing it.
 
-    The job id is the request id and RQ's `unique` enqueue is atomic, so
-    identical requests in flight share one job. A job under that id that is
-    over (finished, failed, stopped, canceled) is replaced, under a short
-    lock so that two submitters cannot delete each other's new job.
+    The job id is the request id, so identical requests in flight share one
+    job (see `_enqueue_once`). Raises QueueFull past `settings.max_queue`.
     """
     request_id = spec.request_id()
-    redis = q.connection
     # Asking again is asking for the audio: an earlier cancel no longer holds.
-    redis.delete(cancel_key(request_id))
-    for _ in range(5):
-        job = fetch(redis, request_id)
-        if job is not None and job.get_status(refresh=False) in _ACTIVE:
-            return job
+    q.connection.delete(cancel_key(request_id))
+
+    def enqueue() -> Job:
         if q.count >= settings.max_queue:
             raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
+        return q.enqueue(
+            synthesize,
+            spec.to_json(),
+            job_id=request_id,
+            unique=True,
+            job_timeout=settings.job_timeout(len(spec.chunks)),
+            result_ttl=settings.result_ttl,
+            failure_ttl=settings.result_ttl,
+            # Backoff between tries; the workers' maintenance pass re-queues
+            # retries that are due (see worker.TTSWorker).
+            retry=Retry(max=2, interval=[5, 15]),
+            description=f"tts {len(spec.chunks)} chunk(s): {spec.excerpt()!r}",
+            meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
+        )
+
+    return _enqueue_once(q.connection, request_id, enqueue)
+
+
+def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
+    """Enqueue (at the front: it takes milliseconds) the job that exports `seed`'s voice, or join it."""
+    job_id = voice_job_id(model_id, seed)
+    return _enqueue_once(q.connection, job_id, lambda: q.enqueue(
+        voice, seed, model_id, job_id=job_id, unique=True, at_front=True, job_timeout=60,
+        result_ttl=600, failure_ttl=600, description=f"voice of seed {seed}",
+    ))
+
+
+def voice_job_id(model_id: str, seed: int) -> str:
+    return f"voice-{model_id}-{seed}"
+
+
+def voice(seed: int, model_id: str) -> dict[str, Any]:
+    """RQ job: store the speaker string of `seed` on this worker's model under `voice_key`."""
+    if _bound is None:
+        raise RuntimeError("no model is bound in this process; run jobs with worker.py")
+    ctx = _bound
+    if model_id != ctx.model.id:
+        raise ModelMismatch(f"voice asked for model {model_id}, this worker runs {ctx.model.id}; ask again")
+    bank = ctx.engine
+    if not hasattr(bank, "speaker"):
+        raise RuntimeError(f"engine {ctx.model.engine} cannot export voices")
+    speaker = bank.speaker(seed)
+    ctx.redis.set(voice_key(model_id, seed), speaker, ex=ctx.settings.result_ttl)
+    _event(ctx, voice_job_id(model_id, seed), "finished")
+    return {"seed": seed, "model": model_id, "chars": len(speaker)}
+
+
+def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job]) -> Job:
+    """The active job under `job_id`, or a new one from `enqueue()` (which must use unique=True).
+
+    RQ's `unique` enqueue is atomic, so concurrent callers share one job. A
+    job under that id that is over (finished, failed, stopped, canceled) is
+    replaced, under a short lock so that two callers cannot delete each
+    other's new job.
+    """
+    for _ in range(5):
+        job = fetch(redis, job_id)
+        if job is not None and job.get_status(refresh=False) in _ACTIVE:
+            return job
         try:
-            return q.enqueue(
-                synthesize,
-                spec.to_json(),
-                job_id=request_id,
-                unique=True,
-                job_timeout=settings.job_timeout(len(spec.chunks)),
-                result_ttl=settings.result_ttl,
-                failure_ttl=settings.result_ttl,
-                # Backoff between tries; the workers' maintenance pass
-                # re-queues retries that are due (see worker.TTSWorker).
-                retry=Retry(max=2, interval=[5, 15]),
-                description=f"tts {len(spec.chunks)} chunk(s): {spec.excerpt()!r}",
-                meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
-            )
+            return enqueue()
         except DuplicateJobError:
-            job = fetch(redis, request_id)
+            job = fetch(redis, job_id)
             if job is not None and job.get_status(refresh=False) in _ACTIVE:
                 return job
-            with redis.lock(f"tts:lock:{request_id}", timeout=10, blocking_timeout=5):
-                job = fetch(redis, request_id)
+            with redis.lock(f"tts:lock:{job_id}", timeout=10, blocking_timeout=5):
+                job = fetch(redis, job_id)
                 if job is not None and job.get_status(refresh=False) not in _ACTIVE:
                     job.delete()
-    raise RuntimeError(f"could not enqueue request {request_id}")
+    raise RuntimeError(f"could not enqueue job {job_id}")
 
 
 def cancel(redis: Redis, request_id: str, ttl: int) -> None:

@@ -12,9 +12,10 @@ import hmac
 import logging
 import re
 import time
+from collections import OrderedDict
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import redis.asyncio as aioredis
 from redis import Redis
@@ -25,18 +26,23 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Send
 
 import audio
 import jobs
+import metrics
+import openapi
 import validation
-from cache import MODEL_KEY, AudioCache, Spec, events_channel, is_well_formed_id
+from cache import MODEL_KEY, AudioCache, Spec, events_channel, is_well_formed_id, manifest, voice_key
 from settings import Settings, from_env
 from validation import ApiError
 
 logger = logging.getLogger("service")
+T = TypeVar("T")
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 # RQ status -> the API's status words.
@@ -51,6 +57,8 @@ _STATUS = {
     "canceled": "canceled",
 }
 _OVER = ("failed", "stopped", "canceled")
+# How long ?stream=true waits for the first chunk before answering 202.
+STREAM_FIRST_WAIT = 60.0
 # Safe words for a failed job, by exception class; anything else is generic.
 _FAILURES = {
     "ModelMismatch": "the workers changed model after this request was queued; submit it again",
@@ -73,7 +81,10 @@ class Service:
         self.sync_redis = Redis.from_url(settings.redis_url)
         self.queue = jobs.queue(self.sync_redis, settings)
         self.cache = AudioCache(self.redis, settings.result_ttl)
+        self._encoded = _EncodedCache(settings.encoded_cache_mb * 1024 * 1024)
         self._model: tuple[float, jobs.ModelInfo | None] = (0.0, None)
+        # This process's figures; they reach Redis about once a second.
+        self.metrics = metrics.Recorder()
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -142,12 +153,12 @@ class Service:
         await self._guard(request)
         body = await validation.read_json(request, self.settings.max_body)
         fields, fmt = validation.speech_fields(body, self.settings)
-        spec = await self._spec(fields)
+        spec = await self._spec(fields, speaker_field="voice")
         request_id, missing, job = await self._ensure(spec)
-        chunk_ids = spec.chunk_ids()
+        layout = manifest(spec)
         if job is not None:
-            await self._wait(request_id, chunk_ids, time.monotonic() + self.settings.speech_wait)
-        pcm = await self._audio(chunk_ids)
+            await self._wait(request_id, layout["chunks"], time.monotonic() + self.settings.speech_wait)
+        pcm = await self._audio(layout)
         if pcm is None:
             status = await self._status(request_id, await self._manifest(request_id))
             if status["status"] == "failed":
@@ -160,12 +171,16 @@ class Service:
         data = await run_in_threadpool(audio.encode, pcm, fmt)
         return Response(data, media_type=audio.FORMATS[fmt][0], headers={"X-Request-Id": request_id})
 
-    async def _spec(self, fields: dict[str, Any]) -> Spec:
+    async def _spec(self, fields: dict[str, Any], speaker_field: str = "speaker") -> Spec:
+        model = await self._require_model()
+        return validation.spec(fields, self.settings, model.id, model.speaker_dim, speaker_field)
+
+    async def _require_model(self) -> jobs.ModelInfo:
         model = await self.model()
         if model is None:
             raise ApiError(503, "no worker has started yet, so no model is loaded; start one (python worker.py)",
                            headers={"Retry-After": "5"})
-        return validation.spec(fields, self.settings, model.id)
+        return model
 
     async def _ensure(self, spec: Spec) -> tuple[str, list[int], Job | None]:
         """Make sure the request's audio is stored or on its way.
@@ -175,6 +190,7 @@ class Service:
         """
         request_id = spec.request_id()
         missing = await self.cache.missing(spec.chunk_ids())
+        metrics.record_lookup(self.metrics, len(spec.chunks), len(missing))
         await self.cache.remember(request_id, spec, touch_chunks=not missing)
         if not missing:
             return request_id, missing, None
@@ -225,6 +241,9 @@ class Service:
         manifest = await self._manifest(request_id)
         return JSONResponse(await self._status(request_id, manifest))
 
+    async def status_or_cancel(self, request: Request) -> Response:
+        return await (self.cancel(request) if request.method == "DELETE" else self.status(request))
+
     async def cancel(self, request: Request) -> Response:
         await self._guard(request)
         request_id = request.path_params["id"]
@@ -237,63 +256,180 @@ class Service:
         request_id = request.path_params["id"]
         fmt = validation.audio_format(request.query_params.get("format", "wav"))
         wait = validation.wait_seconds(request.query_params.get("wait"))
-        manifest = await self._manifest(request_id)
+        stream = validation.flag(request.query_params.get("stream"), "stream")
+        layout = await self._manifest(request_id)
         etag = f'"{request_id}.{fmt}"'
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers={"ETag": etag})
-        chunk_ids = manifest["chunks"]
-        pcm = await self._audio(chunk_ids)
-        if pcm is None and wait > 0:
-            await self._wait(request_id, chunk_ids, time.monotonic() + wait)
-            pcm = await self._audio(chunk_ids)
-        if pcm is not None:
-            data = await run_in_threadpool(audio.encode, pcm, fmt)
-            return Response(
-                data,
-                media_type=audio.FORMATS[fmt][0],
-                headers={
-                    "ETag": etag,
-                    "Cache-Control": "public, max-age=31536000, immutable",
-                    "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{fmt}"',
-                },
-            )
-        status = await self._status(request_id, manifest)
+        chunk_ids = layout["chunks"]
+        data = self._encoded.get((request_id, fmt))
+        if data is None:
+            pcm = await self._audio(layout)
+            if pcm is None and stream:
+                return await self._stream(request_id, layout, fmt, wait)
+            if pcm is None and wait > 0:
+                await self._wait(request_id, chunk_ids, time.monotonic() + wait)
+                pcm = await self._audio(layout)
+            if pcm is not None:
+                data = await run_in_threadpool(audio.encode, pcm, fmt)
+                self._encoded.put((request_id, fmt), data)
+        if data is not None:
+            return Response(data, media_type=audio.FORMATS[fmt][0], headers=self._audio_headers(request_id, fmt))
+        return await self._not_ready(request_id, layout)
+
+    @staticmethod
+    def _audio_headers(request_id: str, fmt: str) -> dict[str, str]:
+        return {
+            "ETag": f'"{request_id}.{fmt}"',
+            # An id's audio never changes: the id hashes everything that makes it.
+            "Cache-Control": "public, max-age=31536000, immutable",
+            "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{fmt}"',
+        }
+
+    async def _not_ready(self, request_id: str, layout: dict[str, Any]) -> Response:
+        """202 with the status while the audio is being made; raises 500 (failed) or 409 (canceled)."""
+        status = await self._status(request_id, layout)
         if status["status"] == "failed":
             raise ApiError(500, f"synthesis failed: {status['error']}")
         if status["status"] == "canceled":
             raise ApiError(409, "this request was canceled; submit it again to synthesize it")
-        retry = max(1, len(chunk_ids) - status["progress"]["chunks_done"])
+        retry = max(1, len(layout["chunks"]) - status["progress"]["chunks_done"])
         return JSONResponse(status, status_code=202, headers={"Retry-After": str(min(retry, 30))})
 
-    async def _audio(self, chunk_ids: list[str]) -> bytes | None:
-        parts = await self.cache.chunks(chunk_ids)
+    async def _stream(self, request_id: str, layout: dict[str, Any], fmt: str, wait: float) -> Response:
+        """The audio as it is made: a chunked 200 whose first bytes are the first stored chunk.
+
+        Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first chunk
+        so that a job failing early still gets a proper error status. After
+        that, each chunk (and its pause) goes out as soon as the worker
+        announces it; a job that fails or is canceled mid-stream ends the
+        response without its final chunk, so the client sees a truncated
+        transfer, not a short clip passed off as whole.
+        """
+        chunk_ids: list[str] = layout["chunks"]
+        pauses: list[int] = layout.get("pauses") or [0] * len(chunk_ids)
+        first_wait = max(wait, STREAM_FIRST_WAIT)
+        pubsub = await self._subscribe(request_id)
+        try:
+            first = await self._next_chunk(request_id, chunk_ids[0], pubsub, time.monotonic() + first_wait)
+        except BaseException:
+            await _close(pubsub)
+            raise
+        if first is None:
+            await _close(pubsub)
+            return await self._not_ready(request_id, layout)
+        # A long job may stall for its retries' backoff; give up only when
+        # no chunk arrives for longer than a whole job may take.
+        idle_limit = self.settings.job_timeout(len(chunk_ids)) + 60
+
+        async def body() -> AsyncIterator[bytes | None]:
+            encoder = audio.StreamEncoder(fmt)
+            try:
+                pcm: bytes | None = first
+                for index, cid in enumerate(chunk_ids):
+                    if index > 0:
+                        pcm = await self._next_chunk(request_id, cid, pubsub, time.monotonic() + idle_limit)
+                    if pcm is None:
+                        logger.info("stream of %s cut short: the job stopped before chunk %d", request_id, index)
+                        yield None
+                        return
+                    out = await run_in_threadpool(encoder.feed, pcm + audio.silence(pauses[index]))
+                    if out:
+                        yield out
+                tail = await run_in_threadpool(encoder.close)
+                if tail:
+                    yield tail
+            finally:
+                await _close(pubsub)
+
+        return _AudioStream(
+            body(),
+            media_type=audio.FORMATS[fmt][0],
+            headers={
+                # Not the final file (a streamed WAV's header cannot know the
+                # length): fetch the whole one with the plain URL once done.
+                "Cache-Control": "no-store",
+                "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{fmt}"',
+                "X-Accel-Buffering": "no",
+            },
+        )
+
+    async def _next_chunk(self, request_id: str, chunk_id: str, pubsub: Any, deadline: float) -> bytes | None:
+        """The chunk's audio once stored; None if the job is over without it or `deadline` passes."""
+
+        async def stored() -> bytes | None:
+            return (await self.cache.chunks([chunk_id]))[0]
+
+        return await self._until(pubsub, request_id, stored, deadline)
+
+    async def _audio(self, layout: dict[str, Any]) -> bytes | None:
+        """The whole clip of a manifest (chunks joined with their pauses), or None while any is missing."""
+        parts = await self.cache.chunks(layout["chunks"])
         if any(p is None for p in parts):
             return None
-        return audio.join([p for p in parts if p is not None])
+        return audio.join([p for p in parts if p is not None], layout.get("pauses"))
 
     async def _wait(self, request_id: str, chunk_ids: list[str], deadline: float) -> None:
-        """Return when the audio is stored, the job is over, or `deadline` passes.
+        """Return when the audio is stored, the job is over, or `deadline` passes."""
 
-        Wakes on the worker's events; the once-a-second re-check covers a
-        worker that died without saying so.
-        """
-        pubsub = self.redis.pubsub()
-        await pubsub.subscribe(events_channel(request_id))
+        async def stored() -> bool | None:
+            return True if not await self.cache.missing(chunk_ids) else None
+
+        pubsub = await self._subscribe(request_id)
         try:
-            while True:
-                # Checked after subscribing, so no event can slip between.
-                if not await self.cache.missing(chunk_ids):
-                    return
-                state = await self.redis.hget(Job.key_for(request_id), "status")
-                if state is None or state.decode() in _OVER:
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+            await self._until(pubsub, request_id, stored, deadline)
         finally:
-            await pubsub.unsubscribe()
-            await pubsub.aclose()
+            await _close(pubsub)
+
+    async def _subscribe(self, job_id: str) -> Any:
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(events_channel(job_id))
+        return pubsub
+
+    async def _until(self, pubsub: Any, job_id: str, ready: Callable[[], Awaitable[T | None]],
+                     deadline: float) -> T | None:
+        """`ready()`'s first value that is not None, or None once job `job_id` is over or `deadline` passes.
+
+        `pubsub` is subscribed to the job's events channel before the first
+        check, so no announcement can slip between a check and the sleep.
+        It sleeps on that channel (no busy polling); waking at least once a
+        second covers a worker that died without saying so.
+        """
+        while True:
+            value = await ready()
+            if value is not None:
+                return value
+            state = await self.redis.hget(Job.key_for(job_id), "status")
+            if state is None or state.decode() in _OVER or state == b"finished":
+                # Over: it may have delivered just before it ended.
+                return await ready()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+
+    async def voice(self, request: Request) -> Response:
+        """The speaker string of a seed on the loaded model, made by a worker on first request."""
+        await self._guard(request)
+        seed = validation.seed(request.path_params["seed"])
+        model = await self._require_model()
+        key = voice_key(model.id, seed)
+
+        async def speaker() -> bytes | None:
+            return await self.redis.get(key)
+
+        value = await speaker()
+        if value is None:
+            job = await run_in_threadpool(jobs.request_voice, self.queue, model.id, seed, self.settings)
+            pubsub = await self._subscribe(job.id)
+            try:
+                value = await self._until(pubsub, job.id, speaker, time.monotonic() + self.settings.speech_wait)
+            finally:
+                await _close(pubsub)
+        if value is None:
+            raise ApiError(504, f"no worker exported the voice within {self.settings.speech_wait} s "
+                                "(are all workers busy or stopped?); try again", headers={"Retry-After": "5"})
+        return JSONResponse({"seed": seed, "speaker": value.decode(), "model": model.id, "model_name": model.name})
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -328,8 +464,76 @@ class Service:
                                 headers={"Retry-After": "5"})
         return JSONResponse(body)
 
+    async def prometheus(self, request: Request) -> Response:
+        """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
+        await self._guard(request)
+        await self.metrics.aflush(self.redis)
+        stored = await self.redis.hgetall(metrics.METRICS_KEY)
+        gauges = await run_in_threadpool(metrics.queue_gauges, self.queue)
+        return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)
+
     async def page(self, request: Request) -> Response:
         return FileResponse(PAGE, media_type="text/html; charset=utf-8")
+
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
+        return JSONResponse(openapi.schema(self.settings))
+
+
+class _AudioStream(StreamingResponse):
+    """A streamed response whose body iterator may yield None to cut the transfer short.
+
+    The final (empty) body message is then never sent, so the server closes
+    the connection mid-body and the client sees an incomplete chunked
+    transfer rather than a short clip that looks whole. The iterator is
+    always closed, also when the client goes away, so its Redis
+    subscription is released at once.
+    """
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        iterator = self.body_iterator
+        try:
+            async for piece in iterator:
+                if piece is None:
+                    return
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _close(pubsub: Any) -> None:
+    await pubsub.unsubscribe()
+    await pubsub.aclose()
+
+
+class _EncodedCache:
+    """A small in-process LRU of encoded audio, bounded by total bytes.
+
+    Encoding mp3/ogg costs far more than reading PCM from Redis; a hot item
+    is encoded once per web process. Safe because an id's audio never changes.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._size = 0
+
+    def get(self, key: tuple[str, str]) -> bytes | None:
+        data = self._items.get(key)
+        if data is not None:
+            self._items.move_to_end(key)
+        return data
+
+    def put(self, key: tuple[str, str], data: bytes) -> None:
+        if len(data) > self.max_bytes // 4 or key in self._items:
+            return  # one item may not evict most of the others
+        self._items[key] = data
+        self._size += len(data)
+        while self._size > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self._size -= len(old)
 
 
 def _failure(job: Job) -> str:
@@ -391,24 +595,29 @@ async def _internal(request: Request, exc: Exception) -> Response:
 def create_app(settings: Settings | None = None) -> Starlette:
     """The ASGI app. Without `settings`, they are read from the environment."""
     if settings is None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         settings = from_env()
+        metrics.configure_logging(settings.log_level, settings.log_format)
     service = Service(settings)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
+        # Ends after uvicorn's graceful shutdown has let in-flight requests finish.
+        async with metrics.flushing(service.metrics, service.redis):
+            yield
         await service.close()
 
     routes = [
         Route("/", service.page, methods=["GET"]),
+        Route("/openapi.json", service.openapi, methods=["GET"]),
         Route("/healthz", service.healthz, methods=["GET"]),
         Route("/readyz", service.readyz, methods=["GET"]),
+        Route("/metrics", service.prometheus, methods=["GET"]),
         Route("/v1/tts", service.submit, methods=["POST"]),
-        Route("/v1/tts/{id}", service.status, methods=["GET"]),
-        Route("/v1/tts/{id}", service.cancel, methods=["DELETE"]),
+        # One route for both methods: with two, a 405 would name only the first's in Allow.
+        Route("/v1/tts/{id}", service.status_or_cancel, methods=["GET", "DELETE"]),
         Route("/v1/tts/{id}/audio", service.audio, methods=["GET"]),
         Route("/v1/audio/speech", service.speech, methods=["POST"]),
+        Route("/v1/voices/{seed}", service.voice, methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {
         ApiError: _api_error,
@@ -418,6 +627,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         RedisTimeoutError: _redis_down,
         Exception: _internal,
     }
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [Middleware(metrics.RequestTelemetry, recorder=service.metrics)]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
     app.state.service = service
     return app

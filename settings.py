@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
 
@@ -42,6 +42,8 @@ class Settings:
     job_timeout_base: int = 60
     job_timeout_per_chunk: int = 120
     max_body: int = 64 * 1024
+    # Encoded audio kept per web process (MiB); 0 turns the cache off.
+    encoded_cache_mb: int = 64
     max_queue: int = 1000
     # How long POST /v1/audio/speech holds the connection for its audio.
     speech_wait: int = 120
@@ -50,6 +52,9 @@ class Settings:
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
     torch_threads: int = 0
+    # Logging: level name, and "json" (one JSON object a line) or "text".
+    log_level: str = "INFO"
+    log_format: str = "json"
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -95,6 +100,30 @@ def _redis_url(raw: str) -> str:
     return raw
 
 
+def _bool(raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(raw)
+    return value in ("1", "true", "yes", "on")
+
+
+def _level(raw: str) -> str:
+    return _choice("DEBUG", "INFO", "WARNING", "ERROR")(raw.upper())
+
+
+def _unverified_tls(url: str) -> str:
+    """`url` with redis-py's `ssl_cert_reqs=none` when it is a rediss:// URL that does not say otherwise.
+
+    In the URL rather than in client arguments, so that every client built
+    from it (web, worker, rq-dashboard) skips certificate checks alike.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "rediss" or "ssl_cert_reqs=" in parts.query:
+        return url
+    query = "&".join(q for q in (parts.query, "ssl_cert_reqs=none") if q)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
 def _device(raw: str) -> str:
     if raw in ("auto", "cpu", "mps") or raw == "cuda" or (raw.startswith("cuda:") and raw[5:].isdigit()):
         return raw
@@ -109,8 +138,12 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     d = Settings()
     positive = "a whole number of at least 1"
+    redis_url = _parse(env, "REDIS_URL", d.redis_url, _redis_url, "a redis://, rediss:// or unix:// URL", secret=True)
+    # Hosted Redis often serves TLS with a self-signed certificate.
+    if not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
+        redis_url = _unverified_tls(redis_url)
     return Settings(
-        redis_url=_parse(env, "REDIS_URL", d.redis_url, _redis_url, "a redis://, rediss:// or unix:// URL"),
+        redis_url=redis_url,
         port=_parse(env, "PORT", d.port, _int_in(1, 65535), "a port number 1-65535"),
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
         model_path=_parse(env, "TTS_MODEL_PATH", d.model_path, _existing_dir, "an existing directory"),
@@ -128,12 +161,16 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(0), "seconds, 0 or more"
         ),
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
+        encoded_cache_mb=_parse(env, "TTS_ENCODED_CACHE_MB", d.encoded_cache_mb, _int_in(0),
+                                "MiB of encoded audio kept per web process, 0 for none"),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
         api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,
                         "comma-separated keys of at least 16 characters", secret=True),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
+        log_level=_parse(env, "LOG_LEVEL", d.log_level, _level, "DEBUG, INFO, WARNING or ERROR"),
+        log_format=_parse(env, "TTS_LOG_FORMAT", d.log_format, _choice("json", "text"), "json or text"),
     )
 
 

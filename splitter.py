@@ -85,6 +85,25 @@ def split(text: str, max_chars: int = 180) -> list[str]:
     return chunks
 
 
+# Silence after a chunk, by how it ends: a sentence, a clause, or a cut
+# made only for length (which must not sound like a pause at all).
+PAUSE_MS = {"sentence": 250, "clause": 120, "cut": 20}
+
+
+def pause_after(chunk: str) -> int:
+    """Milliseconds of silence to put after `chunk` when it is joined to the next.
+
+    A chunk ending at a sentence end (or its closing quotes) gets the longest
+    pause, one ending at a clause mark a shorter one, any other cut almost none.
+    """
+    end = chunk.rstrip().rstrip(_CLOSERS)
+    if end and end[-1] in _CJK_SENTENCE_ENDS + _ASCII_SENTENCE_ENDS:
+        return PAUSE_MS["sentence"]
+    if end and end[-1] in _CJK_CLAUSE_MARKS + _ASCII_CLAUSE_MARKS:
+        return PAUSE_MS["clause"]
+    return PAUSE_MS["cut"]
+
+
 def _tag_interiors(text: str) -> dict[int, tuple[int, int]]:
     """Map every cut position strictly inside a tag to that tag's (start, end) span."""
     interiors: dict[int, tuple[int, int]] = {}

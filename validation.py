@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import lzma
 import math
 from typing import Any, Mapping
 
+import numpy as np
+import pybase16384 as b14
 from starlette.requests import Request
 
 import audio
@@ -93,6 +96,10 @@ async def read_json(request: Request, max_body: int) -> Any:
 
 def _int(body: Mapping[str, Any], name: str, low: int, high: int) -> int:
     value = body[name]
+    # JSON has one number type: 5.0 is the whole number 5 (JSON Schema's "integer"
+    # admits it, and clients that only have floats write it so).
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(name, f"must be a whole number from {low} to {high}")
     if not low <= value <= high:
@@ -166,9 +173,17 @@ def tts_fields(body: Any, settings: Settings) -> dict[str, Any]:
     return out
 
 
-def spec(fields: Mapping[str, Any], settings: Settings, model: str) -> Spec:
-    """The Spec of validated `fields`: text split into chunks, defaults filled in."""
+def spec(fields: Mapping[str, Any], settings: Settings, model: str, speaker_dim: int | None = None,
+         speaker_field: str = "speaker") -> Spec:
+    """The Spec of validated `fields`: text split into chunks, defaults filled in.
+
+    A speaker string must decode to `speaker_dim` finite values (the model's
+    embedding size, when the worker published it); else 422 naming
+    `speaker_field`.
+    """
     speaker = fields.get("speaker")
+    if speaker is not None:
+        check_speaker(speaker, speaker_dim, speaker_field)
     return Spec(
         chunks=tuple(split(fields["text"], settings.chunk_chars)),
         model=model,
@@ -183,6 +198,68 @@ def spec(fields: Mapping[str, Any], settings: Settings, model: str) -> Spec:
         laugh=fields.get("laugh"),
         break_=fields.get("break"),
     )
+
+
+_SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+# ChatTTS's embeddings are 768 float16 values; anything far larger is not one.
+_SPEAKER_MAX_BYTES = 64 * 1024
+
+
+def decode_speaker(speaker: str) -> np.ndarray:
+    """The float16 embedding in a ChatTTS speaker string (base16384 of raw LZMA2).
+
+    Raises ValueError when `speaker` is not one.
+    """
+    try:
+        packed = b14.decode_from_string(speaker)
+        unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_SPEAKER_FILTERS)
+        # Bounded: a few KB of LZMA can unpack to hundreds of MB.
+        raw = unpacker.decompress(packed, max_length=_SPEAKER_MAX_BYTES)
+    except (lzma.LZMAError, ValueError, TypeError, UnicodeError, OverflowError) as exc:
+        raise ValueError("not a ChatTTS speaker string") from exc
+    if not unpacker.eof or not raw or len(raw) % 2:
+        raise ValueError("not a ChatTTS speaker string")
+    return np.frombuffer(raw, dtype=np.float16).copy()
+
+
+def encode_speaker(embedding: np.ndarray) -> str:
+    """`decode_speaker`'s inverse: the speaker string ChatTTS writes for an embedding."""
+    data = np.asarray(embedding, dtype=np.float16).tobytes()
+    return b14.encode_to_string(lzma.compress(data, format=lzma.FORMAT_RAW, filters=_SPEAKER_FILTERS))
+
+
+def check_speaker(speaker: str, dim: int | None, field: str = "speaker") -> None:
+    """422 naming `field` unless `speaker` decodes to `dim` finite values (any length when None)."""
+    try:
+        values = decode_speaker(speaker)
+    except ValueError:
+        raise _invalid(field, "does not decode as a ChatTTS speaker string (base16384 of an LZMA2-packed "
+                              "float16 embedding); get one from GET /v1/voices/{seed}") from None
+    if dim is not None and values.size != dim:
+        raise _invalid(field, f"is a speaker embedding of {values.size} values; this model's have {dim} "
+                              "(a speaker string from another model?)")
+    if not np.isfinite(values.astype(np.float32)).all():
+        raise _invalid(field, "decodes to an embedding with infinite or NaN values")
+
+
+def seed(value: str) -> int:
+    """A seed from a URL path segment: a whole number 0-4294967295, else 422 naming `seed`."""
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 10 or int(text) > 2**32 - 1:
+        raise _invalid("seed", f"{value[:40]!r} is not a whole number from 0 to 4294967295")
+    return int(text)
+
+
+def flag(value: str | None, name: str) -> bool:
+    """A boolean query parameter: absent, false, 0, no -> False; true, 1, yes (or empty) -> True."""
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in ("", "1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise _invalid(name, f"{value!r} is not true or false")
 
 
 def audio_format(value: str) -> str:
@@ -231,12 +308,17 @@ def speech_fields(body: Any, settings: Settings) -> tuple[dict[str, Any], str]:
     voice = body.get("voice", "alloy")
     if isinstance(voice, str) and voice.strip().lower() in OPENAI_VOICES:
         tts["seed"] = OPENAI_VOICES[voice.strip().lower()]
-    elif isinstance(voice, str) and voice.strip().isdigit():
-        tts["seed"] = int(voice.strip())
+    elif isinstance(voice, str) and voice.strip().isascii() and voice.strip().isdigit():
+        # ASCII only: isdigit() also takes "²", which int() refuses. Past 4300
+        # digits int() refuses too; any seed is far shorter.
+        digits = voice.strip().lstrip("0") or "0"
+        if len(digits) > 10:
+            raise _invalid("voice", f"a seed must be from 0 to {2**32 - 1}")
+        tts["seed"] = int(digits)
     elif isinstance(voice, str) and len(voice.strip()) > 32:
         tts["speaker"] = voice
-    elif isinstance(voice, int) and not isinstance(voice, bool):
-        tts["seed"] = voice
+    elif isinstance(voice, (int, float)) and not isinstance(voice, bool):
+        tts["seed"] = voice  # checked (and a whole float made an int) as a seed below
     elif isinstance(voice, dict) and isinstance(voice.get("id"), str) and voice["id"].lower() in OPENAI_VOICES:
         tts["seed"] = OPENAI_VOICES[voice["id"].lower()]
     else:

@@ -1,8 +1,9 @@
 """The synthesis worker: loads ChatTTS once, then runs a non-forking rq worker.
 
-    python worker.py [--burst] [--max-jobs N]
+    python worker.py [--burst] [--max-jobs N] [--gpus all|N|I,J [--per-gpu K]]
 
-One process per GPU: pin each with CUDA_VISIBLE_DEVICES. The worker never
+One process per GPU, each pinned with CUDA_VISIBLE_DEVICES: `--gpus` starts
+them (see `launch`). The worker never
 forks: CUDA does not survive a fork, and on CPU a child forked after torch
 has run deadlocks in OpenMP. This is the only module that imports torch and
 ChatTTS.
@@ -18,7 +19,10 @@ import json
 import logging
 import math
 import os
+import re
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +39,9 @@ from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
+import metrics
+import spoken
+import validation
 from cache import SAMPLE_RATE, Spec
 from settings import Settings, SettingsError, from_env
 
@@ -43,7 +50,7 @@ logger = logging.getLogger("worker")
 # Bump when this module changes how text becomes audio for the same model
 # (trimming, speaker sampling): it is part of the model identity, so audio
 # made the old way stops being served.
-ENGINE_REVISION = 1
+ENGINE_REVISION = 2
 HUB_NAME = "2Noise/ChatTTS"
 
 
@@ -94,7 +101,7 @@ def _import_chattts() -> Any:
 
 
 class ChatTTSEngine:
-    """ChatTTS behind the jobs' one-method Engine interface."""
+    """ChatTTS behind the jobs' one-method Engine interface (and the VoiceBank one)."""
 
     def __init__(self, chat: Any, max_new_token: int) -> None:
         self.chat = chat
@@ -112,6 +119,10 @@ class ChatTTSEngine:
         std = self.chat.speaker.std.float().cpu()
         mean = self.chat.speaker.mean.float().cpu()
         return torch.randn(std.shape[0], generator=generator) * std + mean
+
+    def speaker(self, seed: int) -> str:
+        """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
+        return self.chat.speaker._encode(self._speaker(seed, None))
 
     def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
         """One batch through ChatTTS, trimmed to each text's generated length.
@@ -136,7 +147,8 @@ class ChatTTSEngine:
             show_tqdm=False,
         )
         chat.context.set(False)
-        normed = [chat.normalizer(t, True, True, None) for t in texts]
+        # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
+        normed = [chat.normalizer(spoken.speak(t), True, True, None) for t in texts]
         if spec.refine_text:
             prompt = "".join(
                 f"[{name}_{value}]"
@@ -169,7 +181,9 @@ class ToneEngine:
     """
 
     def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
-        voice = json.dumps(spec.voice(), sort_keys=True).encode()
+        # The pitch follows the voice's embedding, so a seed and its exported
+        # speaker string sound the same, as on ChatTTS.
+        voice = self._embedding(spec.seed, spec.speaker).tobytes()
         pitch = 180.0 + int(hashlib.sha256(voice).hexdigest()[:4], 16) % 200
         out = []
         for text in texts:
@@ -178,6 +192,18 @@ class ToneEngine:
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             out.append((0.3 * np.sin(2 * np.pi * pitch * t)).astype(np.float32))
         return out
+
+    speaker_dim = 16
+
+    def speaker(self, seed: int) -> str:
+        """A speaker string in ChatTTS's format, of `speaker_dim` values drawn from `seed`."""
+        return validation.encode_speaker(self._embedding(seed, None))
+
+    def _embedding(self, seed: int | None, speaker: str | None) -> np.ndarray:
+        if speaker is not None:
+            return validation.decode_speaker(speaker)
+        rng = np.random.default_rng(seed or 0)
+        return rng.standard_normal(self.speaker_dim).astype(np.float16)
 
 
 def _identity(payload: Any) -> str:
@@ -243,11 +269,13 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)
     info = jobs.ModelInfo(
-        id=_identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token}),
+        id=_identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token,
+                      "spoken": spoken.IDENTITY}),
         name=name,
         tiny=bool(manifest.get("tiny", False)),
         engine="chattts",
         device=str(device),
+        speaker_dim=int(chat.speaker.std.shape[0]),
     )
     return ChatTTSEngine(chat, max_new_token), info
 
@@ -256,7 +284,8 @@ def load_engine(settings: Settings) -> tuple[jobs.Engine, jobs.ModelInfo]:
     """The engine `settings.engine` names, loaded and warmed up."""
     engine: jobs.Engine
     if settings.engine == "tone":
-        engine, info = ToneEngine(), jobs.ModelInfo(_identity({"tone": 1}), "tone", True, "tone", "cpu")
+        engine, info = ToneEngine(), jobs.ModelInfo(_identity({"tone": 1}), "tone", True, "tone", "cpu",
+                                                    speaker_dim=ToneEngine.speaker_dim)
     else:
         engine, info = load_chattts(settings)
     # The first inference pays for JIT compilation and allocator growth; pay
@@ -294,7 +323,30 @@ class TTSWorker(SimpleWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("worker_ttl", self.WORKER_TTL)
         kwargs.setdefault("maintenance_interval", self.MAINTENANCE_EVERY)
+        # A job's description quotes its text, which stays out of the logs.
+        kwargs.setdefault("log_job_description", False)
         super().__init__(*args, **kwargs)
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        # RQ's warm shutdown waits for the whole job, which can take minutes:
+        # a deploy would kill it. The job stops after its current batch
+        # instead, and is put back (handle_job_success below).
+        jobs.stop_after_batch()
+        super().request_stop(signum, frame)
+
+    def handle_job_success(self, job: Any, queue: Any, started_job_registry: Any) -> None:
+        if not jobs.take_interrupted(job.id):
+            super().handle_job_success(job, queue, started_job_registry)
+            return
+        # Back at the front of its queue as if never taken: still queued (so
+        # new submissions join it), no retry spent, nothing recorded as failed;
+        # the next worker skips the chunks already stored.
+        with self.connection.pipeline() as pipe:
+            pipe.multi()  # one transaction; enqueue_job expects it started
+            self.cleanup_execution(job, pipeline=pipe)
+            queue.enqueue_job(job, pipeline=pipe, at_front=True)
+            pipe.execute()
+        self.log.info("Worker %s: job %s put back at the front of queue %s", self.name, job.id, queue.name)
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.HEARTBEAT_TTL
@@ -336,15 +388,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ChatTTS synthesis worker (non-forking rq worker)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     parser.add_argument("--max-jobs", type=int, default=None, help="exit after N jobs (let the supervisor restart it)")
+    parser.add_argument("--gpus", metavar="all|N|I,J", default=None,
+                        help="start one worker process per GPU, each seeing only its own: every visible GPU, the "
+                             "first N, or these ids (as nvidia-smi numbers them; one id: '1,'); with no GPU, "
+                             "one CPU worker in this process")
+    parser.add_argument("--per-gpu", metavar="K", type=int, default=1,
+                        help="with --gpus: K worker processes per GPU, when its memory holds K models")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
         settings = from_env()
+    except SettingsError as exc:
+        metrics.configure_logging()
+        logger.error("%s", exc)
+        return 2
+    metrics.configure_logging(settings.log_level, settings.log_format)
+    if args.gpus is not None:
+        if args.per_gpu < 1:
+            parser.error("--per-gpu must be at least 1")
+        try:
+            devices = gpu_slots(args.gpus, os.environ)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if devices:
+            child_args = (["--burst"] if args.burst else []) + (
+                ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
+            return launch(devices, args.per_gpu, child_args, restart=args.max_jobs is not None and not args.burst)
+        logger.info("no GPU is visible: running one CPU worker")
+    try:
         engine, info = load_engine(settings)
-    except (SettingsError, ModelUnavailable) as exc:
+    except ModelUnavailable as exc:
         logger.error("%s", exc)
         return 2
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)
@@ -369,6 +441,110 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def visible_gpus(environ: Mapping[str, str]) -> list[str]:
+    """The GPU ids this machine shows, found without torch (which the launcher must not load).
+
+    CUDA_VISIBLE_DEVICES when it is set (up to its first negative entry,
+    where CUDA stops reading); else the `GPU N:` lines of `nvidia-smi -L`;
+    else none.
+    """
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        ids = []
+        for entry in environ["CUDA_VISIBLE_DEVICES"].split(","):
+            entry = entry.strip()
+            if not entry or entry.startswith("-"):
+                break
+            ids.append(entry)
+        return ids
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return re.findall(r"^GPU (\d+):", listing, flags=re.MULTILINE)
+
+
+def gpu_slots(spec: str, environ: Mapping[str, str]) -> list[str]:
+    """The GPU ids `--gpus spec` names: `all` visible, the first N, or a comma-separated list.
+
+    Raises ValueError for N beyond the visible GPUs or a malformed list.
+    """
+    if spec == "all":
+        return visible_gpus(environ)
+    if spec.isdigit():
+        visible = visible_gpus(environ)
+        if int(spec) > len(visible):
+            raise ValueError(f"--gpus {spec}: only {len(visible)} GPU(s) visible")
+        return visible[: int(spec)]
+    ids = [entry.strip() for entry in spec.rstrip(",").split(",")]
+    if not all(re.fullmatch(r"[\w-]+", entry) for entry in ids):
+        raise ValueError(f"--gpus {spec!r}: expected all, a count, or GPU ids separated by commas")
+    return ids
+
+
+def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: bool = False) -> int:
+    """Run `per_gpu` workers (`worker.py *args`) on each of `devices`; return when all have exited.
+
+    Each child sees only its GPU (CUDA_VISIBLE_DEVICES) and uses it
+    (TTS_DEVICE=cuda unless set). SIGTERM and SIGINT are passed on to every
+    child; a child that gets one twice, from here and from its process group,
+    counts it once (RQ ignores a repeat within a second). With `restart`
+    (--max-jobs), a child that exits 0 is started again. A child that fails
+    makes the launcher stop the others and exit with its status, for the
+    supervisor to restart the lot. Returns 0 when every child exited 0.
+    """
+    children: dict[int, tuple[str, subprocess.Popen[bytes]]] = {}
+    stopping = False
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for _, proc in list(children.values()):
+            if proc.returncode is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def start(device: str) -> None:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        if env.get("TTS_DEVICE", "auto") in ("", "auto"):
+            env["TTS_DEVICE"] = "cuda"
+        # nvidia-smi numbers GPUs in PCI order; CUDA, by default, fastest first.
+        if "CUDA_VISIBLE_DEVICES" not in os.environ:
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], env=env)
+        children[proc.pid] = (device, proc)
+        logger.info("started worker process %d on GPU %s", proc.pid, device)
+        if stopping:  # the signal came while it was being started
+            proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for device in devices:
+        for _ in range(per_gpu):
+            if not stopping:
+                start(device)
+    status = 0
+    while children:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            break
+        if pid not in children:
+            continue
+        device, proc = children.pop(pid)
+        proc.returncode = code = os.waitstatus_to_exitcode(wait_status)
+        if stopping:
+            continue
+        if code == 0 and restart:
+            start(device)
+        elif code != 0:
+            logger.error("worker process %d on GPU %s exited with %d; stopping the others", pid, device, code)
+            status = code if code > 0 else 128 - code
+            forward(signal.SIGTERM, None)
+    return status
+
+
 def _redis_answers(redis: Redis) -> bool:
     try:
         return bool(redis.ping())
@@ -385,4 +561,10 @@ def _wait_for_redis(redis: Redis) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Tearing down torch and ChatTTS at interpreter exit takes seconds that a
+    # supervisor's stop timeout may not have; the work is done and recorded.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

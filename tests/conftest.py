@@ -138,7 +138,10 @@ class Stack:
     """Real processes the way the Procfile starts them: uvicorn and rq workers."""
 
     def __init__(self, redis_url: str, tmp: Path, env: dict[str, str]) -> None:
-        self.env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
+        # One torch thread per worker: tests share two cores with the web
+        # process and pytest, and OpenMP threads spinning on busy cores slow
+        # the tiny model down tenfold.
+        self.env = {"TTS_TORCH_THREADS": "1", **os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
         self.tmp = tmp
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"

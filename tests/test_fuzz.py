@@ -24,12 +24,14 @@ from typing import Any, Iterator
 from urllib.parse import parse_qsl, quote, unquote
 
 import httpx
+import numpy as np
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from redis import Redis
 
 from cache import normalize
 from conftest import Stack, wait_for
+from validation import decode_speaker, encode_speaker
 
 # The defaults the stack runs with (README, Configuration).
 MAX_CHARS = 5000
@@ -42,6 +44,8 @@ INT_RANGES = {"seed": (0, 2**32 - 1), "speed": (1, 9), "top_k": (1, 100), "oral"
 REFINE_ONLY = ("oral", "laugh", "break")
 # The speaker string limit validation.py enforces (ChatTTS speaker strings are ~2 KB).
 MAX_SPEAKER = 8192
+# The tone engine's speaker embeddings have this many values (worker.ToneEngine).
+TONE_SPEAKER_DIM = 16
 
 FUZZ = settings(
     deadline=None,
@@ -75,7 +79,8 @@ def parse_strict(raw: bytes) -> Any:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # JSON has one number type: 5.0 is the whole number 5 (as JSON Schema's "integer" says).
+    return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
 def _field_ok(name: str, value: Any, body: dict[str, Any]) -> bool:
@@ -96,9 +101,11 @@ def _field_ok(name: str, value: Any, body: dict[str, Any]) -> bool:
             return False
         try:
             value.encode("utf-8")  # a lone surrogate is no speaker string, and cannot be hashed or stored
-        except UnicodeEncodeError:
+            embedding = decode_speaker(value.strip())
+        except (UnicodeEncodeError, ValueError):
             return False
-        return True
+        # The tone model's embeddings have 16 finite values.
+        return embedding.size == TONE_SPEAKER_DIM and bool(np.isfinite(embedding.astype(np.float32)).all())
     return False  # unknown field
 
 
@@ -210,10 +217,17 @@ json_value = st.recursive(
     scalar, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=12,
 )
+# Real speaker strings (as GET /v1/voices/{seed} gives them) of the right size
+# and of wrong ones, and with infinite values.
+speaker_strings = st.builds(
+    lambda values, size: encode_speaker(np.resize(np.asarray(values, dtype=np.float32), size)),
+    st.lists(st.floats(-4, 4, width=32) | st.sampled_from([float("inf"), float("nan")]), min_size=1, max_size=4),
+    st.sampled_from([TONE_SPEAKER_DIM, TONE_SPEAKER_DIM, 8, 768]),
+)
 right_values = {
     "text": text_value,
     "seed": st.one_of(st.integers(0, 2**32 - 1), number),
-    "speaker": st.one_of(st.text(any_char, min_size=1, max_size=40),
+    "speaker": st.one_of(st.text(any_char, min_size=1, max_size=40), speaker_strings,
                          st.sampled_from([" ", "\u3000", "x" * 8192, " " + "x" * 8192, "x" * 8193, "sp\ud800k"])),
     "speed": st.one_of(st.integers(0, 10), number),
     "temperature": number,
@@ -231,7 +245,7 @@ valid_values = {
     **right_values,
     "text": text_value.filter(lambda t: 0 < len(normalize(t)) <= MAX_CHARS),
     "seed": st.integers(0, 2**32 - 1),
-    "speaker": st.text(st.characters(codec="utf-8"), min_size=1, max_size=40).filter(str.strip),
+    "speaker": speaker_strings.filter(lambda s: _field_ok("speaker", s, {})),
     "speed": st.integers(1, 9),
     "temperature": st.one_of(st.floats(0, 1, exclude_min=True), st.just(1)),
     "top_p": st.one_of(st.floats(0, 1, exclude_min=True), st.just(1)),

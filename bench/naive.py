@@ -1,0 +1,66 @@
+"""Baseline for the mixed-load benchmark: a naive server that synthesizes in-process on every request.
+
+    TTS_MODEL_PATH=DIR uvicorn naive:create_app --factory --app-dir bench
+
+What a first version of the service would be: one process loads the same
+model the workers load (`worker.load_engine`, warm-up included) and answers
+`POST /v1/audio/speech` (the OpenAI-shaped body the real service takes:
+`input`, `voice` ignored beyond a fixed seed) with WAV synthesized right
+there, in batches of `TTS_BATCH_SIZE` chunks, with no cache, no queue and no
+dedupe. ChatTTS keeps per-call state on its `Chat` object, so calls are
+serialized by a lock; they run in the threadpool so the event loop keeps
+accepting connections meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from starlette.applications import Starlette  # noqa: E402
+from starlette.concurrency import run_in_threadpool  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import JSONResponse, Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+import audio  # noqa: E402
+import worker  # noqa: E402
+from cache import Spec, normalize  # noqa: E402
+from settings import from_env  # noqa: E402
+from splitter import split  # noqa: E402
+
+
+def create_app() -> Starlette:
+    logging.basicConfig(level=logging.WARNING)
+    settings = from_env()
+    engine, info = worker.load_engine(settings)
+    lock = asyncio.Lock()
+
+    def synthesize(chunks: tuple[str, ...]) -> bytes:
+        spec = Spec(chunks=chunks, model=info.id, seed=settings.default_seed)
+        pcm = []
+        for start in range(0, len(chunks), settings.batch_size):
+            for wav in engine.synthesize(list(chunks[start : start + settings.batch_size]), spec):
+                pcm.append(audio.to_pcm16(wav))
+        return audio.encode(audio.join(pcm), "wav")
+
+    async def speech(request: Request) -> Response:
+        body = await request.json()
+        chunks = tuple(split(normalize(str(body["input"])), settings.chunk_chars))
+        async with lock:
+            data = await run_in_threadpool(synthesize, chunks)
+        return Response(data, media_type="audio/wav")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": info.name})
+
+    return Starlette(routes=[
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/audio/speech", speech, methods=["POST"]),
+    ])

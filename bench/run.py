@@ -1,0 +1,614 @@
+"""The service's benchmarks: one command starts what it needs, runs every scenario, prints one table.
+
+    .venv/bin/python bench/run.py [--quick] [--full-model] [--write BENCHMARKS.md]
+    make bench                      # the same, writing BENCHMARKS.md (BENCH_QUICK=1: --quick)
+
+Starts a private redis-server, the web process (uvicorn, as the Procfile
+does), rq workers (`worker.py`) on the tiny ChatTTS checkpoint, and the two
+baselines in bench/ (`bare.py`, `naive.py`), all on loopback, in a temporary
+directory; stops every one of them on exit, error, Ctrl-C or SIGTERM.
+
+Scenarios (numbers as in BENCHMARKS.md):
+ 1. cache hit: GET /v1/tts/{id}/audio and POST /v1/tts of a stored request
+    vs the bare endpoint serving the same bytes from the same Redis;
+ 2. queue overhead: end to end time of a one-chunk request minus the
+    worker's own synthesis time (the job's `synthesis_seconds`);
+ 3. mixed load (65% repeats) vs the naive in-process server;
+ 4. dedupe: 50 identical concurrent requests, count the syntheses;
+ 5. chunk batching: the engine alone at batch 1, 2, 4, 8;
+ 6. scaling: 1 worker x all cores' threads vs 2 workers x half each;
+ 7. footprint: RSS and start time of the web process (vs the bare app)
+    and of a worker (tiny; full-size random weights with --full-model).
+
+Every figure is measured in several runs; a figure with a baseline is
+measured against it side by side (A B, B A, ...) and reported as the median
+and range of the run-by-run ratio, because absolute times on a shared
+machine drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen  # noqa: E402
+from harness import (  # noqa: E402
+    MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, bench_env, http_ok, interleaved, machine, make_spec,
+    maps_torch, model_info, percentile, rss_bytes, run_jobs, table, wait_for, write_tiny_model,
+)
+from rq.job import Job  # noqa: E402
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
+
+import jobs  # noqa: E402
+from settings import Settings  # noqa: E402
+
+BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
+END = "<!-- bench:end -->"
+CORES = os.cpu_count() or 1
+HALF = max(1, CORES // 2)
+# Scenario 6, besides the main worker (1 worker x 1 thread): name, workers,
+# torch threads each, extra environment. OMP_WAIT_POLICY=PASSIVE makes
+# OpenMP's idle threads sleep instead of spinning.
+POOLS: list[tuple[str, int, int, dict[str, str]]] = [
+    (f"1x{CORES}", 1, CORES, {}),
+    (f"2x{HALF}", 2, HALF, {}),
+    (f"1x{CORES} OMP_WAIT_POLICY=PASSIVE", 1, CORES, {"OMP_WAIT_POLICY": "PASSIVE"}),
+]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything: the quick mode is a smoke test, the full one the measurement."""
+
+    rounds: int
+    hit_seconds: float
+    overhead_requests: int
+    mixed_seconds: float
+    open_seconds: float
+    mixed_connections: int
+    dedupe_clients: int
+    scaling_jobs: int
+    batch_chunks: int
+    footprint_starts: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(rounds=1, hit_seconds=1.0, overhead_requests=5, mixed_seconds=5.0, open_seconds=5.0,
+                       mixed_connections=8,
+                       dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1)
+        return cls(rounds=3, hit_seconds=1.5, overhead_requests=12, mixed_seconds=10.0, open_seconds=15.0,
+                   mixed_connections=8,
+                   dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3)
+
+
+@dataclass
+class Bench:
+    """State shared by the scenarios of one run."""
+
+    plan: Plan
+    cluster: Cluster
+    model_dir: Path
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
+    settings: Settings = field(default_factory=Settings)
+    web_port: int = 0
+    bare_port: int = 0
+    naive_port: int = 0
+    worker: Proc | None = None
+    # name -> (queue, its workers), for scenario 6
+    pools: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures.append(figure)
+        return figure
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- 7. footprint (first: before our own load is running) -----------------------
+
+
+def footprint(b: Bench, full_model: bool) -> None:
+    say("7 footprint: starting the web process and the bare app in turn, then workers")
+    c = b.cluster
+    web_rss = b.add(Figure("7", "web process RSS after 200 requests (vs bare Starlette app)", "MiB"))
+    web_start = b.add(Figure("7", "web process start to first answer (vs bare app)", "s"))
+    torch_maps = b.add(Figure("7", "web processes with torch mapped", "count", target=("0", lambda v: v == 0)))
+    for _, side in interleaved(b.plan.footprint_starts, "bare", "web"):
+        app, app_dir = ("service:create_app", ".") if side == "web" else ("bare:create_app", "bench")
+        started = time.monotonic()
+        proc, port = c.start_app(f"fp-{side}", app, {}, app_dir)
+        seconds = time.monotonic() - started
+        asyncio.run(_requests(port, loadgen.request("GET", "/healthz"), 200))
+        rss = rss_bytes(proc.pid) / MIB
+        if side == "web":
+            web_rss.values.append(rss)
+            web_start.values.append(seconds)
+            torch_maps.values.append(1.0 if maps_torch(proc.pid) else 0.0)
+        else:
+            web_rss.baseline.append(rss)
+            web_start.baseline.append(seconds)
+        c.stop(proc)
+    models = [("tiny", b.model_dir)]
+    if full_model:
+        say("7 footprint: writing the full-size random checkpoint")
+        full = c.tmp / "full-model"
+        subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(full),
+                        "--max-new-token", "32"], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        models.append(("full-size random", full))
+    for label, path in models:
+        rss_f = b.add(Figure("7", f"worker RSS when ready, {label} model", "MiB"))
+        start_f = b.add(Figure("7", f"worker start to ready (load + warm-up), {label} model", "s"))
+        starts = 1 if label != "tiny" else max(1, b.plan.footprint_starts - 1)
+        for i in range(starts):
+            queue = f"fp-{label.split()[0]}-{i}"
+            started = time.monotonic()
+            proc = c.start_worker(f"fp-worker-{i}", {"TTS_MODEL_PATH": str(path), "TTS_QUEUE": queue,
+                                                     "TTS_TORCH_THREADS": "1"})
+            c.wait_workers([proc], queue)
+            start_f.values.append(time.monotonic() - started)
+            rss_f.values.append(rss_bytes(proc.pid) / MIB)
+            c.stop(proc)
+
+
+async def _requests(port: int, data: bytes, count: int) -> None:
+    conn = loadgen.Connection(port)
+    try:
+        for _ in range(count):
+            await conn.send(data)
+    finally:
+        await conn.close()
+
+
+# -- the stack -----------------------------------------------------------------
+
+
+def start_stack(b: Bench, pools: bool) -> None:
+    """Web, bare app, naive server, the main worker and the worker pools of scenario 6.
+
+    The main worker and the naive server run torch on one thread: the tiny
+    model's operations are too small to gain from a second, and on two cores
+    shared with the web process, Redis and the load generator a second
+    OpenMP thread spin-waits against them (scenario 6 measures both).
+    The model processes load one after another, for the same reason.
+    """
+    c = b.cluster
+    model = {"TTS_MODEL_PATH": str(b.model_dir)}
+    say("starting the stack: main worker (1 torch thread), web, bare app")
+    b.worker = c.start_worker("worker", {**model, "TTS_TORCH_THREADS": "1"})
+    _, b.web_port = c.start_app("web", "service:create_app", {})
+    _, b.bare_port = c.start_app("bare", "bare:create_app", {}, "bench")
+    c.wait_workers([b.worker], "tts")
+    b.pools = {"1x1": ("tts", [b.worker])}
+    for name, count, threads, extra in POOLS if pools else []:
+        say(f"starting the pool {name} for scenario 6")
+        queue = f"bench-pool-{len(b.pools)}"
+        procs = [c.start_worker(f"pool{len(b.pools)}-{i}",
+                                {**model, **extra, "TTS_QUEUE": queue, "TTS_TORCH_THREADS": str(threads)})
+                 for i in range(count)]
+        c.wait_workers(procs, queue)
+        b.pools[name] = (queue, procs)
+    say("starting the naive server")
+    _, b.naive_port = c.start_app("naive", "naive:create_app", {**model, "TTS_TORCH_THREADS": "1"}, "bench")
+    wait_for(lambda: http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
+    say("stack ready")
+
+
+def speech_body(text: str) -> dict[str, Any]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
+
+
+# -- 1. cache hit ----------------------------------------------------------------
+
+
+def cache_hit(b: Bench) -> None:
+    say("1 cache hit: GET audio and POST of a stored request vs the bare endpoint")
+    redis = b.cluster.redis()
+    body = {"text": b.texts.text(4)}
+    _, _, answer = asyncio.run(_flow(b.web_port, body))
+    post_status, _, post_answer, _ = asyncio.run(loadgen.one(b.web_port, loadgen.request("POST", "/v1/tts", body)))
+    if post_status != 200 or not json.loads(post_answer).get("cached"):
+        raise BenchError(f"the stored request was not answered from the cache: {post_status} {post_answer[:200]!r}")
+    request_id = json.loads(post_answer)["id"]
+    redis.set("bench:bare:wav", answer)
+    redis.set("bench:bare:post", post_answer)
+    bare_wav = asyncio.run(loadgen.one(b.bare_port, loadgen.request("GET", "/raw/bench:bare:wav")))[2]
+    if bare_wav != answer:
+        raise BenchError("the bare endpoint does not answer the service's bytes")
+    b.notes.append(f"1: the stored request has 4 chunks; its WAV is {len(answer) / 1024:.0f} KiB, "
+                   f"the POST answer {len(post_answer)} bytes.")
+    cases = {
+        "GET /v1/tts/{id}/audio": (loadgen.request("GET", f"/v1/tts/{request_id}/audio"),
+                                   loadgen.request("GET", "/raw/bench:bare:wav")),
+        "POST /v1/tts (stored)": (loadgen.request("POST", "/v1/tts", body),
+                                  loadgen.request("POST", "/raw/bench:bare:post", body)),
+    }
+    for connections in (1, 32):
+        for label, (subject, bare) in cases.items():
+            rps = b.add(Figure("1", f"{label}, {connections} conn: throughput", "req/s",
+                               target=(">= 0.8x", lambda r: r >= 0.8)))
+            p50 = b.add(Figure("1", f"{label}, {connections} conn: p50 latency", "ms"))
+            p99 = b.add(Figure("1", f"{label}, {connections} conn: p99 latency", "ms",
+                               target=("<= 1.5x", lambda r: r <= 1.5)))
+            for _, side in interleaved(b.plan.rounds, "bare", "subject"):
+                port, data = (b.web_port, subject) if side == "subject" else (b.bare_port, bare)
+                res = loadgen.run_sync(port, lambda data=data: data, connections, b.plan.hit_seconds)
+                for fig, value in ((rps, res.rps), (p50, res.p(50)), (p99, res.p(99))):
+                    (fig.values if side == "subject" else fig.baseline).append(value)
+            say(f"  {label}, {connections} conn: {statistics.median(rps.values):.0f} vs "
+                f"{statistics.median(rps.baseline):.0f} req/s")
+
+
+async def _flow(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:
+    """POST /v1/tts, then GET its audio with ?wait on the same connection: status, seconds, audio."""
+    conn = loadgen.Connection(port)
+    try:
+        t0 = time.perf_counter()
+        status, _, answer = await conn.send(loadgen.request("POST", "/v1/tts", body))
+        if status not in (200, 202):
+            raise BenchError(f"POST /v1/tts answered {status}: {answer[:300]!r}")
+        request_id = json.loads(answer)["id"]
+        status, _, audio = await conn.send(loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait={wait}"))
+        if status != 200:
+            raise BenchError(f"GET audio of {request_id} answered {status}: {audio[:300]!r}")
+        return status, time.perf_counter() - t0, audio
+    finally:
+        await conn.close()
+
+
+# -- 2. queue overhead --------------------------------------------------------------
+
+
+def queue_overhead(b: Bench) -> None:
+    say("2 queue overhead: one-chunk requests, one at a time, end to end minus synthesis")
+    redis = b.cluster.redis()
+    overhead = b.add(Figure("2", "queue overhead p50 (end to end - synthesis_seconds)", "ms",
+                            target=("<= 10 ms", lambda v: v <= 10)))
+    overhead99 = b.add(Figure("2", "queue overhead p99", "ms"))
+    e2e = b.add(Figure("2", "end to end p50, one-chunk request", "ms"))
+    synth = b.add(Figure("2", "worker's synthesis_seconds p50", "ms"))
+    parts = {name: b.add(Figure("2", f"  of which: {name} (p50)", "ms")) for name in (
+        "POST /v1/tts answered", "enqueued -> job started", "job started -> ended, minus synthesis",
+        "job ended -> audio received")}
+    for _ in range(b.plan.rounds):
+        rows = asyncio.run(_overhead_round(b, redis))
+        for fig, key in ((overhead, "overhead"), (e2e, "e2e"), (synth, "synth")):
+            fig.values.append(statistics.median(r[key] for r in rows) * 1000)
+        overhead99.values.append(percentile([r["overhead"] for r in rows], 99) * 1000)
+        for name, fig in parts.items():
+            fig.values.append(statistics.median(r[name] for r in rows) * 1000)
+    say(f"  overhead p50 {statistics.median(overhead.values):.1f} ms")
+
+
+async def _overhead_round(b: Bench, redis: Any) -> list[dict[str, float]]:
+    rows = []
+    conn = loadgen.Connection(b.web_port)
+    try:
+        for _ in range(b.plan.overhead_requests):
+            body = {"text": b.texts.text(1)}
+            t0 = time.time()
+            status, _, answer = await conn.send(loadgen.request("POST", "/v1/tts", body))
+            t_post = time.time()
+            if status != 202:
+                raise BenchError(f"a new request was answered {status}, not 202: {answer[:300]!r}")
+            request_id = json.loads(answer)["id"]
+            status, _, audio = await conn.send(loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait=30"))
+            t1 = time.time()
+            if status != 200:
+                raise BenchError(f"GET audio answered {status}: {audio[:300]!r}")
+            job = await asyncio.to_thread(_finished_job, redis, request_id)
+            synth = float(job.return_value()["synthesis_seconds"])
+            enq, start, end = (d.replace(tzinfo=timezone.utc).timestamp()
+                               for d in (job.enqueued_at, job.started_at, job.ended_at))
+            rows.append({
+                "e2e": t1 - t0, "synth": synth, "overhead": t1 - t0 - synth,
+                "POST /v1/tts answered": t_post - t0,
+                "enqueued -> job started": start - enq,
+                "job started -> ended, minus synthesis": end - start - synth,
+                "job ended -> audio received": t1 - end,
+            })
+    finally:
+        await conn.close()
+    return rows
+
+
+def _finished_job(redis: Any, request_id: str) -> Job:
+    """The request's job once RQ has recorded its end (it may lag the audio by a moment)."""
+    def finished() -> Job | None:
+        job = Job.fetch(request_id, connection=redis, serializer=jobs.SERIALIZER)
+        return job if job.ended_at is not None and job.return_value() is not None else None
+
+    return wait_for(finished, 30, f"job {request_id} to be recorded as finished", interval=0.005)
+
+
+# -- 4. dedupe ---------------------------------------------------------------------------
+
+
+def dedupe(b: Bench) -> None:
+    n = b.plan.dedupe_clients
+    say(f"4 dedupe: {n} identical concurrent requests")
+    redis = b.cluster.redis()
+    runs = b.add(Figure("4", f"jobs run for {n} identical concurrent requests", "jobs",
+                        target=("exactly 1", lambda v: v == 1)))
+    synthesized = b.add(Figure("4", "chunks synthesized for them (request of 4 chunks)", "chunks",
+                               target=("4", lambda v: v == 4)))
+    answered = b.add(Figure("4", f"of the {n}, answered with the audio", "requests",
+                            target=(f"{n}", lambda v: v == n)))
+    for _ in range(b.plan.rounds):
+        body = {"text": b.texts.text(4)}
+        before = jobs_run(redis, "tts")
+
+        async def all_clients() -> list[tuple[int, float, bytes]]:
+            return await asyncio.gather(*(_flow(b.web_port, body) for _ in range(n)))
+
+        results = asyncio.run(all_clients())
+        request_id = make_spec(body["text"], model_info(redis).id).request_id()
+        job = _finished_job(redis, request_id)
+        # RQ counts a job in its worker's hash just after recording its end.
+        wait_for(lambda: jobs_run(redis, "tts") > before, 10, "the worker to count the job")
+        runs.values.append(float(jobs_run(redis, "tts") - before))
+        synthesized.values.append(float(job.return_value()["chunks_synthesized"]))
+        answered.values.append(float(sum(1 for status, _, audio in results if status == 200 and audio)))
+    say(f"  jobs run per round: {runs.values}")
+
+
+def jobs_run(redis: Any, queue: str) -> int:
+    """Jobs the workers of `queue` have run, successful or failed (RQ counts them in each worker's hash)."""
+    total = 0
+    for key in redis.smembers(WORKERS_BY_QUEUE_KEY % queue):
+        counts = redis.hmget(key, "successful_job_count", "failed_job_count")
+        total += sum(int(c) for c in counts if c)
+    return total
+
+
+# -- 3. mixed load -----------------------------------------------------------------------
+
+
+def mixed(b: Bench) -> None:
+    plan = b.plan
+    say(f"3 mixed load: 65% repeats vs the naive in-process server; closed loop ({plan.mixed_connections} "
+        f"connections), then open loop at 70% of the naive server's throughput; {plan.mixed_seconds:.0f} s a run")
+    pool = [b.texts.mixed() for _ in range(10)]
+
+    async def seed() -> None:
+        await asyncio.gather(*(_speech(b.web_port, text) for text in pool))
+
+    asyncio.run(seed())
+    rps = b.add(Figure("3", f"mixed, closed loop, {plan.mixed_connections} conn: throughput (vs naive)", "req/s",
+                       target=(">= 5x", lambda r: r >= 5)))
+    c50 = b.add(Figure("3", f"mixed, closed loop, {plan.mixed_connections} conn: p50 latency (vs naive)", "ms"))
+    c99 = b.add(Figure("3", f"mixed, closed loop, {plan.mixed_connections} conn: p99 latency (vs naive)", "ms"))
+    sent: dict[str, list[float]] = {"subject": [], "naive": []}
+
+    def requests(seed: int, side: str) -> Callable[[], bytes]:
+        """65% repeats of texts asked before (the seeded pool and this run's), 35% new texts."""
+        rng = random.Random(seed)
+        texts = list(pool)
+        counts = [0, 0]
+
+        def next_request() -> bytes:
+            if rng.random() < 0.65:
+                text = rng.choice(texts)
+                counts[0] += 1
+            else:
+                text = b.texts.mixed()
+                texts.append(text)
+                counts[1] += 1
+            sent[side].append(counts[0] / sum(counts))
+            return loadgen.request("POST", "/v1/audio/speech", speech_body(text))
+
+        return next_request
+
+    ports = {"subject": b.web_port, "naive": b.naive_port}
+    for r, side in interleaved(plan.rounds, "naive", "subject"):
+        res = loadgen.run_sync(ports[side], requests(1000 + r, side), plan.mixed_connections, plan.mixed_seconds,
+                               warmup=0.5)
+        for fig, value in ((rps, res.rps), (c50, res.p(50)), (c99, res.p(99))):
+            (fig.values if side == "subject" else fig.baseline).append(value)
+        say(f"  closed, round {r} {side}: {res.rps:.1f} req/s, p50 {res.p(50):.0f} ms, p99 {res.p(99):.0f} ms")
+    rate = 0.7 * statistics.median(rps.baseline)
+    o50 = b.add(Figure("3", f"mixed, open loop at {rate:.1f} req/s: p50 latency (vs naive)", "ms"))
+    o99 = b.add(Figure("3", f"mixed, open loop at {rate:.1f} req/s: p99 latency (vs naive)", "ms",
+                       target=("<= 0.5x ('far below')", lambda r: r <= 0.5)))
+    for r, side in interleaved(plan.rounds, "naive", "subject"):
+        res = asyncio.run(loadgen.run_open(ports[side], requests(2000 + r, side), rate, plan.open_seconds,
+                                           seed=r))
+        for fig, value in ((o50, res.p(50)), (o99, res.p(99))):
+            (fig.values if side == "subject" else fig.baseline).append(value)
+        say(f"  open, round {r} {side}: {len(res.latencies)} requests, p50 {res.p(50):.0f} ms, "
+            f"p99 {res.p(99):.0f} ms")
+    b.notes.append(
+        f"3: share of repeats actually sent: subject {sent['subject'][-1]:.2f}, naive {sent['naive'][-1]:.2f} "
+        "(last run); texts of 1-3 chunks; POST /v1/audio/speech (WAV) to both. The subject is the web process "
+        "and one worker (1 torch thread), the naive server one process with the same model and threads. "
+        "Closed loop: each connection sends its next request when the last is answered, so new requests "
+        "queue up to the number of connections on both sides and p99 is that queue. Open loop: Poisson "
+        "arrivals at 70% of the naive server's closed-loop throughput, latency from the scheduled arrival.")
+
+
+async def _speech(port: int, text: str) -> bytes:
+    status, _, body, _ = await loadgen.one(port, loadgen.request("POST", "/v1/audio/speech", speech_body(text)),
+                                           timeout=600)
+    if status != 200:
+        raise BenchError(f"POST /v1/audio/speech answered {status}: {body[:300]!r}")
+    return body
+
+
+# -- 6. scaling ----------------------------------------------------------------------------
+
+
+def scaling(b: Bench) -> None:
+    plan = b.plan
+    say(f"6 scaling: worker pools {', '.join(b.pools)} (workers x torch threads), "
+        f"{plan.scaling_jobs} two-chunk jobs a run")
+    redis = b.cluster.redis()
+    model_id = model_info(redis).id
+    (base_name, base), *others = b.pools.items()
+    rates: dict[str, list[float]] = {name: [] for name in b.pools}
+    for r in range(plan.rounds):
+        names = list(b.pools)
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            queue, procs = b.pools[name]
+            specs = [make_spec(b.texts.text(2), model_id) for _ in range(plan.scaling_jobs)]
+            started = time.monotonic()
+            run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
+            rates[name].append(sum(len(s.chunks) for s in specs) / (time.monotonic() - started))
+    base_fig = b.add(Figure("6", f"worker throughput, {base_name} (workers x threads)", "chunks/s"))
+    base_fig.values = rates[base_name]
+    for name, _ in others:
+        fig = b.add(Figure("6", f"worker throughput, {name} (vs {base_name})", "chunks/s"))
+        fig.values, fig.baseline = rates[name], rates[base_name]
+    say("  " + ", ".join(f"{name}: {statistics.median(v):.1f}" for name, v in rates.items()) + " chunks/s")
+
+
+# -- 5. batching -------------------------------------------------------------------------------
+
+
+def batching(b: Bench) -> None:
+    plan = b.plan
+    say(f"5 chunk batching: the engine alone, {plan.batch_chunks} chunks at batch 1, 2, 4, 8")
+    out = b.cluster.tmp / "batching.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(b.model_dir),
+                           "--batch-sizes", "1,2,4,8", "--chunks", str(plan.batch_chunks), "--threads", "1",
+                           "--rounds", str(plan.rounds), "--json", str(out)],
+                          cwd=ROOT, env=bench_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    data = json.loads(out.read_text())
+    runs = data["runs"]
+    base = {r["round"]: r["chunks_per_s"] for r in runs if r["batch"] == 1}
+    for size in (2, 4, 8):
+        fig = b.add(Figure("5", f"engine throughput at batch {size} (vs batch 1)", "chunks/s"))
+        for r in sorted(base):
+            fig.values += [x["chunks_per_s"] for x in runs if x["batch"] == size and x["round"] == r]
+            fig.baseline.append(base[r])
+    rtf = b.add(Figure("5", "engine real-time factor at batch 1 (synthesis s / audio s)", "x"))
+    rtf.values += [r["rtf"] for r in runs if r["batch"] == 1]
+    b.notes.append(f"5: {data['model']} on {data['device']}, {data['torch_threads']} torch threads; random weights "
+                   f"run every chunk to the {data['max_new_token']}-token cap, so a batch never waits on a longer "
+                   "member: real weights, whose chunks differ in length, gain less.")
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def report(b: Bench, info: dict[str, str], seconds: float, quick: bool) -> str:
+    """The markdown block for BENCHMARKS.md."""
+    met = [f for f in b.figures if f.met() is not None]
+    lines = [
+        BEGIN,
+        "",
+        f"Generated by `bench/run.py{' --quick' if quick else ''}` on "
+        f"{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} in {seconds:.0f} s "
+        f"({b.plan.rounds} run(s) of each figure{'; QUICK MODE: a smoke test, not a measurement' if quick else ''}).",
+        "",
+        "| machine | |",
+        "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in info.items()],
+        "",
+        "Values are the median [min–max] over the runs; `ratio` is subject / baseline, computed run by run "
+        "(the two measured back to back, in alternating order) and summarized the same way. A target is "
+        "judged on the median ratio (or the median value where there is no baseline).",
+        "",
+        table(b.figures, markdown=True),
+        "",
+        f"Targets met: {sum(1 for f in met if f.met())} of {len(met)}"
+        + (": missed " + "; ".join(f"{f.scenario} {f.name}" for f in met if not f.met()) if any(
+            not f.met() for f in met) else "."),
+        "",
+        *[f"- {n}" for n in b.notes],
+        "",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_report(path: Path, block: str) -> None:
+    """Replace the generated block of `path` (or create the file around it)."""
+    if path.exists():
+        text = path.read_text()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            tail = rest.split(END, 1)[1]
+            path.write_text(head + block + tail)
+            return
+        path.write_text(text.rstrip() + "\n\n" + block + "\n")
+        return
+    path.write_text("# Benchmarks\n\n" + block + "\n")
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
+                        help="a short smoke run (also BENCH_QUICK=1)")
+    parser.add_argument("--full-model", action="store_true", default=os.environ.get("BENCH_FULL", "") not in ("", "0"),
+                        help="also measure a worker on full-size random weights (also BENCH_FULL=1; +1 min)")
+    parser.add_argument("--write", metavar="FILE",
+                        help="write the table into FILE, between its markers (not in quick mode)")
+    parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "5", "6", "7"}
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = time.monotonic()
+    info = machine()
+    plan = Plan.make(args.quick)
+    try:
+        with Cluster() as cluster:
+            say(f"writing the tiny checkpoint; temporary directory {cluster.tmp}")
+            model_dir = write_tiny_model(cluster.tmp / "tiny-model")
+            cluster.start_redis()
+            b = Bench(plan=plan, cluster=cluster, model_dir=model_dir)
+            if "7" in only:
+                footprint(b, args.full_model)
+            if only & {"1", "2", "3", "4", "6"}:
+                start_stack(b, pools="6" in only)
+            steps: list[tuple[str, Callable[[Bench], None]]] = [
+                ("1", cache_hit), ("2", queue_overhead), ("4", dedupe), ("3", mixed), ("6", scaling), ("5", batching)]
+            for number, step in steps:
+                if number in only:
+                    step(b)
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    b.figures.sort(key=lambda f: f.scenario)
+    seconds = time.monotonic() - started
+    info["load average (1, 5, 15 min) at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print()
+    print(table(b.figures, markdown=False))
+    for note in b.notes:
+        print("- " + note)
+    print(f"\n{seconds:.0f} s in all")
+    if args.write and args.quick:
+        print(f"quick mode: {args.write} left as it is (a smoke run is not a measurement)")
+    elif args.write:
+        write_report(Path(args.write), report(b, info, seconds, args.quick))
+        print(f"wrote {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

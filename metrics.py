@@ -1,0 +1,371 @@
+"""Telemetry: Prometheus figures that every process adds up in Redis, and one-line JSON logs.
+
+Each process (web or worker, on any host) counts in memory and adds what it
+counted to one Redis hash, METRICS_KEY, in a single MULTI/EXEC: the web
+process about once a second and on each scrape, a worker after each job. Any
+web process renders the whole hash at `GET /metrics`, so the figures are
+those of the service, not of the process that was scraped, and a process
+that restarts loses at most its last second. Histograms are kept as
+cumulative bucket counts, the way Prometheus exposes them.
+
+Never imports the web framework, RQ's worker or torch: both sides use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
+
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+from redis import Redis
+from redis.exceptions import RedisError
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+from cache import is_well_formed_id
+
+logger = logging.getLogger(__name__)
+
+METRICS_KEY = "tts:metrics"
+# The text format every Prometheus reads (what prometheus_client itself
+# answers a scraper that asks for nothing newer); all names here are legacy-safe.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+# Seconds; a `?wait=` request may be held up to 60 s and the speech route 120 s.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+FIRST_CHUNK_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+# Synthesis seconds per audio second: below 1 is faster than real time.
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric the service exposes: its Prometheus type, help and label names."""
+
+    name: str
+    kind: str  # "counter" or "histogram"
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    # Web processes.
+    Metric("tts_http_requests_total", "counter", "HTTP requests answered, by route template, method and status.",
+           ("route", "method", "status")),
+    Metric("tts_http_request_duration_seconds", "histogram",
+           "Seconds from request to the end of the response (includes ?wait= holds).", ("route", "method"),
+           LATENCY_BUCKETS),
+    Metric("tts_cache_requests_total", "counter",
+           "Submitted requests: hit = every chunk's audio was already stored (no job), miss = queued or joined.",
+           ("result",)),
+    Metric("tts_cache_chunks_total", "counter", "Chunks of submitted requests: hit = audio already stored.",
+           ("result",)),
+    # Workers.
+    Metric("tts_jobs_total", "counter",
+           "Job runs by outcome: finished, failed, canceled, requeued (the worker was stopping).", ("outcome",)),
+    Metric("tts_chunks_synthesized_total", "counter", "Chunks the workers synthesized."),
+    Metric("tts_synthesis_seconds_total", "counter", "Seconds the workers spent in the model."),
+    Metric("tts_audio_seconds_total", "counter", "Seconds of audio the workers produced."),
+    Metric("tts_real_time_factor", "histogram",
+           "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
+    Metric("tts_time_to_first_chunk_seconds", "histogram",
+           "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
+)}
+
+
+def _field(name: str, suffix: str, labels: Mapping[str, str]) -> str:
+    return json.dumps([name, suffix, dict(sorted(labels.items()))], separators=(",", ":"))
+
+
+class Recorder:
+    """Figures counted in this process since the last flush. Thread-safe.
+
+    `inc` and `observe` touch only memory; `flush` (sync) or `aflush` (async)
+    adds them to Redis. Unknown metric names and label names raise KeyError:
+    a typo must not become a new, silent series.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: MutableMapping[str, float] = defaultdict(float)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        metric = self._check(name, "counter", labels)
+        with self._lock:
+            self._pending[_field(metric.name, "", labels)] += amount
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        metric = self._check(name, "histogram", labels)
+        with self._lock:
+            for le in metric.buckets:
+                if value <= le:
+                    self._pending[_field(name, "_bucket", {**labels, "le": floatToGoString(le)})] += 1
+            self._pending[_field(name, "_bucket", {**labels, "le": "+Inf"})] += 1
+            self._pending[_field(name, "_sum", labels)] += value
+            self._pending[_field(name, "_count", labels)] += 1
+
+    @staticmethod
+    def _check(name: str, kind: str, labels: Mapping[str, str]) -> Metric:
+        metric = METRICS[name]
+        if metric.kind != kind or set(labels) != set(metric.labels):
+            raise KeyError(f"{name} is a {metric.kind} with labels {metric.labels}, not {kind} {sorted(labels)}")
+        return metric
+
+    def _take(self) -> dict[str, float]:
+        with self._lock:
+            taken = dict(self._pending)
+            self._pending.clear()
+        return taken
+
+    def _give_back(self, taken: Mapping[str, float]) -> None:
+        with self._lock:
+            for field, value in taken.items():
+                self._pending[field] += value
+
+    def flush(self, redis: Redis) -> None:
+        """Add everything counted so far to METRICS_KEY, atomically. On a Redis
+        error the figures are kept for the next flush and the error is raised."""
+        taken = self._take()
+        if not taken:
+            return
+        try:
+            with redis.pipeline(transaction=True) as pipe:
+                for field, value in taken.items():
+                    pipe.hincrbyfloat(METRICS_KEY, field, value)
+                pipe.execute()
+        except (RedisError, OSError):
+            self._give_back(taken)
+            raise
+
+    async def aflush(self, redis: Any) -> None:
+        """`flush` for a `redis.asyncio` client."""
+        taken = self._take()
+        if not taken:
+            return
+        try:
+            async with redis.pipeline(transaction=True) as pipe:
+                for field, value in taken.items():
+                    pipe.hincrbyfloat(METRICS_KEY, field, value)
+                await pipe.execute()
+        except (RedisError, OSError):
+            self._give_back(taken)
+            raise
+
+
+@asynccontextmanager
+async def flushing(recorder: Recorder, redis: Any, seconds: float = 1.0) -> AsyncIterator[None]:
+    """Flush `recorder` every `seconds` while the block runs, and once more when it ends.
+
+    A Redis outage only delays the figures: they are kept for the next try.
+    """
+
+    async def every() -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await recorder.aflush(redis)
+            except (RedisError, OSError) as exc:
+                logger.debug("metrics not flushed (kept for the next try): %s", exc)
+
+    task = asyncio.create_task(every())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+        try:
+            await recorder.aflush(redis)
+        except (RedisError, OSError) as exc:
+            logger.warning("the last second's metrics are lost: Redis said %s", exc)
+
+
+# -- rendering ----------------------------------------------------------------
+
+
+class _Snapshot(Collector):
+    def __init__(self, stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetricFamily]) -> None:
+        self.stored = stored
+        self.gauges = list(gauges)
+
+    def collect(self) -> Iterable[Any]:
+        series: dict[str, dict[tuple[str, ...], dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        for raw_field, raw_value in self.stored.items():
+            try:
+                name, suffix, labels = json.loads(raw_field)
+                metric = METRICS[name]
+                key = tuple(labels.get(label, "") for label in metric.labels)
+                part = suffix + (f":{labels['le']}" if suffix == "_bucket" else "")
+                series[name][key][part] = float(raw_value)
+            except (ValueError, KeyError, TypeError):
+                continue  # written by another version of this module: skip, never fail a scrape
+        for metric in METRICS.values():
+            found = series.get(metric.name, {})
+            if not found and not metric.labels:
+                found = {(): {}}  # unlabelled series exist from the start, at zero
+            if metric.kind == "counter":
+                family: Any = CounterMetricFamily(metric.name, metric.help, labels=metric.labels)
+                for key, parts in sorted(found.items()):
+                    family.add_metric(list(key), parts.get("", 0.0))
+            else:
+                family = HistogramMetricFamily(metric.name, metric.help, labels=metric.labels)
+                for key, parts in sorted(found.items()):
+                    les = [floatToGoString(le) for le in metric.buckets] + ["+Inf"]
+                    buckets = [(le, parts.get(f"_bucket:{le}", 0.0)) for le in les]
+                    family.add_metric(list(key), buckets, parts.get("_sum", 0.0))
+            yield family
+        yield from self.gauges
+
+
+def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetricFamily] = ()) -> bytes:
+    """The Prometheus text exposition of METRICS_KEY's contents (`HGETALL`) plus `gauges`."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(stored, gauges))
+    return generate_latest(registry)
+
+
+def queue_gauges(queue: Any) -> list[GaugeMetricFamily]:
+    """Gauges read at scrape time: jobs of `queue` (an rq Queue) by state, and live workers."""
+    names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
+    # A dead worker's key expires; its membership lingers until RQ's next clean-up.
+    workers = int(queue.connection.exists(*names)) if names else 0
+    jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
+                             labels=["queue", "state"])
+    for state, count in (
+        ("queued", queue.count),
+        ("started", queue.started_job_registry.count),
+        ("scheduled", queue.scheduled_job_registry.count),  # retries waiting out their backoff
+        ("failed", queue.failed_job_registry.count),
+    ):
+        jobs.add_metric([queue.name, state], count)
+    alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
+    alive.add_metric([queue.name], workers)
+    return [jobs, alive]
+
+
+# -- the web side's request line and counts ------------------------------------
+
+
+class RequestTelemetry:
+    """ASGI middleware: counts and times every HTTP request and logs one line for it.
+
+    The route label is the matched route's template (`/v1/tts/{id}`), never the
+    raw path, so series stay few; paths that match nothing are `unmatched`.
+    Bodies, query strings and headers are never logged.
+    """
+
+    def __init__(self, app: Callable[..., Awaitable[None]], recorder: Recorder) -> None:
+        self.app = app
+        self.recorder = recorder
+        self.log = logging.getLogger("service.request")
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        response: dict[str, Any] = {"status": 500, "bytes": 0, "id": None}
+
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                response["status"] = message["status"]
+                for name, value in message.get("headers", ()):
+                    # The request id of a submission is in its Location (or X-Request-Id) header.
+                    if name in (b"location", b"x-request-id") and response["id"] is None:
+                        response["id"] = value.decode("latin-1").rsplit("/", 1)[-1]
+            elif message["type"] == "http.response.body":
+                response["bytes"] += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope["method"]
+            status = str(response["status"])
+            self.recorder.inc("tts_http_requests_total", route=route, method=method, status=status)
+            self.recorder.observe("tts_http_request_duration_seconds", seconds, route=route, method=method)
+            request_id = scope.get("path_params", {}).get("id") or response["id"]
+            event: dict[str, Any] = {"event": "request", "method": method, "route": route, "status": response["status"],
+                     "seconds": round(seconds, 4), "bytes": response["bytes"]}
+            if request_id and is_well_formed_id(request_id):  # never echo whatever a client put in the path
+                event["id"] = request_id
+            client = scope.get("client")
+            if client:
+                event["client"] = client[0]
+            self.log.info("%s %s %s", method, route, status, extra={"event": event})
+
+
+def record_lookup(recorder: Recorder, chunks: int, missing: int) -> None:
+    """Count one submitted request whose `chunks` chunks had `missing` without stored audio."""
+    recorder.inc("tts_cache_requests_total", result="miss" if missing else "hit")
+    if chunks - missing:
+        recorder.inc("tts_cache_chunks_total", chunks - missing, result="hit")
+    if missing:
+        recorder.inc("tts_cache_chunks_total", missing, result="miss")
+
+
+# -- logging --------------------------------------------------------------------
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and a record's `event` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update(getattr(record, "event", None) or {})
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """Plain lines for a terminal, with a record's `event` fields as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        event = getattr(record, "event", None)
+        if event:
+            text += " " + " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
+        return text
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """Send every logger (ours, RQ's, uvicorn's) to stderr in one format. Idempotent.
+
+    Called by each entry point (web app factory, worker, launcher) once its
+    settings are read.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # uvicorn configures its own handlers before it loads the app; route them
+    # through ours so a deployment reads one format.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uvicorn_logger = logging.getLogger(name)
+        uvicorn_logger.handlers[:] = []
+        uvicorn_logger.propagate = True

@@ -1,0 +1,214 @@
+"""Numbers, dates, times, money and symbols written out as words, for ChatTTS.
+
+ChatTTS without a registered normalizer deletes every digit and most symbols
+("in 1999" becomes "in"). The worker runs `speak` on each chunk before the
+model sees it. Each number is read in the language around it: Chinese
+(via cn2an) when the nearest letter beside it is a CJK character, otherwise
+English (via num2words). Pure: text in, text out; `IDENTITY` names this
+module's revision and the two libraries' versions, and is part of the model
+identity, so changing any of them changes every cache key.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from importlib.metadata import version
+from typing import Callable
+
+import cn2an
+from num2words import num2words
+
+# Bump when `speak` reads anything differently.
+REVISION = 1
+IDENTITY = f"spoken{REVISION}+num2words{version('num2words')}+cn2an{version('cn2an')}"
+
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
+_LETTER = re.compile(r"[^\W\d_]")
+_ZH_DIGITS = dict(zip("0123456789", "零一二三四五六七八九"))
+_CURRENCY_EN = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
+                "£": ("pound", "pounds", "penny", "pence"), "¥": ("yuan", "yuan", "fen", "fen")}
+_CURRENCY_ZH = {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"}
+_SYMBOLS_EN = {"&": " and ", "+": " plus ", "=": " equals ", "@": " at ", "°C": " degrees Celsius",
+               "℃": " degrees Celsius", "°F": " degrees Fahrenheit", "°": " degrees", "×": " times "}
+_SYMBOLS_ZH = {"&": "和", "+": "加", "=": "等于", "@": "艾特", "°C": "摄氏度", "℃": "摄氏度",
+               "°F": "华氏度", "°": "度", "×": "乘"}
+_YEAR_CUE = re.compile(r"(?:\b(?:in|since|by|until|till|from|before|after|around|circa|year|of|the)\s+|')$",
+                       re.IGNORECASE)
+
+_NUM = r"\d+(?:,\d{3})*(?:\.\d+)?"
+_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
+    ("date_zh", re.compile(r"(\d{2,4})年(\d{1,2})月(\d{1,2})[日号]")),
+    ("year_zh", re.compile(r"(\d{2,4})年")),
+    ("time", re.compile(r"(?<![\d:])([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?(?![\d:])")),
+    ("money", re.compile(rf"([$€£¥￥])\s?(-?{_NUM})")),
+    ("percent", re.compile(rf"(-?{_NUM})\s?[%％]")),
+    ("ordinal", re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)),
+    ("number", re.compile(rf"(?<![A-Za-z0-9_.])(-?)({_NUM})")),
+    ("symbol", re.compile(r"°C|°F|℃|[&+=@°×]")),
+]
+_COMBINED = re.compile("|".join(f"(?P<{name}>{p.pattern})" for name, p in _PATTERNS), re.IGNORECASE)
+
+
+def speak(text: str) -> str:
+    """`text` with every number, date, time, amount and common symbol as words.
+
+    Text without digits or those symbols comes back unchanged. Never raises
+    on any input string.
+    """
+    out: list[str] = []
+    last = 0
+    for match in _COMBINED.finditer(text):
+        kind = match.lastgroup or ""
+        chinese = _is_chinese(text, match.start(), match.end())
+        words = _READERS[kind](_PATTERNS_BY_NAME[kind].fullmatch(match.group()), chinese, text[: match.start()])
+        out.append(text[last : match.start()])
+        out.append(_spaced(words, text, match.start(), match.end(), chinese))
+        last = match.end()
+    out.append(text[last:])
+    # Padding two neighbouring readings can leave double spaces; the input
+    # (normalized) has none of its own.
+    return _SPACES.sub(" ", "".join(out))
+
+
+_PATTERNS_BY_NAME = dict(_PATTERNS)
+_SPACES = re.compile(r"  +")
+
+
+def _is_chinese(text: str, start: int, end: int) -> bool:
+    """Whether the nearest letter on either side of text[start:end] is CJK (the following one wins ties)."""
+    after = next((c for c in text[end:] if _LETTER.match(c) or _CJK.match(c)), "")
+    before = next((c for c in reversed(text[:start]) if _LETTER.match(c) or _CJK.match(c)), "")
+    if after and _CJK.match(after):
+        return True
+    if before and _CJK.match(before):
+        return not after or not _LETTER.match(after) or bool(_CJK.match(after))
+    return bool("年" in text[start:end] or "月" in text[start:end])
+
+
+def _spaced(words: str, text: str, start: int, end: int, chinese: bool) -> str:
+    """English words get a space from neighbouring words and symbols so they do not fuse with them."""
+    if chinese:
+        return words
+    if start > 0 and not text[start - 1].isspace() and text[start - 1] not in _OPENING:
+        words = " " + words
+    if end < len(text) and not text[end].isspace() and text[end] not in _CLOSING:
+        words += " "
+    return words
+
+
+_OPENING = "([{\"'“‘"
+_CLOSING = ".,!?;:)]}\"'”’…。，！？；："
+
+
+def _decimal(raw: str) -> Decimal | None:
+    try:
+        return Decimal(raw.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def _cardinal(raw: str, chinese: bool) -> str:
+    digits = raw.replace(",", "").lstrip("-")
+    negative = raw.startswith("-")
+    # Long digit strings (phone numbers, ids) are read digit by digit.
+    if "." not in digits and len(digits) > 9 or (len(digits) > 1 and digits.startswith("0") and "." not in digits):
+        words = (_digitwise_zh(digits) if chinese else " ".join(num2words(int(d)) for d in digits))
+    elif chinese:
+        # "12.50" is read 十二点五, as a Chinese speaker says it.
+        words = cn2an.an2cn(digits.rstrip("0").rstrip(".") if "." in digits else digits)
+    else:
+        value = _decimal(digits)
+        words = num2words(value if value is not None and "." in digits else int(digits))
+        words = words.replace(",", "").replace("-", " ")
+    if negative:
+        words = ("负" if chinese else "minus ") + words
+    return words
+
+
+def _digitwise_zh(digits: str) -> str:
+    return "".join(_ZH_DIGITS[d] for d in digits)
+
+
+def _date_zh(m: re.Match[str], chinese: bool, before: str) -> str:
+    year, month, day = m.groups()
+    return f"{_digitwise_zh(year)}年{cn2an.an2cn(str(int(month)))}月{cn2an.an2cn(str(int(day)))}日"
+
+
+def _year_zh(m: re.Match[str], chinese: bool, before: str) -> str:
+    return f"{_digitwise_zh(m.group(1))}年"
+
+
+def _time(m: re.Match[str], chinese: bool, before: str) -> str:
+    hours, minutes, seconds = int(m.group(1)), int(m.group(2)), m.group(3)
+    if chinese:
+        words = f"{cn2an.an2cn(str(hours))}点"
+        if minutes:
+            words += f"{cn2an.an2cn(str(minutes))}分" if minutes >= 10 else f"零{cn2an.an2cn(str(minutes))}分"
+        if seconds is not None and int(seconds):
+            words += f"{cn2an.an2cn(str(int(seconds)))}秒"
+        return words
+    words = num2words(hours)
+    if minutes == 0:
+        words += " o'clock" if seconds is None or not int(seconds) else " hundred"
+    elif minutes < 10:
+        words += f" oh {num2words(minutes)}"
+    else:
+        words += f" {num2words(minutes)}"
+    if seconds is not None and int(seconds):
+        words += f" and {num2words(int(seconds))} seconds"
+    return words.replace("-", " ")
+
+
+def _money(m: re.Match[str], chinese: bool, before: str) -> str:
+    symbol, raw = m.groups()
+    if chinese:
+        return _cardinal(raw, True) + _CURRENCY_ZH[symbol if symbol != "￥" else "¥"]
+    one, many, sub_one, sub_many = _CURRENCY_EN["¥" if symbol == "￥" else symbol]
+    value = _decimal(raw) or Decimal(0)
+    whole = int(abs(value))
+    cents = int((abs(value) - whole) * 100 + Decimal("0.5")) if "." in raw else 0
+    words = f"{_cardinal(str(whole), False)} {one if whole == 1 else many}"
+    if cents:
+        words += f" and {_cardinal(str(cents), False)} {sub_one if cents == 1 else sub_many}"
+    return ("minus " if value < 0 else "") + words
+
+
+def _percent(m: re.Match[str], chinese: bool, before: str) -> str:
+    raw = m.group(1)
+    if chinese:
+        return "百分之" + _cardinal(raw, True)
+    return _cardinal(raw, False) + " percent"
+
+
+def _ordinal(m: re.Match[str], chinese: bool, before: str) -> str:
+    if chinese:
+        return "第" + _cardinal(m.group(1), True)
+    return num2words(int(m.group(1)), to="ordinal").replace("-", " ").replace(",", "")
+
+
+def _number(m: re.Match[str], chinese: bool, before: str) -> str:
+    sign, raw = m.groups()
+    plain = raw.replace(",", "")
+    # "in 1999", "the 1980s": a year is read as one ("nineteen ninety-nine").
+    if (not chinese and not sign and "," not in raw and plain.isdigit() and len(plain) == 4
+            and 1100 <= int(plain) <= 2099 and _YEAR_CUE.search(before)):
+        return num2words(int(plain), to="year").replace("-", " ")
+    return _cardinal(sign + raw, chinese)
+
+
+def _symbol(m: re.Match[str], chinese: bool, before: str) -> str:
+    table = _SYMBOLS_ZH if chinese else _SYMBOLS_EN
+    return table[m.group()] if chinese else table[m.group()].strip()
+
+
+_READERS: dict[str, Callable[[re.Match[str], bool, str], str]] = {
+    "date_zh": _date_zh,
+    "year_zh": _year_zh,
+    "time": _time,
+    "money": _money,
+    "percent": _percent,
+    "ordinal": _ordinal,
+    "number": _number,
+    "symbol": _symbol,
+}

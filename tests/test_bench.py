@@ -1,0 +1,81 @@
+"""The benchmark tools in bench/ still run: the load generator against the bare app, the
+statistics behind the table, and bench/gpu.sh's reduced CPU mode end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import loadgen  # noqa: E402
+from harness import Cluster, Figure, interleaved, percentile, spread, table  # noqa: E402
+
+
+def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median() -> None:
+    fig = Figure("1", "throughput", "req/s", values=[80, 90, 200], baseline=[100, 100, 100],
+                 target=(">= 0.8x", lambda r: r >= 0.8))
+    assert fig.ratios == [0.8, 0.9, 2.0]
+    assert fig.judged() == 0.9
+    assert fig.met() is True
+    fig.values = [70, 75, 200]
+    assert fig.met() is False
+    assert Figure("2", "overhead", "ms", values=[12.0], target=("<= 10", lambda v: v <= 10)).met() is False
+    assert Figure("5", "info", "x", values=[1.0]).met() is None
+
+
+def test_table_shows_median_and_range_and_flags_a_missed_target() -> None:
+    figs = [Figure("1", "rps", "req/s", values=[80, 90, 200], baseline=[100, 100, 100],
+                   target=(">= 0.95x", lambda r: r >= 0.95))]
+    text = table(figs, markdown=False)
+    assert "90 [80–200]" in text and "0.90 [0.80–2.00]x" in text and "NO" in text
+    md = table(figs, markdown=True)
+    assert md.splitlines()[0].startswith("| # | figure |") and md.count("\n") == 2
+    assert spread([3.0], 1) == "3.0"
+
+
+def test_percentile_and_interleaving() -> None:
+    assert percentile([1, 2, 3, 4, 5], 50) == 3
+    assert percentile([1, 2], 99) == pytest.approx(1.99)
+    assert list(interleaved(2, "a", "b")) == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
+
+
+def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> None:
+    """Keep-alive connections, GET and POST, answers counted and timed; a wrong status fails the run."""
+    redis.set("bench:test:wav", b"RIFF" + bytes(200_000))
+    redis.set("bench:test:post", json.dumps({"id": "x"}))
+    with Cluster() as cluster:
+        cluster.redis_url = redis_url
+        _, port = cluster.start_app("bare", "bare:create_app", {}, "bench")
+        get = loadgen.request("GET", "/raw/bench:test:wav")
+        res = loadgen.run_sync(port, lambda: get, connections=4, duration=0.5, warmup=0.1)
+        assert res.completed > 5 and res.rps > 10
+        assert res.statuses == {200: sum(res.statuses.values())}
+        assert res.bytes_received == len(res.latencies) * 200_004
+        assert 0 < res.p(50) <= res.p(99)
+        post = loadgen.request("POST", "/raw/bench:test:post", {"text": "hello"})
+        assert loadgen.run_sync(port, lambda: post, connections=2, duration=0.3).completed > 0
+        missing = loadgen.request("GET", "/raw/bench:test:nothing")
+        with pytest.raises(Exception, match="answered 404"):
+            loadgen.run_sync(port, lambda: missing, connections=1, duration=0.2)
+
+
+def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
+    """bench/gpu.sh end to end without a GPU: tiny model, engine alone, 1 and 2 real workers, one table."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
+    env["PYTHON"] = sys.executable
+    proc = subprocess.run(["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "reduced CPU mode" in out
+    for line in ("real-time factor, batch 1, fp16 decoder off", "real-time factor, batch 4, fp16 decoder on (vs off)",
+                 "RSS per worker", "1 worker(s) per machine: throughput", "2 worker(s) per machine: throughput (vs 1)"):
+        assert line in out, out

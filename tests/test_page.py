@@ -1,0 +1,129 @@
+"""The page at GET /, driven in a real headless Chromium (Playwright) against the running service."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import soundfile
+
+from conftest import Stack
+
+# Debian's package, which `make install` installs; Playwright drives it and downloads no browser.
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium)")
+
+TEXT = ("The page speaks. It asks the service for speech, follows its progress, and plays the audio "
+        "as it is made. Each sentence is a part of its own. This is the fourth one. And a fifth, to finish.")
+DEADLINE_MS = 60_000
+
+
+class Browser:
+    """One headless Chromium page, with what it logged and asked for."""
+
+    def __init__(self, page: object) -> None:
+        self.page = page
+        self.console: list[str] = []
+        self.requests: list[str] = []
+
+
+@pytest.fixture
+def browser(tone_stack: Stack) -> Iterator[Browser]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            # Headless Chromium has no user to click "play"; the page calls play() itself.
+            args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"],
+        )
+        page = chromium.new_page()
+        seen = Browser(page)
+        page.on("console", lambda msg: seen.console.append(f"{msg.type}: {msg.text}"))
+        page.on("request", lambda request: seen.requests.append(request.url))
+        page.goto(tone_stack.url + "/")
+        yield seen
+        chromium.close()
+
+
+def _state(page: object) -> dict:
+    return page.evaluate(  # type: ignore[attr-defined]
+        """() => {
+            const a = document.getElementById("player"), p = document.getElementById("progress");
+            const d = document.getElementById("download");
+            return {readyState: a.readyState, duration: a.duration, currentTime: a.currentTime, src: a.src,
+                    error: a.error && a.error.code, progress: p.value, max: p.max, playerHidden: a.hidden,
+                    progressText: document.getElementById("progress-text").textContent,
+                    download: d.hidden ? null : d.getAttribute("href"), message: document.getElementById("error").textContent};
+        }"""
+    )
+
+
+def test_type_generate_and_the_player_gets_playable_audio(browser: Browser, tone_stack: Stack, tmp_path: Path) -> None:
+    page = browser.page
+    page.wait_for_function("() => !document.getElementById('model').textContent.includes('checking')")
+    assert "tone" in page.text_content("#model")  # type: ignore[attr-defined]
+    page.fill("#text", TEXT)  # type: ignore[attr-defined]
+    page.fill("#seed", "7")  # type: ignore[attr-defined]
+    page.fill("#speed", "6")  # type: ignore[attr-defined]
+    page.click("#go")  # type: ignore[attr-defined]
+    try:
+        page.wait_for_function(  # type: ignore[attr-defined]
+            """() => {
+                const a = document.getElementById("player"), p = document.getElementById("progress");
+                return a.readyState >= 2 && a.duration > 0 && a.currentTime > 0 && p.value === p.max
+                       && !document.getElementById("download").hidden;
+            }""",
+            timeout=DEADLINE_MS,
+        )
+    finally:
+        page.screenshot(path=str(tmp_path / "page.png"), full_page=True)  # type: ignore[attr-defined]
+    state = _state(page)
+    assert state["message"] == "", state
+    assert state["progressText"].startswith("100%"), state
+
+    # The request the page made is the one the API makes of the same fields.
+    expected = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT, "seed": 7, "speed": 6}).json()
+    assert state["download"] == expected["audio_url"], state
+    # The player streams (it started before the end); the progress came from the status endpoint.
+    assert "stream=true" in state["src"] and f"/v1/tts/{expected['id']}/audio" in state["src"], state
+    assert any(url.endswith(f"/v1/tts/{expected['id']}") for url in browser.requests), browser.requests
+
+    download = httpx.get(tone_stack.url + state["download"])
+    assert download.status_code == 200 and download.headers["content-type"] == "audio/wav"
+    samples, rate = soundfile.read(io.BytesIO(download.content))
+    seconds = len(samples) / rate
+    # A stream's duration is open (Infinity) while it plays; what the player buffered is the whole clip.
+    page.wait_for_function(  # type: ignore[attr-defined]
+        """(seconds) => {
+            const b = document.getElementById("player").buffered;
+            return b.length > 0 && Math.abs(b.end(b.length - 1) - seconds) < 0.25;
+        }""",
+        arg=seconds, timeout=DEADLINE_MS,
+    )
+    assert not [line for line in browser.console if line.startswith("error")], browser.console
+
+
+def test_errors_are_shown_in_words(browser: Browser, tmp_path: Path) -> None:
+    page = browser.page
+    # Blank text: the service refuses it, and the page shows why.
+    page.fill("#text", "   \u200b  ")  # type: ignore[attr-defined]
+    page.click("#go")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.getElementById('error').textContent !== ''")  # type: ignore[attr-defined]
+    state = _state(page)
+    assert state["message"] == "text: is empty once white space and invisible characters are removed", state
+    assert state["playerHidden"] and state["download"] is None, state
+
+    # A seed out of range is caught before anything is sent.
+    page.fill("#text", "Hello.")  # type: ignore[attr-defined]
+    page.fill("#seed", "-1")  # type: ignore[attr-defined]
+    before = len(browser.requests)
+    page.click("#go")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => document.getElementById('error').textContent.startsWith('Voice seed')")
+    assert _state(page)["message"] == "Voice seed must be a whole number from 0 to 4294967295.", _state(page)
+    assert len(browser.requests) == before, browser.requests[before:]
+    page.screenshot(path=str(tmp_path / "page-error.png"), full_page=True)  # type: ignore[attr-defined]

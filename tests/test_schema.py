@@ -1,0 +1,89 @@
+"""GET /openapi.json: it describes every route, and the running service keeps to it (schemathesis)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from starlette.routing import Route
+
+import openapi
+import validation
+from conftest import ROOT, Stack
+from service import create_app
+from settings import Settings, from_env
+
+# Bounded: cases per operation and phase; the whole run stays well under a minute here.
+MAX_EXAMPLES = 25
+# Checks schemathesis runs: all of them but one. `use_after_free` takes DELETE
+# for "remove": here DELETE /v1/tts/{id} cancels the job, and audio already
+# made stays and is served (README, HTTP API), so GET after DELETE may be 200.
+EXCLUDED_CHECKS = "use_after_free"
+
+
+def _operations(settings: Settings) -> set[tuple[str, str]]:
+    doc = openapi.schema(settings)
+    return {(path, method.upper()) for path, item in doc["paths"].items() for method in item if method != "parameters"}
+
+
+def test_every_route_is_described_and_nothing_else() -> None:
+    app = create_app(Settings())
+    routes = {(route.path, method) for route in app.routes if isinstance(route, Route)
+              for method in route.methods or () if method != "HEAD"}
+    assert routes == _operations(Settings())
+
+
+def test_api_keys_make_every_operation_but_the_public_ones_need_a_bearer_key() -> None:
+    doc = openapi.schema(Settings(api_keys=("k" * 16,)))
+    assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    public = {"/", "/healthz", "/readyz", "/openapi.json"}
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            if path in public:
+                assert "security" not in operation, (path, method)
+            else:
+                assert operation["security"] == [{"bearer": []}], (path, method)
+                assert "401" in operation["responses"], (path, method)
+    assert "securitySchemes" not in openapi.schema(Settings())["components"]
+
+
+def test_limits_follow_the_settings() -> None:
+    doc = openapi.schema(Settings(max_chars=300, max_body=1000, speech_wait=7))
+    text = doc["components"]["schemas"]["TtsRequest"]["properties"]["text"]
+    assert text["maxLength"] == 300
+    speech = doc["paths"]["/v1/audio/speech"]["post"]["responses"]
+    assert "1000 bytes" in speech["413"]["description"] and "7 s" in speech["504"]["description"]
+
+
+def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stack, tmp_path: Path) -> None:
+    served = httpx.get(tone_stack.url + "/openapi.json")
+    assert served.status_code == 200 and served.headers["content-type"] == "application/json"
+    assert served.json() == openapi.schema(from_env(tone_stack.env))
+
+    voice = httpx.get(tone_stack.url + "/v1/voices/1", timeout=60)
+    assert voice.status_code == 200, voice.text
+    dim = validation.decode_speaker(voice.json()["speaker"]).size
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": str(ROOT / "tests" / "schemathesis_hooks.py"),
+           "TEST_SPEAKER_DIM": str(dim), "NO_COLOR": "1"}
+    args = [
+        sys.executable, "-m", "schemathesis.cli", "run", tone_stack.url + "/openapi.json",
+        "--checks", "all", "--exclude-checks", EXCLUDED_CHECKS,
+        "--max-examples", str(MAX_EXAMPLES),
+        "--workers", "2",
+        # The audio route may hold a request up to 60 s (?wait), the speech route up to TTS_SPEECH_WAIT.
+        "--request-timeout", "130",
+        "--report", "junit", "--report-dir", str(tmp_path / "report"),
+    ]
+    started = time.monotonic()
+    # cwd: anything schemathesis writes stays in the test's temp dir.
+    run = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    (tmp_path / "schemathesis.log").write_text(run.stdout + run.stderr)
+    print(f"schemathesis: {elapsed:.1f} s; {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}")
+    assert run.returncode == 0, f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-12000:]}\n{run.stderr[-3000:]}"
