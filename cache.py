@@ -24,6 +24,8 @@ PREFIX = "tts"
 MODEL_KEY = f"{PREFIX}:model"
 _ID = re.compile(r"[0-9a-f]{32}")
 _WHITESPACE = re.compile(r"\s+")
+# What normalize's filter removes from ASCII once white space is collapsed.
+_ASCII_CONTROLS = dict.fromkeys([*range(0x20), 0x7F])
 
 
 def normalize(text: str) -> str:
@@ -34,6 +36,14 @@ def normalize(text: str) -> str:
     white space become one space; the ends are stripped. Punctuation, case and
     tags are kept: they change prosody.
     """
+    if text.isascii():
+        # The common case, without per-character Unicode lookups: NFKC and
+        # the invisible-character filter only touch ASCII's control codes.
+        return _WHITESPACE.sub(" ", _WHITESPACE.sub(" ", text).translate(_ASCII_CONTROLS)).strip()
+    return _normalize_unicode(text)
+
+
+def _normalize_unicode(text: str) -> str:
     text = unicodedata.normalize("NFKC", text)
     # White space first: newlines and tabs are control characters too, but
     # they separate words, so they become spaces rather than vanish.
@@ -99,8 +109,13 @@ class Spec:
 
     def chunk_ids(self) -> list[str]:
         """One id per chunk: equal chunks of equal voice and settings share audio."""
-        identity = self._identity()
-        return [_digest({**identity, "text": chunk}) for chunk in self.chunks]
+        # Memoized (the spec is frozen): a request asks for them several times.
+        ids = self.__dict__.get("_chunk_ids")
+        if ids is None:
+            identity = self._identity()
+            ids = tuple(_digest({**identity, "text": chunk}) for chunk in self.chunks)
+            object.__setattr__(self, "_chunk_ids", ids)
+        return list(ids)
 
     def excerpt(self, chars: int = 60) -> str:
         """The first `chars` characters of the text, for logs and rq-dashboard."""
@@ -174,14 +189,19 @@ class AudioCache:
             found = await pipe.execute()
         return [i for i, hit in enumerate(found) if not hit]
 
-    async def remember(self, request_id: str, spec: Spec, touch_chunks: bool) -> None:
-        """Store the request's manifest; renew its chunks' TTLs when they are all there."""
+    async def remember(self, request_id: str, spec: Spec) -> list[int]:
+        """Store the request's manifest and renew the TTLs of its stored chunks, in one round trip.
+
+        Returns the indexes of the chunks whose audio is not stored (as `missing`).
+        """
+        chunk_ids = spec.chunk_ids()
         async with self.redis.pipeline(transaction=False) as pipe:
+            for cid in chunk_ids:
+                # EXPIRE answers whether the key exists, and renews it if so.
+                pipe.expire(chunk_key(cid), self.ttl)
             pipe.set(request_key(request_id), json.dumps(manifest(spec)), ex=self.ttl)
-            if touch_chunks:
-                for cid in spec.chunk_ids():
-                    pipe.expire(chunk_key(cid), self.ttl)
-            await pipe.execute()
+            found = await pipe.execute()
+        return [i for i, hit in enumerate(found[: len(chunk_ids)]) if not hit]
 
     async def manifest(self, request_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(request_key(request_id))

@@ -367,11 +367,16 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job]) -> Job:
     other's new job.
     """
     for _ in range(5):
-        job = fetch(redis, job_id)
-        if job is not None and job.get_status(refresh=False) in _ACTIVE:
-            return job
+        # Enqueue first: new work is the common case and the one a caller
+        # waits on; a duplicate costs one refused attempt.
         try:
             return enqueue()
+        except QueueFull:
+            # A full queue refuses new work, not callers joining work in flight.
+            job = fetch(redis, job_id)
+            if job is not None and job.get_status(refresh=False) in _ACTIVE:
+                return job
+            raise
         except DuplicateJobError:
             job = fetch(redis, job_id)
             if job is not None and job.get_status(refresh=False) in _ACTIVE:

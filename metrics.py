@@ -46,6 +46,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 FIRST_CHUNK_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 # Synthesis seconds per audio second: below 1 is faster than real time.
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+# Bucket bounds as Prometheus writes them ("0.005", "1.0"), computed once.
+_LE = {le: floatToGoString(le) for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS)}
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,15 @@ def _field(name: str, suffix: str, labels: Mapping[str, str]) -> str:
     return json.dumps([name, suffix, dict(sorted(labels.items()))], separators=(",", ":"))
 
 
+# In memory a series is (name, suffix, sorted label pairs): cheap to build on
+# every request; it becomes a `_field` string only when flushed.
+_Key = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def _key(name: str, suffix: str, labels: Mapping[str, str]) -> _Key:
+    return (name, suffix, tuple(sorted(labels.items())))
+
+
 class Recorder:
     """Figures counted in this process since the last flush. Thread-safe.
 
@@ -98,22 +109,22 @@ class Recorder:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: MutableMapping[str, float] = defaultdict(float)
+        self._pending: MutableMapping[_Key, float] = defaultdict(float)
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         metric = self._check(name, "counter", labels)
         with self._lock:
-            self._pending[_field(metric.name, "", labels)] += amount
+            self._pending[_key(metric.name, "", labels)] += amount
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         metric = self._check(name, "histogram", labels)
         with self._lock:
             for le in metric.buckets:
                 if value <= le:
-                    self._pending[_field(name, "_bucket", {**labels, "le": floatToGoString(le)})] += 1
-            self._pending[_field(name, "_bucket", {**labels, "le": "+Inf"})] += 1
-            self._pending[_field(name, "_sum", labels)] += value
-            self._pending[_field(name, "_count", labels)] += 1
+                    self._pending[_key(name, "_bucket", {**labels, "le": _LE[le]})] += 1
+            self._pending[_key(name, "_bucket", {**labels, "le": "+Inf"})] += 1
+            self._pending[_key(name, "_sum", labels)] += value
+            self._pending[_key(name, "_count", labels)] += 1
 
     @staticmethod
     def _check(name: str, kind: str, labels: Mapping[str, str]) -> Metric:
@@ -122,16 +133,16 @@ class Recorder:
             raise KeyError(f"{name} is a {metric.kind} with labels {metric.labels}, not {kind} {sorted(labels)}")
         return metric
 
-    def _take(self) -> dict[str, float]:
+    def _take(self) -> dict[_Key, float]:
         with self._lock:
             taken = dict(self._pending)
             self._pending.clear()
         return taken
 
-    def _give_back(self, taken: Mapping[str, float]) -> None:
+    def _give_back(self, taken: Mapping[_Key, float]) -> None:
         with self._lock:
-            for field, value in taken.items():
-                self._pending[field] += value
+            for key, value in taken.items():
+                self._pending[key] += value
 
     def flush(self, redis: Redis) -> None:
         """Add everything counted so far to METRICS_KEY, atomically. On a Redis
@@ -141,8 +152,8 @@ class Recorder:
             return
         try:
             with redis.pipeline(transaction=True) as pipe:
-                for field, value in taken.items():
-                    pipe.hincrbyfloat(METRICS_KEY, field, value)
+                for (name, suffix, labels), value in taken.items():
+                    pipe.hincrbyfloat(METRICS_KEY, _field(name, suffix, dict(labels)), value)
                 pipe.execute()
         except (RedisError, OSError):
             self._give_back(taken)
@@ -155,8 +166,8 @@ class Recorder:
             return
         try:
             async with redis.pipeline(transaction=True) as pipe:
-                for field, value in taken.items():
-                    pipe.hincrbyfloat(METRICS_KEY, field, value)
+                for (name, suffix, labels), value in taken.items():
+                    pipe.hincrbyfloat(METRICS_KEY, _field(name, suffix, dict(labels)), value)
                 await pipe.execute()
         except (RedisError, OSError):
             self._give_back(taken)

@@ -160,11 +160,7 @@ class Service:
             await self._wait(request_id, layout["chunks"], time.monotonic() + self.settings.speech_wait)
         pcm = await self._audio(layout)
         if pcm is None:
-            status = await self._status(request_id, await self._manifest(request_id))
-            if status["status"] == "failed":
-                raise ApiError(500, f"synthesis failed: {status['error']}")
-            if status["status"] == "canceled":
-                raise ApiError(409, "this request was canceled while it waited")
+            await self._not_ready(request_id, layout)  # raises if it failed or was canceled
             raise ApiError(504, f"the audio was not ready within {self.settings.speech_wait} s; "
                                 f"it is still being made: GET /v1/tts/{request_id}/audio",
                            headers={"Location": f"/v1/tts/{request_id}"})
@@ -189,9 +185,8 @@ class Service:
         making them (None when everything is stored: the queue is not touched).
         """
         request_id = spec.request_id()
-        missing = await self.cache.missing(spec.chunk_ids())
+        missing = await self.cache.remember(request_id, spec)
         metrics.record_lookup(self.metrics, len(spec.chunks), len(missing))
-        await self.cache.remember(request_id, spec, touch_chunks=not missing)
         if not missing:
             return request_id, missing, None
         job = await run_in_threadpool(jobs.submit, self.queue, spec, self.settings)

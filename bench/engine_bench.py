@@ -64,7 +64,8 @@ def fp16_decoder(chat: Any, on: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="checkpoint directory (tiny_checkpoint.py or random_checkpoint.py)")
+    parser.add_argument("--model", required=True,
+                        help="checkpoint directory (tiny_checkpoint.py or random_checkpoint.py)")
     parser.add_argument("--batch-sizes", default="1,2,4,8")
     parser.add_argument("--chunks", type=int, default=16,
                         help="one-chunk texts per run (at least the batch size: a run is whole batches)")

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         show(f"TTSWorker running {queued} one-chunk tone jobs", prof, seconds / max(1, queued), args.top)
         print(command_mix(redis, queued))
         stats = pstats.Stats(prof)
-        inside = sum(v[3] for k, v in stats.stats.items() if k[2] == "synthesize" and k[0].endswith("jobs.py"))  # type: ignore[attr-defined]
+        entries = stats.stats.items()  # type: ignore[attr-defined]
+        inside = sum(v[3] for k, v in entries if k[2] == "synthesize" and k[0].endswith("jobs.py"))
         print(f"\nper request: POST {post * 1e3:.2f} ms; per job: {seconds / queued * 1e3:.2f} ms in the worker, "
               f"of which {inside / queued * 1e3:.2f} ms inside jobs.synthesize (all under cProfile)")
     return 0

@@ -16,7 +16,8 @@ Scenarios (numbers as in BENCHMARKS.md):
  3. mixed load (65% repeats) vs the naive in-process server;
  4. dedupe: 50 identical concurrent requests, count the syntheses;
  5. chunk batching: the engine alone at batch 1, 2, 4, 8;
- 6. scaling: 1 worker x all cores' threads vs 2 workers x half each;
+ 6. scaling: workers x torch threads: 1 x 1, 1 x all cores, 2 x half the cores
+    each, and 1 x all cores with OMP_WAIT_POLICY=PASSIVE;
  7. footprint: RSS and start time of the web process (vs the bare app)
     and of a worker (tiny; full-size random weights with --full-model).
 
@@ -89,11 +90,9 @@ class Plan:
     def make(cls, quick: bool) -> Plan:
         if quick:
             return cls(rounds=1, hit_seconds=1.0, overhead_requests=5, mixed_seconds=5.0, open_seconds=5.0,
-                       mixed_connections=8,
-                       dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1)
+                       mixed_connections=8, dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1)
         return cls(rounds=3, hit_seconds=1.5, overhead_requests=12, mixed_seconds=10.0, open_seconds=15.0,
-                   mixed_connections=8,
-                   dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3)
+                   mixed_connections=8, dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3)
 
 
 @dataclass
@@ -106,7 +105,6 @@ class Bench:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
-    settings: Settings = field(default_factory=Settings)
     web_port: int = 0
     bare_port: int = 0
     naive_port: int = 0
@@ -427,15 +425,22 @@ def mixed(b: Bench) -> None:
         say(f"  closed, round {r} {side}: {res.rps:.1f} req/s, p50 {res.p(50):.0f} ms, p99 {res.p(99):.0f} ms")
     rate = 0.7 * statistics.median(rps.baseline)
     o50 = b.add(Figure("3", f"mixed, open loop at {rate:.1f} req/s: p50 latency (vs naive)", "ms"))
-    o99 = b.add(Figure("3", f"mixed, open loop at {rate:.1f} req/s: p99 latency (vs naive)", "ms",
-                       target=("<= 0.5x ('far below')", lambda r: r <= 0.5)))
+    o99 = b.add(Figure("3", f"mixed, open loop at {rate:.1f} req/s: p99 latency (vs naive)", "ms"))
+    pooled: dict[str, list[float]] = {"subject": [], "naive": []}
     for r, side in interleaved(plan.rounds, "naive", "subject"):
+        # The same seed on both sides: the same arrival times, the same repeats and new texts' lengths.
         res = asyncio.run(loadgen.run_open(ports[side], requests(2000 + r, side), rate, plan.open_seconds,
                                            seed=r))
+        pooled[side] += res.latencies
         for fig, value in ((o50, res.p(50)), (o99, res.p(99))):
             (fig.values if side == "subject" else fig.baseline).append(value)
         say(f"  open, round {r} {side}: {len(res.latencies)} requests, p50 {res.p(50):.0f} ms, "
             f"p99 {res.p(99):.0f} ms")
+    # One run holds some 50 requests, so its p99 is about its slowest one; all runs together say more.
+    b.add(Figure("3", f"mixed, open loop: p99 latency of all runs' {len(pooled['subject'])} requests "
+                      "(vs naive)", "ms",
+                 values=[percentile(pooled["subject"], 99) * 1000], baseline=[percentile(pooled["naive"], 99) * 1000],
+                 target=("<= 0.5x ('far below')", lambda r: r <= 0.5)))
     b.notes.append(
         f"3: share of repeats actually sent: subject {sent['subject'][-1]:.2f}, naive {sent['naive'][-1]:.2f} "
         "(last run); texts of 1-3 chunks; POST /v1/audio/speech (WAV) to both. The subject is the web process "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cache import Spec, is_well_formed_id, normalize
 
@@ -87,3 +89,10 @@ def test_ids_are_well_formed_and_json_round_trips() -> None:
     assert not is_well_formed_id("../etc/passwd")
     assert not is_well_formed_id(spec.request_id().upper())
     assert Spec.from_json(spec.to_json()) == spec
+
+
+@given(st.text(st.characters(max_codepoint=127), max_size=30))
+def test_ascii_fast_path_matches_the_unicode_path(text: str) -> None:
+    from cache import _normalize_unicode
+
+    assert normalize(text) == _normalize_unicode(text)
