@@ -275,3 +275,21 @@ def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, cont
     assert (info.samplerate, info.channels) == (24000, 1)
     # Lossy codecs pad to whole frames; the clip is the same length within 60 ms.
     assert abs(info.duration - expected.duration) < 0.06
+
+
+def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
+    from service import _EncodedCache
+
+    cache = _EncodedCache(max_bytes=100)
+    for n in range(5):
+        cache.put((f"id{n}", "mp3"), bytes(20))
+    assert cache.get(("id0", "mp3")) is not None  # now the most recently used
+    cache.put(("id5", "mp3"), bytes(20))  # over 100 bytes: the least recently used goes
+    assert cache.get(("id1", "mp3")) is None
+    assert cache.get(("id0", "mp3")) is not None and cache.get(("id5", "mp3")) is not None
+    assert sum(len(cache.get((f"id{n}", "mp3")) or b"") for n in range(6)) <= 100
+    cache.put(("big", "wav"), bytes(26))  # over a quarter of the budget: never kept
+    assert cache.get(("big", "wav")) is None
+    off = _EncodedCache(max_bytes=0)
+    off.put(("id", "wav"), b"x")
+    assert off.get(("id", "wav")) is None
