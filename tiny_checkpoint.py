@@ -73,6 +73,8 @@ CONFIG: dict[str, Any] = {
 # Random weights almost never sample the end token: without a cap every chunk
 # would run to ChatTTS's 2048-token default (44 s of noise).
 MAX_NEW_TOKEN = 48
+# Full size: 5.5 s of audio per chunk, every chunk runs to it (fixed work per chunk).
+FULL_MAX_NEW_TOKEN = 256
 
 
 def _vocabulary() -> list[str]:
@@ -134,8 +136,15 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write(directory: str | os.PathLike[str], seed: int = 0) -> Path:
+def write(directory: str | os.PathLike[str], seed: int = 0, full_size: bool = False,
+          max_new_token: int | None = None) -> Path:
     """Write the tiny checkpoint into `directory` (created; files replaced).
+
+    With `full_size`, every module keeps ChatTTS 0.2.5's default size instead
+    (GPT 768 wide, 20 layers; about 1 GB): random weights with the real
+    model's cost, for benchmarks (bench/random_checkpoint.py). Random weights
+    almost never sample the end token, so the manifest caps generation at
+    `max_new_token` per chunk (default MAX_NEW_TOKEN, or FULL_MAX_NEW_TOKEN).
 
     The write goes to a temporary sibling first and is renamed into place, so
     a reader never sees half a checkpoint. Returns the directory.
@@ -155,10 +164,14 @@ def write(directory: str | os.PathLike[str], seed: int = 0) -> Path:
     torch.manual_seed(seed)
 
     vocab_size = _write_tokenizer(asset / "tokenizer")
-    overrides = json.loads(json.dumps(CONFIG))
-    overrides["gpt"]["num_text_tokens"] = vocab_size
-    overrides["embed"]["num_text_tokens"] = vocab_size
-    overrides["spk_stat"] = _speaker_stats(seed)
+    if full_size:
+        # ChatTTS's own defaults are the full-size model; only the vocabulary is ours.
+        overrides: dict[str, Any] = {"gpt": {"num_text_tokens": vocab_size}, "embed": {"num_text_tokens": vocab_size}}
+    else:
+        overrides = json.loads(json.dumps(CONFIG))
+        overrides["gpt"]["num_text_tokens"] = vocab_size
+        overrides["embed"]["num_text_tokens"] = vocab_size
+        overrides["spk_stat"] = _speaker_stats(seed)
     config = chattts_config(overrides)
 
     vocos = Vocos(
@@ -200,6 +213,7 @@ def write(directory: str | os.PathLike[str], seed: int = 0) -> Path:
         )
     )
     llama.save_pretrained(str(asset / "gpt"), safe_serialization=True)
+    del llama
 
     sha256 = {}
     for path in sorted(asset.rglob("*")):
@@ -208,10 +222,12 @@ def write(directory: str | os.PathLike[str], seed: int = 0) -> Path:
             sha256["sha256_" + rel.replace("/", "_").replace(".", "_")] = _sha256(path)
     manifest = {
         "format": MANIFEST_FORMAT,
-        "name": f"chattts-tiny-random-seed{seed}",
-        "description": "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise.",
+        "name": f"chattts-{'full-size' if full_size else 'tiny'}-random-seed{seed}",
+        "description": ("ChatTTS at full size with random weights, for benchmarks; it speaks noise." if full_size
+                        else "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise."),
+        # Random weights: the service must say it speaks noise, whatever the size.
         "tiny": True,
-        "max_new_token": MAX_NEW_TOKEN,
+        "max_new_token": max_new_token or (FULL_MAX_NEW_TOKEN if full_size else MAX_NEW_TOKEN),
         "config": overrides,
         "sha256": sha256,
     }
