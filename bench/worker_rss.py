@@ -35,14 +35,13 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -57,20 +56,8 @@ from cache import MODEL_KEY, Spec, normalize  # noqa: E402
 from settings import Settings, from_env  # noqa: E402
 from splitter import split  # noqa: E402
 
-T = TypeVar("T")
-MIB = 1024 * 1024
-
-# Words for the generated sentences; the first eight are whole words in the
-# tiny checkpoint's vocabulary, the rest go through its letter pieces.
-WORDS = (
-    "the and hello world speech test chat voice quiet river morning station window garden "
-    "yellow paper travel little music number simple answer bright evening winter letter "
-    "market silver forest follow gentle orange yesterday minute summer kitchen"
-).split()
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not complete; the message says why."""
+# Shared with the other benchmarks (bench/harness.py).
+from harness import MIB, WORDS, BenchError, free_port, rss_bytes, wait_for  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -78,35 +65,6 @@ class Sample:
     jobs_done: int
     rss_bytes: int
     elapsed: float
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1) -> T:
-    """Poll `check` until it returns something truthy; BenchError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rss_bytes(pid: int) -> int:
-    """VmRSS of process `pid`, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            value, unit = line.split()[1:3]
-            if unit != "kB":
-                raise BenchError(f"unexpected VmRSS unit {unit!r}")
-            return int(value) * 1024
-    raise BenchError(f"no VmRSS in /proc/{pid}/status")
 
 
 def sentence(rng: random.Random, max_chars: int) -> str:
