@@ -143,7 +143,8 @@ def announce() -> None:
 def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     """RQ job: store the audio of every chunk of the request that is missing.
 
-    Chunks are synthesized in batches of `settings.batch_size`; after each
+    Chunks are synthesized in batches of `settings.batch_size` (the first
+    batch is one chunk, see `_batches`); after each
     batch the audio is in Redis, `job.meta["progress"]` is updated and an
     event is published on the request's channel, so a crash loses at most one
     batch. Returns a small JSON-able summary (never audio: RQ's JSON
