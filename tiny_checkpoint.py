@@ -155,7 +155,7 @@ def write(directory: str | os.PathLike[str], seed: int = 0, full_size: bool = Fa
     from vocos import Vocos
     from vocos.pretrained import instantiate_class
 
-    from worker import chattts_config
+    from engine import chattts_config
 
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)

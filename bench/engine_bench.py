@@ -3,7 +3,7 @@
     python bench/engine_bench.py --model DIR [--batch-sizes 1,2,4,8] [--chunks 16] [--rounds 3]
                                  [--fp16-decoder off|on|both] [--device auto] [--threads N] [--json FILE]
 
-Loads the model as the worker does (`worker.load_engine`: the same config,
+Loads the model as the worker does (`engine.load_engine`: the same config,
 the same warm-up) and synthesizes the same `--chunks` distinct one-chunk texts
 through `ChatTTSEngine.synthesize` in batches of each size, rounds
 interleaved (the order of the batch sizes rotates every round, so drift of
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import worker
+    from engine import ChatTTSEngine, load_engine
     from cache import Spec
     from settings import from_env
 
@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         env["TTS_MAX_NEW_TOKEN"] = str(args.max_new_token)
     settings = from_env(env)
     t0 = time.perf_counter()
-    engine, info = worker.load_engine(settings)
+    engine, info = load_engine(settings)
     load_seconds = time.perf_counter() - t0
-    assert isinstance(engine, worker.ChatTTSEngine)
+    assert isinstance(engine, ChatTTSEngine)
     cuda = engine.chat.device.type == "cuda"
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.fp16_decoder]

@@ -3,7 +3,7 @@
     TTS_MODEL_PATH=DIR uvicorn naive:create_app --factory --app-dir bench
 
 What a first version of the service would be: one process loads the same
-model the workers load (`worker.load_engine`, warm-up included) and answers
+model the workers load (`engine.load_engine`, warm-up included) and answers
 `POST /v1/audio/speech` (the OpenAI-shaped body the real service takes:
 `input`, `voice` ignored beyond a fixed seed) with WAV synthesized right
 there, in batches of `TTS_BATCH_SIZE` chunks, with no cache, no queue and no
@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
 import audio  # noqa: E402
-import worker  # noqa: E402
+from engine import load_engine  # noqa: E402
 from cache import Spec, normalize  # noqa: E402
 from settings import from_env  # noqa: E402
 from splitter import split  # noqa: E402
@@ -39,7 +39,7 @@ from splitter import split  # noqa: E402
 def create_app() -> Starlette:
     logging.basicConfig(level=logging.WARNING)
     settings = from_env()
-    engine, info = worker.load_engine(settings)
+    engine, info = load_engine(settings)
     lock = asyncio.Lock()
 
     def synthesize(chunks: tuple[str, ...]) -> bytes:

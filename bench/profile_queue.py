@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         import jobs
         import service
         import worker
+        from engine import load_engine
         from settings import from_env
 
         settings = from_env({"REDIS_URL": url, "TTS_ENGINE": "tone"})
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler):
                 handler.setStream(log)
-        engine, info = worker.load_engine(settings)
+        engine, info = load_engine(settings)
         redis = c.redis()
         jobs.bind(engine, info, settings, redis)
         app = service.create_app(settings)

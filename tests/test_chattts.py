@@ -223,12 +223,12 @@ def test_every_chunk_of_a_request_gets_the_same_voice_and_settings(tiny_model: P
     import torch
 
     import jobs
-    import worker
+    from engine import load_chattts
     from cache import Spec
     from settings import from_env
 
     settings = from_env({"TTS_MODEL_PATH": str(tiny_model), "REDIS_URL": redis_url, "TTS_BATCH_SIZE": "2"})
-    engine, info = worker.load_chattts(settings)
+    engine, info = load_chattts(settings)
     seen = []
     real = engine.chat._infer_code
 
