@@ -8,7 +8,9 @@ TINY := .cache/tiny-model
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-test.txt
+# requirements.txt: web and dashboard (what a PaaS builds); requirements-worker.txt:
+# that plus the model stack; requirements-test.txt: that plus the tests' tools.
+$(VENV)/.installed: requirements.txt requirements-worker.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-test.txt
@@ -41,6 +43,24 @@ clean:
 # the two baselines, about 6 minutes on 2 cores; the table goes to stdout and
 # into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
 # worker on full-size random weights. On a GPU machine: bench/gpu.sh.
-.PHONY: bench
-bench: install
+.PHONY: bench wrk soak
+bench: install wrk
 	$(BIN)/python bench/run.py --write BENCHMARKS.md
+
+# wrk (a C HTTP load generator, Debian's package) drives the cache-hit
+# scenario: a Python client on the same 2 cores saturates before the server.
+wrk:
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing wrk (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; \
+	  else \
+	    echo "wrk is missing: install it (Debian/Ubuntu: sudo apt-get install wrk; macOS: brew install wrk)" >&2; \
+	    exit 1; \
+	  fi; }
+
+# A bounded soak (bench/soak.py): mixed load at about 70% of capacity for
+# SOAK_MINUTES (10) while workers restart on --max-jobs, one is SIGKILLed and
+# Redis (AOF on) restarts once; writes its section of BENCHMARKS.md.
+soak: install
+	$(BIN)/python bench/soak.py --minutes $${SOAK_MINUTES:-10} --write BENCHMARKS.md
