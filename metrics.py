@@ -19,6 +19,7 @@ import logging
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections import defaultdict
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -90,41 +91,88 @@ def _field(name: str, suffix: str, labels: Mapping[str, str]) -> str:
     return json.dumps([name, suffix, dict(sorted(labels.items()))], separators=(",", ":"))
 
 
-# In memory a series is (name, suffix, sorted label pairs): cheap to build on
-# every request; it becomes a `_field` string only when flushed.
-_Key = tuple[str, str, tuple[tuple[str, str], ...]]
+# A series in memory: (name, sorted label pairs). A flushed field adds the
+# suffix ("", "_bucket", "_sum", "_count"): (name, suffix, label pairs); it
+# becomes a `_field` string only when flushed.
+_Labels = tuple[tuple[str, str], ...]
+_Series = tuple[str, _Labels]
+_Key = tuple[str, str, _Labels]
 
 
-def _key(name: str, suffix: str, labels: Mapping[str, str]) -> _Key:
-    return (name, suffix, tuple(sorted(labels.items())))
+class Counter:
+    """One labelled series of a counter, checked once (`Recorder.counter`); `inc` only adds in memory."""
+
+    __slots__ = ("_recorder", "_series")
+
+    def __init__(self, recorder: Recorder, series: _Series) -> None:
+        self._recorder = recorder
+        self._series = series
+
+    def inc(self, amount: float = 1.0) -> None:
+        recorder = self._recorder
+        with recorder._lock:
+            recorder._counts[self._series] += amount
+
+
+class Histogram:
+    """One labelled series of a histogram, checked once (`Recorder.histogram`).
+
+    `observe` adds one to a single bucket (found by bisection) and to the sum
+    and count; the cumulative `le` buckets Prometheus wants are made at flush.
+    """
+
+    __slots__ = ("_recorder", "_series", "_bounds")
+
+    def __init__(self, recorder: Recorder, series: _Series, bounds: tuple[float, ...]) -> None:
+        self._recorder = recorder
+        self._series = series
+        self._bounds = bounds
+
+    def observe(self, value: float) -> None:
+        # The first bound >= value: Prometheus buckets are `value <= le`. Past the last: +Inf only.
+        index = bisect_left(self._bounds, value)
+        recorder = self._recorder
+        with recorder._lock:
+            cells = recorder._hists.get(self._series)
+            if cells is None:
+                # One count per bound, then +Inf, then sum and count.
+                cells = recorder._hists[self._series] = [0.0] * (len(self._bounds) + 3)
+            cells[index] += 1
+            cells[-2] += value
+            cells[-1] += 1
 
 
 class Recorder:
     """Figures counted in this process since the last flush. Thread-safe.
 
-    `inc` and `observe` touch only memory; `flush` (sync) or `aflush` (async)
-    adds them to Redis. Unknown metric names and label names raise KeyError:
-    a typo must not become a new, silent series.
+    `inc` and `observe` (or the `counter` and `histogram` handles, which skip
+    the per-call label check) touch only memory; `flush` (sync) or `aflush`
+    (async) adds them to Redis. Unknown metric names and label names raise
+    KeyError: a typo must not become a new, silent series.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: MutableMapping[_Key, float] = defaultdict(float)
+        self._counts: defaultdict[_Series, float] = defaultdict(float)
+        self._hists: dict[_Series, list[float]] = {}
+        # Fields of a flush that failed, added to the next one.
+        self._returned: defaultdict[_Key, float] = defaultdict(float)
+
+    def counter(self, name: str, **labels: str) -> Counter:
+        """The series of counter `name` with `labels`; KeyError for an unknown name or label set."""
+        self._check(name, "counter", labels)
+        return Counter(self, (name, tuple(sorted(labels.items()))))
+
+    def histogram(self, name: str, **labels: str) -> Histogram:
+        """The series of histogram `name` with `labels`; KeyError for an unknown name or label set."""
+        metric = self._check(name, "histogram", labels)
+        return Histogram(self, (name, tuple(sorted(labels.items()))), metric.buckets)
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        metric = self._check(name, "counter", labels)
-        with self._lock:
-            self._pending[_key(metric.name, "", labels)] += amount
+        self.counter(name, **labels).inc(amount)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        metric = self._check(name, "histogram", labels)
-        with self._lock:
-            for le in metric.buckets:
-                if value <= le:
-                    self._pending[_key(name, "_bucket", {**labels, "le": _LE[le]})] += 1
-            self._pending[_key(name, "_bucket", {**labels, "le": "+Inf"})] += 1
-            self._pending[_key(name, "_sum", labels)] += value
-            self._pending[_key(name, "_count", labels)] += 1
+        self.histogram(name, **labels).observe(value)
 
     @staticmethod
     def _check(name: str, kind: str, labels: Mapping[str, str]) -> Metric:
@@ -134,15 +182,29 @@ class Recorder:
         return metric
 
     def _take(self) -> dict[_Key, float]:
+        """Everything counted since the last take, as flush fields; memory starts again from zero."""
         with self._lock:
-            taken = dict(self._pending)
-            self._pending.clear()
+            counts, hists, returned = self._counts, self._hists, self._returned
+            self._counts, self._hists, self._returned = defaultdict(float), {}, defaultdict(float)
+        taken: dict[_Key, float] = dict(returned)
+        for (name, labels), amount in counts.items():
+            taken[(name, "", labels)] = taken.get((name, "", labels), 0.0) + amount
+        for (name, labels), cells in hists.items():
+            bounds = METRICS[name].buckets
+            running = 0.0
+            for le, count in zip((*(_LE[b] for b in bounds), "+Inf"), cells):
+                running += count
+                if running:
+                    key = (name, "_bucket", (*labels, ("le", le)))
+                    taken[key] = taken.get(key, 0.0) + running
+            for suffix, amount in (("_sum", cells[-2]), ("_count", cells[-1])):
+                taken[(name, suffix, labels)] = taken.get((name, suffix, labels), 0.0) + amount
         return taken
 
     def _give_back(self, taken: Mapping[_Key, float]) -> None:
         with self._lock:
             for key, value in taken.items():
-                self._pending[key] += value
+                self._returned[key] += value
 
     def flush(self, redis: Redis) -> None:
         """Add everything counted so far to METRICS_KEY, atomically. On a Redis
@@ -274,29 +336,43 @@ class RequestTelemetry:
     The route label is the matched route's template (`/v1/tts/{id}`), never the
     raw path, so series stay few; paths that match nothing are `unmatched`.
     Bodies, query strings and headers are never logged.
+
+    It runs on every request, cache hits included, so it is kept cheap: the
+    series of each (route, method, status) are checked once and kept, and
+    the log record is handed to the logger without the caller lookup that
+    `Logger.info` makes (the line has no file or line number to show).
     """
+
+    # Enough for every route x method x status seen in practice; past it,
+    # series are made per request instead of kept (a client inventing methods).
+    MAX_KEPT_SERIES = 1000
 
     def __init__(self, app: Callable[..., Awaitable[None]], recorder: Recorder) -> None:
         self.app = app
         self.recorder = recorder
         self.log = logging.getLogger("service.request")
+        self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        response: dict[str, Any] = {"status": 500, "bytes": 0, "id": None}
+        status = 500
+        size = 0
+        header_id: str | None = None
 
         async def sending(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                response["status"] = message["status"]
+            nonlocal status, size, header_id
+            if message["type"] == "http.response.body":
+                size += len(message.get("body", b""))
+            elif message["type"] == "http.response.start":
+                status = message["status"]
                 for name, value in message.get("headers", ()):
                     # The request id of a submission is in its Location (or X-Request-Id) header.
-                    if name in (b"location", b"x-request-id") and response["id"] is None:
-                        response["id"] = value.decode("latin-1").rsplit("/", 1)[-1]
-            elif message["type"] == "http.response.body":
-                response["bytes"] += len(message.get("body", b""))
+                    if name == b"location" or name == b"x-request-id":
+                        header_id = value.decode("latin-1").rsplit("/", 1)[-1]
+                        break
             await send(message)
 
         try:
@@ -305,18 +381,31 @@ class RequestTelemetry:
             seconds = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope["method"]
-            status = str(response["status"])
-            self.recorder.inc("tts_http_requests_total", route=route, method=method, status=status)
-            self.recorder.observe("tts_http_request_duration_seconds", seconds, route=route, method=method)
-            request_id = scope.get("path_params", {}).get("id") or response["id"]
-            event: dict[str, Any] = {"event": "request", "method": method, "route": route, "status": response["status"],
-                     "seconds": round(seconds, 4), "bytes": response["bytes"]}
-            if request_id and is_well_formed_id(request_id):  # never echo whatever a client put in the path
-                event["id"] = request_id
-            client = scope.get("client")
-            if client:
-                event["client"] = client[0]
-            self.log.info("%s %s %s", method, route, status, extra={"event": event})
+            counter, histogram = self._series.get((route, method, status)) or self._make_series(route, method, status)
+            counter.inc()
+            histogram.observe(seconds)
+            if self.log.isEnabledFor(logging.INFO):
+                request_id = scope.get("path_params", {}).get("id") or header_id
+                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"))
+
+    def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
+        series = (self.recorder.counter("tts_http_requests_total", route=route, method=method, status=str(status)),
+                  self.recorder.histogram("tts_http_request_duration_seconds", route=route, method=method))
+        if len(self._series) < self.MAX_KEPT_SERIES:
+            self._series[(route, method, status)] = series
+        return series
+
+    def _log_line(self, method: str, route: str, status: int, seconds: float, size: int, request_id: str | None,
+                  client: tuple[str, int] | None) -> None:
+        event: dict[str, Any] = {"event": "request", "method": method, "route": route, "status": status,
+                                 "seconds": round(seconds, 4), "bytes": size}
+        if request_id and is_well_formed_id(request_id):  # never echo whatever a client put in the path
+            event["id"] = request_id
+        if client:
+            event["client"] = client[0]
+        record = self.log.makeRecord(self.log.name, logging.INFO, "", 0, "%s %s %s", (method, route, status),
+                                     None, extra={"event": event})
+        self.log.handle(record)
 
 
 def record_lookup(recorder: Recorder, chunks: int, missing: int) -> None:
@@ -332,11 +421,27 @@ def record_lookup(recorder: Recorder, chunks: int, missing: int) -> None:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and a record's `event` fields."""
+    """One JSON object a line: time, level, logger, message, and a record's `event` fields.
+
+    The time is UTC to the millisecond ("2026-12-01T14:03:05.123Z"); its
+    seconds part is formatted once a second, not once a line.
+    """
+
+    _encoder = json.JSONEncoder(ensure_ascii=False, default=str)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.converter = time.gmtime
+        self._second = -1
+        self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(second))
+            self._second = second
         line: dict[str, Any] = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "time": f"{self._stamp}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -344,7 +449,7 @@ class JsonFormatter(logging.Formatter):
         line.update(getattr(record, "event", None) or {})
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return self._encoder.encode(line)
 
 
 class TextFormatter(logging.Formatter):
@@ -374,6 +479,11 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # Neither format shows threads or processes: not collecting them saves
+    # work on every record, one per request (the logging HOWTO's "Optimization").
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     # uvicorn configures its own handlers before it loads the app; route them
     # through ours so a deployment reads one format.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

@@ -59,6 +59,9 @@ _STATUS = {
 _OVER = ("failed", "stopped", "canceled")
 # How long ?stream=true waits for the first chunk before answering 202.
 STREAM_FIRST_WAIT = 60.0
+# Seconds a web process answers audio it holds encoded before asking Redis
+# again whether the id still exists (expired or evicted: 404).
+ENCODED_RECHECK = 1.0
 # Safe words for a failed job, by exception class; anything else is generic.
 _FAILURES = {
     "ModelMismatch": "the workers changed model after this request was queued; submit it again",
@@ -252,24 +255,32 @@ class Service:
         fmt = validation.audio_format(request.query_params.get("format", "wav"))
         wait = validation.wait_seconds(request.query_params.get("wait"))
         stream = validation.flag(request.query_params.get("stream"), "stream")
-        layout = await self._manifest(request_id)
+        key = (request_id, fmt)
+        layout = None
+        # Audio this process encoded, and saw listed in Redis less than
+        # ENCODED_RECHECK s ago, is answered without a round trip: an id's
+        # audio never changes, and an expired id is a 404 again within that time.
+        if not self._encoded.recent(key):
+            layout = await self._manifest(request_id)
+            self._encoded.confirm(key)
         etag = f'"{request_id}.{fmt}"'
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers={"ETag": etag})
-        chunk_ids = layout["chunks"]
-        data = self._encoded.get((request_id, fmt))
+        data = self._encoded.get(key)
         if data is None:
+            assert layout is not None  # not recent, so the manifest was read above
             pcm = await self._audio(layout)
             if pcm is None and stream:
                 return await self._stream(request_id, layout, fmt, wait)
             if pcm is None and wait > 0:
-                await self._wait(request_id, chunk_ids, time.monotonic() + wait)
+                await self._wait(request_id, layout["chunks"], time.monotonic() + wait)
                 pcm = await self._audio(layout)
             if pcm is not None:
                 data = await run_in_threadpool(audio.encode, pcm, fmt)
-                self._encoded.put((request_id, fmt), data)
+                self._encoded.put(key, data)
         if data is not None:
             return Response(data, media_type=audio.FORMATS[fmt][0], headers=self._audio_headers(request_id, fmt))
+        assert layout is not None
         return await self._not_ready(request_id, layout)
 
     @staticmethod
@@ -508,26 +519,41 @@ class _EncodedCache:
 
     Encoding mp3/ogg costs far more than reading PCM from Redis; a hot item
     is encoded once per web process. Safe because an id's audio never changes.
+    Each item also remembers when its manifest was last seen in Redis
+    (`put`, `confirm`), so that `recent` items skip that read.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, recheck: float = ENCODED_RECHECK) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self.recheck = recheck
+        self._items: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
         self._size = 0
 
     def get(self, key: tuple[str, str]) -> bytes | None:
-        data = self._items.get(key)
-        if data is not None:
-            self._items.move_to_end(key)
-        return data
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def recent(self, key: tuple[str, str]) -> bool:
+        """True when `key` is held and its manifest was seen in Redis less than `recheck` s ago."""
+        item = self._items.get(key)
+        return item is not None and time.monotonic() - item[1] < self.recheck
+
+    def confirm(self, key: tuple[str, str]) -> None:
+        """Record that `key`'s manifest was seen in Redis just now (nothing when `key` is not held)."""
+        item = self._items.get(key)
+        if item is not None:
+            self._items[key] = (item[0], time.monotonic())
 
     def put(self, key: tuple[str, str], data: bytes) -> None:
         if len(data) > self.max_bytes // 4 or key in self._items:
             return  # one item may not evict most of the others
-        self._items[key] = data
+        self._items[key] = (data, time.monotonic())
         self._size += len(data)
         while self._size > self.max_bytes:
-            _, old = self._items.popitem(last=False)
+            _, (old, _) = self._items.popitem(last=False)
             self._size -= len(old)
 
 

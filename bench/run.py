@@ -47,6 +47,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen  # noqa: E402
+import procfile  # noqa: E402
+import wrk  # noqa: E402
 from harness import (  # noqa: E402
     MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, bench_env, http_ok, interleaved, machine, make_spec,
     maps_torch, model_info, percentile, rss_bytes, run_jobs, table, wait_for, write_tiny_model,
@@ -220,9 +222,19 @@ def speech_body(text: str) -> dict[str, Any]:
 
 
 def cache_hit(b: Bench) -> None:
-    say("1 cache hit: GET audio and POST of a stored request vs the bare endpoint")
-    redis = b.cluster.redis()
-    body = {"text": b.texts.text(4)}
+    """GET audio and POST of a stored request, driven by wrk, against the bare endpoint.
+
+    Both sides run on the server stack of the Procfile's web line (uvicorn
+    with uvloop and httptools, the same flags), in processes of their own;
+    each figure alternates the sides run by run. Then the service with
+    WEB_CONCURRENCY=2 (two processes sharing the socket) against one.
+    """
+    say("1 cache hit (wrk): GET audio and POST of a stored request vs the bare endpoint")
+    wrk.binary()  # fail now, saying how to install it, rather than after the setup
+    c = b.cluster
+    redis = c.redis()
+    # One chunk: a 48 KB WAV, where the per-request work shows most.
+    body = {"text": b.texts.text(1)}
     _, _, answer = asyncio.run(_flow(b.web_port, body))
     post_status, _, post_answer, _ = asyncio.run(loadgen.one(b.web_port, loadgen.request("POST", "/v1/tts", body)))
     if post_status != 200 or not json.loads(post_answer).get("cached"):
@@ -230,31 +242,65 @@ def cache_hit(b: Bench) -> None:
     request_id = json.loads(post_answer)["id"]
     redis.set("bench:bare:wav", answer)
     redis.set("bench:bare:post", post_answer)
-    bare_wav = asyncio.run(loadgen.one(b.bare_port, loadgen.request("GET", "/raw/bench:bare:wav")))[2]
+    servers = {"subject": procfile.start_web(c, "hit-web"),
+               "bare": procfile.start_web(c, "hit-bare", "bare:create_app", "bench"),
+               "subject x2": procfile.start_web(c, "hit-web-x2", env={"WEB_CONCURRENCY": "2"})}
+    ports = {side: port for side, (_, port) in servers.items()}
+    bare_wav = asyncio.run(loadgen.one(ports["bare"], loadgen.request("GET", "/raw/bench:bare:wav")))[2]
     if bare_wav != answer:
         raise BenchError("the bare endpoint does not answer the service's bytes")
-    b.notes.append(f"1: the stored request has 4 chunks; its WAV is {len(answer) / 1024:.0f} KiB, "
-                   f"the POST answer {len(post_answer)} bytes.")
-    cases = {
-        "GET /v1/tts/{id}/audio": (loadgen.request("GET", f"/v1/tts/{request_id}/audio"),
-                                   loadgen.request("GET", "/raw/bench:bare:wav")),
-        "POST /v1/tts (stored)": (loadgen.request("POST", "/v1/tts", body),
-                                  loadgen.request("POST", "/raw/bench:bare:post", body)),
+    payload = json.dumps(body).encode()
+    # (method, path, body, smallest answer) per side.
+    cases: dict[str, dict[str, tuple[str, str, bytes | None, int]]] = {
+        "GET /v1/tts/{id}/audio": {
+            "subject": ("GET", f"/v1/tts/{request_id}/audio", None, len(answer)),
+            "bare": ("GET", "/raw/bench:bare:wav", None, len(answer))},
+        "POST /v1/tts (stored)": {
+            "subject": ("POST", "/v1/tts", payload, len(post_answer)),
+            "bare": ("POST", "/raw/bench:bare:post", payload, len(post_answer))},
     }
+    # wrk runs whole seconds and has no warm-up of its own: twice the plan's time.
+    seconds = max(1, round(2 * b.plan.hit_seconds))
+
+    def measure(port: int, case: tuple[str, str, bytes | None, int], connections: int) -> wrk.Result:
+        method, path, data, least = case
+        return wrk.run(port, path, connections, seconds, method=method, body=data, min_bytes=least)
+
+    # Warm-up: each process's connections and encoded-audio cache (both processes of "subject x2").
+    for sides in cases.values():
+        for side, port in ports.items():
+            measure(port, sides["bare" if side == "bare" else "subject"], 32)
     for connections in (1, 32):
-        for label, (subject, bare) in cases.items():
+        for label, sides in cases.items():
             rps = b.add(Figure("1", f"{label}, {connections} conn: throughput", "req/s",
                                target=(">= 0.8x", lambda r: r >= 0.8)))
             p50 = b.add(Figure("1", f"{label}, {connections} conn: p50 latency", "ms"))
             p99 = b.add(Figure("1", f"{label}, {connections} conn: p99 latency", "ms",
                                target=("<= 1.5x", lambda r: r <= 1.5)))
             for _, side in interleaved(b.plan.rounds, "bare", "subject"):
-                port, data = (b.web_port, subject) if side == "subject" else (b.bare_port, bare)
-                res = loadgen.run_sync(port, lambda data=data: data, connections, b.plan.hit_seconds)
-                for fig, value in ((rps, res.rps), (p50, res.p(50)), (p99, res.p(99))):
+                res = measure(ports[side], sides[side], connections)
+                for fig, value in ((rps, res.rps), (p50, res.p50_ms), (p99, res.p99_ms)):
                     (fig.values if side == "subject" else fig.baseline).append(value)
             say(f"  {label}, {connections} conn: {statistics.median(rps.values):.0f} vs "
-                f"{statistics.median(rps.baseline):.0f} req/s")
+                f"{statistics.median(rps.baseline):.0f} req/s, p99 {statistics.median(p99.values):.2f} vs "
+                f"{statistics.median(p99.baseline):.2f} ms")
+    for label, sides in cases.items():
+        rps = b.add(Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: throughput", "req/s"))
+        p99 = b.add(Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: p99 latency", "ms"))
+        for _, side in interleaved(b.plan.rounds, "subject", "subject x2"):
+            res = measure(ports[side], sides["subject"], 32)
+            for fig, value in ((rps, res.rps), (p99, res.p99_ms)):
+                (fig.values if side == "subject x2" else fig.baseline).append(value)
+        say(f"  {label}, 32 conn, 2 web processes vs 1: {statistics.median(rps.values):.0f} vs "
+            f"{statistics.median(rps.baseline):.0f} req/s")
+    b.notes.append(
+        f"1: driven by wrk ({wrk.version()}, 1 thread, {seconds} s a run) on the same 2 cores; service and bare "
+        "app both run uvicorn with the Procfile's web flags (uvloop, httptools), each in its own process(es). "
+        f"The stored request has 1 chunk; its WAV is {len(answer) / 1024:.0f} KiB, the POST answer "
+        f"{len(post_answer)} bytes. WEB_CONCURRENCY=2: two uvicorn processes on one socket, against one.")
+    for proc, _ in servers.values():
+        c.stop(proc)
+
 
 
 async def _flow(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:

@@ -1,0 +1,47 @@
+"""Web servers started with the Procfile's own `web` flags, for benchmarks that must measure what deploys.
+
+The Procfile's web line is read, not copied: when it changes (another event
+loop, other proxy settings), the benchmarks, the profile and the soak follow.
+Only the host (loopback) and the port (a free one) are replaced, and any app
+can be served with the same flags, so a baseline runs on the same stack.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Mapping
+
+from harness import ROOT, Cluster, Proc, bench_env, free_port, http_ok, wait_for
+
+
+def command(name: str) -> str:
+    """The command of process type `name` in the Procfile; KeyError when there is none."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        kind, sep, rest = line.partition(":")
+        if sep and kind.strip() == name:
+            return rest.strip()
+    raise KeyError(f"the Procfile has no {name!r} line")
+
+
+def web_flags(port: int) -> list[str]:
+    """uvicorn's options in the web line (everything after the app), on 127.0.0.1:`port`."""
+    args = shlex.split(command("web"))
+    if args[:1] != ["uvicorn"]:
+        raise ValueError(f"the Procfile's web line does not start uvicorn: {command('web')!r}")
+    flags = [arg.replace("${PORT:-8000}", str(port)) for arg in args[2:]]
+    flags[flags.index("--host") + 1] = "127.0.0.1"
+    return flags
+
+
+def start_web(cluster: Cluster, name: str, app: str = "service:create_app", app_dir: str = ".",
+              env: Mapping[str, str] | None = None, timeout: float = 60) -> tuple[Proc, int]:
+    """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers.
+
+    `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads).
+    """
+    port = free_port()
+    args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
+    proc = cluster.spawn(name, args, bench_env(REDIS_URL=cluster.redis_url, **dict(env or {})))
+    wait_for(lambda: proc.check() or http_ok(port, "/healthz"), timeout, f"{name} to answer /healthz")
+    return proc, port

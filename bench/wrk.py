@@ -1,0 +1,126 @@
+"""wrk, the C HTTP load generator, driven for one bounded run with exact latency percentiles.
+
+    result = wrk.run(port, "/v1/tts/<id>/audio", connections=32, seconds=3)
+    result.rps, result.p50_ms, result.p99_ms
+
+A Python client sharing 2 cores with the servers tops out at about
+1,400-1,900 requests/s and then measures itself; wrk does not. The request
+(method, body, headers) goes in, and the summary comes out, through a Lua
+script written for the run: wrk's `done` hook prints requests, bytes, errors
+and latency percentiles (from wrk's microsecond histogram) as one JSON line.
+wrk is Debian's package `wrk` (`make bench` installs it when run as root).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import BenchError
+
+HOST = "127.0.0.1"
+INSTALL = "wrk is not installed: `apt-get install wrk` (Debian, Ubuntu) or `brew install wrk` (macOS)"
+_MARK = "WRK-JSON "
+_DONE = """
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    '%s{"duration_us":%d,"requests":%d,"bytes":%d,"connect":%d,"read":%d,"write":%d,"status":%d,'
+    .. '"timeout":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"max_us":%d,"mean_us":%.3f}\\n',
+    MARK, summary.duration, summary.requests, summary.bytes, e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max,
+    latency.mean))
+end
+"""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One wrk run: `requests` answered in `seconds`, latency in milliseconds."""
+
+    seconds: float
+    requests: int
+    bytes: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+
+def binary() -> str:
+    """The wrk on PATH; BenchError saying how to install it when there is none."""
+    found = shutil.which("wrk")
+    if found is None:
+        raise BenchError(INSTALL)
+    return found
+
+
+def version() -> str:
+    """wrk's version line, e.g. "wrk debian/4.1.0-3+b2"."""
+    out = subprocess.run([binary(), "--version"], capture_output=True, text=True).stdout
+    return out.split("[")[0].strip() or "wrk"
+
+
+def _lua_string(text: str) -> str:
+    """`text` as a Lua long string literal, whatever it contains."""
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    eq = "=" * level
+    # A long string drops a newline right after its opening bracket.
+    return f"[{eq}[\n{text}]{eq}]"
+
+
+def script(method: str, body: bytes | None, headers: dict[str, str]) -> str:
+    """The Lua script of one run: the request to send and the JSON summary to print."""
+    lines = [f"wrk.method = {_lua_string(method)}", f"MARK = {_lua_string(_MARK)}"]
+    if body is not None:
+        lines.append(f"wrk.body = {_lua_string(body.decode())}")
+    lines += [f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in headers.items()]
+    return "\n".join(lines) + "\n" + _DONE
+
+
+def run(port: int, path: str, connections: int, seconds: int, method: str = "GET", body: bytes | None = None,
+        headers: dict[str, str] | None = None, threads: int = 1, min_bytes: int = 0,
+        timeout: float = 10.0) -> Result:
+    """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds.
+
+    `threads` wrk threads share the connections: one is enough below about
+    50,000 requests/s and leaves the servers the other core. BenchError when
+    wrk fails, when any answer is not 2xx/3xx or any socket error or
+    timeout (past `timeout` s) happens, or when the answers average fewer
+    than `min_bytes` bytes (headers included): a benchmark of errors, or of
+    short "not ready" answers, measures nothing.
+    """
+    headers = dict(headers or {})
+    if body is not None:
+        headers.setdefault("Content-Type", "application/json")
+    with tempfile.TemporaryDirectory(prefix="tts-wrk-") as tmp:
+        lua = Path(tmp) / "run.lua"
+        lua.write_text(script(method, body, headers))
+        args = [binary(), "-t", str(max(1, min(threads, connections))), "-c", str(connections),
+                "-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua), f"http://{HOST}:{port}{path}"]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + timeout + 30)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(_MARK)), None)
+    if proc.returncode != 0 or line is None:
+        raise BenchError(f"wrk failed ({proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    data = json.loads(line[len(_MARK):])
+    errors = {k: data[k] for k in ("connect", "read", "write", "status", "timeout") if data[k]}
+    if errors:
+        raise BenchError(f"wrk against {method} {path}: errors {errors} in {data['requests']} requests "
+                         f"(status = answers that were not 2xx/3xx)")
+    if data["requests"] == 0 or data["bytes"] / data["requests"] < min_bytes:
+        raise BenchError(f"wrk against {method} {path}: {data['requests']} answers averaging "
+                         f"{data['bytes'] / max(1, data['requests']):.0f} bytes, expected at least {min_bytes}")
+    return Result(seconds=data["duration_us"] / 1e6, requests=data["requests"], bytes=data["bytes"],
+                  p50_ms=data["p50_us"] / 1000, p90_ms=data["p90_us"] / 1000, p99_ms=data["p99_us"] / 1000,
+                  max_ms=data["max_us"] / 1000, mean_ms=data["mean_us"] / 1000)
