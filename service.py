@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import redis.asyncio as aioredis
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import MaxConnectionsError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
@@ -79,9 +80,14 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = aioredis.from_url(settings.redis_url)
+        # After a Redis restart every pooled connection is cut. Single commands
+        # reconnect and retry by default; pipelines (and so RQ's enqueue) only
+        # with retry_on_error, without which each cut connection fails one
+        # request with a 503. The pipelines here are idempotent or metrics.
+        pool = {"retry_on_error": [RedisConnectionError], "max_connections": settings.redis_max_connections}
+        self.redis = aioredis.from_url(settings.redis_url, **pool)
         # RQ speaks the synchronous client; it runs in the threadpool.
-        self.sync_redis = Redis.from_url(settings.redis_url)
+        self.sync_redis = Redis.from_url(settings.redis_url, **pool)
         self.queue = jobs.queue(self.sync_redis, settings)
         self.cache = AudioCache(self.redis, settings.result_ttl)
         self._encoded = _EncodedCache(settings.encoded_cache_mb * 1024 * 1024)
@@ -510,7 +516,10 @@ class _AudioStream(StreamingResponse):
 
 
 async def _close(pubsub: Any) -> None:
-    await pubsub.unsubscribe()
+    # aclose drops the connection (the server forgets its subscriptions) and
+    # gives it back to the pool. It needs no Redis: an UNSUBSCRIBE first would
+    # cost a round trip, and raise while Redis is down, leaking the connection
+    # until the pool (100) is exhausted.
     await pubsub.aclose()
 
 
@@ -602,6 +611,12 @@ async def _queue_full(request: Request, exc: Exception) -> Response:
                         headers={"Retry-After": "30"})
 
 
+async def _too_many_waiting(request: Request, exc: Exception) -> Response:
+    logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
+    return JSONResponse({"detail": "too many clients are waiting on this server; try again shortly"},
+                        status_code=503, headers={"Retry-After": "5"})
+
+
 async def _redis_down(request: Request, exc: Exception) -> Response:
     logger.warning("Redis unavailable: %s", exc)
     return JSONResponse({"detail": "the service's Redis is unavailable; try again shortly"}, status_code=503,
@@ -644,6 +659,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ApiError: _api_error,
         HTTPException: _http_error,
         jobs.QueueFull: _queue_full,
+        # A full pool is no outage (Starlette picks the most specific class).
+        MaxConnectionsError: _too_many_waiting,
         RedisConnectionError: _redis_down,
         RedisTimeoutError: _redis_down,
         Exception: _internal,

@@ -44,6 +44,9 @@ class Settings:
     max_body: int = 64 * 1024
     # Encoded audio kept per web process (MiB); 0 turns the cache off.
     encoded_cache_mb: int = 64
+    # Redis connections a web process may open; each client waiting for audio
+    # (?wait, ?stream, /v1/audio/speech) holds one for its wait.
+    redis_max_connections: int = 1000
     max_queue: int = 1000
     # How long POST /v1/audio/speech holds the connection for its audio.
     speech_wait: int = 120
@@ -163,6 +166,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
         encoded_cache_mb=_parse(env, "TTS_ENCODED_CACHE_MB", d.encoded_cache_mb, _int_in(0),
                                 "MiB of encoded audio kept per web process, 0 for none"),
+        redis_max_connections=_parse(env, "TTS_REDIS_MAX_CONNECTIONS", d.redis_max_connections, _int_in(10),
+                                     "a whole number of at least 10"),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
         api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,

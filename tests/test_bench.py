@@ -1,10 +1,12 @@
-"""The benchmark tools in bench/ still run: the load generator against the bare app, the
-statistics behind the table, and bench/gpu.sh's reduced CPU mode end to end."""
+"""The benchmark tools in bench/ still run: the load generators (Python and wrk) against the bare
+app on the Procfile's server stack, the statistics behind the table, and bench/gpu.sh's reduced
+CPU mode end to end."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import loadgen  # noqa: E402
-from harness import Cluster, Figure, interleaved, percentile, spread, table  # noqa: E402
+import procfile  # noqa: E402
+import wrk  # noqa: E402
+from harness import BenchError, Cluster, Figure, interleaved, percentile, spread, table  # noqa: E402
 
 
 def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median() -> None:
@@ -65,6 +69,33 @@ def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> No
         missing = loadgen.request("GET", "/raw/bench:test:nothing")
         with pytest.raises(Exception, match="answered 404"):
             loadgen.run_sync(port, lambda: missing, connections=1, duration=0.2)
+
+
+def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
+    flags = procfile.web_flags(8123)
+    assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
+    assert flags[flags.index("--loop") + 1] == "uvloop" and flags[flags.index("--http") + 1] == "httptools"
+    assert "--factory" in flags and "service:create_app" not in flags
+
+
+def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Redis, redis_url: str) -> None:
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
+    redis.set("bench:test:wav", b"RIFF" + bytes(50_000))
+    redis.set("bench:test:post", json.dumps({"id": "x"}))
+    with Cluster() as cluster:
+        cluster.redis_url = redis_url
+        _, port = procfile.start_web(cluster, "bare", "bare:create_app", "bench")
+        got = wrk.run(port, "/raw/bench:test:wav", connections=4, seconds=1, min_bytes=50_004)
+        assert got.requests > 10 and got.rps > 10 and 0 < got.p50_ms <= got.p99_ms <= got.max_ms
+        assert got.bytes >= got.requests * 50_004
+        # The bare app parses the body: a body the Lua script mangled would be a 500.
+        body = json.dumps({"text": "Lua's long brackets ]] ]=] [==[ stay as they are"}).encode()
+        assert wrk.run(port, "/raw/bench:test:post", 2, 1, method="POST", body=body).requests > 10
+        with pytest.raises(BenchError, match="errors"):
+            wrk.run(port, "/raw/bench:test:nothing", 1, 1)  # 404
+        with pytest.raises(BenchError, match="expected at least 10000"):
+            wrk.run(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
 
 
 def test_gpu_script_runs_its_reduced_cpu_mode() -> None:

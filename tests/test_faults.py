@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
@@ -95,6 +96,44 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
     _finish(stack, "Asked after the outage.")
     assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
     assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"
+
+
+def test_clients_waiting_through_outages_leave_the_web_process_whole(private_redis: RedisServer,
+                                                                      tmp_path: Path) -> None:
+    """Waiting clients cut off by outages, more in all than the process's Redis connections: afterwards
+    none of their connections is missing from the pool, and no connection a restart cut fails a request."""
+    stack = Stack(private_redis.url, tmp_path, {"TTS_ENGINE": "tone", "TTS_REDIS_MAX_CONNECTIONS": "40"})
+    try:
+        stack.start_web()
+        worker = stack.start_worker()
+        stack.wait_ready()
+        worker.stop()  # the model stays published; what is submitted now waits in the queue
+        body = httpx.post(stack.url + "/v1/tts", json={"text": "Nobody will make this."}).json()
+        audio_url = stack.url + body["audio_url"]
+        redis = Redis.from_url(private_redis.url)
+        clients = 15  # each holds a connection while it waits, and briefly a second one
+
+        async def wait_all(seconds: int, held: Callable[[], None] | None = None) -> list[int]:
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
+                tasks = [asyncio.ensure_future(client.get(audio_url, params={"wait": seconds}))
+                         for _ in range(clients)]
+                if held is not None:
+                    await asyncio.to_thread(held)
+                return [r.status_code for r in await asyncio.gather(*tasks)]
+
+        def cut_off() -> None:
+            # Every client holds a subscription on the request's channel; then Redis goes away.
+            wait_for(lambda: redis.pubsub_numsub(f"tts:events:{body['id']}")[0][1] >= clients, 30,
+                     f"{clients} waiting clients")
+            private_redis.stop()
+
+        for _ in range(4):  # 60 connections cut off, against 40 in the pool
+            assert asyncio.run(wait_all(30, cut_off)) == [503] * clients
+            private_redis.start()
+        assert asyncio.run(wait_all(1)) == [202] * clients
+        assert httpx.get(stack.url + body["status_url"]).json()["status"] == "queued"
+    finally:
+        stack.stop()
 
 
 def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, private_redis: RedisServer) -> None:

@@ -1,0 +1,594 @@
+"""A bounded soak: mixed load at about 70 % of capacity, with faults, and what it leaves behind.
+
+    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs 200] [--write BENCHMARKS.md]
+    make soak                       # 10 minutes (SOAK_MINUTES), writes its section of BENCHMARKS.md
+
+Starts, on loopback in a temporary directory: a private redis-server with
+AOF on (`--appendonly yes`), the web process with the Procfile's web flags,
+and two `worker.py --max-jobs N` on the tiny ChatTTS checkpoint, restarted
+by this script whenever they exit, as a process supervisor would (the second
+worker's N is half as large again, so the two do not restart together).
+
+Capacity is measured first: a burst of new 1-3 chunk requests, timed until
+their audio is served. The load is then an open loop (Poisson arrivals) whose
+new requests come at `--load` times that capacity; they are 35 % of the
+arrivals, and the rest repeat stored requests: POST /v1/tts (200 from the
+cache), GET of the audio as WAV and MP3, and GET of the status. A new request
+is a POST /v1/tts followed by GET .../audio?wait=60 on the same connection.
+During the run one busy worker is SIGKILLed (at 35 % of the time) and Redis
+is stopped and started again on its AOF (at 65 %).
+
+It talks to the service only over HTTP and with process signals (Redis is
+read only for its memory figures and for worker liveness), so it holds
+whatever the worker's internals become. At the end it waits up to
+`--drain` s for every accepted request to finish, then reports: requests
+sent and answered, every non-2xx by status (503 is allowed only while Redis
+is down, plus `GRACE` s), accepted requests that never finished, web and
+worker RSS at start and end, and Redis memory against the audio it holds.
+Exits 1 when any of those checks fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen  # noqa: E402
+import procfile  # noqa: E402
+from harness import (  # noqa: E402
+    MIB, BenchError, Cluster, Proc, Texts, bench_env, free_port, is_worker_of, redis_server_binary, rss_bytes,
+    wait_for, write_tiny_model,
+)
+from redis import Redis  # noqa: E402
+from redis.exceptions import RedisError  # noqa: E402
+
+from settings import Settings  # noqa: E402
+
+BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
+END = "<!-- soak:end -->"
+QUEUE = "tts"
+# 503s that end within this many seconds after Redis answers again still belong to the outage.
+GRACE = 3.0
+# The mix of arrivals: new requests, then repeats of stored ones.
+MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}
+CALIBRATION_JOBS = 24
+# A worker process younger than this may still be loading its model: its RSS is marked, not compared.
+RESTARTING = 20.0
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass
+class Answer:
+    """One HTTP exchange: what was asked, when, and what came back (status None: no answer)."""
+
+    kind: str
+    sent: float
+    done: float
+    status: int | None
+    detail: str = ""  # the error, or the start of a non-2xx body
+
+
+@dataclass
+class Soak:
+    """Everything one run starts, counts and samples."""
+
+    cluster: Cluster
+    minutes: float
+    load: float
+    max_jobs: int
+    redis_port: int = 0
+    redis_proc: Proc | None = None
+    web: Proc | None = None
+    web_port: int = 0
+    workers: dict[int, Proc] = field(default_factory=dict)  # slot -> current process
+    worker_ready_rss: dict[int, float] = field(default_factory=dict)  # slot -> RSS of its first process when ready
+    exits: Counter = field(default_factory=Counter)  # "exit 0", "killed by the soak", "exit N"
+    killed: set[int] = field(default_factory=set)
+    answers: list[Answer] = field(default_factory=list)
+    accepted: dict[str, bool] = field(default_factory=dict)  # request id -> finished
+    stored: list[tuple[str, str]] = field(default_factory=list)  # (text, id) known to be finished
+    wav_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its WAV, as first served
+    encoded: dict[tuple[str, str], int] = field(default_factory=dict)  # (id, format) -> bytes served
+    wrong_audio: int = 0  # repeats whose WAV differed in size from the first one served
+    outage: tuple[float, float] | None = None  # Redis down from, up again at (loop time)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    # Worker pid -> RSS (MiB) at its first and its latest look once past RESTARTING s of age.
+    lives: dict[int, tuple[float, float]] = field(default_factory=dict)
+    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
+    stopping: bool = False
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def redis(self) -> Redis:
+        return Redis.from_url(self.redis_url, socket_timeout=5)
+
+
+# -- processes -------------------------------------------------------------------
+
+
+def start_redis(s: Soak) -> None:
+    """redis-server with AOF on, in the run's directory; the same port and files on a restart."""
+    data = s.cluster.tmp / "redis"
+    data.mkdir(exist_ok=True)
+    s.redis_port = s.redis_port or free_port()
+    s.redis_proc = s.cluster.spawn("redis", [
+        redis_server_binary(), "--port", str(s.redis_port), "--bind", "127.0.0.1", "--dir", str(data),
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""], dict(os.environ))
+
+    def pings() -> bool:
+        assert s.redis_proc is not None
+        s.redis_proc.check()
+        try:
+            return bool(Redis.from_url(s.redis_url, socket_connect_timeout=0.5).ping())
+        except RedisError:
+            return False
+
+    wait_for(pings, 30, "redis-server to answer (and load its AOF)")
+    s.cluster.redis_url = s.redis_url
+
+
+def start_worker(s: Soak, slot: int) -> Proc:
+    # Staggered limits: two workers started together would otherwise reach theirs together.
+    limit = s.max_jobs + slot * s.max_jobs // 2
+    proc = s.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", "--max-jobs", str(limit)],
+                           bench_env(REDIS_URL=s.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"),
+                                     TTS_TORCH_THREADS="1"))
+    s.workers[slot] = proc
+    return proc
+
+
+async def supervise(s: Soak) -> None:
+    """Restart every worker that exits, as honcho or systemd with Restart=always would; count why each went."""
+    while not s.stopping:
+        for slot, proc in list(s.workers.items()):
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            s.exits["killed by the soak" if proc.pid in s.killed else f"exit {code}"] += 1
+            s.cluster.stop(proc)
+            start_worker(s, slot)
+        await asyncio.sleep(0.2)
+
+
+def busy_worker(s: Soak) -> Proc | None:
+    """A worker process that is running a job now, by RQ's worker records."""
+    redis = s.redis()
+    for key in redis.smembers(f"rq:workers:{QUEUE}"):
+        if redis.hget(key, "state") != b"busy":
+            continue
+        name = key.decode().split(":")[-1]
+        for proc in s.workers.values():
+            if is_worker_of(name, proc.pid):
+                return proc
+    return None
+
+
+async def kill_a_busy_worker(s: Soak) -> str:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        proc = await asyncio.to_thread(busy_worker, s)
+        if proc is not None:
+            s.killed.add(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)
+            return f"SIGKILL to worker {proc.pid} while it ran a job"
+        await asyncio.sleep(0.1)
+    proc = next(iter(s.workers.values()))
+    s.killed.add(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    return f"SIGKILL to worker {proc.pid} (none was busy within 20 s)"
+
+
+async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
+    """SIGTERM Redis (it syncs its AOF and exits), keep it down `down_for` s, start it on the same files."""
+    loop = asyncio.get_running_loop()
+    assert s.redis_proc is not None
+    began = loop.time()
+    await asyncio.to_thread(s.cluster.stop, s.redis_proc)
+    await asyncio.sleep(down_for)
+    await asyncio.to_thread(start_redis, s)
+    s.outage = (began, loop.time())
+    return f"Redis stopped and started again on its AOF: down {s.outage[1] - s.outage[0]:.1f} s"
+
+
+# -- load ---------------------------------------------------------------------------
+
+
+def post(path: str, body: dict[str, Any]) -> bytes:
+    return loadgen.request("POST", path, body)
+
+
+def get(path: str) -> bytes:
+    return loadgen.request("GET", path)
+
+
+class Client:
+    """Keep-alive connections to the web process, reused, and the record of every exchange."""
+
+    def __init__(self, s: Soak) -> None:
+        self.s = s
+        self.idle: list[loadgen.Connection] = []
+        self.loop = asyncio.get_running_loop()
+
+    async def send(self, kind: str, data: bytes, conn: loadgen.Connection | None = None,
+                   timeout: float = 90) -> tuple[int | None, bytes]:
+        own = conn is None
+        conn = conn or (self.idle.pop() if self.idle else loadgen.Connection(self.s.web_port))
+        sent = self.loop.time()
+        try:
+            status, _, body = await conn.send(data, timeout)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            self.s.answers.append(Answer(kind, sent, self.loop.time(), None, repr(exc)[:200]))
+            await conn.close()
+            return None, b""
+        detail = "" if 200 <= status < 300 else body[:160].decode("utf-8", "replace")
+        self.s.answers.append(Answer(kind, sent, self.loop.time(), status, detail))
+        if own:
+            self.idle.append(conn)
+        return status, body
+
+    async def new_request(self, text: str) -> None:
+        conn = self.idle.pop() if self.idle else loadgen.Connection(self.s.web_port)
+        try:
+            status, body = await self.send("new: POST", post("/v1/tts", {"text": text}), conn)
+            if status not in (200, 202):
+                return
+            request_id = json.loads(body)["id"]
+            self.s.accepted.setdefault(request_id, False)
+            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"),
+                                            conn)
+            if status == 200:
+                self.s.accepted[request_id] = True
+                self.s.stored.append((text, request_id))
+                self.s.wav_bytes[request_id] = len(audio)
+                self.s.encoded[(request_id, "wav")] = len(audio)
+        finally:
+            self.idle.append(conn)
+
+    async def repeat(self, kind: str, rng: random.Random) -> None:
+        text, request_id = rng.choice(self.s.stored)
+        data = {
+            "post stored": lambda: post("/v1/tts", {"text": text}),
+            "get wav": lambda: get(f"/v1/tts/{request_id}/audio"),
+            "get mp3": lambda: get(f"/v1/tts/{request_id}/audio?format=mp3"),
+            "get status": lambda: get(f"/v1/tts/{request_id}"),
+        }[kind]()
+        status, body = await self.send(kind, data)
+        if status == 200 and kind.startswith("get ") and kind != "get status":
+            fmt = kind.split()[1]
+            self.s.encoded[(request_id, fmt)] = len(body)
+            if fmt == "wav" and len(body) != self.s.wav_bytes[request_id]:
+                self.s.wrong_audio += 1
+
+    async def close(self) -> None:
+        for conn in self.idle:
+            await conn.close()
+
+
+async def calibrate(s: Soak, client: Client) -> float:
+    """New requests per second the workers keep up with: a burst of them, timed to their last audio."""
+    t0 = time.monotonic()
+    await asyncio.gather(*(client.new_request(s.texts.mixed()) for _ in range(CALIBRATION_JOBS)))
+    seconds = time.monotonic() - t0
+    if len(s.stored) < CALIBRATION_JOBS:
+        raise BenchError(f"calibration: only {len(s.stored)} of {CALIBRATION_JOBS} requests were served")
+    return CALIBRATION_JOBS / seconds
+
+
+async def drive(s: Soak, client: Client, rate: float, seconds: float, seed: int) -> int:
+    """Open loop: arrivals at `rate`/s (Poisson) for `seconds`, each of a kind drawn from MIX; arrivals made."""
+    rng = random.Random(seed)
+    kinds, weights = list(MIX), list(MIX.values())
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    arrival = loop.time()
+    tasks: set[asyncio.Task[None]] = set()
+    made = 0
+    while True:
+        arrival += rng.expovariate(rate)
+        if arrival >= end:
+            break
+        await asyncio.sleep(max(0.0, arrival - loop.time()))
+        kind = rng.choices(kinds, weights)[0]
+        job = client.new_request(s.texts.mixed()) if kind == "new" else client.repeat(kind, rng)
+        task = asyncio.ensure_future(job)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        made += 1
+    if tasks:
+        await asyncio.gather(*tasks)
+    return made
+
+
+async def drain(s: Soak, client: Client, timeout: float) -> None:
+    """Poll every accepted request that has not finished until it does, or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pending = [rid for rid, done in s.accepted.items() if not done]
+        if not pending:
+            return
+        for rid in pending:
+            status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
+            if status == 200 and json.loads(body)["status"] == "finished":
+                s.accepted[rid] = True
+        await asyncio.sleep(0.5)
+
+
+# -- samples and the report ------------------------------------------------------
+
+
+def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"label": label, "t": t}
+    assert s.web is not None
+    row["web"] = rss_bytes(s.web.pid) / MIB
+    row["workers"] = {}
+    row["restarting"] = set()
+    for slot, proc in s.workers.items():
+        try:
+            row["workers"][slot] = rss_bytes(proc.pid) / MIB
+        except (OSError, BenchError):
+            continue  # between exit and restart
+        if time.monotonic() - proc.started < RESTARTING:
+            row["restarting"].add(slot)
+    try:
+        row["redis"] = int(s.redis().info("memory")["used_memory"]) / MIB
+    except RedisError:
+        row["redis"] = float("nan")
+    s.samples.append(row)
+    return row
+
+
+def track_lives(s: Soak) -> None:
+    """Note each worker process's RSS: the first look once it is warm, and the latest."""
+    for proc in s.workers.values():
+        if time.monotonic() - proc.started < RESTARTING:
+            continue
+        try:
+            rss = rss_bytes(proc.pid) / MIB
+        except (OSError, BenchError):
+            continue
+        first, _ = s.lives.get(proc.pid, (rss, rss))
+        s.lives[proc.pid] = (first, rss)
+
+
+def audio_in_redis(redis: Redis) -> tuple[int, int]:
+    """(chunk keys, bytes of chunk audio) stored under tts:chunk:*."""
+    keys = list(redis.scan_iter("tts:chunk:*", count=1000))
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.strlen(key)
+    return len(keys), sum(pipe.execute()) if keys else 0
+
+
+@dataclass
+class Verdict:
+    lines: list[tuple[str, str]]
+    failures: list[str]
+
+
+def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -> Verdict:
+    outage = s.outage or (float("inf"), float("inf"))
+
+    def in_outage(a: Answer) -> bool:
+        return a.sent <= outage[1] + GRACE and a.done >= outage[0]
+
+    load = [a for a in s.answers if not a.kind.startswith("drain")]
+    answered = Counter(a.status for a in load if a.status is not None)
+    bad: Counter = Counter()
+    allowed: Counter = Counter()
+    for a in s.answers:
+        if a.status is not None and 200 <= a.status < 300:
+            continue
+        label = f"{a.status or 'no answer'} ({a.kind})"
+        if a.status == 503 and in_outage(a):
+            allowed[label] += 1
+            continue
+        bad[label] += 1
+        # For the log: when, against the outage, and what it said.
+        print(f"soak: {label} sent {a.sent - outage[0]:+.2f} s, answered {a.done - outage[0]:+.2f} s from the "
+              f"outage's start (it lasted {outage[1] - outage[0]:.2f} s): {a.detail}", file=sys.stderr)
+    unfinished = [rid for rid, done in s.accepted.items() if not done]
+    first, last = s.samples[0], s.samples[-1]
+    redis = s.redis()
+    keys, audio = audio_in_redis(redis)
+    memory = int(redis.info("memory")["used_memory"])
+    failed_jobs = redis.zcard(f"rq:failed:{QUEUE}")
+    worker_max = max((v for r in s.samples for v in r["workers"].values()), default=0.0)
+    held = sum(s.encoded.values())
+
+    def listing(counts: Counter) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)) or "none"
+
+    lines = [
+        ("load", f"{s.minutes:g} min, open loop: {rate:.2f} arrivals/s, of which {MIX['new'] * rate:.2f} new "
+                 f"requests/s = {s.load:.0%} of the measured capacity of {capacity:.2f}/s (2 workers)"),
+        ("faults", "; ".join(events)),
+        ("worker exits, each restarted", listing(s.exits)),
+        ("arrivals (a new request is a POST, then a GET of its audio)", str(made)),
+        ("HTTP requests sent / answered", f"{len(load)} / {sum(answered.values())} "
+                                          f"({listing(answered)})"),
+        ("non-2xx while Redis was down (allowed: 503)", listing(allowed)),
+        ("non-2xx otherwise, or no answer (allowed: none)", listing(bad)),
+        ("accepted requests / never finished (target 0)", f"{len(s.accepted)} / {len(unfinished)}"),
+        ("jobs in RQ's failed registry", str(failed_jobs)),
+        ("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB "
+                                  f"(highest {max(r['web'] for r in s.samples):.1f})"),
+        (f"distinct audio the web process served (its encoded-audio cache keeps up to "
+         f"{Settings().encoded_cache_mb} MiB of it)",
+         f"{held / MIB:.1f} MiB in {len(s.encoded)} files"),
+        ("repeated WAVs that differed from the first one served", str(s.wrong_audio)),
+        ("worker RSS when first ready, by slot", ", ".join(f"{v:.0f}" for v in s.worker_ready_rss.values()) + " MiB"),
+        ("worker RSS, start -> end, by slot (a process restarted on --max-jobs at the end is marked)",
+         "; ".join(f"{first['workers'].get(k, float('nan')):.0f} -> {last['workers'].get(k, float('nan')):.0f} MiB"
+                   + (" (starting)" if k in last["restarting"] else "") for k in sorted(s.workers))
+         + f" (highest sample {worker_max:.0f})"),
+        (f"worker RSS over each process's life, from {RESTARTING:.0f} s after its start to its last look",
+         lives_summary(s.lives)),
+        ("Redis used_memory at the end vs the chunk audio it holds",
+         f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {keys} chunks ({memory / max(audio, 1):.2f}x)"),
+    ]
+    failures = []
+    if bad:
+        failures.append(f"non-2xx or no answer outside the Redis outage: {dict(bad)}")
+    if unfinished:
+        failures.append(f"{len(unfinished)} accepted requests never finished: {unfinished[:5]}")
+    if s.wrong_audio:
+        failures.append(f"{s.wrong_audio} repeated WAVs differed from the first one served")
+    return Verdict(lines, failures)
+
+
+def lives_summary(lives: dict[int, tuple[float, float]]) -> str:
+    if not lives:
+        return "no process lived long enough to tell"
+    growth = sorted(last - first for first, last in lives.values())
+    return (f"{len(lives)} processes: growth median {statistics.median(growth):+.1f} MiB, "
+            f"from {growth[0]:+.1f} to {growth[-1]:+.1f} MiB")
+
+
+def markdown(s: Soak, verdict: Verdict, started: str) -> str:
+    rows = ["| figure | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in verdict.lines]]
+    trend = ["| at | web RSS (MiB) | worker RSS by slot (MiB) | Redis used_memory (MiB) |", "| --- | --- | --- | --- |"]
+    for r in s.samples:
+        workers = ", ".join(f"{v:.0f}" + (" (starting)" if k in r["restarting"] else "")
+                            for k, v in sorted(r["workers"].items()))
+        trend.append(f"| {r['label']} | {r['web']:.1f} | {workers} | {r['redis']:.1f} |")
+    result = "passed" if not verdict.failures else "FAILED: " + "; ".join(verdict.failures)
+    return "\n".join([
+        BEGIN, "",
+        f"Generated by `bench/soak.py --minutes {s.minutes:g}` on {started} ({os.cpu_count()} cores, load average "
+        f"at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}): **{result}**.", "",
+        *rows, "", *trend, "", END])
+
+
+def write_section(path: Path, block: str) -> None:
+    """Replace the soak's block of `path`, or add it at the end."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        path.write_text(head + block + rest.split(END, 1)[1])
+    else:
+        path.write_text(text.rstrip() + "\n\n" + block + "\n")
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+async def soak(s: Soak, drain_seconds: float) -> Verdict:
+    c = s.cluster
+    say(f"writing the tiny checkpoint; temporary directory {c.tmp}")
+    write_tiny_model(c.tmp / "tiny-model")
+    start_redis(s)
+    say("starting two workers (tiny model, 1 torch thread each) and the web process (Procfile flags)")
+    procs = [start_worker(s, 0), start_worker(s, 1)]
+    s.web, s.web_port = procfile.start_web(c, "web")
+    c.wait_workers(procs, QUEUE)
+    s.worker_ready_rss = {slot: rss_bytes(p.pid) / MIB for slot, p in s.workers.items()}
+    loop = asyncio.get_running_loop()
+    supervisor = asyncio.ensure_future(supervise(s))
+    client = Client(s)
+    try:
+        say(f"calibrating: {CALIBRATION_JOBS} new requests at once")
+        capacity = await calibrate(s, client)
+        s.answers.clear()
+        new_rate = s.load * capacity
+        rate = new_rate / MIX["new"]
+        seconds = s.minutes * 60
+        say(f"capacity {capacity:.2f} new requests/s; load: {rate:.2f} arrivals/s ({new_rate:.2f} new/s) "
+            f"for {seconds:.0f} s")
+        t0 = loop.time()
+        sample(s, "start", 0.0)
+        events: list[str] = []
+
+        async def timeline() -> None:
+            plan = [(0.35, "kill"), (0.65, "redis")]
+            next_sample = 30.0
+            next_look = 0.0
+            while loop.time() - t0 < seconds:
+                now = loop.time() - t0
+                if plan and now >= plan[0][0] * seconds:
+                    _, what = plan.pop(0)
+                    event = await (kill_a_busy_worker(s) if what == "kill" else restart_redis(s))
+                    events.append(f"at {now:.0f} s: {event}")
+                    say(events[-1])
+                if now >= next_look:
+                    track_lives(s)
+                    next_look += 5.0
+                if now >= next_sample:
+                    row = sample(s, f"{now:.0f} s", now)
+                    done = sum(1 for a in s.answers if a.status is not None)
+                    say(f"  {now:4.0f} s: {done} answered, web {row['web']:.0f} MiB, workers "
+                        f"{', '.join(f'{v:.0f}' for v in row['workers'].values())} MiB, Redis {row['redis']:.1f} MiB")
+                    next_sample += 30.0
+                await asyncio.sleep(0.2)
+
+        made, _ = await asyncio.gather(drive(s, client, rate, seconds, seed=int(t0)), timeline())
+        track_lives(s)
+        sample(s, "end", loop.time() - t0)
+        say(f"load over: {made} arrivals; draining (up to {drain_seconds:.0f} s)")
+        await drain(s, client, drain_seconds)
+        s.stopping = True
+        await supervisor
+        return await asyncio.to_thread(judge, s, made, rate, capacity, events)
+    finally:
+        s.stopping = True
+        supervisor.cancel()
+        await client.close()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
+    parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
+    parser.add_argument("--max-jobs", type=int, default=200,
+                        help="worker.py --max-jobs of the first worker; the second gets 1.5x (default 200)")
+    parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
+    parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cluster = Cluster()
+    s = Soak(cluster=cluster, minutes=args.minutes, load=args.load, max_jobs=args.max_jobs)
+    verdict = None
+    try:
+        verdict = asyncio.run(soak(s, args.drain))
+    except BenchError as exc:
+        print(f"soak: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        # The processes' logs stay for a look when anything went wrong.
+        cluster.close(keep_logs=verdict is None or bool(verdict.failures))
+    block = markdown(s, verdict, started)
+    print()
+    print(block)
+    if args.write:
+        write_section(Path(args.write), block)
+        print(f"wrote {args.write}")
+    for failure in verdict.failures:
+        print(f"soak: {failure}", file=sys.stderr)
+    return 1 if verdict.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
