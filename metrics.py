@@ -485,8 +485,12 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     # uvicorn configures its own handlers before it loads the app; route them
-    # through ours so a deployment reads one format.
+    # through ours so a deployment reads one format. Its access log stays off
+    # when `--no-access-log` turned it off (no handlers, not propagating): the
+    # request lines replace it, and it would log query strings.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         uvicorn_logger = logging.getLogger(name)
+        if name == "uvicorn.access" and not uvicorn_logger.handlers and not uvicorn_logger.propagate:
+            continue
         uvicorn_logger.handlers[:] = []
         uvicorn_logger.propagate = True

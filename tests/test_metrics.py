@@ -156,3 +156,25 @@ def test_the_middleware_counts_times_and_logs_one_line_per_request(redis: Redis,
     assert got[("tts_http_requests_total", (("method", "POST"), ("route", "/v1/tts"), ("status", "202")))] == 1
     assert got[("tts_http_requests_total", (("method", "GET"), ("route", "/boom"), ("status", "500")))] == 1
     assert got[("tts_http_request_duration_seconds_count", (("method", "GET"), ("route", "/v1/tts/{id}/audio")))] == 4
+
+
+@pytest.fixture
+def uvicorn_access() -> Iterator[logging.Logger]:
+    log = logging.getLogger("uvicorn.access")
+    saved = (log.handlers[:], log.propagate, logging.getLogger().handlers[:], logging.getLogger().level)
+    yield log
+    log.handlers[:], log.propagate = saved[0], saved[1]
+    logging.getLogger().handlers[:] = saved[2]
+    logging.getLogger().setLevel(saved[3])
+
+
+def test_uvicorn_access_log_stays_off_when_uvicorn_turned_it_off(uvicorn_access: logging.Logger) -> None:
+    # What `uvicorn --no-access-log` does before it loads the app (whose factory configures logging).
+    uvicorn_access.handlers[:] = []
+    uvicorn_access.propagate = False
+    metrics.configure_logging("INFO", "json")
+    assert not uvicorn_access.hasHandlers()  # uvicorn asks exactly this before it logs a request
+    # Left on (no --no-access-log), it is routed through the one JSON handler.
+    uvicorn_access.addHandler(logging.StreamHandler(io.StringIO()))
+    metrics.configure_logging("INFO", "json")
+    assert uvicorn_access.handlers == [] and uvicorn_access.propagate and uvicorn_access.hasHandlers()

@@ -125,4 +125,8 @@ def test_the_procfile_web_and_dashboard_lines_run_from_the_web_set(
     finally:
         for proc in (dashboard, worker, web):
             proc.stop()
-    assert not re.search(r"Traceback|ModuleNotFoundError", web.output()), web.output()[-3000:]
+    out = web.output()
+    assert not re.search(r"Traceback|ModuleNotFoundError", out), out[-3000:]
+    # One line per request, the service's own: the Procfile's --no-access-log keeps
+    # uvicorn's (which would show query strings) off.
+    assert '"logger": "service.request"' in out and "uvicorn.access" not in out and "wait=30" not in out
