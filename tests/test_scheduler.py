@@ -387,3 +387,35 @@ def test_a_long_request_spreads_over_two_workers(stack_factory: Callable[..., St
     assert sorted(made)[0] >= 4 and sum(made) == 16, f"chunks made by each worker: {made}"
     helped = [j for w in workers for j in log_events(w.output(), "job") if j["status"] == "assisted"]
     assert helped and sum(j["synthesized"] for j in helped) >= 4
+
+
+def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redis: Redis, redis_url: str) -> None:
+    """In-process (a real rq worker, burst mode) with an engine that cannot say one sentence: the call it
+    was in is retried row by row, its batch mates are stored, and only its request fails (to be retried)."""
+    import jobs
+    from engine import ToneEngine
+    from settings import from_env
+    from worker import TTSWorker
+
+    class Stumbles(ToneEngine):
+        def synthesize(self, rows):  # type: ignore[no-untyped-def]
+            if any("Unsayable" in row.chunks[0] for row in rows):
+                raise ValueError("cannot say that")
+            return super().synthesize(rows)
+
+    settings = from_env({"REDIS_URL": redis_url, "TTS_BATCH_SIZE": "8", "TTS_CHUNK_CHARS": "32"})
+    info = jobs.ModelInfo("stumbles", "stumbles", True, "tone", "cpu")
+    jobs.bind(Stumbles(), info, settings, redis)
+    q = jobs.queue(redis, settings)
+    bad = jobs.submit(q, Spec(chunks=("Fine words here.", "Unsayable words here."), model="stumbles"), settings)
+    good = jobs.submit(q, Spec(chunks=("Other fine words.",), model="stumbles"), settings)
+    TTSWorker([q], connection=redis, serializer=jobs.SERIALIZER).work(burst=True)
+    assert good.get_status(refresh=True) == "finished"
+    assert redis.exists(chunk_key(Spec.from_json(good.args[0]).chunk_ids()[0]))
+    fine, unsayable = Spec.from_json(bad.args[0]).chunk_ids()
+    assert redis.exists(chunk_key(fine)) and not redis.exists(chunk_key(unsayable))
+    # The request that needs it failed this try and waits out its retry's backoff.
+    bad.refresh()
+    assert bad.get_status() == "scheduled" and bad.retries_left == 1
+    assert Pool(redis, "tts", 60).failures([fine, unsayable]) == {unsayable: "ValueError"}
+    assert redis.zcard("tts:pool:tts") == 0  # withdrawn until the retry puts it back
