@@ -251,8 +251,8 @@ class Service:
     async def cancel(self, request: Request) -> Response:
         await self._guard(request)
         request_id = request.path_params["id"]
-        await self._manifest(request_id)
-        await run_in_threadpool(jobs.cancel, self.sync_redis, request_id, self.settings.result_ttl)
+        manifest = await self._manifest(request_id)
+        await run_in_threadpool(jobs.cancel, self.queue, request_id, manifest["chunks"], self.settings.result_ttl)
         return Response(status_code=204)
 
     async def audio(self, request: Request) -> Response:

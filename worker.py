@@ -110,6 +110,7 @@ class TTSWorker(SimpleWorker):
             while not done.wait(self.HEARTBEAT_EVERY):
                 try:
                     self.maintain_heartbeats(job)
+                    jobs.renew_leases()
                 except Exception:  # a missed beat is retried; never kill the job for it
                     logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
 
