@@ -166,7 +166,8 @@ def live(c: Cluster, args: argparse.Namespace, body: bytes) -> None:
     bare_proc, bare_port = procfile.start_web(c, "bare-live", "bare:create_app", "bench")
     status, _, answer, _ = asyncio.run(loadgen.one(web_port, loadgen.request("POST", "/v1/tts", body)))
     request_id = json.loads(answer)["id"]
-    status, _, wav, _ = asyncio.run(loadgen.one(web_port, loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait=30")))
+    audio = loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait=30")
+    status, _, wav, _ = asyncio.run(loadgen.one(web_port, audio))
     if status != 200:
         raise BenchError(f"the audio was not made: {status}")
     _, _, post, _ = asyncio.run(loadgen.one(web_port, loadgen.request("POST", "/v1/tts", body)))
@@ -208,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", action="store_true", help="uvicorn as the Procfile runs it, wrk and py-spy")
     parser.add_argument("--seconds", type=int, default=8, help="live: seconds of load per kind")
     parser.add_argument("--connections", type=int, default=32, help="live: wrk connections")
-    parser.add_argument("--keep", metavar="DIR", help="live: keep py-spy's raw stacks in DIR (flamegraph.pl reads them)")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="live: keep py-spy's raw stacks in DIR (flamegraph.pl reads them)")
     args = parser.parse_args(argv)
     with Cluster() as c:
         url = c.start_redis()

@@ -65,7 +65,11 @@ QUEUE = "tts"
 GRACE = 3.0
 # The mix of arrivals: new requests, then repeats of stored ones.
 MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}
-CALIBRATION_JOBS = 24
+# Capacity: closed-loop clients sending only new requests, for this long.
+CALIBRATION_CLIENTS = 8
+CALIBRATION_SECONDS = 15.0
+# Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
+RESTARTS = 3
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
 
@@ -92,7 +96,7 @@ class Soak:
     cluster: Cluster
     minutes: float
     load: float
-    max_jobs: int
+    max_jobs: int | None  # None: chosen after calibration, for about RESTARTS restarts per worker
     redis_port: int = 0
     redis_proc: Proc | None = None
     web: Proc | None = None
@@ -147,9 +151,10 @@ def start_redis(s: Soak) -> None:
 
 
 def start_worker(s: Soak, slot: int) -> Proc:
-    # Staggered limits: two workers started together would otherwise reach theirs together.
-    limit = s.max_jobs + slot * s.max_jobs // 2
-    proc = s.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", "--max-jobs", str(limit)],
+    """`worker.py` in `slot`, with --max-jobs once it is chosen (staggered: the second's is 1.5x, so that
+    two workers started together do not reach theirs together)."""
+    limit = [] if s.max_jobs is None else ["--max-jobs", str(s.max_jobs + slot * s.max_jobs // 2)]
+    proc = s.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", *limit],
                            bench_env(REDIS_URL=s.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"),
                                      TTS_TORCH_THREADS="1"))
     s.workers[slot] = proc
@@ -283,14 +288,32 @@ class Client:
             await conn.close()
 
 
-async def calibrate(s: Soak, client: Client) -> float:
-    """New requests per second the workers keep up with: a burst of them, timed to their last audio."""
-    t0 = time.monotonic()
-    await asyncio.gather(*(client.new_request(s.texts.mixed()) for _ in range(CALIBRATION_JOBS)))
-    seconds = time.monotonic() - t0
-    if len(s.stored) < CALIBRATION_JOBS:
-        raise BenchError(f"calibration: only {len(s.stored)} of {CALIBRATION_JOBS} requests were served")
-    return CALIBRATION_JOBS / seconds
+async def calibrate(s: Soak, client: Client, seconds: float = CALIBRATION_SECONDS,
+                    clients: int = CALIBRATION_CLIENTS) -> float:
+    """New requests per second the workers keep up with: `clients` closed-loop clients sending only
+    new requests (each waits for its audio, then sends the next) for `seconds`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one_client() -> None:
+        while loop.time() - start < seconds:
+            await client.new_request(s.texts.mixed())
+
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    served = len(s.stored)
+    if served < clients:
+        raise BenchError(f"calibration: only {served} requests were served in {seconds:.0f} s")
+    return served / (loop.time() - start)
+
+
+def jobs_run(s: Soak) -> int:
+    """Jobs the workers have run, by RQ's counts in their records (assist jobs of the scheduler included)."""
+    redis = s.redis()
+    total = 0
+    for key in redis.smembers(f"rq:workers:{QUEUE}"):
+        counts = redis.hmget(key, "successful_job_count", "failed_job_count")
+        total += sum(int(c) for c in counts if c)
+    return total
 
 
 async def drive(s: Soak, client: Client, rate: float, seconds: float, seed: int) -> int:
@@ -413,6 +436,8 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
     failed_jobs = redis.zcard(f"rq:failed:{QUEUE}")
     worker_max = max((v for r in s.samples for v in r["workers"].values()), default=0.0)
     held = sum(s.encoded.values())
+    m = s.max_jobs or 0
+    limits = f"{m} and {m + m // 2}"
 
     def listing(counts: Counter) -> str:
         return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)) or "none"
@@ -421,7 +446,7 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         ("load", f"{s.minutes:g} min, open loop: {rate:.2f} arrivals/s, of which {MIX['new'] * rate:.2f} new "
                  f"requests/s = {s.load:.0%} of the measured capacity of {capacity:.2f}/s (2 workers)"),
         ("faults", "; ".join(events)),
-        ("worker exits, each restarted", listing(s.exits)),
+        (f"worker exits, each restarted (--max-jobs {limits})", listing(s.exits)),
         ("arrivals (a new request is a POST, then a GET of its audio)", str(made)),
         ("HTTP requests sent / answered", f"{len(load)} / {sum(answered.values())} "
                                           f"({listing(answered)})"),
@@ -497,22 +522,31 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
     write_tiny_model(c.tmp / "tiny-model")
     start_redis(s)
     say("starting two workers (tiny model, 1 torch thread each) and the web process (Procfile flags)")
+    given_max_jobs = s.max_jobs
+    s.max_jobs = None  # calibration workers run without a limit
     procs = [start_worker(s, 0), start_worker(s, 1)]
     s.web, s.web_port = procfile.start_web(c, "web")
     c.wait_workers(procs, QUEUE)
-    s.worker_ready_rss = {slot: rss_bytes(p.pid) / MIB for slot, p in s.workers.items()}
     loop = asyncio.get_running_loop()
-    supervisor = asyncio.ensure_future(supervise(s))
     client = Client(s)
+    supervisor: asyncio.Future[None] | None = None
     try:
-        say(f"calibrating: {CALIBRATION_JOBS} new requests at once")
+        say(f"calibrating: {CALIBRATION_CLIENTS} clients sending new requests for {CALIBRATION_SECONDS:.0f} s")
         capacity = await calibrate(s, client)
         s.answers.clear()
         new_rate = s.load * capacity
         rate = new_rate / MIX["new"]
         seconds = s.minutes * 60
-        say(f"capacity {capacity:.2f} new requests/s; load: {rate:.2f} arrivals/s ({new_rate:.2f} new/s) "
-            f"for {seconds:.0f} s")
+        per_request = await asyncio.to_thread(jobs_run, s) / len(s.stored)
+        s.max_jobs = given_max_jobs or max(10, int(new_rate * seconds * per_request / 2 / RESTARTS))
+        say(f"capacity {capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {rate:.2f} arrivals/s "
+            f"({new_rate:.2f} new/s) for {seconds:.0f} s; restarting the workers with --max-jobs {s.max_jobs}")
+        for proc in list(s.workers.values()):
+            await asyncio.to_thread(c.stop, proc)
+        procs = [start_worker(s, 0), start_worker(s, 1)]
+        await asyncio.to_thread(c.wait_workers, procs, QUEUE)
+        s.worker_ready_rss = {slot: rss_bytes(p.pid) / MIB for slot, p in s.workers.items()}
+        supervisor = asyncio.ensure_future(supervise(s))
         t0 = loop.time()
         sample(s, "start", 0.0)
         events: list[str] = []
@@ -549,7 +583,8 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         return await asyncio.to_thread(judge, s, made, rate, capacity, events)
     finally:
         s.stopping = True
-        supervisor.cancel()
+        if supervisor is not None:
+            supervisor.cancel()
         await client.close()
 
 
@@ -561,8 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
-    parser.add_argument("--max-jobs", type=int, default=200,
-                        help="worker.py --max-jobs of the first worker; the second gets 1.5x (default 200)")
+    parser.add_argument("--max-jobs", type=int, default=None,
+                        help=f"worker.py --max-jobs of the first worker; the second gets 1.5x (default: what "
+                             f"makes about {RESTARTS} restarts per worker at the measured rate)")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)

@@ -108,7 +108,8 @@ def run(port: int, path: str, connections: int, seconds: int, method: str = "GET
         lua = Path(tmp) / "run.lua"
         lua.write_text(script(method, body, headers))
         args = [binary(), "-t", str(max(1, min(threads, connections))), "-c", str(connections),
-                "-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua), f"http://{HOST}:{port}{path}"]
+                "-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua),
+                f"http://{HOST}:{port}{path}"]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + timeout + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
