@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -55,6 +55,22 @@ class Settings:
     # Logging: level name, and "json" (one JSON object a line) or "text".
     log_level: str = "INFO"
     log_format: str = "json"
+    # Saved voices at most (PUT /v1/voices/{name}); they never expire.
+    max_voices: int = 1000
+    # Where clients reach the service (https://tts.example.com); webhook
+    # events then carry absolute URLs. None: paths.
+    public_url: str | None = None
+    # HMAC-SHA256 key that signs webhook events; None: callback_url is refused.
+    webhook_secret: str | None = field(default=None, repr=False)
+    # Deliver to loopback, private, link-local and metadata addresses (tests, private networks).
+    webhook_allow_private: bool = False
+    # Seconds between a failed delivery and its next try; the event is given up after the last.
+    webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+
+    @property
+    def webhook_queue(self) -> str:
+        """The RQ queue of webhook deliveries (the Procfile's `webhooks` process works it)."""
+        return f"{self.queue}-webhooks"
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -171,6 +187,15 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
         log_level=_parse(env, "LOG_LEVEL", d.log_level, _level, "DEBUG, INFO, WARNING or ERROR"),
         log_format=_parse(env, "TTS_LOG_FORMAT", d.log_format, _choice("json", "text"), "json or text"),
+        max_voices=_parse(env, "TTS_MAX_VOICES", d.max_voices, _int_in(1, 1_000_000), "a whole number 1-1000000"),
+        public_url=_parse(env, "TTS_PUBLIC_URL", d.public_url, _public_url,
+                          "an absolute http:// or https:// URL without query or fragment"),
+        webhook_secret=_parse(env, "TTS_WEBHOOK_SECRET", d.webhook_secret, _secret,
+                              "a key of at least 16 printable characters, without spaces", secret=True),
+        webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool,
+                                     "true or false"),
+        webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
+                                    "1-20 comma-separated whole numbers of seconds, each 1-3600"),
     )
 
 
@@ -192,3 +217,23 @@ def _existing_dir(raw: str) -> str:
     if not os.path.isdir(raw):
         raise ValueError(raw)
     return raw
+
+
+def _public_url(raw: str) -> str:
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(raw)
+    return raw.rstrip("/")
+
+
+def _secret(raw: str) -> str:
+    if len(raw) < 16 or not raw.isprintable() or " " in raw:
+        raise ValueError("secret")
+    return raw
+
+
+def _delays(raw: str) -> tuple[int, ...]:
+    delays = tuple(int(d) for d in raw.split(","))
+    if not 1 <= len(delays) <= 20 or not all(1 <= d <= 3600 for d in delays):
+        raise ValueError(raw)
+    return delays
