@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, get_args
 
 import msgspec
 import msgspec.inspect as mi
@@ -44,16 +44,17 @@ SPEAKER_MAX = 8192
 # base16384 (pybase16384): characters from U+4E00-U+8DFF, then one of
 # U+3D01-U+3D06 saying how many bytes the last character holds.
 _SPEAKER = "[\u4e00-\u8dff]+[\u3d01-\u3d06]?"
-SPEECH_FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
+SpeechFormat = Literal["mp3", "opus", "flac", "wav", "pcm"]
+SPEECH_FORMATS: tuple[str, ...] = get_args(SpeechFormat)
 
 
-def _any_case(words: tuple[str, ...]) -> str:
+def any_case(words: tuple[str, ...]) -> str:
     """A pattern matching any of `words` in any letter case, with white space around."""
     spelled = ("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in w) for w in words)
     return rf"^\s*(?:{'|'.join(spelled)})\s*$"
 
 
-def _at_most(n: int) -> str:
+def at_most(n: int) -> str:
     """A regular expression (alternatives, unanchored) for the decimal numbers 0..n."""
     digits = str(n)
     alternatives = [f"[0-9]{{1,{len(digits) - 1}}}"] if len(digits) > 1 else []
@@ -113,7 +114,7 @@ class TtsRequest(Body):
     break_: Annotated[int, Meta(ge=0, le=7, description="Refine prompt; only with refine_text: true.")] | UnsetType = \
         msgspec.field(default=UNSET, name="break")
     format: Annotated[str, Meta(
-        pattern=_any_case(audio.TTS_FORMATS), title=f"one of {', '.join(audio.TTS_FORMATS)}",
+        pattern=any_case(audio.TTS_FORMATS), title=f"one of {', '.join(audio.TTS_FORMATS)}",
         description="Only echoed into audio_url (letter case and surrounding space ignored): audio is stored "
                     "once and encoded on the way out.")] = "wav"
     callback_url: Annotated[str, Meta(
@@ -139,13 +140,14 @@ class SpeechRequest(Body):
     model: Annotated[str, Meta(description="Accepted and ignored: one model serves a deployment.")] | UnsetType = UNSET
     voice: Annotated[
         Annotated[int, Meta(ge=0, le=SEED_MAX)]
-        | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{_at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
+        | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
         | VoiceRef,
         Meta(title="a voice name, a seed or a ChatTTS speaker string",
              description="A built-in (OpenAI) or saved voice name (any letter case), a seed (a number, or a string "
                          "of digits), or a ChatTTS speaker string.")] = "alloy"
-    response_format: Annotated[Literal["mp3", "opus", "flac", "wav", "pcm"], Meta(
-        description="pcm: raw PCM16, 24 kHz, mono. Others are 400.")] = "mp3"
+    response_format: Annotated[SpeechFormat, Meta(
+        title=f"one of {', '.join(SPEECH_FORMATS)}", description="pcm: raw PCM16, 24 kHz, mono. Others are 400.")] \
+        = "mp3"
     speed: Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale "
                                                               "(1.0 -> 5).")] = 1.0
     instructions: Annotated[str, Meta(description="Accepted and ignored.")] | UnsetType = UNSET

@@ -210,13 +210,15 @@ def schema(settings: Settings) -> dict[str, Any]:
                     {"name": "format", "in": "query", "required": False,
                      "schema": {"type": "string", "enum": list(audio.TTS_FORMATS), "default": "wav"}},
                     {"name": "wait", "in": "query", "required": False,
-                     "description": "Hold the request up to this many seconds for the audio.",
-                     "schema": {"type": "number", "minimum": 0, "maximum": 60, "default": 0}},
+                     "description": "Hold the request up to this many seconds for the audio (empty: 0).",
+                     "schema": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 60},
+                                          {"type": "string", "maxLength": 0}], "default": 0}},
                     {"name": "stream", "in": "query", "required": False,
                      "description": "true: a chunked 200 that starts with the first stored chunk and ends with "
                      "the last (no ETag; a streamed WAV's header cannot know the length). Served whole once "
-                     "everything is stored.",
-                     "schema": {"type": "boolean", "default": False}},
+                     "everything is stored. Also 1, yes, on (or empty) and 0, no, off, in any case.",
+                     "schema": {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": bodies.any_case(
+                         ("", "1", "true", "yes", "on", "0", "false", "no", "off"))}], "default": False}},
                     {"name": "If-None-Match", "in": "header", "required": False,
                      "description": "An ETag from an earlier answer: 304 when it matches.",
                      "schema": {"type": "string"}},
@@ -288,7 +290,8 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "parameters": [{
                     "name": "name", "in": "path", "required": True,
                     "description": "A voice name, or a seed (0-4294967295).",
-                    "schema": {"type": "string", "pattern": f"{bodies.NAME_PATTERN[:-1]}|^[0-9]{{1,10}}$"},
+                    "schema": {"type": "string",
+                               "pattern": f"^(?:{bodies.NAME_PATTERN[1:-1]}|0*(?:{bodies.at_most(bodies.SEED_MAX)}))$"},
                 }],
                 "responses": {
                     "200": _json({"anyOf": [_ref("SavedVoice"), _ref("SeedVoice")]},
