@@ -40,3 +40,33 @@ def test_bad_value_names_the_variable(name: str, value: str) -> None:
         from_env({name: value})
     assert name in str(info.value)
     assert "expected" in str(info.value)
+
+
+def test_v11_values_are_read() -> None:
+    s = from_env({"TTS_MAX_VOICES": "5", "TTS_PUBLIC_URL": "https://tts.example.com/", "TTS_WEBHOOK_SECRET": "s" * 16,
+                  "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,2,3"})
+    assert (s.max_voices, s.public_url, s.webhook_allow_private) == (5, "https://tts.example.com", True)
+    assert s.webhook_secret == "s" * 16 and s.webhook_retry_delays == (1, 2, 3)
+    assert s.webhook_queue == "tts-webhooks"
+    assert "s" * 16 not in repr(s)
+    assert sum(Settings().webhook_retry_delays) / 60 > 9  # about ten minutes of retries by default
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param("TTS_MAX_VOICES", "0", id="max-voices-zero"),
+        pytest.param("TTS_PUBLIC_URL", "tts.example.com", id="public-url-relative"),
+        pytest.param("TTS_PUBLIC_URL", "https://tts.example.com/?a=1", id="public-url-query"),
+        pytest.param("TTS_WEBHOOK_SECRET", "short", id="secret-short"),
+        pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
+        pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
+        pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
+    ],
+)
+def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        from_env({name: value})
+    assert name in str(info.value) and "expected" in str(info.value)
+    if name == "TTS_WEBHOOK_SECRET":
+        assert value not in str(info.value)
