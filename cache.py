@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from splitter import pause_after
@@ -117,6 +117,24 @@ class Spec:
             object.__setattr__(self, "_chunk_ids", ids)
         return list(ids)
 
+    def row(self, index: int) -> Spec:
+        """Chunk `index` as a one-chunk Spec: what one row of a model call synthesizes.
+
+        Its only chunk id is `self.chunk_ids()[index]`: ids hash the identity
+        and the chunk's text, not its place in the request.
+        """
+        return replace(self, chunks=(self.chunks[index],))
+
+    def batch_key(self) -> str:
+        """What rows of one model call must share: the model and every sampling setting.
+
+        Rows may differ in text, voice and speed (each row carries its own
+        speaker embedding and speed prompt); temperature, top_p, top_k and the
+        refine pass apply to a whole call.
+        """
+        identity = self._identity()
+        return _digest({k: v for k, v in identity.items() if k not in ("voice", "speed")})
+
     def excerpt(self, chars: int = 60) -> str:
         """The first `chars` characters of the text, for logs and rq-dashboard."""
         return " ".join(self.chunks)[:chars]
@@ -150,6 +168,11 @@ def request_key(request_id: str) -> str:
 def voice_key(model_id: str, seed: int) -> str:
     """Where the speaker string of `seed` on model `model_id` is kept."""
     return f"{PREFIX}:voice:{model_id}:{seed}"
+
+
+def pool_key(queue: str) -> str:
+    """The sorted set of chunks waiting for synthesis on `queue` (scheduler.py)."""
+    return f"{PREFIX}:pool:{queue}"
 
 
 def events_channel(request_id: str) -> str:

@@ -85,6 +85,7 @@ class ChatTTSEngine:
     def __init__(self, chat: Any, max_new_token: int) -> None:
         self.chat = chat
         self.max_new_token = max_new_token
+        chat.speaker.apply = _apply_speakers(chat.speaker.apply)
 
     @lru_cache(maxsize=256)
     def _speaker(self, seed: int | None, speaker: str | None) -> Any:
@@ -103,8 +104,15 @@ class ChatTTSEngine:
         """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
         return self.chat.speaker._encode(self._speaker(seed, None))
 
-    def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
-        """One batch through ChatTTS, trimmed to each text's generated length.
+    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
+        """One model call for `rows` (one-chunk Specs), trimmed to each row's generated length.
+
+        Rows may differ in text, voice and speed: each row's speaker embedding
+        goes into its own `[spk_emb]` position (ChatTTS 0.2.5 writes one
+        embedding into every row; `_apply_speakers` below gives each its own)
+        and its speed prompt leads its own text. The sampling settings
+        (temperature, top_p, top_k, refine) apply to the whole call, so the
+        rows must share `Spec.batch_key()`; ValueError otherwise.
 
         This follows `Chat.infer(split_text=False)` step by step (ChatTTS
         0.2.5, pinned) instead of calling it, because `infer` pads a batch to
@@ -112,43 +120,86 @@ class ChatTTSEngine:
         items keep the decoded padding as a noisy tail. Knowing each item's
         token count T, its audio is exactly the first 512*T - 256 samples.
         """
+        import torch
+
+        if not rows:
+            return []
+        first = rows[0]
+        if any(row.batch_key() != first.batch_key() for row in rows):
+            raise ValueError("rows of one model call must share their sampling settings (Spec.batch_key)")
         chat = self.chat
-        seed = spec.seed if spec.speaker is None else int(hashlib.sha256(spec.speaker.encode()).hexdigest()[:8], 16)
+        # One seed per call: the random stream a row samples from depends on
+        # its batch mates anyway (ChatTTS seeds one generator per call).
+        seed = _voice_seed(first)
+        speakers = torch.stack([self._speaker(row.seed, row.speaker) for row in rows])
         # Fresh params every call: ChatTTS's defaults are shared mutable objects.
         params = chat.InferCodeParams(
-            prompt=f"[speed_{spec.speed}]",
-            spk_emb=self._speaker(spec.seed, spec.speaker),
-            temperature=spec.temperature,
-            top_P=spec.top_p,
-            top_K=spec.top_k,
+            prompt="",
+            spk_emb=speakers,
+            temperature=first.temperature,
+            top_P=first.top_p,
+            top_K=first.top_k,
             max_new_token=self.max_new_token,
             manual_seed=seed,
             show_tqdm=False,
         )
         chat.context.set(False)
-        # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
-        normed = [chat.normalizer(spoken.speak(t), True, True, None) for t in texts]
-        if spec.refine_text:
-            prompt = "".join(
-                f"[{name}_{value}]"
-                for name, value in (("oral", spec.oral), ("laugh", spec.laugh), ("break", spec.break_))
-                if value is not None
-            )
-            refine = chat.RefineTextParams(
-                prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
-            )
-            refined = chat._refine_text(normed, chat.device, refine)
-            ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
-            normed = chat.tokenizer.decode(ids)
-            refined.destroy()
-        result = next(chat._infer_code(normed, False, chat.device, True, params))
-        lengths = [int(h.size(0)) for h in result.hiddens]
-        wavs = chat._decode_to_wavs(result.hiddens, True)
-        result.destroy()
+        with torch.inference_mode():
+            # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
+            normed = [chat.normalizer(spoken.speak(row.chunks[0]), True, True, None) for row in rows]
+            if first.refine_text:
+                prompt = "".join(
+                    f"[{name}_{value}]"
+                    for name, value in (("oral", first.oral), ("laugh", first.laugh), ("break", first.break_))
+                    if value is not None
+                )
+                refine = chat.RefineTextParams(
+                    prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
+                )
+                refined = chat._refine_text(normed, chat.device, refine)
+                ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
+                normed = chat.tokenizer.decode(ids)
+                refined.destroy()
+            texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
+            result = next(chat._infer_code(texts, False, chat.device, True, params))
+            lengths = [int(h.size(0)) for h in result.hiddens]
+            wavs = chat._decode_to_wavs(result.hiddens, True)
+            result.destroy()
         return [
             np.asarray(wavs[i, : max(0, jobs.SAMPLES_PER_TOKEN * n - jobs.SAMPLES_PER_TOKEN // 2)], dtype=np.float32)
             for i, n in enumerate(lengths)
         ]
+
+
+def _voice_seed(row: Spec) -> int:
+    """The sampling seed of a call led by `row`: its seed, or a number drawn from its speaker string."""
+    if row.speaker is None:
+        return int(row.seed or 0)
+    return int(hashlib.sha256(row.speaker.encode()).hexdigest()[:8], 16)
+
+
+def _apply_speakers(original: Any) -> Any:
+    """ChatTTS's `Speaker.apply`, extended to a (rows, dim) tensor: one embedding per row.
+
+    Each row's embedding is L2-normalized on its own, as ChatTTS normalizes
+    its single one, and written where that row's input is `[spk_emb]`. A 1-D
+    embedding goes to ChatTTS's own code unchanged.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    @torch.inference_mode()
+    def apply(emb: Any, spk_emb: Any, input_ids: Any, spk_emb_ids: int, device: Any, inplace: bool = True) -> Any:
+        if not isinstance(spk_emb, torch.Tensor) or spk_emb.dim() != 2:
+            return original(emb, spk_emb, input_ids, spk_emb_ids, device, inplace)
+        if spk_emb.size(0) != emb.size(0):
+            raise ValueError(f"{spk_emb.size(0)} speaker embeddings for {emb.size(0)} rows")
+        n = F.normalize(spk_emb, p=2.0, dim=1, eps=1e-12).to(device=device, dtype=emb.dtype)
+        n = n.unsqueeze(1).expand(emb.shape)
+        cond = input_ids.narrow(-1, 0, 1).eq(spk_emb_ids).expand(emb.shape)
+        return torch.where(cond, n, emb, out=emb if inplace else None)
+
+    return apply
 
 
 class ToneEngine:
@@ -159,14 +210,14 @@ class ToneEngine:
     (token-aligned like ChatTTS: 512*T - 256 samples).
     """
 
-    def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
-        # The pitch follows the voice's embedding, so a seed and its exported
-        # speaker string sound the same, as on ChatTTS.
-        voice = self._embedding(spec.seed, spec.speaker).tobytes()
-        pitch = 180.0 + int(hashlib.sha256(voice).hexdigest()[:4], 16) % 200
+    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
         out = []
-        for text in texts:
-            tokens = max(4, math.ceil(len(text) * 3 * 5 / spec.speed))
+        for row in rows:
+            # The pitch follows the voice's embedding, so a seed and its exported
+            # speaker string sound the same, as on ChatTTS.
+            voice = self._embedding(row.seed, row.speaker).tobytes()
+            pitch = 180.0 + int(hashlib.sha256(voice).hexdigest()[:4], 16) % 200
+            tokens = max(4, math.ceil(len(row.chunks[0]) * 3 * 5 / row.speed))
             n = jobs.SAMPLES_PER_TOKEN * tokens - jobs.SAMPLES_PER_TOKEN // 2
             t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
             out.append((0.3 * np.sin(2 * np.pi * pitch * t)).astype(np.float32))
@@ -271,6 +322,6 @@ def load_engine(settings: Settings) -> tuple[jobs.Engine, jobs.ModelInfo]:
     # it before taking jobs, not inside the first user's request.
     # Mixed scripts and a character ChatTTS rejects: each path compiles its own
     # numba kernels on first use.
-    warm = ("Warm up, 1!", "预热一下。")
-    engine.synthesize(list(warm), Spec(chunks=warm, model=info.id))
+    warm = Spec(chunks=("Warm up, 1!", "预热一下。"), model=info.id)
+    engine.synthesize([warm.row(0), warm.row(1)])
     return engine, info

@@ -1,14 +1,16 @@
-"""The job RQ runs (synthesize a request's missing chunks) and how it is enqueued."""
+"""The jobs RQ runs (a request's synthesis, help with the pool, voice export) and how they are enqueued."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping, Protocol, Sequence
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from redis import Redis
@@ -18,10 +20,12 @@ from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 import audio
 import metrics
-from cache import MODEL_KEY, Spec, events_channel, stored, store_chunk, voice_key
+from cache import MODEL_KEY, Spec, chunk_key, events_channel, stored, voice_key
+from scheduler import Claimed, Pool
 from settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -34,12 +38,17 @@ _ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SC
 
 
 class Engine(Protocol):
-    """A text-to-speech model, as the job sees it."""
+    """A text-to-speech model, as the jobs see it."""
 
-    def synthesize(self, texts: Sequence[str], spec: Spec) -> list[np.ndarray]:
-        """Float32 mono 24 kHz audio for each of `texts`, in order, in the voice
-        and with the settings of `spec`. Deterministic for equal inputs on one
-        device. Raises on failure; never returns fewer items than `texts`."""
+    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
+        """Float32 mono 24 kHz audio for each row, in order: one model call.
+
+        Each row is a one-chunk Spec (`Spec.row`) and is spoken in its own
+        voice and speed; all rows share `Spec.batch_key()` (model and sampling
+        settings). A row's audio may depend on its batch mates (one random
+        stream per call), never on anything else. Raises on failure; never
+        returns fewer items than `rows`.
+        """
         ...
 
 
@@ -82,10 +91,29 @@ class QueueFull(RuntimeError):
     """The queue is deeper than the configured limit; nothing was enqueued."""
 
 
+class ChunkFailed(RuntimeError):
+    """A chunk of the request could not be made; the message names the model's exception."""
+
+
 def cancel_key(request_id: str) -> str:
     """Set while a request is canceled; the running job checks it before each batch."""
     return f"tts:cancel:{request_id}"
 
+
+def assist_key(queue_name: str) -> str:
+    """Set while an assist job of `queue_name` waits to be taken (at most one waits at a time)."""
+    return f"tts:assist:{queue_name}"
+
+
+# A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
+# while its worker lives; another worker takes it this long after a death.
+LEASE_MS = 15_000
+# An assist job returns after this long (and hands on to another one if work
+# is left), so that request jobs waiting in the queue get their turn.
+ASSIST_SECONDS = 30
+# A request job whose chunks are all in other workers' hands re-checks this
+# often even without news (a worker that died says nothing).
+IDLE_CHECK = 1.0
 
 # Set by the worker's SIGTERM handler; read by the running job between batches.
 _stopping = threading.Event()
@@ -118,6 +146,13 @@ class _Bound:
     model: ModelInfo
     settings: Settings
     redis: Redis
+    pool: Pool
+    queue: Queue
+    # Names this process's leases in the pool.
+    token: str
+    # Chunks whose leases this process holds now (renewed by the heartbeat).
+    held: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _bound: _Bound | None = None
@@ -130,7 +165,9 @@ def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> 
     for it.
     """
     global _bound
-    _bound = _Bound(engine, model, settings, redis)
+    token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    _bound = _Bound(engine, model, settings, redis, Pool(redis, settings.queue, settings.result_ttl),
+                    queue(redis, settings), token)
     redis.set(MODEL_KEY, model.to_json())
 
 
@@ -140,19 +177,50 @@ def announce() -> None:
         _bound.redis.set(MODEL_KEY, _bound.model.to_json())
 
 
-def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
-    """RQ job: store the audio of every chunk of the request that is missing.
+def renew_leases() -> None:
+    """Extend the leases on the chunks this process is synthesizing (the worker's heartbeat calls it)."""
+    ctx = _bound
+    if ctx is None:
+        return
+    with ctx.lock:
+        held = list(ctx.held)
+    ctx.pool.renew(ctx.token, held, LEASE_MS)
 
-    Chunks are synthesized in batches of `settings.batch_size` (the first
-    batch is one chunk, see `_batches`); after each
+
+def _context() -> _Bound:
+    if _bound is None:
+        raise RuntimeError("no model is bound in this process; run jobs with worker.py")
+    return _bound
+
+
+@dataclass
+class _Run:
+    """What one job run did, for its log line, its result and the metrics."""
+
+    started: float = field(default_factory=time.monotonic)
+    model_seconds: float = 0.0
+    audio_seconds: float = 0.0
+    # Chunk id -> tokens generated, for every chunk this run made (of any request).
+    tokens: dict[str, int] = field(default_factory=dict)
+
+
+def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
+    """RQ job of one request: returns once the audio of every chunk of the request is stored.
+
+    Every chunk not stored is in the queue's pool (scheduler.py). The job
+    fills each model call from the pool, its own earliest open chunk first
+    and the rest in fair order from any request, up to `settings.batch_size`
+    rows (`settings.cross_batch` false: its own chunks only). When all its
+    remaining chunks are in other workers' hands it waits for them. After each
     batch the audio is in Redis, `job.meta["progress"]` is updated and an
     event is published on the request's channel, so a crash loses at most one
     batch. Returns a small JSON-able summary (never audio: RQ's JSON
     serializer would drop bytes).
+
+    Raises ModelMismatch, ChunkFailed (a chunk the model could not make) or
+    JobTimeoutException; RQ retries them.
     """
-    if _bound is None:
-        raise RuntimeError("no model is bound in this process; run jobs with worker.py")
-    ctx = _bound
+    ctx = _context()
     spec = Spec.from_json(spec_json)
     if spec.model != ctx.model.id:
         raise ModelMismatch(f"request was keyed for model {spec.model}, this worker runs {ctx.model.id}; submit it again")
@@ -162,114 +230,215 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     total = len(chunk_ids)
     # A chunk repeated within the request is synthesized once.
     unique = list(dict.fromkeys(chunk_ids))
+    # A retry tries chunks that failed before once more.
+    ctx.pool.forgive(unique)
     todo = [cid for cid, hit in zip(unique, stored(ctx.redis, unique)) if not hit]
-    text_of = dict(zip(chunk_ids, spec.chunks))
-    started = time.monotonic()
+    missing = list(todo)
+    cached = _done(chunk_ids, missing)
     # RQ's SIGALRM can be swallowed by a bare `except:` inside the model's
     # code; checking between batches keeps the limit whatever happens.
     limit = job.timeout if job is not None and job.timeout and job.timeout > 0 else None
-    audio_seconds = 0.0
-    model_seconds = 0.0
-    tokens: dict[str, int] = {}
-    cached = _done(chunk_ids, todo, tokens)
+    run = _Run()
     outcome = "failed"
-    _progress(ctx, job, request_id, cached, total)
+    events = ctx.redis.pubsub(ignore_subscribe_messages=True)
     try:
-        for number, batch in enumerate(_batches(todo, ctx.settings.batch_size)):
+        # Subscribed before the first check, so no news is missed between a check and a wait.
+        events.subscribe(events_channel(request_id))
+        if missing:
+            ctx.pool.register(request_id, spec)
+        _progress(ctx, job, request_id, cached, total)
+        while missing:
             if ctx.redis.exists(cancel_key(request_id)):
-                logger.info("job %s canceled before batch %d", request_id, number)
+                logger.info("job %s canceled with %d chunk(s) to go", request_id, len(missing))
+                ctx.pool.withdraw(request_id, missing)
                 _event(ctx, request_id, "canceled")
                 outcome = "canceled"
-                return {"chunks_total": total, "chunks_synthesized": len(tokens), "canceled": True,
+                return {"chunks_total": total, "chunks_synthesized": len(todo) - len(missing), "canceled": True,
                         "model": ctx.model.id}
             if _stopping.is_set():
-                logger.info("job %s stops before batch %d: the worker is shutting down", request_id, number)
+                logger.info("job %s stops with %d chunk(s) to go: the worker is shutting down", request_id,
+                            len(missing))
                 _interrupted.add(request_id)
                 outcome = "requeued"
-                return {"chunks_total": total, "chunks_synthesized": len(tokens), "interrupted": True,
+                return {"chunks_total": total, "chunks_synthesized": len(todo) - len(missing), "interrupted": True,
                         "model": ctx.model.id}
-            if limit is not None and time.monotonic() - started > limit:
+            if limit is not None and time.monotonic() - run.started > limit:
                 raise JobTimeoutException(f"job ran past its {limit} s time limit")
-            began = time.monotonic()
-            wavs = ctx.engine.synthesize([text_of[cid] for cid in batch], spec)
-            model_seconds += time.monotonic() - began
-            if len(wavs) != len(batch):
-                raise RuntimeError(f"engine returned {len(wavs)} clips for {len(batch)} texts")
-            for cid, wav in zip(batch, wavs):
-                pcm = audio.to_pcm16(audio.finish(wav))
-                store_chunk(ctx.redis, cid, pcm, ctx.settings.result_ttl)
-                audio_seconds += audio.duration(pcm)
-                tokens[cid] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
-            if number == 0 and cached == 0 and job is not None:
-                _first_chunk(job)
-            _progress(ctx, job, request_id, _done(chunk_ids, todo, tokens), total)
+            failed = ctx.pool.failures(missing)
+            if failed:
+                raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
+            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
+                                           own=request_id, own_chunks=missing)
+            if more:
+                _spawn_assist(ctx)
+            if claimed:
+                _make(ctx, claimed, run)
+            elif events.get_message(timeout=IDLE_CHECK) is None:
+                # A second without news: put back any chunk the pool lost
+                # (a Redis that restarted empty); a no-op otherwise.
+                ctx.pool.register(request_id, spec)
+            left = [cid for cid, hit in zip(missing, stored(ctx.redis, missing)) if not hit]
+            if len(left) != len(missing):
+                missing = left
+                _progress(ctx, job, request_id, _done(chunk_ids, missing), total)
         outcome = "finished"
     except Exception:
+        # Its chunks leave the pool unless another request needs them; a
+        # retry puts them back.
+        ctx.pool.withdraw(request_id, unique)
         _event(ctx, request_id, "failed")
         raise
     finally:
-        _report(ctx, request_id, outcome, total, cached, len(tokens), model_seconds, audio_seconds,
-                time.monotonic() - started)
-    seconds = time.monotonic() - started
+        events.close()
+        _report(ctx, request_id, outcome, total, cached, run)
     _event(ctx, request_id, "finished")
     return {
         "chunks_total": total,
         "chunks_synthesized": len(todo),
-        # Per chunk of the request, in order: tokens generated by this job
-        # (None for a chunk that was already stored).
-        "tokens": [tokens.get(cid) for cid in chunk_ids],
-        "audio_seconds": round(audio_seconds, 3),
-        "synthesis_seconds": round(seconds, 3),
+        # Per chunk of the request, in order: tokens generated by this job run
+        # (None for a chunk that was stored already or made by another worker).
+        "tokens": [run.tokens.get(cid) for cid in chunk_ids],
+        "audio_seconds": round(run.audio_seconds, 3),
+        "synthesis_seconds": round(time.monotonic() - run.started, 3),
         "model": ctx.model.id,
     }
 
 
-def _batches(todo: Sequence[str], size: int) -> list[list[str]]:
-    """`todo` in batches of `size`, except that the first batch is one chunk.
+def assist(queue_name: str) -> dict[str, Any]:
+    """RQ job that lends this worker to the pool: a request's chunks spread over every free worker.
 
-    A listener of the stream hears the first chunk after one chunk's
-    synthesis rather than a whole batch's; the rest keep the batch's
-    throughput.
+    Enqueued (at the front, one waiting at a time) by a worker that left
+    open chunks in the pool while the queue itself was empty. Takes batches in
+    fair order until the pool has nothing open, ASSIST_SECONDS pass, or the
+    worker is stopping; hands on to a new assist job if work is left.
     """
-    if not todo:
-        return []
-    rest = todo[1:]
-    return [list(todo[:1])] + [list(rest[i : i + size]) for i in range(0, len(rest), size)]
+    ctx = _context()
+    ctx.redis.delete(assist_key(queue_name))
+    run = _Run()
+    try:
+        while not _stopping.is_set() and time.monotonic() - run.started < ASSIST_SECONDS:
+            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch)
+            if more:
+                _spawn_assist(ctx)
+            if not claimed:
+                break
+            _make(ctx, claimed, run)
+        else:
+            if not _stopping.is_set():
+                _spawn_assist(ctx)
+    finally:
+        _figures.inc("tts_assist_jobs_total")
+        _report(ctx, get_current_job().id if get_current_job() else "assist", "assisted", 0, 0, run)
+    return {"chunks_synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
+            "model": ctx.model.id}
 
 
-def _first_chunk(job: Job) -> None:
-    """Time from the job's creation (the request; not reset by retries) to its first stored chunk."""
-    created = job.created_at
-    if created is None:
+def _spawn_assist(ctx: _Bound) -> None:
+    """Ask an idle worker of the queue for help with the pool.
+
+    Not when no worker is idle, nor when the queue already holds work for
+    one: a request job waiting in the queue drains the pool as well as an
+    assist job would, and one waiting assist job is enough.
+    """
+    if ctx.queue.count > 0 or not _someone_idle(ctx):
         return
-    if created.tzinfo is None:  # RQ stores UTC
-        created = created.replace(tzinfo=timezone.utc)
-    waited = (datetime.now(timezone.utc) - created).total_seconds()
-    _figures.observe("tts_time_to_first_chunk_seconds", max(0.0, waited))
+    if not ctx.redis.set(assist_key(ctx.queue.name), 1, nx=True, ex=ASSIST_SECONDS):
+        return
+    ctx.queue.enqueue(
+        assist, ctx.queue.name, at_front=True, result_ttl=0, failure_ttl=ctx.settings.result_ttl,
+        job_timeout=ASSIST_SECONDS + ctx.settings.job_timeout(ctx.settings.batch_size),
+        description="assist: synthesize waiting chunks of any request",
+    )
 
 
-def _report(ctx: _Bound, request_id: str, outcome: str, total: int, cached: int, synthesized: int,
-            model_seconds: float, audio_seconds: float, seconds: float) -> None:
-    """One log line and this worker's figures for one run of a job; never the text."""
-    event = {"event": "job", "id": request_id, "status": outcome, "chunks": total, "cached": cached,
-             "synthesized": synthesized, "seconds": round(seconds, 3), "model_seconds": round(model_seconds, 3),
-             "audio_seconds": round(audio_seconds, 3)}
-    logger.info("job %s %s", request_id, outcome, extra={"event": event})
-    _figures.inc("tts_jobs_total", outcome=outcome)
-    _figures.inc("tts_chunks_synthesized_total", synthesized)
-    _figures.inc("tts_synthesis_seconds_total", model_seconds)
-    _figures.inc("tts_audio_seconds_total", audio_seconds)
-    if audio_seconds > 0:
-        _figures.observe("tts_real_time_factor", model_seconds / audio_seconds)
+def _someone_idle(ctx: _Bound) -> bool:
+    """True when a live worker of the queue is waiting for a job (RQ keeps each worker's state in its hash)."""
+    names = ctx.redis.smembers(WORKERS_BY_QUEUE_KEY % ctx.queue.name)
+    with ctx.redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hget(name, "state")
+        states = pipe.execute()
+    return any(state == b"idle" for state in states)
+
+
+def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:
+    """Synthesize and store the claimed chunks in one model call, and take them out of the pool.
+
+    A call that fails is split into one call per row, so one bad chunk
+    cannot fail its batch mates; a row that fails alone is marked failed
+    (its requests fail, and retry). Leases not completed are released, also
+    when the job is stopped by a time limit or a second SIGTERM.
+    """
+    ids = [c.chunk_id for c in claimed]
+    with ctx.lock:
+        ctx.held.update(ids)
+    try:
+        wrong = [c.chunk_id for c in claimed if c.row.model != ctx.model.id]
+        if wrong:
+            ctx.pool.fail(ctx.token, wrong, "ModelMismatch")
+            claimed = [c for c in claimed if c.row.model == ctx.model.id]
+            if not claimed:
+                return
+        began = time.monotonic()
+        try:
+            wavs = ctx.engine.synthesize([c.row for c in claimed])
+            if len(wavs) != len(claimed):
+                raise RuntimeError(f"engine returned {len(wavs)} clips for {len(claimed)} rows")
+        except JobTimeoutException:
+            raise
+        except Exception as exc:
+            if len(claimed) > 1:
+                logger.warning("a batch of %d rows failed (%s); making them one by one", len(claimed),
+                               type(exc).__name__)
+                for one in claimed:
+                    _make(ctx, [one], run)
+                return
+            logger.exception("chunk %s failed", claimed[0].chunk_id)
+            ctx.pool.fail(ctx.token, [claimed[0].chunk_id], type(exc).__name__)
+            return
+        seconds = time.monotonic() - began
+        run.model_seconds += seconds
+        with ctx.redis.pipeline(transaction=False) as pipe:
+            made = 0.0
+            for c, wav in zip(claimed, wavs):
+                pcm = audio.to_pcm16(audio.finish(wav))
+                pipe.set(chunk_key(c.chunk_id), pcm, ex=ctx.settings.result_ttl)
+                made += audio.duration(pcm)
+                run.tokens[c.chunk_id] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
+            pipe.execute()
+        run.audio_seconds += made
+        for _, waited in ctx.pool.complete(ctx.token, [c.chunk_id for c in claimed]):
+            _figures.observe("tts_time_to_first_chunk_seconds", waited)
+        _figures.inc("tts_chunks_synthesized_total", len(claimed))
+        _figures.observe("tts_batch_rows", len(claimed))
+        if made > 0:
+            _figures.observe("tts_real_time_factor", seconds / made)
+    finally:
+        with ctx.lock:
+            ctx.held.difference_update(ids)
+        # Whatever was not completed or failed is open again at once.
+        ctx.pool.release(ctx.token, ids)
+
+
+def _report(ctx: _Bound, job_id: str, outcome: str, total: int, cached: int, run: _Run) -> None:
+    """One log line and this worker's figures for one job run; never the text."""
+    event = {"event": "job", "id": job_id, "status": outcome, "chunks": total, "cached": cached,
+             "synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
+             "model_seconds": round(run.model_seconds, 3), "audio_seconds": round(run.audio_seconds, 3)}
+    logger.info("job %s %s", job_id, outcome, extra={"event": event})
+    if outcome != "assisted":
+        _figures.inc("tts_jobs_total", outcome=outcome)
+    _figures.inc("tts_synthesis_seconds_total", run.model_seconds)
+    _figures.inc("tts_audio_seconds_total", run.audio_seconds)
     try:
         _figures.flush(ctx.redis)
     except (RedisError, OSError) as exc:
         logger.warning("metrics kept until after the next job: Redis said %s", exc)
 
 
-def _done(chunk_ids: Sequence[str], todo: Sequence[str], made: Mapping[str, int]) -> int:
+def _done(chunk_ids: Sequence[str], missing: Sequence[str]) -> int:
     """How many of the request's chunks have their audio stored."""
-    pending = set(todo) - set(made)
+    pending = set(missing)
     return sum(1 for cid in chunk_ids if cid not in pending)
 
 
@@ -303,7 +472,10 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
     """Enqueue the request's job, or return the job already doing it.
 
     The job id is the request id, so identical requests in flight share one
-    job (see `_enqueue_once`). Raises QueueFull past `settings.max_queue`.
+    job (see `_enqueue_once`). The request's missing chunks go into the
+    queue's pool at once, so that a busy worker batches them with the work in
+    hand before this job is even taken. Raises QueueFull past
+    `settings.max_queue`.
     """
     request_id = spec.request_id()
     # Asking again is asking for the audio: an earlier cancel no longer holds.
@@ -327,7 +499,9 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
             meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
         )
 
-    return _enqueue_once(q.connection, request_id, enqueue)
+    job = _enqueue_once(q.connection, request_id, enqueue)
+    Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
+    return job
 
 
 def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
@@ -389,12 +563,15 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job]) -> Job:
     raise RuntimeError(f"could not enqueue job {job_id}")
 
 
-def cancel(redis: Redis, request_id: str, ttl: int) -> None:
+def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> None:
     """Cancel a request: a queued job never runs, a running one stops before its next batch.
 
-    Audio already stored stays and serves later requests. Idempotent.
+    Its chunks leave the pool, except those another request still waits
+    for. Audio already stored stays and serves later requests. Idempotent.
     """
+    redis = q.connection
     redis.set(cancel_key(request_id), 1, ex=ttl)
+    Pool(redis, q.name, ttl).withdraw(request_id, chunk_ids)
     job = fetch(redis, request_id)
     if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.DEFERRED,
                                                               JobStatus.SCHEDULED):

@@ -32,7 +32,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from cache import is_well_formed_id
+from cache import is_well_formed_id, pool_key
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 FIRST_CHUNK_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 # Synthesis seconds per audio second: below 1 is faster than real time.
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Bucket bounds as Prometheus writes them ("0.005", "1.0"), computed once.
-_LE = {le: floatToGoString(le) for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS)}
+_LE = {le: floatToGoString(le) for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS, *BATCH_BUCKETS)}
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("tts_jobs_total", "counter",
            "Job runs by outcome: finished, failed, canceled, requeued (the worker was stopping).", ("outcome",)),
     Metric("tts_chunks_synthesized_total", "counter", "Chunks the workers synthesized."),
+    Metric("tts_chunks_needed_total", "counter",
+           "Chunks that became synthesis tasks in a queue's pool; each should be synthesized once."),
+    Metric("tts_batch_rows", "histogram", "Rows (chunks) per model call, from any number of requests.", (),
+           BATCH_BUCKETS),
+    Metric("tts_assist_jobs_total", "counter",
+           "Assist job runs: a worker with no request of its own taking chunks from the pool."),
     Metric("tts_synthesis_seconds_total", "counter", "Seconds the workers spent in the model."),
     Metric("tts_audio_seconds_total", "counter", "Seconds of audio the workers produced."),
     Metric("tts_real_time_factor", "histogram",
@@ -97,6 +104,13 @@ def _field(name: str, suffix: str, labels: Mapping[str, str]) -> str:
 # In memory a series is (name, suffix, sorted label pairs): cheap to build on
 # every request; it becomes a `_field` string only when flushed.
 _Key = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+def counter_field(name: str) -> str:
+    """The METRICS_KEY hash field of an unlabelled counter, for code that adds to it in Redis directly."""
+    if METRICS[name].kind != "counter" or METRICS[name].labels:
+        raise KeyError(f"{name} is not an unlabelled counter")
+    return _field(name, "", {})
 
 
 def _key(name: str, suffix: str, labels: Mapping[str, str]) -> _Key:
@@ -254,6 +268,8 @@ def queue_gauges(*queues: Any) -> list[GaugeMetricFamily]:
     """Gauges read at scrape time: jobs of each of `queues` (rq Queues) by state, and live workers."""
     jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
                              labels=["queue", "state"])
+    pool = GaugeMetricFamily("tts_pool_chunks", "Chunks waiting in the queue's pool, now (one per request "
+                             "that needs it).", labels=["queue"])
     alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
     for queue in queues:
         names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
@@ -266,8 +282,9 @@ def queue_gauges(*queues: Any) -> list[GaugeMetricFamily]:
             ("failed", queue.failed_job_registry.count),
         ):
             jobs.add_metric([queue.name, state], count)
+        pool.add_metric([queue.name], queue.connection.zcard(pool_key(queue.name)))
         alive.add_metric([queue.name], workers)
-    return [jobs, alive]
+    return [jobs, pool, alive]
 
 
 # -- the web side's request line and counts ------------------------------------

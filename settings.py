@@ -36,6 +36,8 @@ class Settings:
     max_chars: int = 5000
     chunk_chars: int = 180
     batch_size: int = 4
+    # Fill a model call with chunks of any waiting request (false: of one request only).
+    cross_batch: bool = True
     max_new_token: int = 2048
     result_ttl: int = 7 * 24 * 3600
     default_seed: int = 2
@@ -169,6 +171,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         max_chars=_parse(env, "TTS_MAX_CHARS", d.max_chars, _int_in(1, 1_000_000), positive),
         chunk_chars=_parse(env, "TTS_CHUNK_CHARS", d.chunk_chars, _int_in(20, 1000), "a whole number 20-1000"),
         batch_size=_parse(env, "TTS_BATCH_SIZE", d.batch_size, _int_in(1, 256), "a whole number 1-256"),
+        cross_batch=_parse(env, "TTS_CROSS_BATCH", d.cross_batch, _bool, "true or false"),
         max_new_token=_parse(env, "TTS_MAX_NEW_TOKEN", d.max_new_token, _int_in(1, 4096), "a whole number 1-4096"),
         result_ttl=_parse(env, "TTS_RESULT_TTL", d.result_ttl, _int_in(1), "seconds, at least 1"),
         default_seed=_parse(env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"),

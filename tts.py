@@ -197,12 +197,12 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     layout = await manifest_of(ctx, request_id)
     if request.method == "GET":
         return reply(await status_of(ctx, request_id, layout))
-    await run_in_threadpool(_cancel, ctx, request_id)
+    await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"])
     return Response(status_code=204)
 
 
-def _cancel(ctx: Context, request_id: str) -> None:
-    jobs.cancel(ctx.sync_redis, request_id, ctx.settings.result_ttl)
+def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
+    jobs.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
     job = jobs.fetch(ctx.sync_redis, request_id)
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.

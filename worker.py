@@ -30,13 +30,14 @@ from rq.scheduler import RQScheduler
 import jobs
 import metrics
 import webhooks
-from cache import is_well_formed_id
 from engine import ModelUnavailable, load_engine
 from launcher import gpu_slots, launch
 from settings import Settings, SettingsError, from_env
 from status import failure_words
 
 logger = logging.getLogger("worker")
+# The job of a request (its id is the request id); its end fires the request's webhooks.
+REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
 
 class TTSWorker(SimpleWorker):
@@ -83,7 +84,7 @@ class TTSWorker(SimpleWorker):
         if not jobs.take_interrupted(job.id):
             super().handle_job_success(job, queue, started_job_registry)
             # WEBHOOK HOOK 1 of 2: the request's job ended finished or canceled.
-            self._request_over(job.id, None)
+            self._request_over(job, None)
             return
         # Back at the front of its queue as if never taken: still queued (so
         # new submissions join it), no retry spent, nothing recorded as failed;
@@ -99,17 +100,17 @@ class TTSWorker(SimpleWorker):
         """RQ exception handler: called before RQ decides on a retry, so `retries_left` is still this try's."""
         if not job.retries_left:
             # WEBHOOK HOOK 2 of 2: the request's job failed for good (no retry follows).
-            self._request_over(job.id, failure_words(exc_type.__name__))
+            self._request_over(job, failure_words(exc_type.__name__))
         return True  # on to RQ's own handling
 
-    def _request_over(self, job_id: str, error: str | None) -> None:
+    def _request_over(self, job: Any, error: str | None) -> None:
         """Queue the webhook events of a request whose job is over (only Redis is touched)."""
-        if not is_well_formed_id(job_id):
-            return  # a voice export, not a request
+        if job.func_name != REQUEST_JOB:
+            return  # a voice export or an assist job, not a request's
         try:
-            webhooks.request_over(self.connection, job_id, self.settings, error)
+            webhooks.request_over(self.connection, job.id, self.settings, error)
         except (RedisError, OSError):
-            logger.exception("the webhook events of %s could not be queued", job_id)
+            logger.exception("the webhook events of %s could not be queued", job.id)
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.HEARTBEAT_TTL
@@ -135,6 +136,7 @@ class TTSWorker(SimpleWorker):
             while not done.wait(self.HEARTBEAT_EVERY):
                 try:
                     self.maintain_heartbeats(job)
+                    jobs.renew_leases()
                 except Exception:  # a missed beat is retried; never kill the job for it
                     logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
 

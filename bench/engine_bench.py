@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         samples = 0
         for i in range(0, len(chunks), size):
-            for wav in engine.synthesize(chunks[i : i + size], spec):
+            for wav in engine.synthesize([spec.row(j) for j in range(i, i + size)]):
                 samples += len(wav)
         return time.perf_counter() - start, len(chunks), samples
 

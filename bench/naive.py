@@ -45,8 +45,9 @@ def create_app() -> Starlette:
     def synthesize(chunks: tuple[str, ...]) -> bytes:
         spec = Spec(chunks=chunks, model=info.id, seed=settings.default_seed)
         pcm = []
-        for start in range(0, len(chunks), settings.batch_size):
-            for wav in engine.synthesize(list(chunks[start : start + settings.batch_size]), spec):
+        rows = [spec.row(i) for i in range(len(chunks))]
+        for start in range(0, len(rows), settings.batch_size):
+            for wav in engine.synthesize(rows[start : start + settings.batch_size]):
                 pcm.append(audio.to_pcm16(wav))
         return audio.encode(audio.join(pcm), "wav")
 

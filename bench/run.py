@@ -19,7 +19,12 @@ Scenarios (numbers as in BENCHMARKS.md):
  6. scaling: workers x torch threads: 1 x 1, 1 x all cores, 2 x half the cores
     each, and 1 x all cores with OMP_WAIT_POLICY=ACTIVE (spinning);
  7. footprint: RSS and start time of the web process (vs the bare app)
-    and of a worker (tiny; full-size random weights with --full-model).
+    and of a worker (tiny; full-size random weights with --full-model);
+ 8. scheduling: a burst of 16 new requests on one worker with cross-request
+    batching on vs off; a 16-chunk request on 2 workers vs 1; time to first
+    chunk of short requests while a 40-chunk request runs, against one
+    batch's synthesis time; and in every scenario, chunks synthesized per
+    chunk needed (counted by the workers and the pool).
 
 Every figure is measured in several runs; a figure with a baseline is
 measured against it side by side (A B, B A, ...) and reported as the median
@@ -51,15 +56,20 @@ from harness import (  # noqa: E402
     MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, bench_env, http_ok, interleaved, machine, make_spec,
     maps_torch, model_info, percentile, rss_bytes, run_jobs, table, wait_for, write_tiny_model,
 )
+from metrics import METRICS_KEY  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
 import jobs  # noqa: E402
+from cache import stored  # noqa: E402
 from settings import Settings  # noqa: E402
 
 BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
 END = "<!-- bench:end -->"
 CORES = os.cpu_count() or 1
+# Rows per model call for every worker here (TTS_BATCH_SIZE): scenario 5
+# measures what each size gains on this machine.
+BATCH = 8
 HALF = max(1, CORES // 2)
 # Scenario 6, besides the main worker (1 worker x 1 thread): name, workers,
 # torch threads each, extra environment. worker.py sets
@@ -70,6 +80,16 @@ POOLS: list[tuple[str, int, int, dict[str, str]]] = [
     (f"2x{HALF}", 2, HALF, {}),
     (f"1x{CORES} OMP_WAIT_POLICY=ACTIVE", 1, CORES, {"OMP_WAIT_POLICY": "ACTIVE"}),
 ]
+
+
+# Scenario 8's workers besides the main one (cross-request batching on):
+# name, workers, extra environment.
+SCHED_POOLS: list[tuple[str, int, dict[str, str]]] = [
+    ("off", 1, {"TTS_CROSS_BATCH": "false"}),
+    ("two", 2, {}),
+]
+# Scenarios whose synthesis is counted against the chunks they needed.
+MADE_ONCE = ("2", "3", "4", "6", "8")
 
 
 @dataclass(frozen=True)
@@ -86,14 +106,19 @@ class Plan:
     scaling_jobs: int
     batch_chunks: int
     footprint_starts: int
+    burst_requests: int
+    long_chunks: int
+    first_chunk_requests: int
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
             return cls(rounds=1, hit_seconds=1.0, overhead_requests=5, mixed_seconds=5.0, open_seconds=5.0,
-                       mixed_connections=8, dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1)
+                       mixed_connections=8, dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1,
+                       burst_requests=16, long_chunks=16, first_chunk_requests=6)
         return cls(rounds=3, hit_seconds=1.5, overhead_requests=12, mixed_seconds=10.0, open_seconds=15.0,
-                   mixed_connections=8, dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3)
+                   mixed_connections=8, dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3,
+                   burst_requests=16, long_chunks=16, first_chunk_requests=12)
 
 
 @dataclass
@@ -112,6 +137,8 @@ class Bench:
     worker: Proc | None = None
     # name -> (queue, its workers), for scenario 6
     pools: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
+    # name -> (queue, its workers), for scenario 8
+    sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
 
     def add(self, figure: Figure) -> Figure:
         self.figures.append(figure)
@@ -181,7 +208,7 @@ async def _requests(port: int, data: bytes, count: int) -> None:
 # -- the stack -----------------------------------------------------------------
 
 
-def start_stack(b: Bench, pools: bool) -> None:
+def start_stack(b: Bench, pools: bool, sched: bool) -> None:
     """Web, bare app, naive server, the main worker and the worker pools of scenario 6.
 
     The main worker and the naive server run torch on one thread: the tiny
@@ -191,8 +218,8 @@ def start_stack(b: Bench, pools: bool) -> None:
     The model processes load one after another, for the same reason.
     """
     c = b.cluster
-    model = {"TTS_MODEL_PATH": str(b.model_dir)}
-    say("starting the stack: main worker (1 torch thread), web, bare app")
+    model = {"TTS_MODEL_PATH": str(b.model_dir), "TTS_BATCH_SIZE": str(BATCH)}
+    say(f"starting the stack: main worker (1 torch thread, batches of {BATCH}), web, bare app")
     b.worker = c.start_worker("worker", {**model, "TTS_TORCH_THREADS": "1"})
     _, b.web_port = c.start_app("web", "service:create_app", {})
     _, b.bare_port = c.start_app("bare", "bare:create_app", {}, "bench")
@@ -206,6 +233,13 @@ def start_stack(b: Bench, pools: bool) -> None:
                  for i in range(count)]
         c.wait_workers(procs, queue)
         b.pools[name] = (queue, procs)
+    for name, count, extra in SCHED_POOLS if sched else []:
+        say(f"starting the workers '{name}' for scenario 8")
+        queue = f"bench-sched-{name}"
+        procs = [c.start_worker(f"sched-{name}-{i}", {**model, **extra, "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"})
+                 for i in range(count)]
+        c.wait_workers(procs, queue)
+        b.sched[name] = (queue, procs)
     say("starting the naive server")
     _, b.naive_port = c.start_app("naive", "naive:create_app", {**model, "TTS_TORCH_THREADS": "1"}, "bench")
     wait_for(lambda: http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
@@ -459,6 +493,115 @@ async def _speech(port: int, text: str) -> bytes:
     return body
 
 
+# -- 8. scheduling ----------------------------------------------------------------------------
+
+
+def scheduling(b: Bench) -> None:
+    plan = b.plan
+    redis = b.cluster.redis()
+    model_id = model_info(redis).id
+    main = ("tts", [b.worker] if b.worker else [])
+    off, two = b.sched["off"], b.sched["two"]
+
+    for chunks, target in (((1, 1), (">= 2.5x", lambda r: r >= 2.5)), ((1, 3), None)):
+        size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
+        say(f"8 scheduling: a burst of {plan.burst_requests} new requests of {size} on one worker, "
+            "cross-request batching on vs off")
+        burst = b.add(Figure("8", f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
+                                  "cross-request batching on (vs off)", "req/s", target=target))
+        for _, side in interleaved(plan.rounds, "off", "on"):
+            queue, procs = main if side == "on" else off
+            specs = [make_spec(b.texts.mixed(*chunks), model_id) for _ in range(plan.burst_requests)]
+            started = time.monotonic()
+            run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
+            rate = len(specs) / (time.monotonic() - started)
+            (burst.values if side == "on" else burst.baseline).append(rate)
+        say(f"  {statistics.median(burst.values):.1f} vs {statistics.median(burst.baseline):.1f} req/s")
+
+    say(f"8 scheduling: one {plan.long_chunks}-chunk request on 2 workers vs 1")
+    spread = b.add(Figure("8", f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)", "s",
+                          target=("<= 0.6x", lambda r: r <= 0.6)))
+    for _, side in interleaved(plan.rounds, "one", "two"):
+        queue, procs = main if side == "one" else two
+        spec = make_spec(b.texts.text(plan.long_chunks), model_id)
+        started = time.monotonic()
+        run_jobs(redis, Settings(queue=queue), [spec], timeout=600, workers=procs)
+        (spread.values if side == "two" else spread.baseline).append(time.monotonic() - started)
+    say(f"  {statistics.median(spread.values):.2f} vs {statistics.median(spread.baseline):.2f} s")
+
+    say(f"8 scheduling: time to first chunk of {plan.first_chunk_requests} short requests while a 40-chunk "
+        "request runs")
+    first = b.add(Figure("8", "time to first chunk of a short request while a 40-chunk request runs, p95 "
+                              "(vs one batch's synthesis time)", "ms", target=("<= 2x", lambda r: r <= 2)))
+    for _ in range(plan.rounds):
+        waits, batch_seconds = _first_chunks_behind_a_long_request(b, redis, model_id)
+        first.values.append(percentile(waits, 95) * 1000)
+        first.baseline.append(batch_seconds * 1000)
+    say(f"  p95 {statistics.median(first.values):.0f} ms; one batch {statistics.median(first.baseline):.0f} ms")
+
+
+def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> tuple[list[float], float]:
+    """Seconds from submission to first stored chunk of each short request, submitted one after another
+    while a 40-chunk request runs on the main worker; and the mean model call's seconds meanwhile."""
+    settings = Settings(queue="tts")
+    q = jobs.queue(redis, settings)
+    long_spec = make_spec(b.texts.text(40), model_id)
+    long = jobs.submit(q, long_spec, settings)
+    long_chunks = long_spec.chunk_ids()
+    wait_for(lambda: any(stored(redis, long_chunks)), 120, "the long request's first chunk", interval=0.005)
+    before = counters(redis)
+    waits: list[float] = []
+    for _ in range(b.plan.first_chunk_requests):
+        spec = make_spec(b.texts.text(1), model_id)
+        t0 = time.monotonic()
+        jobs.submit(q, spec, settings)
+        wait_for(lambda: stored(redis, spec.chunk_ids()[:1])[0], 120, "a short request's first chunk",
+                 interval=0.002)
+        waits.append(time.monotonic() - t0)
+
+    def flushed() -> dict[str, float] | None:
+        now = counters(redis)  # the worker flushes its figures when a job run ends
+        return now if now["tts_batch_rows_count"] > before["tts_batch_rows_count"] else None
+
+    wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
+    after = wait_for(flushed, 30, "the worker's figures")
+    calls = after["tts_batch_rows_count"] - before["tts_batch_rows_count"]
+    batch_seconds = (after["tts_synthesis_seconds_total"] - before["tts_synthesis_seconds_total"]) / calls
+    return waits, batch_seconds
+
+
+def counters(redis: Any) -> dict[str, float]:
+    """The service's counters that the scheduling figures use, from the metrics hash in Redis."""
+    names = {"tts_chunks_synthesized_total": ("", {}), "tts_chunks_needed_total": ("", {}),
+             "tts_synthesis_seconds_total": ("", {}), "tts_batch_rows_count": ("_count", {})}
+    out = {}
+    for name, (suffix, labels) in names.items():
+        metric = name[: -len(suffix)] if suffix else name
+        raw = redis.hget(METRICS_KEY, json.dumps([metric, suffix, labels], separators=(",", ":")))
+        out[name] = float(raw) if raw is not None else 0.0
+    return out
+
+
+def made_once(b: Bench, scenario: str, before: dict[str, float]) -> None:
+    """A figure: chunks the workers synthesized per chunk the pool was asked for, during `scenario`."""
+    redis = b.cluster.redis()
+
+    def settled() -> dict[str, float] | None:
+        now = counters(redis)
+        made = now["tts_chunks_synthesized_total"] - before["tts_chunks_synthesized_total"]
+        needed = now["tts_chunks_needed_total"] - before["tts_chunks_needed_total"]
+        return now if needed > 0 and made >= needed else None
+
+    try:
+        now = wait_for(settled, 30, "the workers to count the chunks they made", interval=0.1)
+    except BenchError:
+        now = counters(redis)
+    made = now["tts_chunks_synthesized_total"] - before["tts_chunks_synthesized_total"]
+    needed = now["tts_chunks_needed_total"] - before["tts_chunks_needed_total"]
+    b.add(Figure(scenario, f"chunks synthesized per chunk needed ({made:.0f} / {needed:.0f})", "x",
+                 values=[made / needed if needed else float("nan")], target=("exactly 1.0", lambda v: v == 1.0)))
+
+
 # -- 6. scaling ----------------------------------------------------------------------------
 
 
@@ -577,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the table into FILE, between its markers (not in quick mode)")
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
-    only = set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "5", "6", "7"}
+    only = set(args.only.split(",")) if args.only else {"1", "2", "3", "4", "5", "6", "7", "8"}
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     started = time.monotonic()
     info = machine()
@@ -590,13 +733,17 @@ def main(argv: list[str] | None = None) -> int:
             b = Bench(plan=plan, cluster=cluster, model_dir=model_dir)
             if "7" in only:
                 footprint(b, args.full_model)
-            if only & {"1", "2", "3", "4", "6"}:
-                start_stack(b, pools="6" in only)
+            if only & {"1", "2", "3", "4", "6", "8"}:
+                start_stack(b, pools="6" in only, sched="8" in only)
             steps: list[tuple[str, Callable[[Bench], None]]] = [
-                ("1", cache_hit), ("2", queue_overhead), ("4", dedupe), ("3", mixed), ("6", scaling), ("5", batching)]
+                ("1", cache_hit), ("2", queue_overhead), ("4", dedupe), ("3", mixed), ("8", scheduling), ("6", scaling),
+                ("5", batching)]
             for number, step in steps:
                 if number in only:
+                    before = counters(cluster.redis()) if number in MADE_ONCE else None
                     step(b)
+                    if before is not None:
+                        made_once(b, number, before)
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,363 @@
+"""The pool of chunks waiting for synthesis: fair, leased, shared by every request of a queue.
+
+A request's RQ job is what users and rq-dashboard see, but workers make
+chunks, not requests. When a request is submitted, each of its chunks whose
+audio is not stored is put in its queue's pool (`register`). A worker fills
+each model call from the pool (`claim`): the earliest missing chunk of every
+waiting request comes before later chunks of any one request, so a short
+request arriving behind a long one is heard after about one batch, and rows
+of one call may belong to many requests. A chunk that several requests need
+is one task, made once.
+
+A claim is a lease: the worker renews it while it synthesizes (`renew`) and
+gives it up when the audio is stored (`complete`), when the chunk fails
+(`fail`) or when it stops early (`release`). A worker that dies loses its
+claims when the lease runs out, and another worker takes them.
+
+Redis layout, for queue Q (every change is one Lua script, so it is atomic):
+- `tts:pool:Q`: sorted set of "request:chunk", scored by the chunk's index
+  in its request, then by the request's arrival (Redis's clock);
+- `tts:task:Q:C`: hash {batch, spec}: the one-chunk Spec to synthesize and
+  what rows of one model call must share (`Spec.batch_key`);
+- `tts:waiters:Q:C`: set of the request ids that need chunk C;
+- `tts:claim:Q:C`: the claiming worker's token, expiring with the lease;
+- `tts:failed:Q:C`: why C failed, for the requests that wait on it.
+
+Imports no web framework, RQ worker or torch: both sides use it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from redis import Redis
+
+import metrics
+from cache import PREFIX, Spec, events_channel, pool_key
+
+# Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
+# sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
+# wraps once in that time; 50,000 chunks * SLOT stays an exact double.
+SLOT = 10**10
+# How many pool entries one claim looks at, at most (bounds the script's time).
+SCAN_LIMIT = 2000
+
+_REGISTER = """
+local p, q, r, ttl, counters, needed = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local slot = tonumber(ARGV[7])
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
+local pool = p .. ':pool:' .. q
+local new = 0
+for i = 8, #ARGV, 4 do
+  local cid = ARGV[i]
+  if redis.call('EXISTS', p .. ':chunk:' .. cid) == 0 then
+    local task = p .. ':task:' .. q .. ':' .. cid
+    if redis.call('EXISTS', task) == 0 then
+      redis.call('HSET', task, 'batch', ARGV[i + 2], 'spec', ARGV[i + 3])
+      new = new + 1
+    end
+    redis.call('EXPIRE', task, ttl)
+    local w = p .. ':waiters:' .. q .. ':' .. cid
+    redis.call('SADD', w, r)
+    redis.call('EXPIRE', w, ttl)
+    local score = tonumber(ARGV[i + 1]) * slot + now
+    redis.call('ZADD', pool, 'NX', string.format('%.0f', score), r .. ':' .. cid)
+  end
+end
+if new > 0 then redis.call('HINCRBYFLOAT', counters, needed, new) end
+return new
+"""
+
+# Shared by the scripts that end a chunk's life in the pool: forget it and
+# wake every request waiting on it. Returns, for each waiter whose chunk 0
+# this was, the request id and the milliseconds since it arrived.
+_FORGET = """
+local function forget(p, q, pool, cid, slot, now)
+  local w = p .. ':waiters:' .. q .. ':' .. cid
+  local firsts = {}
+  for _, r in ipairs(redis.call('SMEMBERS', w)) do
+    local member = r .. ':' .. cid
+    local score = redis.call('ZSCORE', pool, member)
+    if score then
+      score = tonumber(score)
+      if score < slot then
+        firsts[#firsts + 1] = r
+        firsts[#firsts + 1] = tostring((now - score) % slot)
+      end
+      redis.call('ZREM', pool, member)
+    end
+    redis.call('PUBLISH', p .. ':events:' .. r, '{"event":"chunk"}')
+  end
+  redis.call('DEL', w, p .. ':task:' .. q .. ':' .. cid)
+  return firsts
+end
+"""
+
+_CLAIM = _FORGET + """
+local p, q = ARGV[1], ARGV[2]
+local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local pool = p .. ':pool:' .. q
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
+local out, taken, stale, orphans = {}, {}, {}, {}
+local batch, only, more, rows = nil, nil, 0, 0
+
+local function key(kind, cid) return p .. ':' .. kind .. ':' .. q .. ':' .. cid end
+
+-- The task of an unclaimed chunk that still needs making, or nil.
+local function open(member, cid)
+  if redis.call('EXISTS', key('claim', cid)) == 1 then return nil end
+  if redis.call('EXISTS', p .. ':chunk:' .. cid) == 1 then stale[#stale + 1] = cid; return nil end
+  local task = redis.call('HMGET', key('task', cid), 'batch', 'spec')
+  if not task[1] then orphans[#orphans + 1] = member; return nil end
+  return task
+end
+
+local function take(cid, task, request)
+  redis.call('SET', key('claim', cid), token, 'PX', lease)
+  out[#out + 1] = cid
+  out[#out + 1] = task[2]
+  taken[cid] = true
+  rows = rows + 1
+  batch = task[1]
+  if not cross and only == nil then only = request end
+end
+
+-- 1. The claiming request's own earliest open chunk comes first, so its job
+-- makes progress with every batch and keeps to its time limit.
+if own ~= '' then
+  for i = 10, #ARGV do
+    local cid = ARGV[i]
+    if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
+      local task = open(own .. ':' .. cid, cid)
+      if task then take(cid, task, own); break end
+    end
+  end
+end
+
+-- 2. The rest in fair order: every request's chunk 0, then every chunk 1...
+local start = 0
+while start < limit and (rows < n or more == 0) do
+  local members = redis.call('ZRANGE', pool, start, start + 99)
+  if #members == 0 then break end
+  for _, member in ipairs(members) do
+    local sep = string.find(member, ':', 1, true)
+    local request, cid = string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
+    if not taken[cid] then
+      local task = open(member, cid)
+      if task then
+        local fits = batch == nil or task[1] == batch
+        if fits and only ~= nil and request ~= only then
+          fits = redis.call('SISMEMBER', key('waiters', cid), only) == 1
+        end
+        if fits and rows < n then
+          take(cid, task, request)
+        else
+          -- Open work this call leaves: another worker could take it.
+          more = 1
+          if rows >= n then break end
+        end
+      end
+    end
+  end
+  start = start + 100
+end
+
+for _, cid in ipairs(stale) do forget(p, q, pool, cid, slot, now) end
+for _, member in ipairs(orphans) do redis.call('ZREM', pool, member) end
+out[#out + 1] = tostring(more)
+return out
+"""
+
+_COMPLETE = _FORGET + """
+local p, q, token, slot = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local pool = p .. ':pool:' .. q
+local t = redis.call('TIME')
+local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
+local firsts = {}
+for i = 5, #ARGV do
+  local cid = ARGV[i]
+  for _, v in ipairs(forget(p, q, pool, cid, slot, now)) do firsts[#firsts + 1] = v end
+  local claim = p .. ':claim:' .. q .. ':' .. cid
+  if redis.call('GET', claim) == token then redis.call('DEL', claim) end
+end
+return firsts
+"""
+
+_FAIL = _FORGET + """
+local p, q, token, slot, reason, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local pool = p .. ':pool:' .. q
+for i = 7, #ARGV do
+  local cid = ARGV[i]
+  -- The mark first: the waiters woken below must find it.
+  redis.call('SET', p .. ':failed:' .. q .. ':' .. cid, reason, 'EX', ttl)
+  forget(p, q, pool, cid, slot, 0)
+  local claim = p .. ':claim:' .. q .. ':' .. cid
+  if redis.call('GET', claim) == token then redis.call('DEL', claim) end
+end
+return 1
+"""
+
+_RENEW = """
+local p, q, token, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local kept = 0
+for i = 5, #ARGV do
+  local claim = p .. ':claim:' .. q .. ':' .. ARGV[i]
+  if redis.call('GET', claim) == token then redis.call('PEXPIRE', claim, lease); kept = kept + 1 end
+end
+return kept
+"""
+
+_RELEASE = """
+local p, q, token = ARGV[1], ARGV[2], ARGV[3]
+for i = 4, #ARGV do
+  local claim = p .. ':claim:' .. q .. ':' .. ARGV[i]
+  if redis.call('GET', claim) == token then redis.call('DEL', claim) end
+end
+return 1
+"""
+
+_WITHDRAW = """
+local p, q, r = ARGV[1], ARGV[2], ARGV[3]
+local pool = p .. ':pool:' .. q
+for i = 4, #ARGV do
+  local cid = ARGV[i]
+  redis.call('ZREM', pool, r .. ':' .. cid)
+  local w = p .. ':waiters:' .. q .. ':' .. cid
+  redis.call('SREM', w, r)
+  -- Nobody else needs it: it leaves the pool (a claim in progress still
+  -- finishes and stores it, harmlessly).
+  if redis.call('SCARD', w) == 0 then redis.call('DEL', w, p .. ':task:' .. q .. ':' .. cid) end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A chunk this worker holds the lease on: its id and the one-chunk Spec to synthesize."""
+
+    chunk_id: str
+    row: Spec
+
+
+class Pool:
+    """The pool of one queue, through a synchronous Redis client.
+
+    `ttl` (seconds) bounds how long a task waits unclaimed; it is renewed
+    whenever a request needing it is submitted again.
+    """
+
+    def __init__(self, redis: Redis, queue: str, ttl: int) -> None:
+        self.redis = redis
+        self.queue = queue
+        self.ttl = ttl
+        # New tasks are counted in Redis by the script itself (exact, whoever registers).
+        self.needed_field = metrics.counter_field("tts_chunks_needed_total")
+        self._register = redis.register_script(_REGISTER)
+        self._claim = redis.register_script(_CLAIM)
+        self._complete = redis.register_script(_COMPLETE)
+        self._fail = redis.register_script(_FAIL)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self._withdraw = redis.register_script(_WITHDRAW)
+
+    def _args(self, *rest: Any) -> list[Any]:
+        return [PREFIX, self.queue, *rest]
+
+    def register(self, request_id: str, spec: Spec) -> int:
+        """Put every chunk of `spec` whose audio is not stored in the pool, for `request_id`.
+
+        Idempotent: a chunk already waiting keeps its place and gains a
+        waiter. Returns how many chunks became new tasks (also added to the
+        `tts_chunks_needed_total` metric).
+        """
+        args: list[Any] = []
+        seen: set[str] = set()
+        batch = spec.batch_key()
+        for index, chunk_id in enumerate(spec.chunk_ids()):
+            if chunk_id in seen:
+                continue  # a chunk repeated in one request keeps its first place
+            seen.add(chunk_id)
+            row = spec.row(index).to_json()
+            args += [chunk_id, index, batch, json.dumps(row, ensure_ascii=False, separators=(",", ":"))]
+        if not args:
+            return 0
+        return int(self._register(args=self._args(request_id, self.ttl, metrics.METRICS_KEY, self.needed_field, SLOT, *args)))
+
+    def claim(self, token: str, size: int, lease_ms: int, cross: bool,
+              own: str | None = None, own_chunks: Sequence[str] = ()) -> tuple[list[Claimed], bool]:
+        """Lease up to `size` open chunks that can share one model call, in fair order.
+
+        With `own`, that request's earliest open chunk among `own_chunks` (in
+        request order) is taken first. Without `cross`, every row belongs to
+        one request. Returns the claimed chunks and whether open work was
+        left in the pool for another worker.
+        """
+        reply = self._claim(args=self._args(size, lease_ms, token, "1" if cross else "0", SCAN_LIMIT, SLOT,
+                                            own or "", *own_chunks))
+        *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
+        claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
+        return claimed, more == "1"
+
+    def renew(self, token: str, chunk_ids: Sequence[str], lease_ms: int) -> int:
+        """Extend this worker's leases on `chunk_ids`; returns how many it still held."""
+        if not chunk_ids:
+            return 0
+        return int(self._renew(args=self._args(token, lease_ms, *chunk_ids)))
+
+    def complete(self, token: str, chunk_ids: Sequence[str]) -> list[tuple[str, float]]:
+        """Take chunks whose audio is now stored out of the pool and wake their requests.
+
+        Returns (request id, seconds since it arrived) for each request whose
+        first chunk this was: its time to first chunk.
+        """
+        if not chunk_ids:
+            return []
+        flat = [x.decode() if isinstance(x, bytes) else x for x in
+                self._complete(args=self._args(token, SLOT, *chunk_ids))]
+        return [(flat[i], float(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
+
+    def fail(self, token: str, chunk_ids: Sequence[str], reason: str, ttl: int = 600) -> None:
+        """Mark chunks that the model could not make: their requests fail (and may retry)."""
+        if chunk_ids:
+            self._fail(args=self._args(token, SLOT, reason, ttl, *chunk_ids))
+
+    def release(self, token: str, chunk_ids: Sequence[str]) -> None:
+        """Give up this worker's leases: the chunks are open again at once."""
+        if chunk_ids:
+            self._release(args=self._args(token, *chunk_ids))
+
+    def withdraw(self, request_id: str, chunk_ids: Iterable[str]) -> None:
+        """`request_id` no longer waits for `chunk_ids`; chunks nobody else waits for leave the pool."""
+        ids = list(dict.fromkeys(chunk_ids))
+        if ids:
+            self._withdraw(args=self._args(request_id, *ids))
+
+    def failures(self, chunk_ids: Sequence[str]) -> dict[str, str]:
+        """Why each of `chunk_ids` failed, for those marked failed."""
+        if not chunk_ids:
+            return {}
+        values = self.redis.mget([self._key("failed", cid) for cid in chunk_ids])
+        return {cid: v.decode() for cid, v in zip(chunk_ids, values) if v is not None}
+
+    def forgive(self, chunk_ids: Sequence[str]) -> None:
+        """Clear failure marks, so that a retried request tries its chunks again."""
+        if chunk_ids:
+            self.redis.delete(*[self._key("failed", cid) for cid in chunk_ids])
+
+    def size(self) -> int:
+        """Entries (request, chunk) waiting in the pool."""
+        return int(self.redis.zcard(pool_key(self.queue)))
+
+    def _key(self, kind: str, chunk_id: str) -> str:
+        return f"{PREFIX}:{kind}:{self.queue}:{chunk_id}"
+
+
+def wake(redis: Redis, request_id: str) -> None:
+    """Wake whoever waits on `request_id`'s events (its job, streams)."""
+    redis.publish(events_channel(request_id), json.dumps({"event": "wake"}))
