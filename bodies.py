@@ -1,9 +1,9 @@
-"""The HTTP API's JSON bodies, declared once as msgspec Structs: decoding, validation and schemas come from here.
+"""The HTTP API's request bodies, declared once as msgspec Structs, and their decoding.
 
-A request body is decoded by `decode`, which answers every refusal with an
-ApiError naming the field at fault; `components` turns the same
-declarations into the OpenAPI schemas. What a JSON Schema cannot state is
-declared beside the fields, on the class, and feeds both as well:
+`decode` answers every refusal with an ApiError naming the field at fault;
+openapi.py derives the schemas from the same declarations. What a JSON
+Schema keyword cannot state alone is declared beside the fields, on the
+class, and feeds both as well:
 
 * `one_of`: at most one of these fields may be given (422 names the second
   one in the body); with `one_required`, exactly one.
@@ -387,8 +387,10 @@ def _bounds(t: mi.IntType | mi.FloatType) -> str:
     return ""
 
 
-def _attr(cls: type[Body], encoded: str) -> str:
-    return next(f.name for f in _info(cls).fields if f.encode_name == encoded)
+@lru_cache(maxsize=None)
+def _attrs(cls: type[Body]) -> dict[str, str]:
+    """The class's attribute names by the names a body uses ("break" -> "break_")."""
+    return {f.encode_name: f.name for f in _info(cls).fields}
 
 
 def _rules(body: Body, order: Callable[[], list[str]]) -> None:
@@ -396,7 +398,7 @@ def _rules(body: Body, order: Callable[[], list[str]]) -> None:
     cls = type(body)
 
     def given(encoded: str) -> bool:
-        return getattr(body, _attr(cls, encoded)) is not UNSET
+        return getattr(body, _attrs(cls)[encoded]) is not UNSET
 
     chosen = [name for name in cls.one_of if given(name)]
     if len(chosen) > 1:
@@ -406,7 +408,7 @@ def _rules(body: Body, order: Callable[[], list[str]]) -> None:
     if cls.one_required and not chosen:
         raise ApiError(422, f"give one of {', '.join(cls.one_of)}", field="body")
     needing = [name for name, (other, value) in cls.needs.items()
-               if given(name) and getattr(body, _attr(cls, other)) != value]
+               if given(name) and getattr(body, _attrs(cls)[other]) != value]
     if needing:
         keys = order()
         name = min(needing, key=keys.index)

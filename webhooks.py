@@ -5,7 +5,9 @@
 A request's callback URLs are kept in a Redis hash (URL -> audio format)
 until its job is over; `request_over` then takes them all at once (so each
 distinct URL gets exactly one event) and enqueues one delivery job per URL
-on `settings.webhook_queue`. A synthesis worker only touches Redis: the
+on `settings.webhook_queue`; the event's URL and body wait in a hash of
+their own (`event_key`), so the job, which rq-dashboard shows, names only
+the event. A synthesis worker only touches Redis: the
 webhooks process does the HTTP. A delivery that gets no 2xx within TIMEOUT
 seconds is retried after each of `settings.webhook_retry_delays`, then given
 up. Each try is signed anew (the timestamp is the try's), with the same
@@ -60,6 +62,11 @@ _METADATA = {ipaddress.ip_address("168.63.129.16")}  # Azure's wire server
 
 class DeliveryFailed(RuntimeError):
     """A try got no 2xx; the message names the target by scheme and host only."""
+
+
+def event_key(event_id: str) -> str:
+    """The hash of one event to deliver: its callback URL and body."""
+    return f"tts:webhook:{event_id}"
 
 
 def hooks_key(request_id: str) -> str:
@@ -193,8 +200,14 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
             **({"error": error or "synthesis failed"} if status == "failed" else {}),
         )
         event_id = uuid.uuid4().hex
+        # The URL (which may hold credentials or tokens) stays out of the job's
+        # arguments, which rq-dashboard shows: the job names the event only.
+        with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
+            pipe.expire(event_key(event_id), settings.result_ttl)
+            pipe.execute()
         queue.enqueue(
-            deliver, url, msgspec.json.encode(event).decode(), event_id,
+            deliver, event_id,
             job_id=f"webhook-{event_id}", retry=Retry(max=len(delays), interval=delays),
             # A try is bounded by TIMEOUT per socket operation; this bounds a receiver that drips.
             job_timeout=int(TIMEOUT * 4), result_ttl=24 * 3600, failure_ttl=settings.result_ttl,
@@ -254,14 +267,20 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return f"sha256={digest}"
 
 
-def deliver(url: str, body: str, event_id: str) -> dict[str, Any]:
-    """RQ job: POST one signed event to `url`. Raises DeliveryFailed (RQ retries) unless it got a 2xx.
+def deliver(event_id: str) -> dict[str, Any]:
+    """RQ job: POST event `event_id`, signed, to its URL. Raises DeliveryFailed (RQ retries) unless it got a 2xx.
 
-    A target that now resolves to a refused address is given up at once.
+    A target that now resolves to a refused address is given up at once, as is
+    an event that has expired from Redis.
     """
     if _bound is None:
         raise RuntimeError("no settings are bound in this process; run deliveries with `python webhooks.py`")
     settings = _bound.settings
+    stored = _bound.redis.hgetall(event_key(event_id))
+    if not stored:
+        logger.warning("webhook %s given up: the event has expired", event_id)
+        return {"delivered": False, "expired": True}
+    url, data = stored[b"url"].decode(), stored[b"body"]
     job = get_current_job()
     last_try = job is None or not job.retries_left
     target = _target(url)
@@ -280,7 +299,6 @@ def deliver(url: str, body: str, event_id: str) -> dict[str, Any]:
                 return {"delivered": False, "refused": True}
             except (OSError, UnicodeError) as exc:
                 raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
-        data = body.encode()
         timestamp = str(int(time.time()))
         headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-TTS-Event-Id": event_id,
                    "X-TTS-Timestamp": timestamp, "X-TTS-Signature": sign(settings.webhook_secret, timestamp, data)}
@@ -291,6 +309,7 @@ def deliver(url: str, body: str, event_id: str) -> dict[str, Any]:
         if not 200 <= status < 300:
             raise DeliveryFailed(f"{target.shown} answered {status}")
         outcome = "delivered"
+        _bound.redis.delete(event_key(event_id))
         return {"delivered": True, "status": status}
     except DeliveryFailed:
         raise

@@ -259,7 +259,7 @@ def test_without_a_secret_callback_urls_are_refused(stack_factory: Callable[...,
 
 
 def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_factory: Callable[..., Stack],
-                                                                        receiver: Receiver) -> None:
+                                                                        receiver: Receiver, redis: Redis) -> None:
     stack = _stack(stack_factory)
     url = receiver.url.replace("http://", "http://hook-user:hook-pass@") + "/hook/s3cr3t-path?token=t0psecret"
     _submit(stack, "Keep my secrets.", url)
@@ -274,5 +274,11 @@ def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_fa
         for secret in ("s3cr3t-path", "t0psecret", "hook-pass", "hook-user", signature, SECRET):
             assert secret not in out, (proc.log.name, secret)
     assert "127.0.0.1" in hooks.output()  # the target is named by scheme and host
+    # Nor in what rq-dashboard shows of the delivery job: its arguments and description.
+    assert redis.keys("rq:job:webhook-*")
+    for key in redis.keys("rq:job:webhook-*"):
+        job = redis.hgetall(key)
+        shown = zlib.decompress(job[b"data"]) + job.get(b"description", b"")
+        assert b"s3cr3t-path" not in shown and b"hook-pass" not in shown and b"t0psecret" not in shown
     maps = Path(f"/proc/{hooks.pid}/maps").read_text()
     assert "libtorch" not in maps and "torch/lib" not in maps
