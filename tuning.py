@@ -11,6 +11,7 @@ Imports torch: only engine.py, the benches and the tests import this module.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import time
 import warnings
@@ -153,11 +154,24 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
             warnings.filterwarnings("ignore", message=".*quantiz.*", category=Warning)
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             inner = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        _own_memory(inner)
     forward = None
     if tuning.compile:
         # dynamic=True: the KV cache grows every step; without it each length recompiles.
         forward = torch.compile(inner, dynamic=True)
     return CastingLlama(inner, dtype, forward)
+
+
+def _own_memory(module: torch.nn.Module) -> None:
+    """Copy what is left of `module`'s float tensors into memory of its own.
+
+    transformers maps the checkpoint file and the parameters view that
+    mapping: while one norm weight still views it, the float32 weights that
+    quantization replaced stay mapped and resident (int8 worker at full size:
+    1.8 GB RSS instead of about 0.5).
+    """
+    for tensor in [*module.parameters(), *module.buffers()]:
+        tensor.data = tensor.data.clone()
 
 
 def build_decoder(decoder: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
@@ -174,6 +188,9 @@ def apply(chat: Any, tuning: Tuning) -> None:
     started = time.perf_counter()
     chat.gpt.gpt = build_gpt(chat.gpt.gpt, tuning)
     chat.decoder = build_decoder(chat.decoder, tuning)
+    # The replaced float32 modules sit in reference cycles: collect them now,
+    # which also unmaps the checkpoint file they viewed.
+    gc.collect()
     logger.info("model tuned to %s in %.1f s", tuning.label(), time.perf_counter() - started)
 
 
