@@ -194,7 +194,6 @@ class ToneEngine:
 
     speaker_dim = 16
 
-    @_inference
     def speaker(self, seed: int) -> str:
         """A speaker string in ChatTTS's format, of `speaker_dim` values drawn from `seed`."""
         return validation.encode_speaker(self._embedding(seed, None))
