@@ -69,7 +69,7 @@ def first_logits(chat: Any, text: str, spk_emb: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def sampled_codes(chat: Any, text: str, spk_emb: torch.Tensor, seed: int, steps: int) -> tuple[torch.Tensor, Any]:
-    """The first `steps` audio codes ChatTTS samples for `text` under `seed`: (T <= steps, num_vq), and their hiddens."""
+    """The first `steps` audio codes sampled for `text` under `seed`, (T <= steps, num_vq), and their hiddens."""
     chat.context.set(False)
     params = chat.InferCodeParams(spk_emb=spk_emb, manual_seed=seed, max_new_token=steps, show_tqdm=False,
                                   **SAMPLING)

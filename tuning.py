@@ -66,7 +66,8 @@ class Tuning:
         """The Tuning `label()` names. Raises ValueError on an unknown part."""
         dtype, *rest = label.split("+")
         if dtype not in DTYPES or not set(rest) <= {"int8", "compile"}:
-            raise ValueError(f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], DTYPE one of {sorted(DTYPES)}")
+            raise ValueError(f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], "
+                             f"DTYPE one of {sorted(DTYPES)}")
         return cls(dtype=dtype, quantize="int8" if "int8" in rest else "none", compile="compile" in rest)
 
 
@@ -195,5 +196,5 @@ def apply(chat: Any, tuning: Tuning) -> None:
 
 
 def variant(base_gpt: torch.nn.Module, base_decoder: torch.nn.Module, tuning: Tuning) -> tuple[Any, Any]:
-    """A (gpt, decoder) pair for `tuning` built from copies of the float32 modules, for swapping in benches and tests."""
+    """A (gpt, decoder) pair for `tuning` built from copies of the float32 modules (benches and tests swap them in)."""
     return build_gpt(copy.deepcopy(base_gpt), tuning), build_decoder(copy.deepcopy(base_decoder), tuning)

@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, cores // max(workers))
     info = machine()
     name = gpu_name() if gpu else "no GPU"
-    say(f"mode: {'GPU (cuda:0): ' + name if gpu else 'reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU'}")
+    cpu_mode = "reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU"
+    say(f"mode: {'GPU (cuda:0): ' + name if gpu else cpu_mode}")
     figures: list[Figure] = []
     try:
         with Cluster() as cluster:
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - started
     head = (f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
             f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {seconds:.0f} s")
-    cross = "" if CROSS_BATCH != (None,) else "cross-request batching on vs off: not measured (no TTS_CROSS_BATCH in this build)"
+    cross = ("" if CROSS_BATCH != (None,)
+             else "cross-request batching on vs off: not measured (no TTS_CROSS_BATCH in this build)")
     print()
     print(head)
     print(table(figures, markdown=False))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import email.parser
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
