@@ -54,6 +54,13 @@ class Settings:
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
     torch_threads: int = 0
+    # Engine switches (tuning.py; part of the model identity). dtype of the
+    # GPT and decoder: auto = bfloat16 on a CUDA device that has it, else float32.
+    dtype: str = "auto"
+    # int8 dynamic quantization of the GPT's linear layers: auto = on the CPU.
+    quantize: str = "auto"
+    # torch.compile of the GPT: off, since on the CPU it did not pay (BENCHMARKS.md).
+    compile: bool = False
     # Logging: level name, and "json" (one JSON object a line) or "text".
     log_level: str = "INFO"
     log_format: str = "json"
@@ -160,6 +167,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     # Hosted Redis often serves TLS with a self-signed certificate.
     if not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
         redis_url = _unverified_tls(redis_url)
+    dtype = _parse(env, "TTS_DTYPE", d.dtype, _choice("auto", "float32", "bfloat16", "float16"),
+                   "auto, float32, bfloat16 or float16")
+    quantize = _parse(env, "TTS_QUANTIZE", d.quantize, _choice("auto", "none", "int8"), "auto, none or int8")
+    if quantize == "int8" and dtype not in ("auto", "float32"):
+        # torch's dynamic int8 kernels take float32 activations only.
+        raise SettingsError(f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
+                            f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}")
     return Settings(
         redis_url=redis_url,
         port=_parse(env, "PORT", d.port, _int_in(1, 65535), "a port number 1-65535"),
@@ -188,6 +202,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                         "comma-separated keys of at least 16 characters", secret=True),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
+        dtype=dtype,
+        quantize=quantize,
+        compile=_parse(env, "TTS_COMPILE", d.compile, _bool, "true or false"),
         log_level=_parse(env, "LOG_LEVEL", d.log_level, _level, "DEBUG, INFO, WARNING or ERROR"),
         log_format=_parse(env, "TTS_LOG_FORMAT", d.log_format, _choice("json", "text"), "json or text"),
         max_voices=_parse(env, "TTS_MAX_VOICES", d.max_voices, _int_in(1, 1_000_000), "a whole number 1-1000000"),

@@ -33,6 +33,9 @@ def test_values_are_read(tmp_path: object) -> None:
         pytest.param("TTS_RESULT_TTL", "-5", id="ttl-negative"),
         pytest.param("TTS_DEFAULT_SEED", "1.5", id="seed-float"),
         pytest.param("TTS_ENGINE", "espeak", id="engine"),
+        pytest.param("TTS_DTYPE", "fp16", id="dtype"),
+        pytest.param("TTS_QUANTIZE", "int4", id="quantize"),
+        pytest.param("TTS_COMPILE", "maybe", id="compile"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:
@@ -70,3 +73,19 @@ def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
     assert name in str(info.value) and "expected" in str(info.value)
     if name == "TTS_WEBHOOK_SECRET":
         assert value not in str(info.value)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    pytest.param({}, ("auto", "auto", False), id="defaults"),
+    pytest.param({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "none", "TTS_COMPILE": "true"}, ("bfloat16", "none", True),
+                 id="gpu-style"),
+    pytest.param({"TTS_DTYPE": "float32", "TTS_QUANTIZE": "int8"}, ("float32", "int8", False), id="cpu-int8"),
+])
+def test_engine_switches_are_read(env: dict[str, str], expected: tuple[str, str, bool]) -> None:
+    s = from_env(env)
+    assert (s.dtype, s.quantize, s.compile) == expected
+
+
+def test_int8_with_a_half_precision_dtype_names_both_variables() -> None:
+    with pytest.raises(SettingsError, match="TTS_QUANTIZE=int8 is not valid with TTS_DTYPE=bfloat16"):
+        from_env({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "int8"})
