@@ -181,8 +181,9 @@ def events_channel(request_id: str) -> str:
 
 
 def manifest(spec: Spec) -> dict[str, Any]:
-    """What is stored under `request_key`: the chunk ids in order, and the
-    silence (ms) after each when joined (none after the last).
+    """What is stored under `request_key`: the chunk ids in order, the
+    silence (ms) after each when joined (none after the last), and each
+    chunk's normalized text (for captions).
 
     The pauses follow from the chunk texts, which the request id hashes, so
     an id's audio never changes (bump KEY_VERSION if the pause rules do).
@@ -190,7 +191,7 @@ def manifest(spec: Spec) -> dict[str, Any]:
     pauses = [pause_after(chunk) for chunk in spec.chunks]
     if pauses:
         pauses[-1] = 0
-    return {"chunks": spec.chunk_ids(), "pauses": pauses}
+    return {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
 
 
 class AudioCache:
@@ -229,6 +230,15 @@ class AudioCache:
     async def manifest(self, request_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(request_key(request_id))
         return None if raw is None else json.loads(raw)
+
+    async def sizes(self, chunk_ids: Sequence[str]) -> list[int | None]:
+        """The byte length of each chunk's stored audio (0 for a silent chunk), None where it is not stored."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for cid in chunk_ids:
+                pipe.exists(chunk_key(cid))
+                pipe.strlen(chunk_key(cid))
+            found = await pipe.execute()
+        return [int(size) if hit else None for hit, size in zip(found[::2], found[1::2])]
 
     async def chunks(self, chunk_ids: Sequence[str]) -> list[bytes | None]:
         """The PCM16 audio of each chunk, None where it is not (or no longer) stored."""

@@ -7,6 +7,7 @@ process never imports either.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -14,7 +15,7 @@ import math
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from cache import SAMPLE_RATE, Spec
 from settings import Settings
 
 logger = logging.getLogger("engine")
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Bump when this module changes how text becomes audio for the same model
 # (trimming, speaker sampling): it is part of the model identity, so audio
@@ -79,6 +81,22 @@ def _import_chattts() -> Any:
     return ChatTTS
 
 
+def _inference(method: F) -> F:
+    """Run `method` under torch.inference_mode: no autograd records, no version counters.
+
+    Imports torch on call, so that importing this module does not.
+    """
+
+    @functools.wraps(method)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return method(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
 class ChatTTSEngine:
     """ChatTTS behind the jobs' one-method Engine interface (and the VoiceBank one)."""
 
@@ -100,10 +118,12 @@ class ChatTTSEngine:
         mean = self.chat.speaker.mean.float().cpu()
         return torch.randn(std.shape[0], generator=generator) * std + mean
 
+    @_inference
     def speaker(self, seed: int) -> str:
         """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
         return self.chat.speaker._encode(self._speaker(seed, None))
 
+    @_inference
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
         """One model call for `rows` (one-chunk Specs), trimmed to each row's generated length.
 
@@ -144,27 +164,26 @@ class ChatTTSEngine:
             show_tqdm=False,
         )
         chat.context.set(False)
-        with torch.inference_mode():
-            # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
-            normed = [chat.normalizer(spoken.speak(row.chunks[0]), True, True, None) for row in rows]
-            if first.refine_text:
-                prompt = "".join(
-                    f"[{name}_{value}]"
-                    for name, value in (("oral", first.oral), ("laugh", first.laugh), ("break", first.break_))
-                    if value is not None
-                )
-                refine = chat.RefineTextParams(
-                    prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
-                )
-                refined = chat._refine_text(normed, chat.device, refine)
-                ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
-                normed = chat.tokenizer.decode(ids)
-                refined.destroy()
-            texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
-            result = next(chat._infer_code(texts, False, chat.device, True, params))
-            lengths = [int(h.size(0)) for h in result.hiddens]
-            wavs = chat._decode_to_wavs(result.hiddens, True)
-            result.destroy()
+        # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
+        normed = [chat.normalizer(spoken.speak(row.chunks[0]), True, True, None) for row in rows]
+        if first.refine_text:
+            prompt = "".join(
+                f"[{name}_{value}]"
+                for name, value in (("oral", first.oral), ("laugh", first.laugh), ("break", first.break_))
+                if value is not None
+            )
+            refine = chat.RefineTextParams(
+                prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
+            )
+            refined = chat._refine_text(normed, chat.device, refine)
+            ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
+            normed = chat.tokenizer.decode(ids)
+            refined.destroy()
+        texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
+        result = next(chat._infer_code(texts, False, chat.device, True, params))
+        lengths = [int(h.size(0)) for h in result.hiddens]
+        wavs = chat._decode_to_wavs(result.hiddens, True)
+        result.destroy()
         return [
             np.asarray(wavs[i, : max(0, jobs.SAMPLES_PER_TOKEN * n - jobs.SAMPLES_PER_TOKEN // 2)], dtype=np.float32)
             for i, n in enumerate(lengths)
@@ -279,6 +298,8 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
     ChatTTS = _import_chattts()
     import torch
 
+    import tuning
+
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     chat = ChatTTS.Chat(logging.getLogger("chattts"))
@@ -292,15 +313,20 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
     if "sha256" in manifest:
         chat.sha256_map = manifest["sha256"]
     device = _select_device(settings.device)
+    try:
+        tuned = tuning.resolve(settings, device, int(chat.config.gpt.hidden_size))
+    except tuning.TuningError as exc:
+        raise ModelUnavailable(str(exc)) from exc
     if not chat.load(source="custom", custom_path=str(path), compile=False, device=device):
         raise ModelUnavailable(
             f"ChatTTS could not load {path}: files missing or failing their SHA-256 check (see the log above)"
         )
+    tuning.apply(chat, tuned)
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)
     info = jobs.ModelInfo(
         id=_identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token,
-                      "spoken": spoken.IDENTITY}),
+                      "spoken": spoken.IDENTITY, "tuning": tuned.identity()}),
         name=name,
         tiny=bool(manifest.get("tiny", False)),
         engine="chattts",

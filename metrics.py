@@ -91,6 +91,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
     Metric("tts_time_to_first_chunk_seconds", "histogram",
            "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
+    # The webhooks process.
+    Metric("tts_webhook_deliveries_total", "counter",
+           "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "
+           "failed), refused (the host now resolves to a refused address).", ("result",)),
 )}
 
 
@@ -322,25 +326,26 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     return generate_latest(registry)
 
 
-def queue_gauges(queue: Any) -> list[GaugeMetricFamily]:
-    """Gauges read at scrape time: jobs of `queue` (an rq Queue) by state, and live workers."""
-    names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
-    # A dead worker's key expires; its membership lingers until RQ's next clean-up.
-    workers = int(queue.connection.exists(*names)) if names else 0
+def queue_gauges(*queues: Any) -> list[GaugeMetricFamily]:
+    """Gauges read at scrape time: jobs of each of `queues` (rq Queues) by state, and live workers."""
     jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
                              labels=["queue", "state"])
-    for state, count in (
-        ("queued", queue.count),
-        ("started", queue.started_job_registry.count),
-        ("scheduled", queue.scheduled_job_registry.count),  # retries waiting out their backoff
-        ("failed", queue.failed_job_registry.count),
-    ):
-        jobs.add_metric([queue.name, state], count)
     pool = GaugeMetricFamily("tts_pool_chunks", "Chunks waiting in the queue's pool, now (one per request "
                              "that needs it).", labels=["queue"])
-    pool.add_metric([queue.name], queue.connection.zcard(pool_key(queue.name)))
     alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
-    alive.add_metric([queue.name], workers)
+    for queue in queues:
+        names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
+        # A dead worker's key expires; its membership lingers until RQ's next clean-up.
+        workers = int(queue.connection.exists(*names)) if names else 0
+        for state, count in (
+            ("queued", queue.count),
+            ("started", queue.started_job_registry.count),
+            ("scheduled", queue.scheduled_job_registry.count),  # retries waiting out their backoff
+            ("failed", queue.failed_job_registry.count),
+        ):
+            jobs.add_metric([queue.name, state], count)
+        pool.add_metric([queue.name], queue.connection.zcard(pool_key(queue.name)))
+        alive.add_metric([queue.name], workers)
     return [jobs, pool, alive]
 
 

@@ -1,9 +1,10 @@
 """The OpenAPI 3.1 description of the HTTP API, as plain data (served at GET /openapi.json).
 
-Written by hand from validation.py and service.py, and held to them by
-tests/test_schema.py, which runs schemathesis against the running service:
-every answer must match this document, every body it calls valid must be
-accepted, every body it calls invalid must be refused with a 4xx.
+The schemas of every JSON body, asked and answered, come from their
+declarations in bodies.py; this module describes the paths: parameters,
+statuses and headers. tests/test_schema.py runs schemathesis against the
+running service: every answer must match this document, every body it calls
+valid must be accepted, every body it calls invalid must be refused with a 4xx.
 
 Limits that come from the configuration (text length, body size, how long
 the speech route waits) are filled in from the Settings the service runs with.
@@ -13,42 +14,64 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+import msgspec.inspect as mi
+
 import audio
-import validation
+import bodies
+import captions
+import replies
 from settings import Settings
 
-VERSION = "1"
+VERSION = "1.1"
 _JSON = "application/json"
 # The Content-Types of what each audio route serves.
 _TTS_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in audio.TTS_FORMATS})
-_SPEECH_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in validation.SPEECH_FORMATS})
-# A request id: 32 lowercase hex digits (cache.is_well_formed_id). Other ids
-# are answered 404, not 422: the path names a resource that does not exist.
-_ID_PATTERN = "^[0-9a-f]{32}$"
-_SEED_MAX = 2**32 - 1
+_SPEECH_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in bodies.SPEECH_FORMATS})
 # Answered without an API key even when keys are configured.
 PUBLIC = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
-# Longest speaker string accepted (ChatTTS's own are about 840 characters).
-_SPEAKER_MAX = 8192
-# base16384 (pybase16384): characters from U+4E00-U+8DFF, then one of
-# U+3D01-U+3D06 saying how many bytes the last character holds.
-_SPEAKER = {
-    "type": "string",
-    "format": "chattts-speaker",
-    "maxLength": _SPEAKER_MAX,
-    "pattern": "^[\u4e00-\u8dff]+[\u3d01-\u3d06]?$",
-}
+# Every JSON body asked or answered (and the types they use).
+SCHEMAS: tuple[type[msgspec.Struct], ...] = (
+    replies.Error, bodies.TtsRequest, replies.TtsSubmitted, replies.TtsStatus, bodies.SpeechRequest,
+    bodies.VoiceRequest, replies.SeedVoice, replies.SavedVoice, replies.VoiceList, replies.Captions,
+    replies.WebhookEvent, replies.Ready, replies.Health,
+)
 
 
-def _at_most(n: int) -> str:
-    """A regular expression (alternatives, unanchored) for the decimal numbers 0..n."""
-    digits = str(n)
-    alternatives = [f"[0-9]{{1,{len(digits) - 1}}}"] if len(digits) > 1 else []
-    for i, d in enumerate(digits):
-        if d != "0":
-            alternatives.append(f"{digits[:i]}[0-{int(d) - 1}][0-9]{{{len(digits) - i - 1}}}")
-    alternatives.append(digits)
-    return "|".join(alternatives)
+def components(settings: Settings) -> dict[str, Any]:
+    """The component schemas of SCHEMAS, derived from their declarations, for a deployment with `settings`.
+
+    A field's Meta `extra={"from_settings": {keyword: setting}}` fills a schema
+    keyword from the settings; a Body's rules (bodies.Body) become
+    dependentSchemas and anyOf.
+    """
+    _, schemas = msgspec.json.schema_components(SCHEMAS, ref_template="#/components/schemas/{name}")
+    for cls in SCHEMAS:
+        schema = schemas[cls.__name__]
+        info = mi.type_info(cls)
+        assert isinstance(info, mi.StructType)
+        for field in info.fields:
+            members = field.type.types if isinstance(field.type, mi.UnionType) else (field.type,)
+            for member in members:
+                if isinstance(member, mi.Metadata):
+                    for keyword, setting in ((member.extra or {}).get("from_settings") or {}).items():
+                        schema["properties"][field.encode_name][keyword] = getattr(settings, setting)
+        if issubclass(cls, bodies.Body):
+            schema.update(_rules(cls))
+    return schemas
+
+
+def _rules(cls: type[bodies.Body]) -> dict[str, Any]:
+    """A Body's `one_of`, `one_required` and `needs` as JSON Schema keywords."""
+    dependent: dict[str, Any] = {}
+    for name in cls.one_of:
+        dependent[name] = {"properties": {other: False for other in cls.one_of if other != name}}
+    for name, (other, value) in cls.needs.items():
+        dependent.setdefault(name, {}).update({"required": [other], "properties": {other: {"const": value}}})
+    out: dict[str, Any] = {"dependentSchemas": dependent} if dependent else {}
+    if cls.one_required:
+        out["anyOf"] = [{"required": [name]} for name in cls.one_of]
+    return out
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -74,181 +97,6 @@ def _binary(media_types: list[str], description: str, headers: dict[str, Any]) -
     }
 
 
-def _text_field(settings: Settings, what: str) -> dict[str, Any]:
-    return {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": settings.max_chars,
-        # Not blank. Text of only invisible characters (zero-width, format,
-        # control) is 422 too, which a pattern cannot say in full.
-        "pattern": r"\S",
-        "description": f"{what}. Normalized first (NFKC; zero-width, format and control characters dropped; "
-        f"runs of white space made one space; ends stripped); empty after that, or longer than "
-        f"{settings.max_chars} characters, is 422.",
-    }
-
-
-def _tts_request(settings: Settings) -> dict[str, Any]:
-    def whole(low: int, high: int, description: str, default: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "integer", "minimum": low, "maximum": high, "description": description}
-        if default is not None:
-            out["default"] = default
-        return out
-
-    def unit(default: float, description: str) -> dict[str, Any]:
-        return {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": default, "description": description}
-
-    refine_only = "Refine prompt; only with refine_text: true (else 422)."
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["text"],
-        "properties": {
-            "text": _text_field(settings, "What to say"),
-            "seed": whole(0, _SEED_MAX, "Picks the voice; the same seed is the same voice everywhere.",
-                          settings.default_seed),
-            "speaker": {
-                **_SPEAKER,
-                "description": "A ChatTTS speaker string (GET /v1/voices/{seed}, or ChatTTS's "
-                "sample_random_speaker()); overrides seed. One that does not decode to this model's "
-                "embedding size is 422.",
-            },
-            "speed": whole(1, 9, "ChatTTS [speed_N].", 5),
-            "temperature": unit(0.3, "Sampling temperature."),
-            "top_p": unit(0.7, "Nucleus sampling."),
-            "top_k": whole(1, 100, "Top-k sampling.", 20),
-            "refine_text": {"type": "boolean", "default": False,
-                            "description": "Run ChatTTS's text refinement first."},
-            "oral": whole(0, 9, refine_only),
-            "laugh": whole(0, 2, refine_only),
-            "break": whole(0, 7, refine_only),
-            "format": {"type": "string", "enum": list(audio.TTS_FORMATS), "default": "wav",
-                       "description": "Only echoed into audio_url: audio is stored once and encoded on the way out."},
-        },
-        # oral, laugh and break need refine_text: true.
-        "dependentSchemas": {
-            name: {"required": ["refine_text"], "properties": {"refine_text": {"const": True}}}
-            for name in ("oral", "laugh", "break")
-        },
-    }
-
-
-def _speech_request(settings: Settings) -> dict[str, Any]:
-    names = list(validation.OPENAI_VOICES)
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["input"],
-        "properties": {
-            "model": {"type": "string", "description": "Accepted and ignored: one model serves a deployment."},
-            "input": _text_field(settings, "What to say"),
-            "voice": {
-                "description": "An OpenAI voice name (a fixed seed), a seed (number, or a string of digits), "
-                "or a ChatTTS speaker string.",
-                "default": "alloy",
-                "anyOf": [
-                    {"type": "string", "enum": names},
-                    {"type": "integer", "minimum": 0, "maximum": _SEED_MAX},
-                    {"type": "string", "pattern": rf"^\s*0*({_at_most(_SEED_MAX)})\s*$"},
-                    # Longer than 32 characters once stripped: a speaker string.
-                    {**_SPEAKER, "minLength": 33},
-                    {"type": "object", "required": ["id"], "properties": {"id": {"type": "string", "enum": names}}},
-                ],
-            },
-            "response_format": {"type": "string", "enum": list(validation.SPEECH_FORMATS), "default": "mp3",
-                                "description": "pcm: raw PCM16, 24 kHz, mono. Others are 400."},
-            "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0, "default": 1.0,
-                      "description": "Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5)."},
-            "instructions": {"type": "string", "description": "Accepted and ignored."},
-            "stream_format": {"type": "string", "enum": ["audio"], "default": "audio"},
-        },
-    }
-
-
-def _schemas(settings: Settings) -> dict[str, Any]:
-    status_words = ["queued", "started", "finished", "failed", "canceled"]
-    progress = {
-        "type": "object",
-        "required": ["chunks_done", "chunks_total"],
-        "properties": {
-            "chunks_done": {"type": "integer", "minimum": 0},
-            "chunks_total": {"type": "integer", "minimum": 1},
-        },
-    }
-    return {
-        "Error": {
-            "type": "object",
-            "required": ["detail"],
-            "properties": {
-                "detail": {"type": "string", "minLength": 1, "description": "What is wrong, in words."},
-                "field": {"type": "string", "description": "The field at fault, when there is one."},
-            },
-        },
-        "Progress": progress,
-        "TtsRequest": _tts_request(settings),
-        "TtsSubmitted": {
-            "type": "object",
-            "required": ["id", "status", "status_url", "audio_url", "progress"],
-            "properties": {
-                "id": {"type": "string", "pattern": _ID_PATTERN},
-                "status": {"type": "string", "enum": status_words},
-                "status_url": {"type": "string", "pattern": "^/v1/tts/[0-9a-f]{32}$"},
-                "audio_url": {"type": "string", "pattern": "^/v1/tts/[0-9a-f]{32}/audio(\\?format=[a-z0-9]+)?$"},
-                "progress": _ref("Progress"),
-                "cached": {"type": "boolean", "description": "true: every chunk was stored; nothing was queued."},
-            },
-        },
-        "TtsStatus": {
-            "type": "object",
-            "required": ["id", "status", "progress"],
-            "properties": {
-                "id": {"type": "string", "pattern": _ID_PATTERN},
-                "status": {"type": "string", "enum": status_words},
-                "progress": _ref("Progress"),
-                "position": {"type": "integer", "minimum": 0, "description": "Place in the queue (when queued)."},
-                "error": {"type": "string", "description": "Why it failed (when failed), in safe words."},
-            },
-        },
-        "SpeechRequest": _speech_request(settings),
-        "Voice": {
-            "type": "object",
-            "required": ["seed", "speaker", "model"],
-            "properties": {
-                "seed": {"type": "integer", "minimum": 0, "maximum": _SEED_MAX},
-                "speaker": {"type": "string", "minLength": 1,
-                            "description": "The ChatTTS speaker string this seed stands for on this model."},
-                "model": {"type": "string", "description": "The id of the model the speaker string belongs to."},
-                "model_name": {"type": "string"},
-            },
-        },
-        "Ready": {
-            "type": "object",
-            "required": ["status", "workers", "queue", "model"],
-            "properties": {
-                "status": {"type": "string", "enum": ["ready", "not ready"]},
-                "workers": {"type": "integer", "minimum": 0},
-                "queue": {"type": "string"},
-                "model": {
-                    "oneOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "required": ["name", "id", "tiny", "device"],
-                            "properties": {
-                                "name": {"type": "string"},
-                                "id": {"type": "string"},
-                                "tiny": {"type": "boolean"},
-                                "device": {"type": "string"},
-                            },
-                        },
-                    ]
-                },
-                "detail": {"type": "string", "description": "What is not ready (503 only)."},
-            },
-        },
-    }
-
-
 def _headers() -> dict[str, Any]:
     def header(description: str, **schema: Any) -> dict[str, Any]:
         return {"description": description, "schema": {"type": "string", **schema}}
@@ -260,7 +108,7 @@ def _headers() -> dict[str, Any]:
         "ETag": header("The audio's id and format; send it back in If-None-Match.", pattern='^"[0-9a-f]{32}\\.[a-z0-9]+"$'),
         "Cache-Control": header("Audio never changes under its URL."),
         "Content-Disposition": header("A file name for the download."),
-        "X-Request-Id": header("The /v1/tts id of the same request.", pattern=_ID_PATTERN),
+        "X-Request-Id": header("The /v1/tts id of the same request.", pattern=bodies.ID_PATTERN),
         "WWW-Authenticate": header("Bearer."),
     }
 
@@ -271,8 +119,16 @@ def schema(settings: Settings) -> dict[str, Any]:
         "name": "id",
         "in": "path",
         "required": True,
+        # Other strings are answered 404, not 422: the path names a resource that does not exist.
         "description": "A request id, as POST /v1/tts answers it (other strings are 404).",
         "schema": {"type": "string"},
+    }
+    name_param = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "description": "A voice name: a lowercase letter, then up to 63 lowercase letters, digits, _ or -.",
+        "schema": {"type": "string", "pattern": bodies.NAME_PATTERN},
     }
     # What every endpoint that reads Redis can answer besides its own statuses.
     common: dict[str, Any] = {
@@ -285,14 +141,24 @@ def schema(settings: Settings) -> dict[str, Any]:
         "429": _error("The queue is full (or the key's rate limit is reached); nothing was queued.", "Retry-After"),
         "503": _error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),
     }
+    model_wait = {
+        "503": _error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),
+        "504": _error(f"No worker exported a seed's voice within {settings.speech_wait} s.", "Retry-After"),
+    }
+    not_ready = {
+        "202": _json(_ref("TtsStatus"), "Not finished yet.", {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
+        "404": _error("Unknown id, or its audio expired."),
+        "409": _error("The request was canceled; submit it again."),
+        "500": _error("Synthesis failed; the message is safe to show."),
+    }
     status_link = {"operationId": "getStatus", "parameters": {"id": "$response.body#/id"}}
     submit_links = {
         "status": status_link,
         "audio": {"operationId": "getAudio", "parameters": {"id": "$response.body#/id"}},
+        "captions": {"operationId": "getCaptions", "parameters": {"id": "$response.body#/id"}},
         "cancel": {"operationId": "cancel", "parameters": {"id": "$response.body#/id"}},
     }
-    audio_headers = {name: {"$ref": f"#/components/headers/{name}"}
-                     for name in ("ETag", "Cache-Control", "Content-Disposition")}
+    immutable = {name: {"$ref": f"#/components/headers/{name}"} for name in ("ETag", "Cache-Control", "Content-Disposition")}
     paths: dict[str, Any] = {
         "/v1/tts": {
             "post": {
@@ -307,6 +173,10 @@ def schema(settings: Settings) -> dict[str, Any]:
                             "links": submit_links},
                     **common,
                     **body_errors,
+                    "504": _error(f"No worker exported a seed's voice within {settings.speech_wait} s.", "Retry-After"),
+                },
+                "callbacks": {
+                    "requestOver": {"{$request.body#/callback_url}": {"post": _event_operation()}},
                 },
             }
         },
@@ -340,27 +210,50 @@ def schema(settings: Settings) -> dict[str, Any]:
                     {"name": "format", "in": "query", "required": False,
                      "schema": {"type": "string", "enum": list(audio.TTS_FORMATS), "default": "wav"}},
                     {"name": "wait", "in": "query", "required": False,
-                     "description": "Hold the request up to this many seconds for the audio.",
-                     "schema": {"type": "number", "minimum": 0, "maximum": 60, "default": 0}},
+                     "description": "Hold the request up to this many seconds for the audio (empty: 0).",
+                     "schema": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 60},
+                                          {"type": "string", "maxLength": 0}], "default": 0}},
                     {"name": "stream", "in": "query", "required": False,
                      "description": "true: a chunked 200 that starts with the first stored chunk and ends with "
                      "the last (no ETag; a streamed WAV's header cannot know the length). Served whole once "
-                     "everything is stored.",
-                     "schema": {"type": "boolean", "default": False}},
+                     "everything is stored. Also 1, yes, on (or empty) and 0, no, off, in any case.",
+                     "schema": {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": bodies.any_case(
+                         ("", "1", "true", "yes", "on", "0", "false", "no", "off"))}], "default": False}},
                     {"name": "If-None-Match", "in": "header", "required": False,
                      "description": "An ETag from an earlier answer: 304 when it matches.",
                      "schema": {"type": "string"}},
                 ],
                 "responses": {
-                    "200": _binary(_TTS_MEDIA, "The audio.", audio_headers),
-                    "202": _json(_ref("TtsStatus"), "Not ready yet.",
-                                 {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
+                    "200": _binary(_TTS_MEDIA, "The audio.", immutable),
                     "304": {"description": "Not modified (If-None-Match matched).",
                             "headers": {"ETag": {"$ref": "#/components/headers/ETag"}}},
-                    "404": _error("Unknown id, or its audio expired."),
-                    "409": _error("The request was canceled; submit it again."),
+                    **not_ready,
                     "422": _error("format, wait or stream is not valid; `field` names it."),
-                    "500": _error("Synthesis failed; the message is safe to show."),
+                    **common,
+                },
+            },
+        },
+        "/v1/tts/{id}/captions": {
+            "parameters": [id_param],
+            "get": {
+                "operationId": "getCaptions",
+                "summary": "Timed captions: one cue per chunk, at its exact samples in the WAV",
+                "parameters": [
+                    {"name": "format", "in": "query", "required": False,
+                     "schema": {"type": "string", "enum": list(captions.FORMATS), "default": "vtt"}},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The captions.",
+                        "headers": immutable,
+                        "content": {
+                            captions.MEDIA["vtt"]: {"schema": {"type": "string"}},
+                            captions.MEDIA["srt"]: {"schema": {"type": "string"}},
+                            _JSON: {"schema": _ref("Captions")},
+                        },
+                    },
+                    **not_ready,
+                    "422": _error("format is not vtt, srt or json."),
                     **common,
                 },
             },
@@ -383,26 +276,65 @@ def schema(settings: Settings) -> dict[str, Any]:
                 },
             }
         },
-        "/v1/voices/{seed}": {
+        "/v1/voices": {
+            "get": {
+                "operationId": "listVoices",
+                "summary": "The saved voices and the built-in names, sorted by name",
+                "responses": {"200": _json(_ref("VoiceList"), "The voices."), **common},
+            }
+        },
+        "/v1/voices/{name}": {
             "get": {
                 "operationId": "getVoice",
-                "summary": "The ChatTTS speaker string a seed stands for",
-                "parameters": [{"name": "seed", "in": "path", "required": True,
-                                "schema": {"type": "integer", "minimum": 0, "maximum": _SEED_MAX}}],
+                "summary": "A voice: a saved or built-in one by name, or the speaker string of a seed (digits)",
+                "parameters": [{
+                    "name": "name", "in": "path", "required": True,
+                    "description": "A voice name, or a seed (0-4294967295).",
+                    "schema": {"type": "string",
+                               "pattern": f"^(?:{bodies.NAME_PATTERN[1:-1]}|0*(?:{bodies.at_most(bodies.SEED_MAX)}))$"},
+                }],
                 "responses": {
-                    "200": _json(_ref("Voice"), "The speaker string (a worker makes it on first request)."),
-                    "422": _error("seed is not a whole number from 0 to 4294967295."),
-                    "503": _error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),
-                    "504": _error(f"No worker exported the voice within {settings.speech_wait} s.", "Retry-After"),
+                    "200": _json({"anyOf": [_ref("SavedVoice"), _ref("SeedVoice")]},
+                                 "The voice (a worker makes a seed's speaker string on first request)."),
+                    "404": _error("No voice has that name."),
+                    "422": _error("Neither a voice name nor a seed from 0 to 4294967295."),
+                    **model_wait,
                 },
-            }
+            },
+            "put": {
+                "operationId": "saveVoice",
+                "summary": "Save a voice made from a seed, a speaker string or a weighted mix",
+                "parameters": [name_param],
+                "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("VoiceRequest")}}},
+                "responses": {
+                    "200": _json(_ref("SavedVoice"), "Replaced: new requests with this name get the new voice."),
+                    "201": _json(_ref("SavedVoice"), "Saved."),
+                    "409": _error("A built-in voice's name."),
+                    "400": _error("The body is not JSON (or not UTF-8)."),
+                    "413": _error(f"The body is over {settings.max_body} bytes."),
+                    "422": _error(f"A field is not valid (`field` names it), or {settings.max_voices} voices are "
+                                  "saved already (`name`)."),
+                    **model_wait,
+                },
+            },
+            "delete": {
+                "operationId": "deleteVoice",
+                "summary": "Delete a saved voice",
+                "parameters": [name_param],
+                "responses": {
+                    "204": {"description": "Deleted."},
+                    "404": _error("No saved voice has that name."),
+                    "409": _error("A built-in voice's name."),
+                    "422": _error("Not a voice name."),
+                    **common,
+                },
+            },
         },
         "/healthz": {
             "get": {
                 "operationId": "healthz",
                 "summary": "Liveness",
-                "responses": {"200": _json({"type": "object", "required": ["status"],
-                                            "properties": {"status": {"const": "ok"}}}, "The process runs.")},
+                "responses": {"200": _json(_ref("Health"), "The process runs.")},
             }
         },
         "/readyz": {
@@ -435,7 +367,7 @@ def schema(settings: Settings) -> dict[str, Any]:
         "/": {
             "get": {
                 "operationId": "page",
-                "summary": "A page: text, seed, speed, generate, play and download",
+                "summary": "A page: every control of POST /v1/tts, voices, captions, history, play and download",
                 "responses": {"200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}},
             }
         },
@@ -445,11 +377,12 @@ def schema(settings: Settings) -> dict[str, Any]:
         "info": {
             "title": "ChatTTS service",
             "version": VERSION,
-            "description": "Speech synthesis jobs: submit text, poll, fetch the audio. Errors are JSON "
-            '{"detail": str, "field": str?}.',
+            "description": "Speech synthesis jobs: submit text, poll, fetch the audio and its captions; save "
+            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}.',
         },
         "paths": paths,
-        "components": {"schemas": _schemas(settings), "headers": _headers()},
+        "webhooks": {"requestOver": {"post": _event_operation()}},
+        "components": {"schemas": components(settings), "headers": _headers()},
     }
     if settings.api_keys:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
@@ -465,3 +398,26 @@ def schema(settings: Settings) -> dict[str, Any]:
                     operation["responses"].setdefault(
                         "429", _error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After"))
     return doc
+
+
+def _event_operation() -> dict[str, Any]:
+    """The signed POST a callback_url receives."""
+
+    def header(description: str) -> dict[str, Any]:
+        return {"required": True, "description": description, "schema": {"type": "string"}}
+
+    return {
+        "summary": "The request is finished, failed or canceled",
+        "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
+        "backoff for about 10 minutes, then given up. Redirects are not followed.",
+        "parameters": [
+            {"name": "X-TTS-Event-Id", "in": "header", **header("Unique per event, the same on every try: "
+                                                                "drop repeats by it.")},
+            {"name": "X-TTS-Timestamp", "in": "header", **header("Unix seconds of this try.")},
+            {"name": "X-TTS-Signature", "in": "header",
+             **header('"sha256=" and the hex HMAC-SHA256 of "<timestamp>.<raw body>" keyed with '
+                      "TTS_WEBHOOK_SECRET.")},
+        ],
+        "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
+        "responses": {"2XX": {"description": "Received; any other answer is retried."}},
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -57,9 +57,32 @@ class Settings:
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
     torch_threads: int = 0
+    # Engine switches (tuning.py; part of the model identity). dtype of the
+    # GPT and decoder: auto = bfloat16 on a CUDA device that has it, else float32.
+    dtype: str = "auto"
+    # int8 dynamic quantization of the GPT's linear layers: auto = on the CPU.
+    quantize: str = "auto"
+    # torch.compile of the GPT: off, since on the CPU it did not pay (BENCHMARKS.md).
+    compile: bool = False
     # Logging: level name, and "json" (one JSON object a line) or "text".
     log_level: str = "INFO"
     log_format: str = "json"
+    # Saved voices at most (PUT /v1/voices/{name}); they never expire.
+    max_voices: int = 1000
+    # Where clients reach the service (https://tts.example.com); webhook
+    # events then carry absolute URLs. None: paths.
+    public_url: str | None = None
+    # HMAC-SHA256 key that signs webhook events; None: callback_url is refused.
+    webhook_secret: str | None = field(default=None, repr=False)
+    # Deliver to loopback, private, link-local and metadata addresses (tests, private networks).
+    webhook_allow_private: bool = False
+    # Seconds between a failed delivery and its next try; the event is given up after the last.
+    webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+
+    @property
+    def webhook_queue(self) -> str:
+        """The RQ queue of webhook deliveries (the Procfile's `webhooks` process works it)."""
+        return f"{self.queue}-webhooks"
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -147,6 +170,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     # Hosted Redis often serves TLS with a self-signed certificate.
     if not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
         redis_url = _unverified_tls(redis_url)
+    dtype = _parse(env, "TTS_DTYPE", d.dtype, _choice("auto", "float32", "bfloat16", "float16"),
+                   "auto, float32, bfloat16 or float16")
+    quantize = _parse(env, "TTS_QUANTIZE", d.quantize, _choice("auto", "none", "int8"), "auto, none or int8")
+    if quantize == "int8" and dtype not in ("auto", "float32"):
+        # torch's dynamic int8 kernels take float32 activations only.
+        raise SettingsError(f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
+                            f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}")
     return Settings(
         redis_url=redis_url,
         port=_parse(env, "PORT", d.port, _int_in(1, 65535), "a port number 1-65535"),
@@ -177,8 +207,20 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                         "comma-separated keys of at least 16 characters", secret=True),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
+        dtype=dtype,
+        quantize=quantize,
+        compile=_parse(env, "TTS_COMPILE", d.compile, _bool, "true or false"),
         log_level=_parse(env, "LOG_LEVEL", d.log_level, _level, "DEBUG, INFO, WARNING or ERROR"),
         log_format=_parse(env, "TTS_LOG_FORMAT", d.log_format, _choice("json", "text"), "json or text"),
+        max_voices=_parse(env, "TTS_MAX_VOICES", d.max_voices, _int_in(1, 1_000_000), "a whole number 1-1000000"),
+        public_url=_parse(env, "TTS_PUBLIC_URL", d.public_url, _public_url,
+                          "an absolute http:// or https:// URL without query or fragment"),
+        webhook_secret=_parse(env, "TTS_WEBHOOK_SECRET", d.webhook_secret, _secret,
+                              "a key of at least 16 printable characters, without spaces", secret=True),
+        webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool,
+                                     "true or false"),
+        webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
+                                    "1-20 comma-separated whole numbers of seconds, each 1-3600"),
     )
 
 
@@ -200,3 +242,23 @@ def _existing_dir(raw: str) -> str:
     if not os.path.isdir(raw):
         raise ValueError(raw)
     return raw
+
+
+def _public_url(raw: str) -> str:
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(raw)
+    return raw.rstrip("/")
+
+
+def _secret(raw: str) -> str:
+    if len(raw) < 16 or not raw.isprintable() or " " in raw:
+        raise ValueError("secret")
+    return raw
+
+
+def _delays(raw: str) -> tuple[int, ...]:
+    delays = tuple(int(d) for d in raw.split(","))
+    if not 1 <= len(delays) <= 20 or not all(1 <= d <= 3600 for d in delays):
+        raise ValueError(raw)
+    return delays

@@ -22,17 +22,22 @@ from typing import Any
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
 import metrics
+import webhooks
 from engine import ModelUnavailable, load_engine
 from launcher import gpu_slots, launch
-from settings import SettingsError, from_env
+from settings import Settings, SettingsError, from_env
+from status import failure_words
 
 logger = logging.getLogger("worker")
+# The job of a request (its id is the request id); its end fires the request's webhooks.
+REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
 
 class TTSWorker(SimpleWorker):
@@ -58,12 +63,15 @@ class TTSWorker(SimpleWorker):
     # that maintenance passes come often.
     WORKER_TTL = 20
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         kwargs.setdefault("worker_ttl", self.WORKER_TTL)
         kwargs.setdefault("maintenance_interval", self.MAINTENANCE_EVERY)
         # A job's description quotes its text, which stays out of the logs.
         kwargs.setdefault("log_job_description", False)
         super().__init__(*args, **kwargs)
+        self.settings = settings
+        # Runs for a failure in a job and for a job abandoned by a dead worker alike.
+        self.push_exc_handler(self._failed)
 
     def request_stop(self, signum: int, frame: Any) -> None:
         # RQ's warm shutdown waits for the whole job, which can take minutes:
@@ -75,6 +83,8 @@ class TTSWorker(SimpleWorker):
     def handle_job_success(self, job: Any, queue: Any, started_job_registry: Any) -> None:
         if not jobs.take_interrupted(job.id):
             super().handle_job_success(job, queue, started_job_registry)
+            # WEBHOOK HOOK 1 of 2: the request's job ended finished or canceled.
+            self._request_over(job, None)
             return
         # Back at the front of its queue as if never taken: still queued (so
         # new submissions join it), no retry spent, nothing recorded as failed;
@@ -85,6 +95,22 @@ class TTSWorker(SimpleWorker):
             queue.enqueue_job(job, pipeline=pipe, at_front=True)
             pipe.execute()
         self.log.info("Worker %s: job %s put back at the front of queue %s", self.name, job.id, queue.name)
+
+    def _failed(self, job: Any, exc_type: type[BaseException], exc_value: BaseException, tb: Any) -> bool:
+        """RQ exception handler: called before RQ decides on a retry, so `retries_left` is still this try's."""
+        if not job.retries_left:
+            # WEBHOOK HOOK 2 of 2: the request's job failed for good (no retry follows).
+            self._request_over(job, failure_words(exc_type.__name__))
+        return True  # on to RQ's own handling
+
+    def _request_over(self, job: Any, error: str | None) -> None:
+        """Queue the webhook events of a request whose job is over (only Redis is touched)."""
+        if job.func_name != REQUEST_JOB:
+            return  # a voice export or an assist job, not a request's
+        try:
+            webhooks.request_over(self.connection, job.id, self.settings, error)
+        except (RedisError, OSError):
+            logger.exception("the webhook events of %s could not be queued", job.id)
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.HEARTBEAT_TTL
@@ -173,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
-        worker = TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name)
+        worker = TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name,
+                           settings=settings)
         worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
         # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
         if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:

@@ -1,50 +1,73 @@
 """The GPU benchmark behind bench/gpu.sh; on a machine without CUDA it runs a reduced CPU mode.
 
-    bench/gpu.sh [--quick] [--max-new-token N] [--batch-sizes 1,4,16] [--workers 1,2,4] [--rounds N]
+    bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,8,32] [--tunings ...]
+                 [--workers 1,2] [--rounds N] [--model DIR] [--write FILE | --no-write]
 
-With CUDA (under 10 minutes on one GPU):
+With CUDA (under 10 minutes on one GPU; bench/gpu.sh first installs the
+device kit from .whl/):
  - writes a full-size random-weight ChatTTS (bench/random_checkpoint.py),
    every chunk capped at --max-new-token tokens (default 128, 2.7 s audio);
- - the engine alone on cuda:0 (bench/engine_bench.py): real-time factor and
-   chunks/s at batch 1, 4 and 16, with the fp16 decoder off and on, peak GPU
-   memory per run; a warm-up pass first, then --rounds rounds interleaved;
- - rq workers (`worker.py`, pinned with CUDA_VISIBLE_DEVICES=0, torch threads
-   = cores / the most workers): the most workers asked for are started at
-   once, each on its own queue, and every round measures 1, 2, 4 of them in
-   turn by spreading equal 4-chunk jobs over that many queues; GPU memory per
-   worker from nvidia-smi (per process, or the rise of the total divided by
-   the workers where per-process figures are not given).
+ - the engine alone on cuda:0 (bench/engine_bench.py): real-time factor,
+   chunks/s and peak GPU memory at batch 1, 8 and 32 for float32, bfloat16
+   and bfloat16 + torch.compile (tuning.py), each one's fidelity against
+   float32 (fidelity.py) and what its first call cost beyond a warm one
+   (compilation); a warm-up pass first, then --rounds rounds interleaved;
+ - rq workers (`worker.py`, pinned with CUDA_VISIBLE_DEVICES=0, the service's
+   defaults: bfloat16, no compile), 1 and 2 on one GPU: both are started at
+   once, each on its own queue, and every round measures 1, then 2 of them
+   by spreading equal 4-chunk jobs over that many queues; GPU memory per
+   worker from nvidia-smi; time to first chunk of a 4-chunk request on an
+   idle worker (enqueue to the first chunk's audio stored in Redis);
+ - the worker part twice: cross-request batching off, then on
+   (TTS_CROSS_BATCH).
+Prints one table and appends it, with the GPU's name, to BENCHMARKS.md (and
+to $OUT/BENCHMARKS.md where $OUT is set, so a copy comes back from the device).
 
 Without CUDA the same steps run on the tiny checkpoint: batch sizes 1 and 4,
-1 and 2 workers of 1 thread, short runs, memory as RSS. It proves the script
-works end to end before a GPU is lent; its figures mean nothing for a GPU.
+float32 against bfloat16, 1 and 2 workers of 1 thread, short runs, memory as
+RSS; nothing is written. It proves the script works end to end before a GPU
+is lent; its figures mean nothing for a GPU.
 
-Prints one table (median [min–max] over rounds; ratios against fp16 off and
-against 1 worker). Every process it starts is stopped on exit.
+Every figure is the median [min–max] over rounds; ratios are against float32
+(a +compile tuning: against itself eager) and against 1 worker. Every process it starts is stopped on exit.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
     MIB, ROOT, BenchError, Cluster, Figure, Texts, bench_env, machine, make_spec, model_info, rss_bytes, run_jobs,
-    table, write_tiny_model,
+    table, wait_for, write_tiny_model,
 )
 from settings import Settings  # noqa: E402
+
+import jobs  # noqa: E402
+from cache import stored  # noqa: E402
+
+
+# Seconds after which the rest of the run is cut short, to finish inside 10 minutes.
+LATE = 360
 
 
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# Cross-request batching off and on (TTS_CROSS_BATCH): the worker part runs
+# once per mode and every worker figure is labelled with it.
+CROSS_BATCH = ("false", "true")
 
 
 def cuda_devices() -> int:
@@ -66,6 +89,11 @@ def _smi(*query: str) -> list[list[str]] | None:
     return [[x.strip() for x in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
 
 
+def gpu_name() -> str:
+    rows = _smi("--query-gpu=name,driver_version", "-i", "0")
+    return f"{rows[0][0]} (driver {rows[0][1]})" if rows else "unknown GPU"
+
+
 def gpu_used_mib() -> float | None:
     rows = _smi("--query-gpu=memory.used", "-i", "0")
     return float(rows[0][0]) if rows else None
@@ -82,28 +110,152 @@ def gpu_mib_by_pid() -> dict[int, float]:
     return out
 
 
+def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool) -> list[Figure]:
+    """The engine-alone part of the table: per batch size and tuning, against float32."""
+    figures = []
+    base = labels[0]
+    for label in labels:
+        f = engine["fidelity"].get(label)
+        if f and label != base:
+            figures.append(Figure("8", f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)", "cos",
+                                  [f["cosine"]], target=(">= 0.99", lambda v: v >= 0.99)))
+            figures.append(Figure("8", f"fidelity {label}: first 64 sampled steps equal to {base}'s", "steps",
+                                  [f["matching"]]))
+        extra = engine["first_call_extra_seconds"].get(label)
+        if extra is not None and "compile" in label:
+            figures.append(Figure("8", f"{label}: first call beyond a warm one (compilation)", "s", [extra]))
+    for size in sizes:
+        runs = {label: [r for r in engine["runs"] if r["batch"] == size and r["tuning"] == label] for label in labels}
+        for label in labels:
+            # Compile on against off: a +compile tuning is set against the same tuning eager.
+            eager = label.replace("+compile", "")
+            against = eager if eager != label and eager in runs else base
+            rtf = [r["rtf"] for r in runs[label]]
+            vs = f" (vs {against})" if label != base else ""
+            figures.append(Figure("8", f"real-time factor, batch {size}, {label}{vs}", "x", rtf,
+                                  [r["rtf"] for r in runs[against]] if label != base else []))
+            figures.append(Figure("8", f"engine throughput, batch {size}, {label}", "chunks/s",
+                                  [r["chunks_per_s"] for r in runs[label]]))
+            if gpu:
+                figures.append(Figure("8", f"peak GPU memory of the run, batch {size}, {label}", "MiB",
+                                      [r["peak_gpu_bytes"] / MIB for r in runs[label]]))
+    return figures
+
+
+def first_chunk_seconds(cluster: Cluster, settings: Settings, model_id: str, queue: str, texts: Texts) -> float:
+    """Enqueue to the first chunk's audio in Redis, for a 4-chunk request on an idle worker."""
+    redis = cluster.redis()
+    spec = make_spec(texts.text(4), model_id)
+    first = spec.chunk_ids()[0]
+    q = jobs.queue(redis, dataclasses.replace(settings, queue=queue))
+    start = time.monotonic()
+    job = jobs.submit(q, spec, settings)
+    wait_for(lambda: stored(redis, [first])[0], 300, "the first chunk", interval=0.005)
+    seconds = time.monotonic() - start
+    wait_for(lambda: job.get_status(refresh=True) in ("finished", "failed"), 300, "the rest of the request")
+    return seconds
+
+
+def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int], rounds: int, threads: int,
+                 quick: bool, cross_batch: str) -> list[Figure]:
+    """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
+    figures: list[Figure] = []
+    tag = f", cross-batching {'on' if cross_batch == 'true' else 'off'}"
+    redis = cluster.redis()
+    say(f"starting {max(workers)} workers ({threads} torch thread(s) each{tag})")
+    before = gpu_used_mib() if gpu else None
+    # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
+    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads),
+           "TTS_BATCH_SIZE": "16" if gpu else "4", "TTS_CROSS_BATCH": cross_batch}
+    if gpu:
+        env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
+    stamp = f"{cross_batch}-{int(time.time())}"
+    queues = [f"gpu-bench-{stamp}-{i}" for i in range(max(workers))]
+    procs = [cluster.start_worker(f"worker-{stamp}-{i}", {**env, "TTS_QUEUE": q}) for i, q in enumerate(queues)]
+    try:
+        for proc, queue in zip(procs, queues):
+            cluster.wait_workers([proc], queue, timeout=600)
+        say("workers ready")
+        if gpu:
+            by_pid = gpu_mib_by_pid()
+            if all(p.pid in by_pid for p in procs):
+                mem = [by_pid[p.pid] for p in procs]
+                how = "nvidia-smi, per process"
+            else:
+                after = gpu_used_mib()
+                mem = [(after - before) / len(procs)] if after is not None and before is not None else []
+                how = "rise of the GPU's used memory / workers"
+            figures.append(Figure("8", f"GPU memory per worker, idle after warm-up ({how}){tag}", "MiB", mem))
+        else:
+            figures.append(Figure("8", f"RSS per worker, idle after warm-up (CPU mode){tag}", "MiB",
+                                  [rss_bytes(p.pid) / MIB for p in procs]))
+        model_id = model_info(redis).id
+        texts = Texts(seed=int(time.time()))
+        settings = Settings()
+        ttfc = [first_chunk_seconds(cluster, settings, model_id, queues[0], texts) for _ in range(1 if quick else 2)]
+        figures.append(Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms",
+                              [1000 * s for s in ttfc]))
+        chunks_per_job = 4 if gpu else 2
+        jobs_per_worker = 1 if quick else 2
+        rate: dict[int, list[float]] = {n: [] for n in workers}
+        audio: dict[int, list[float]] = {n: [] for n in workers}
+        for r in range(rounds):
+            order = workers if r % 2 == 0 else list(reversed(workers))
+            for n in order:
+                specs = [make_spec(texts.text(chunks_per_job), model_id) for _ in range(jobs_per_worker * n)]
+                t0 = time.monotonic()
+                done = run_jobs(redis, settings, specs, timeout=600, workers=procs, queues=queues[:n])
+                seconds = time.monotonic() - t0
+                rate[n].append(sum(len(s.chunks) for s in specs) / seconds)
+                audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)
+                say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, "
+                    f"{audio[n][-1]:.2f} s of audio per second")
+        first = workers[0]
+        for n in workers:
+            vs = f" (vs {first})" if n != first else ""
+            figures.append(Figure("8", f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}",
+                                  "chunks/s", rate[n], rate[first] if n != first else []))
+            figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
+    finally:
+        for proc in procs:
+            proc.stop()
+    return figures
+
+
+def append_report(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write("\n" + text + "\n")
+    out = os.environ.get("OUT")
+    if out and Path(out).is_dir():
+        shutil.copy(path, Path(out) / path.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
                         help="fewer and shorter runs (also BENCH_QUICK=1)")
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk, full-size model (GPU)")
-    parser.add_argument("--batch-sizes", help="default 1,4,16 (GPU), 1,4 (CPU)")
-    parser.add_argument("--workers", help="default 1,2,4 (GPU), 1,2 (CPU)")
+    parser.add_argument("--batch-sizes", help="default 1,8,32 (GPU), 1,4 (CPU)")
+    parser.add_argument("--tunings", help="default float32,bfloat16,bfloat16+compile (GPU), float32,bfloat16 (CPU)")
+    parser.add_argument("--workers", help="default 1,2")
     parser.add_argument("--rounds", type=int, help="default 2 (GPU), 1 (CPU)")
     parser.add_argument("--model", help="an existing checkpoint directory instead of writing one")
+    parser.add_argument("--write", default=None, help="append the table here (default BENCHMARKS.md with a GPU)")
+    parser.add_argument("--no-write", action="store_true", help="append nothing")
     args = parser.parse_args(argv)
     started = time.monotonic()
     gpu = not args.cpu and cuda_devices() > 0
-    sizes = args.batch_sizes or ("1,4,16" if gpu else "1,4")
-    workers = sorted({int(n) for n in (args.workers or ("1,2,4" if gpu else "1,2")).split(",")})
+    sizes = args.batch_sizes or ("1,8,32" if gpu else "1,4")
+    labels = (args.tunings or ("float32,bfloat16,bfloat16+compile" if gpu else "float32,bfloat16")).split(",")
+    workers = sorted({int(n) for n in (args.workers or "1,2").split(",")})
     rounds = args.rounds or (1 if args.quick or not gpu else 2)
     cores = os.cpu_count() or 1
     threads = max(1, cores // max(workers))
-    chunks_per_job = 4 if gpu else 2
-    jobs_per_worker = (1 if args.quick else 2)
     info = machine()
-    say(f"mode: {'GPU (cuda:0)' if gpu else 'reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU'}")
+    name = gpu_name() if gpu else "no GPU"
+    cpu_mode = "reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU"
+    say(f"mode: {'GPU (cuda:0): ' + name if gpu else cpu_mode}")
     figures: list[Figure] = []
     try:
         with Cluster() as cluster:
@@ -119,11 +271,11 @@ def main(argv: list[str] | None = None) -> int:
                 say("writing the tiny checkpoint")
                 model_dir = write_tiny_model(cluster.tmp / "tiny-model")
 
-            say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, fp16 decoder off and on")
+            say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, tunings {', '.join(labels)}")
             out = cluster.tmp / "engine.json"
             cmd = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(model_dir),
-                   "--batch-sizes", sizes, "--chunks", "4", "--rounds", str(rounds), "--fp16-decoder", "both",
-                   "--device", "cuda:0" if gpu else "cpu", "--json", str(out)]
+                   "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds), "--tunings", ",".join(labels),
+                   "--fidelity", "--device", "cuda:0" if gpu else "cpu", "--json", str(out)]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
             proc = subprocess.run(cmd, cwd=ROOT, env=bench_env(), capture_output=True, text=True)
@@ -131,72 +283,31 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
             print(proc.stdout, end="", flush=True)
             engine = json.loads(out.read_text())
-            for size in (int(s) for s in sizes.split(",")):
-                runs = {fp16: [r for r in engine["runs"] if r["batch"] == size and r["fp16_decoder"] == fp16]
-                        for fp16 in (False, True)}
-                off = [r["rtf"] for r in runs[False]]
-                figures.append(Figure("8", f"real-time factor, batch {size}, fp16 decoder off", "x", off))
-                figures.append(Figure("8", f"real-time factor, batch {size}, fp16 decoder on (vs off)", "x",
-                                      [r["rtf"] for r in runs[True]], off))
-                figures.append(Figure("8", f"engine throughput, batch {size}, fp16 decoder off", "chunks/s",
-                                      [r["chunks_per_s"] for r in runs[False]]))
-                if gpu:
-                    figures.append(Figure("8", f"peak GPU memory of the run, batch {size}, fp16 off", "MiB",
-                                          [r["peak_gpu_bytes"] / MIB for r in runs[False]]))
+            figures += engine_figures(engine, [int(s) for s in sizes.split(",")], labels, gpu)
 
             cluster.start_redis()
-            redis = cluster.redis()
-            say(f"starting {max(workers)} workers ({threads} torch thread(s) each)")
-            before = gpu_used_mib() if gpu else None
-            env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": "4"}
-            if gpu:
-                env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
-            queues = [f"gpu-bench-{i}" for i in range(max(workers))]
-            procs = [cluster.start_worker(f"worker-{i}", {**env, "TTS_QUEUE": q}) for i, q in enumerate(queues)]
-            for proc, queue in zip(procs, queues):
-                cluster.wait_workers([proc], queue, timeout=600)
-            say("workers ready")
-            if gpu:
-                by_pid = gpu_mib_by_pid()
-                if all(p.pid in by_pid for p in procs):
-                    mem = [by_pid[p.pid] for p in procs]
-                    how = "nvidia-smi, per process"
-                else:
-                    after = gpu_used_mib()
-                    mem = [(after - before) / len(procs)] if after is not None and before is not None else []
-                    how = "rise of the GPU's used memory / workers"
-                figures.append(Figure("8", f"GPU memory per worker, idle after warm-up ({how})", "MiB", mem))
-            else:
-                figures.append(Figure("8", "RSS per worker, idle after warm-up (CPU mode)", "MiB",
-                                      [rss_bytes(p.pid) / MIB for p in procs]))
-            model_id = model_info(redis).id
-            texts = Texts(seed=int(time.time()))
-            rate: dict[int, list[float]] = {n: [] for n in workers}
-            audio: dict[int, list[float]] = {n: [] for n in workers}
-            for r in range(rounds):
-                order = workers if r % 2 == 0 else list(reversed(workers))
-                for n in order:
-                    specs = [make_spec(texts.text(chunks_per_job), model_id) for _ in range(jobs_per_worker * n)]
-                    t0 = time.monotonic()
-                    done = run_jobs(redis, Settings(), specs, timeout=600, workers=procs, queues=queues[:n])
-                    seconds = time.monotonic() - t0
-                    rate[n].append(sum(len(s.chunks) for s in specs) / seconds)
-                    audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)
-                    say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, "
-                        f"{audio[n][-1]:.2f} s of audio per second")
-            first = workers[0]
-            for n in workers:
-                vs = f" (vs {first})" if n != first else ""
-                figures.append(Figure("8", f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}",
-                                      "chunks/s", rate[n], rate[first] if n != first else []))
-                figures.append(Figure("8", f"{n} worker(s): audio seconds made per second", "x", audio[n]))
+            for mode in CROSS_BATCH:
+                # The device lends 10 minutes a command: past LATE, the worker part shrinks to one short round.
+                late = time.monotonic() - started > LATE
+                if late:
+                    say(f"past {LATE} s: the worker part runs one short round")
+                figures += workers_part(cluster, model_dir, gpu, workers, 1 if late else rounds, threads,
+                                        args.quick or late, mode)
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
+    seconds = time.monotonic() - started
+    head = (f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
+            f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {seconds:.0f} s")
     print()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
-          f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s")
+    print(head)
     print(table(figures, markdown=False))
+    target = None if args.no_write else (args.write or ("BENCHMARKS.md" if gpu else None))
+    if target:
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        report = "\n".join([f"### `bench/gpu.sh` on {name}, {when}", "", head, "", table(figures, markdown=True)])
+        append_report(ROOT / target, report)
+        say(f"appended the table to {target}")
     return 0
 
 

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 return per
 
         post = asyncio.run(submit_all())
-        rq_worker = worker.TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER)
+        rq_worker = worker.TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER,
+                                     settings=settings)
         queued = jobs.queue(redis, settings).count
         redis.config_resetstat()
         prof = cProfile.Profile()

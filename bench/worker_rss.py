@@ -97,7 +97,7 @@ def make_texts(count: int, max_chars: int, seed: int) -> list[str]:
 
 
 def make_spec(text: str, settings: Settings, model_id: str) -> Spec:
-    """The Spec the web process would build for {"text": text} (validation.spec, default settings)."""
+    """The Spec the web process would build for {"text": text} (tts.spec_of, default settings)."""
     chunks = tuple(split(normalize(text), settings.chunk_chars))
     return Spec(chunks=chunks, model=model_id, seed=settings.default_seed)
 

@@ -158,6 +158,10 @@ class Stack:
     def start_worker(self, *args: str) -> Proc:
         return self._spawn("worker", ["worker.py", *args])
 
+    def start_webhooks(self) -> Proc:
+        """The Procfile's `webhooks` process: the rq worker that delivers webhook events."""
+        return self._spawn("webhooks", ["webhooks.py"])
+
     def run_worker_burst(self, timeout: float = 120) -> str:
         """Run one `worker.py --burst` to completion; its output."""
         proc = self._spawn("burst", ["worker.py", "--burst"])

@@ -99,14 +99,21 @@ def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Red
 
 
 def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
-    """bench/gpu.sh end to end without a GPU: tiny model, engine alone, 1 and 2 real workers, one table."""
+    """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
+    offline into a temporary folder and imported from there; tiny model, engine alone in float32 and
+    bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, one table."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
     env["PYTHON"] = sys.executable
+    kit = subprocess.run(["bash", "bench/kit.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
+    assert "wheels" in kit.stdout
     proc = subprocess.run(["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "reduced CPU mode" in out
-    for line in ("real-time factor, batch 1, fp16 decoder off", "real-time factor, batch 4, fp16 decoder on (vs off)",
-                 "RSS per worker", "1 worker(s) per machine: throughput", "2 worker(s) per machine: throughput (vs 1)"):
+    assert "kit imports ok" in out and "reduced CPU mode" in out
+    for line in ("real-time factor, batch 1, float32", "real-time factor, batch 4, bfloat16 (vs float32)",
+                 "fidelity bfloat16: first-step logits cosine vs float32", "RSS per worker",
+                 "time to first chunk", "1 worker(s) per machine: throughput",
+                 "2 worker(s) per machine: throughput (vs 1)"):
         assert line in out, out

@@ -19,6 +19,7 @@ import json
 import math
 import string
 import sys
+from collections import Counter
 from contextlib import contextmanager
 from typing import Any, Iterator
 from urllib.parse import parse_qsl, quote, unquote
@@ -37,11 +38,16 @@ from validation import decode_speaker, encode_speaker
 MAX_CHARS = 5000
 MAX_BODY = 65536
 FORMATS = ("wav", "flac", "mp3", "ogg")
-FIELDS = ("text", "seed", "speaker", "speed", "temperature", "top_p", "top_k",
-          "refine_text", "oral", "laugh", "break", "format")
+FIELDS = ("text", "seed", "speaker", "voice", "speed", "temperature", "top_p", "top_k",
+          "refine_text", "oral", "laugh", "break", "format", "callback_url")
 INT_RANGES = {"seed": (0, 2**32 - 1), "speed": (1, 9), "top_k": (1, 100), "oral": (0, 9), "laugh": (0, 2),
               "break": (0, 7)}
 REFINE_ONLY = ("oral", "laugh", "break")
+# At most one of these in a body: a 422 names the second one written (API.md, v1.1).
+ONE_OF = ("voice", "speaker", "seed")
+# The built-in voice names (API.md, v1.1); this stack has no saved voice.
+BUILTIN = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse", "marin",
+           "cedar")
 # The speaker string limit validation.py enforces (ChatTTS speaker strings are ~2 KB).
 MAX_SPEAKER = 8192
 # The tone engine's speaker embeddings have this many values (worker.ToneEngine).
@@ -106,6 +112,10 @@ def _field_ok(name: str, value: Any, body: dict[str, Any]) -> bool:
             return False
         # The tone model's embeddings have 16 finite values.
         return embedding.size == TONE_SPEAKER_DIM and bool(np.isfinite(embedding.astype(np.float32)).all())
+    if name == "voice":
+        return isinstance(value, str) and value in BUILTIN
+    if name == "callback_url":
+        return False  # this stack has no webhook secret: every callback_url is refused
     return False  # unknown field
 
 
@@ -116,6 +126,9 @@ def faulty_fields(body: Any) -> set[str]:
     faulty = {name for name, value in body.items() if not _field_ok(name, value, body)}
     if "text" not in body:
         faulty.add("text")
+    chosen = [name for name in body if name in ONE_OF]
+    if len(chosen) > 1:
+        faulty.add(chosen[1])
     return faulty
 
 
@@ -239,6 +252,9 @@ right_values = {
     "break": st.one_of(st.integers(-1, 8), number),
     "format": st.one_of(st.sampled_from(FORMATS + ("WAV", " mp3 ", "Ogg\n", "aiff", "", "wav\x00", "ｗａｖ")),
                         st.text(max_size=6)),
+    "voice": st.one_of(st.sampled_from(BUILTIN + ("Alloy", " nova", "nobody", "", "7", "a" * 65)), st.text(max_size=8)),
+    "callback_url": st.one_of(st.sampled_from(["http://127.0.0.1:9/", "https://example.com/hook", "ftp://x", ""]),
+                              st.text(max_size=20)),
 }
 # Values the contract accepts, so that bodies with several fields still get through sometimes.
 valid_values = {
@@ -255,6 +271,8 @@ valid_values = {
     "laugh": st.integers(0, 2),
     "break": st.integers(0, 7),
     "format": st.sampled_from(FORMATS + ("WAV", " mp3 ")),
+    "voice": st.sampled_from(BUILTIN),
+    "callback_url": st.just("https://example.com/hook"),  # never valid here (no secret), so rarely drawn
 }
 field_name = st.one_of(
     st.sampled_from(FIELDS),
@@ -275,6 +293,10 @@ def request_body(draw: st.DrawFn) -> Any:
         return draw(json_value)
     valid = kind <= 4
     names = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=len(FIELDS)))
+    if valid:
+        # At most one voice field, and no callback_url (this stack refuses every one).
+        voice_fields = [n for n in names if n in ONE_OF]
+        names = [n for n in names if n != "callback_url" and (n not in ONE_OF or n == voice_fields[0])]
     if kind >= 2 and "text" not in names:
         names.append("text")  # most bodies have text, so the other fields get checked too
     body: dict[str, Any] = {}
@@ -357,7 +379,10 @@ def test_post_bodies_follow_the_contract(tone_stack: Stack, redis: Redis) -> Non
         raw_bytes()
 
 
-def test_status_and_audio_paths_never_fail(tone_stack: Stack) -> None:
+CAPTION_FORMATS = ("vtt", "srt", "json")
+
+
+def test_status_audio_and_caption_paths_never_fail(tone_stack: Stack) -> None:
     with httpx.Client(base_url=tone_stack.url, timeout=70) as client:
         known = client.post("/v1/tts", json={"text": "A request that exists."}).json()["id"]
         wait_for(lambda: client.get(f"/v1/tts/{known}").json()["status"] == "finished", 30, "the known request")
@@ -371,7 +396,8 @@ def test_status_and_audio_paths_never_fail(tone_stack: Stack) -> None:
         )
         query_value = st.one_of(
             st.sampled_from(["wav", "WAV", " ogg ", "mp3", "flac", "aiff", "", "0", "60", "60.0", "60.01", "-0",
-                             "-1", "nan", "inf", "-inf", "1e1", "1_0", "٣", "0x10", "1e309", " 0.1 "]),
+                             "-1", "nan", "inf", "-inf", "1e1", "1_0", "٣", "0x10", "1e309", " 0.1 ", "vtt", "SRT",
+                             " json ", "ass"]),
             st.text(any_char, max_size=12),
             st.floats(-100, 100, allow_nan=False).map(repr),
         )
@@ -383,12 +409,13 @@ def test_status_and_audio_paths_never_fail(tone_stack: Stack) -> None:
             return "?" + "&".join(f"{k}={quote(v.encode('utf-8', 'surrogatepass'), safe='')}" for k, v in params.items())
 
         @settings(FUZZ, max_examples=300)
-        @given(seg=segment, params=query, audio=st.booleans())
-        def paths(seg: str, params: dict[str, str], audio: bool) -> None:
+        @given(seg=segment, params=query, leaf=st.sampled_from(["", "/audio", "/captions"]))
+        def paths(seg: str, params: dict[str, str], leaf: str) -> None:
             qs = encode_query(params)
-            path = f"/v1/tts/{seg}" + ("/audio" if audio else "") + qs
+            path = f"/v1/tts/{seg}{leaf}" + qs
             r = client.get(httpx.URL(tone_stack.url + path))
-            event(f"GET {'audio' if audio else 'status'} answered {r.status_code}")
+            audio = leaf == "/audio"
+            event(f"GET {leaf or 'status'} answered {r.status_code}")
             answer = check_error_shape(r)
             # What the server sees: percent-decoded UTF-8, bad bytes replaced.
             seen = dict(parse_qsl(qs[1:], keep_blank_values=True))
@@ -404,6 +431,8 @@ def test_status_and_audio_paths_never_fail(tone_stack: Stack) -> None:
                         seconds = math.nan
                     if not (math.isfinite(seconds) and 0 <= seconds <= 60):
                         faulty.add("wait")
+            if leaf == "/captions" and seen.get("format", "vtt").strip().lower() not in CAPTION_FORMATS:
+                faulty.add("format")
             if seg in (".", ".."):
                 return  # the client resolves dot segments: another path was asked for
             if "/" in unquote(seg):
@@ -454,8 +483,76 @@ def test_openai_speech_bodies_never_fail(tone_stack: Stack, redis: Redis) -> Non
                 if r.status_code == 422 and not isinstance(body, dict):
                     assert answer.get("field") == "body", answer
                 elif r.status_code == 422:
-                    assert answer.get("field") in {shown(k) for k in body} | {"input"}, (answer, body)
+                    # A field inside an object is named by its path ("voice.id"): its top is a field sent.
+                    sent = {shown(k) for k in body} | {"input"}
+                    named = answer.get("field", "")
+                    assert named in sent or named.split(".")[0] in sent, (answer, body)
             else:
                 assert r.status_code == 200 and r.content, r.status_code
 
         speech()
+
+
+VOICE_FIELDS = ("seed", "speaker", "mix", "description")
+voice_segment = st.one_of(
+    st.sampled_from(["calm", "alloy", "nova", "x", "a" * 64, "a" * 65, "7", "0042", "4294967295", "4294967296",
+                     "Calm", "-1", "%20", "caf%C3%A9", "a.b", "%ED%A0%80"]),
+    st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z"),
+    st.text(any_char, min_size=1, max_size=12).map(lambda s: quote(s.encode("utf-8", "surrogatepass"), safe="")),
+)
+mix_part = st.one_of(
+    json_value,
+    st.fixed_dictionaries({"voice": st.one_of(st.sampled_from(BUILTIN + ("calm", "nobody", "Alloy")),
+                                              st.integers(-1, 2**32), speaker_strings, json_value),
+                           "weight": number}),
+)
+valid_voice_body = st.tuples(
+    st.one_of(
+        st.builds(lambda seed: {"seed": seed}, st.integers(0, 2**32 - 1)),
+        st.builds(lambda sp: {"speaker": sp}, valid_values["speaker"]),
+        st.builds(lambda parts: {"mix": parts}, st.lists(st.fixed_dictionaries({
+            "voice": st.one_of(st.sampled_from(BUILTIN), st.integers(0, 2**32 - 1), valid_values["speaker"]),
+            "weight": st.floats(0.001, 1000)}), min_size=2, max_size=8)),
+    ),
+    st.one_of(st.just({}), st.builds(lambda d: {"description": d}, st.text(any_char, max_size=200))),
+).map(lambda pair: {**pair[0], **pair[1]})
+voice_body = st.one_of(
+    valid_voice_body,
+    json_value,
+    st.dictionaries(st.sampled_from(VOICE_FIELDS) | st.text(max_size=6), st.one_of(
+        json_value, number, speaker_strings, st.lists(mix_part, max_size=9), st.text(any_char, max_size=210)),
+        max_size=4),
+)
+
+
+def test_voice_routes_never_fail(tone_stack: Stack, redis: Redis) -> None:
+    """PUT, GET and DELETE /v1/voices/{name}: never 5xx; every 4xx JSON; a 422 names the path or a body field."""
+    seen: Counter[tuple[str, int]] = Counter()
+    with httpx.Client(base_url=tone_stack.url, timeout=70) as client:
+
+        @settings(FUZZ, max_examples=300)
+        @given(seg=voice_segment, method=st.sampled_from(["PUT", "PUT", "GET", "DELETE"]), body=voice_body,
+               ascii_only=st.booleans())
+        def voices(seg: str, method: str, body: Any, ascii_only: bool) -> None:
+            with unlimited_int_digits():
+                raw = encode(body, ascii_only)
+            r = client.request(method, httpx.URL(f"{tone_stack.url}/v1/voices/{seg}"), content=raw if method == "PUT"
+                               else None, headers={"content-type": "application/json"})
+            event(f"{method} voice answered {r.status_code}")
+            seen[(method, r.status_code)] += 1
+            answer = check_error_shape(r)
+            if "/" in unquote(seg):
+                return  # another path
+            if r.status_code == 422:
+                named = answer.get("field", "")
+                allowed = {"name", "seed", "body"} | ({shown(k) for k in body} if isinstance(body, dict) else set())
+                assert named in allowed or named.split("[")[0].split(".")[0] in allowed, (answer, body)
+            if method == "PUT" and r.status_code in (200, 201):
+                saved = r.json()
+                assert saved["name"] == unquote(seg) and decode_speaker(saved["speaker"]).size == TONE_SPEAKER_DIM
+
+        voices()
+        # The search reached both sides of the contract.
+        assert seen[("PUT", 201)] + seen[("PUT", 200)] > 0 and seen[("PUT", 422)] > 0, seen
+        listing = client.get("/v1/voices")
+        assert listing.status_code == 200 and listing.json()["builtin"] == sorted(BUILTIN)

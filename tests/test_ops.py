@@ -453,7 +453,7 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
         queues = httpx.get(dash + "/0/data/queues.json", auth=auth).json()["queues"]
         assert "tts" in [q["name"] for q in queues]
         workers = httpx.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
-        assert len(workers) == 1 and workers[0]["queues"] == ["tts"]
+        assert sorted(w["queues"] for w in workers) == [["tts"], ["tts-webhooks"]], workers
         listing = httpx.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)
         assert listing.status_code == 200, listing.text
         job = next(j for j in listing.json()["jobs"] if j["id"] == body["id"])
@@ -464,7 +464,7 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
     # honcho stopped everything on SIGTERM, and says so the shell's way (128 + 15).
     assert honcho.popen.returncode == 128 + signal.SIGTERM, honcho.output()[-3000:]
     out = honcho.output()
-    for name in ("web.1", "worker.1", "dashboard.1"):
+    for name in ("web.1", "worker.1", "webhooks.1", "dashboard.1"):
         assert name in out
     assert "dashboard-secret" not in out
 

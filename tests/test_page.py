@@ -127,3 +127,66 @@ def test_errors_are_shown_in_words(browser: Browser, tmp_path: Path) -> None:
     assert _state(page)["message"] == "Voice seed must be a whole number from 0 to 4294967295.", _state(page)
     assert len(browser.requests) == before, browser.requests[before:]
     page.screenshot(path=str(tmp_path / "page-error.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+CAPTIONED = ("Captions follow the voice. This sentence is the second cue. The third one is here. "
+             "A fourth, to keep the audio playing.")
+
+
+def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_stack: Stack, tmp_path: Path) -> None:
+    page = browser.page
+    page.wait_for_function("() => document.querySelectorAll('#builtin-voices option').length > 0")  # type: ignore[attr-defined]
+    # Save the seed 11 voice under a name: the picker then offers it, chosen.
+    page.fill("#seed", "11")  # type: ignore[attr-defined]
+    page.fill("#voice-name", "reader")  # type: ignore[attr-defined]
+    page.fill("#voice-description", "steady reader")  # type: ignore[attr-defined]
+    page.click("#save-voice")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.getElementById('voice').value === 'reader'")  # type: ignore[attr-defined]
+    assert 'Saved the voice "reader"' in page.text_content("#notice")  # type: ignore[attr-defined]
+    saved = httpx.get(tone_stack.url + "/v1/voices/reader").json()
+    assert saved["speaker"] == httpx.get(tone_stack.url + "/v1/voices/11").json()["speaker"]
+    assert saved["description"] == "steady reader"
+
+    # Use it, with other controls set, and a download format.
+    page.fill("#text", CAPTIONED)  # type: ignore[attr-defined]
+    page.fill("#temperature", "0.25")  # type: ignore[attr-defined]
+    page.fill("#top_k", "10")  # type: ignore[attr-defined]
+    page.check("#refine_text")  # type: ignore[attr-defined]
+    page.fill("#oral", "3")  # type: ignore[attr-defined]
+    page.select_option("#format", "flac")  # type: ignore[attr-defined]
+    page.click("#go")  # type: ignore[attr-defined]
+    expected = httpx.post(tone_stack.url + "/v1/tts", json={
+        "text": CAPTIONED, "voice": "reader", "temperature": 0.25, "top_k": 10, "refine_text": True, "oral": 3,
+        "format": "flac"}).json()
+    try:
+        # A caption cue becomes active while the audio plays, and the page shows its text.
+        page.wait_for_function(  # type: ignore[attr-defined]
+            """() => {
+                const a = document.getElementById("player"), t = document.getElementById("captions");
+                return t && t.track.activeCues && t.track.activeCues.length > 0 && !a.paused && a.currentTime > 0
+                       && document.getElementById("caption").textContent !== "";
+            }""",
+            timeout=DEADLINE_MS,
+        )
+    finally:
+        page.screenshot(path=str(tmp_path / "page-captions.png"), full_page=True)  # type: ignore[attr-defined]
+    shown = page.text_content("#caption")  # type: ignore[attr-defined]
+    cues = httpx.get(tone_stack.url + expected["captions_url"] + "?format=json").json()["cues"]
+    assert shown in [c["text"] for c in cues], (shown, cues)
+    state = _state(page)
+    assert state["message"] == "" and state["download"] == expected["audio_url"], state
+    assert expected["audio_url"].endswith("?format=flac")
+    assert f"/v1/tts/{expected['id']}/audio" in state["src"], state
+
+    # This browser remembers the request.
+    remembered = page.evaluate("() => JSON.parse(localStorage.getItem('chattts-history'))")  # type: ignore[attr-defined]
+    assert remembered[0]["id"] == expected["id"] and remembered[0]["voice"] == "reader"
+    assert page.locator(f"#history li[data-id='{expected['id']}']").count() == 1  # type: ignore[attr-defined]
+
+    assert not [line for line in browser.console if line.startswith("error")], browser.console
+
+    # A name the service refuses: its words are shown.
+    page.fill("#voice-name", "Bad Name")  # type: ignore[attr-defined]
+    page.click("#save-voice")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.getElementById('error').textContent !== ''")  # type: ignore[attr-defined]
+    assert _state(page)["message"].startswith("name: must be a voice name"), _state(page)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import openapi
 from conftest import ROOT, Stack
@@ -46,14 +47,20 @@ def test_every_endpoint_has_a_curl_example() -> None:
         for method in item:
             if method == "parameters":
                 continue
-            flag = {"get": None, "post": " -d ", "delete": " -X DELETE "}[method]
+            flag = {"get": None, "post": " -d ", "put": " -X PUT ", "delete": " -X DELETE "}[method]
             if not any(pattern.search(line) and (flag is None or flag in f" {line} ") for line in lines):
                 missing.append(f"{method.upper()} {path}")
     assert not missing, f"README's HTTP API section has no curl example for: {missing}"
     assert all(expected_statuses(block) for block in blocks), "a block without any `# → status`"
 
 
-def test_readme_curl_examples_run_against_the_service(tone_stack: Stack, tmp_path: Path) -> None:
+def test_readme_curl_examples_run_against_the_service(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
+    # A webhook secret, as the callback example needs; its example.com receiver is never called here.
+    tone_stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET="readme-secret-0123456789",
+                               TTS_WEBHOOK_ALLOW_PRIVATE="true")
+    tone_stack.start_web()
+    tone_stack.start_worker()
+    tone_stack.wait_ready()
     blocks = http_api_blocks()
     host = tone_stack.url.removeprefix("http://")
     # Each curl call also writes its status to stderr (curl >= 7.63 for %{stderr}).
@@ -81,3 +88,4 @@ def test_readme_curl_examples_run_against_the_service(tone_stack: Stack, tmp_pat
     assert (tmp_path / "hello.wav").read_bytes()[:4] == b"RIFF"
     assert (tmp_path / "hello.ogg").read_bytes()[:4] == b"OggS"
     assert (tmp_path / "openapi.json").stat().st_size > 1000
+    assert (tmp_path / "duet.wav").read_bytes()[:4] == b"RIFF"

@@ -409,7 +409,7 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
     q = jobs.queue(redis, settings)
     bad = jobs.submit(q, Spec(chunks=("Fine words here.", "Unsayable words here."), model="stumbles"), settings)
     good = jobs.submit(q, Spec(chunks=("Other fine words.",), model="stumbles"), settings)
-    TTSWorker([q], connection=redis, serializer=jobs.SERIALIZER).work(burst=True)
+    TTSWorker([q], connection=redis, serializer=jobs.SERIALIZER, settings=settings).work(burst=True)
     assert good.get_status(refresh=True) == "finished"
     assert redis.exists(chunk_key(Spec.from_json(good.args[0]).chunk_ids()[0]))
     fine, unsayable = Spec.from_json(bad.args[0]).chunk_ids()

@@ -278,9 +278,9 @@ def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, cont
 
 
 def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
-    from service import _EncodedCache
+    from tts import EncodedCache
 
-    cache = _EncodedCache(max_bytes=100)
+    cache = EncodedCache(max_bytes=100)
     for n in range(5):
         cache.put((f"id{n}", "mp3"), bytes(20))
     assert cache.get(("id0", "mp3")) is not None  # now the most recently used
@@ -290,15 +290,15 @@ def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
     assert sum(len(cache.get((f"id{n}", "mp3")) or b"") for n in range(6)) <= 100
     cache.put(("big", "wav"), bytes(26))  # over a quarter of the budget: never kept
     assert cache.get(("big", "wav")) is None
-    off = _EncodedCache(max_bytes=0)
+    off = EncodedCache(max_bytes=0)
     off.put(("id", "wav"), b"x")
     assert off.get(("id", "wav")) is None
 
 
 def test_encoded_audio_is_rechecked_against_redis_after_a_while() -> None:
-    from service import _EncodedCache
+    from tts import EncodedCache
 
-    cache = _EncodedCache(max_bytes=100, recheck=0.05)
+    cache = EncodedCache(max_bytes=100, recheck=0.05)
     assert not cache.recent(("id", "wav"))  # not held: never recent
     cache.put(("id", "wav"), b"RIFF")
     assert cache.recent(("id", "wav"))

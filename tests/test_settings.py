@@ -33,6 +33,9 @@ def test_values_are_read(tmp_path: object) -> None:
         pytest.param("TTS_RESULT_TTL", "-5", id="ttl-negative"),
         pytest.param("TTS_DEFAULT_SEED", "1.5", id="seed-float"),
         pytest.param("TTS_ENGINE", "espeak", id="engine"),
+        pytest.param("TTS_DTYPE", "fp16", id="dtype"),
+        pytest.param("TTS_QUANTIZE", "int4", id="quantize"),
+        pytest.param("TTS_COMPILE", "maybe", id="compile"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:
@@ -40,3 +43,49 @@ def test_bad_value_names_the_variable(name: str, value: str) -> None:
         from_env({name: value})
     assert name in str(info.value)
     assert "expected" in str(info.value)
+
+
+def test_v11_values_are_read() -> None:
+    s = from_env({"TTS_MAX_VOICES": "5", "TTS_PUBLIC_URL": "https://tts.example.com/", "TTS_WEBHOOK_SECRET": "s" * 16,
+                  "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,2,3"})
+    assert (s.max_voices, s.public_url, s.webhook_allow_private) == (5, "https://tts.example.com", True)
+    assert s.webhook_secret == "s" * 16 and s.webhook_retry_delays == (1, 2, 3)
+    assert s.webhook_queue == "tts-webhooks"
+    assert "s" * 16 not in repr(s)
+    assert sum(Settings().webhook_retry_delays) / 60 > 9  # about ten minutes of retries by default
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param("TTS_MAX_VOICES", "0", id="max-voices-zero"),
+        pytest.param("TTS_PUBLIC_URL", "tts.example.com", id="public-url-relative"),
+        pytest.param("TTS_PUBLIC_URL", "https://tts.example.com/?a=1", id="public-url-query"),
+        pytest.param("TTS_WEBHOOK_SECRET", "short", id="secret-short"),
+        pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
+        pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
+        pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
+    ],
+)
+def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        from_env({name: value})
+    assert name in str(info.value) and "expected" in str(info.value)
+    if name == "TTS_WEBHOOK_SECRET":
+        assert value not in str(info.value)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    pytest.param({}, ("auto", "auto", False), id="defaults"),
+    pytest.param({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "none", "TTS_COMPILE": "true"}, ("bfloat16", "none", True),
+                 id="gpu-style"),
+    pytest.param({"TTS_DTYPE": "float32", "TTS_QUANTIZE": "int8"}, ("float32", "int8", False), id="cpu-int8"),
+])
+def test_engine_switches_are_read(env: dict[str, str], expected: tuple[str, str, bool]) -> None:
+    s = from_env(env)
+    assert (s.dtype, s.quantize, s.compile) == expected
+
+
+def test_int8_with_a_half_precision_dtype_names_both_variables() -> None:
+    with pytest.raises(SettingsError, match="TTS_QUANTIZE=int8 is not valid with TTS_DTYPE=bfloat16"):
+        from_env({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "int8"})

@@ -1,5 +1,5 @@
 """The web tier installs without torch: `requirements.txt` alone, in a fresh virtualenv, runs the
-Procfile's `web` and `dashboard` lines and serves a request end to end.
+Procfile's `web`, `webhooks` and `dashboard` lines and serves a request end to end.
 
 This is what a Heroku-style buildpack does (it reads only the root
 requirements.txt), so a dependency that drags the model stack back into the
@@ -75,7 +75,7 @@ def test_the_web_set_has_no_model_stack(web_venv: Path) -> None:
     assert size < MAX_SITE_PACKAGES_MB
 
 
-def test_the_procfile_web_and_dashboard_lines_run_from_the_web_set(
+def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
         web_venv: Path, redis: Redis, redis_url: str, tmp_path: Path) -> None:
     port, dashboard_port = _free_port(), _free_port()
     # The Procfile's own line, with the port the platform would set and the
@@ -89,6 +89,7 @@ def test_the_procfile_web_and_dashboard_lines_run_from_the_web_set(
            "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
     web = Proc(["bash", "-c", f"exec {web_line}"], env, tmp_path / "web.log")
     dashboard = Proc(["bash", "-c", f"exec {procfile_line('dashboard')}"], env, tmp_path / "dashboard.log")
+    webhooks = Proc(["bash", "-c", f"exec {procfile_line('webhooks')}"], env, tmp_path / "webhooks.log")
     # The audio is made by a tone worker from the full install, as a GPU host would.
     worker_env = {**os.environ, "REDIS_URL": redis_url, "TTS_ENGINE": "tone", "PYTHONUNBUFFERED": "1"}
     worker = Proc([sys.executable, "worker.py"], worker_env, tmp_path / "worker.log")
@@ -122,8 +123,14 @@ def test_the_procfile_web_and_dashboard_lines_run_from_the_web_set(
                  "rq-dashboard to answer", interval=0.2)
         page = httpx.get(f"http://127.0.0.1:{dashboard_port}/0/data/queues.json", timeout=10)
         assert "tts" in [q["name"] for q in page.json()["queues"]]
+        # The webhook deliverer: an rq worker on its own queue.
+        try:
+            wait_for(lambda: redis.smembers("rq:workers:tts-webhooks"), 60, "the webhooks worker to register",
+                     interval=0.2)
+        except AssertionError:
+            pytest.fail(f"webhooks:\n{webhooks.output()[-3000:]}")
     finally:
-        for proc in (dashboard, worker, web):
+        for proc in (webhooks, dashboard, worker, web):
             proc.stop()
     out = web.output()
     assert not re.search(r"Traceback|ModuleNotFoundError", out), out[-3000:]

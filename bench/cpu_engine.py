@@ -1,0 +1,158 @@
+"""The CPU engine switches side by side on the full-size random checkpoint: fidelity, real-time factor, profile.
+
+    python bench/cpu_engine.py [--model DIR] [--max-new-token 128] [--tunings float32,float32+int8,bfloat16,float16]
+                               [--batch-sizes 1,4] [--chunks 2] [--rounds 2] [--threads 2,1] [--write BENCHMARKS.md]
+
+Writes (or reuses) the full-size random-weight ChatTTS under .cache/, then
+runs bench/engine_bench.py once per torch thread count: the first count with
+every tuning (float32 eager first, the baseline), each later count with
+float32 and the tuning that was fastest at batch 1 under the first. Each run
+loads the model once and swaps the tunings' modules in, rounds interleaved,
+so the tunings share the machine's drift. Prints one markdown table: per
+tuning and thread count, the fidelity against float32 (fidelity.py), the
+real-time factor at each batch size (median [min–max] over rounds) with its
+ratio to float32 in the same run, and where each GPT step's time went at
+batch 1. With --write, the table replaces the section between CPU_BEGIN and
+CPU_END in that file (outside bench/run.py's markers). About 6 minutes on 2
+quiet cores at the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import ROOT, bench_env, machine, spread  # noqa: E402
+
+CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
+CPU_END = "<!-- cpu-engine:end -->"
+PARTS = ("gpt", "heads", "decoder", "vocos", "rest")
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def checkpoint(max_new_token: int) -> Path:
+    """The full-size random checkpoint for `max_new_token`, written once under .cache/."""
+    path = ROOT / ".cache" / f"full-model-{max_new_token}"
+    if not (path / "model.json").exists():
+        say(f"writing the full-size random checkpoint to {path}")
+        subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(path),
+                        "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return path
+
+
+def run(model: Path, tunings: list[str], threads: int, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "engine.json"
+        cmd = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(model), "--device", "cpu",
+               "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes, "--chunks", str(args.chunks),
+               "--rounds", str(args.rounds), "--threads", str(threads), "--fidelity", "--profile", "--json", str(out)]
+        say(f"engine_bench.py: {threads} thread(s), {', '.join(tunings)}")
+        # As the worker runs: idle OpenMP threads sleep (worker.py).
+        proc = subprocess.run(cmd, cwd=ROOT, env=bench_env(OMP_WAIT_POLICY="PASSIVE"), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        print("\n".join(line for line in proc.stdout.splitlines()), flush=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"engine_bench.py failed:\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def rows(data: dict, sizes: list[int], threads: int) -> list[list[str]]:
+    base = "float32"
+    out = []
+    labels = list(dict.fromkeys(r["tuning"] for r in data["runs"]))
+    for label in labels:
+        f = data["fidelity"][label]
+        fid = (f"{f['cosine']:.4f} ({'pass' if f['passes'] else 'FAIL'}); {f['matching']}/{f['steps']}; "
+               f"{f['decoder_cosine']:.4f}")
+        row = [label, str(threads), fid]
+        for size in sizes:
+            mine = {r["round"]: r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size}
+            ref = {r["round"]: r["rtf"] for r in data["runs"] if r["tuning"] == base and r["batch"] == size}
+            ratios = [mine[k] / ref[k] for k in mine if k in ref and ref[k]]
+            row.append(spread(list(mine.values()), 2) + ("" if label == base else f" ({spread(ratios, 2)}x)"))
+        prof = [r["ms_per_step"] for r in data["runs"] if r["tuning"] == label and r["batch"] == sizes[0]]
+        row.append(" / ".join(f"{statistics.median(p[k] for p in prof):.1f}" for k in PARTS))
+        out.append(row)
+    return out
+
+
+def best(data: dict, size: int) -> str:
+    """The tuning with the lowest median real-time factor at `size`, float32 aside."""
+    labels = {r["tuning"] for r in data["runs"]} - {"float32"}
+    return min(labels, key=lambda label: statistics.median(
+        r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size))
+
+
+def replace_section(path: Path, text: str) -> None:
+    doc = path.read_text()
+    block = f"{CPU_BEGIN}\n\n{text}\n\n{CPU_END}"
+    if CPU_BEGIN in doc and CPU_END in doc:
+        doc = doc[: doc.index(CPU_BEGIN)] + block + doc[doc.index(CPU_END) + len(CPU_END):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="a checkpoint directory (default: full-size random, written once)")
+    parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk of the written checkpoint")
+    parser.add_argument("--tunings", default="float32,float32+int8,bfloat16,float16")
+    parser.add_argument("--batch-sizes", default="1,4")
+    parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", default="2,1", help="torch thread counts; the first runs every tuning")
+    parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the table")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    info = machine()
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    model = args.model or checkpoint(args.max_new_token)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    counts = [int(t) for t in args.threads.split(",")]
+    tunings = args.tunings.split(",")
+    if tunings[0] != "float32":
+        tunings = ["float32", *[t for t in tunings if t != "float32"]]
+    table = []
+    first = run(model, tunings, counts[0], args)
+    table += rows(first, sizes, counts[0])
+    for count in counts[1:]:
+        table += rows(run(model, ["float32", best(first, sizes[0])], count, args), sizes, count)
+    head = (["tuning", "threads", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
+            + [f"RTF batch {s} (vs float32)" for s in sizes]
+            + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in table]
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = "\n".join([
+        f"Generated by `bench/cpu_engine.py` on {when} in {time.monotonic() - started:.0f} s: "
+        f"{first['model']}, {first['max_new_token']} tokens per chunk, {args.chunks} chunk(s) per run, "
+        f"{args.rounds} round(s); {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
+        f"load average {load_before} at start, {load_after} at end.",
+        "",
+        *lines,
+    ])
+    print()
+    print(text)
+    if args.write:
+        replace_section(args.write, text)
+        say(f"wrote the table into {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""What every handler of the web process shares: settings, Redis clients, the queue, the published model."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from typing import Any, Awaitable, Callable, TypeVar
+
+import redis.asyncio as aioredis
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from rq.job import Job
+from starlette.requests import Request
+
+import jobs
+import metrics
+from cache import MODEL_KEY, AudioCache, events_channel
+from settings import Settings
+from status import OVER
+from validation import ApiError
+
+T = TypeVar("T")
+
+
+class Context:
+    """The web process's state, made once by the app factory and handed to every handler."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        # After a Redis restart every pooled connection is cut. Single commands
+        # reconnect and retry by default; pipelines (and so RQ's enqueue) only
+        # with retry_on_error, without which each cut connection fails one
+        # request with a 503. The pipelines here are idempotent or metrics.
+        pool = {"retry_on_error": [RedisConnectionError], "max_connections": settings.redis_max_connections}
+        self.redis = aioredis.from_url(settings.redis_url, **pool)
+        # RQ speaks the synchronous client; it runs in the threadpool.
+        self.sync_redis = Redis.from_url(settings.redis_url, **pool)
+        self.queue = jobs.queue(self.sync_redis, settings)
+        self.cache = AudioCache(self.redis, settings.result_ttl)
+        # This process's figures; they reach Redis about once a second.
+        self.metrics = metrics.Recorder()
+        self._model: tuple[float, jobs.ModelInfo | None] = (0.0, None)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        self.sync_redis.close()
+
+    async def model(self) -> jobs.ModelInfo | None:
+        """The model the workers published, re-read at most once a second."""
+        at, info = self._model
+        if info is None or time.monotonic() - at > 1.0:
+            raw = await self.redis.get(MODEL_KEY)
+            info = None if raw is None else jobs.ModelInfo.from_json(raw)
+            self._model = (time.monotonic(), info)
+        return info
+
+    async def require_model(self) -> jobs.ModelInfo:
+        """The published model; 503 while no worker has published one."""
+        model = await self.model()
+        if model is None:
+            raise ApiError(503, "no worker has started yet, so no model is loaded; start one (python worker.py)",
+                           headers={"Retry-After": "5"})
+        return model
+
+    async def guard(self, request: Request) -> None:
+        """401 without a configured API key; 429 past the key's rate limit.
+
+        Keys are compared in constant time against every configured key, and
+        only their hash reaches Redis.
+        """
+        keys = self.settings.api_keys
+        if not keys:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given_bytes = given.strip().encode()
+        matched = False
+        for key in keys:
+            matched |= hmac.compare_digest(given_bytes, key.encode())
+        if scheme.lower() != "bearer" or not matched:
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                           headers={"WWW-Authenticate": "Bearer"})
+        limit = self.settings.rate_limit
+        if limit:
+            window = int(time.time()) // 60
+            name = f"tts:rate:{hashlib.sha256(given_bytes).hexdigest()[:16]}:{window}"
+            async with self.redis.pipeline(transaction=True) as pipe:
+                count, _ = await pipe.incr(name).expire(name, 61).execute()
+            if count > limit:
+                retry = 60 - int(time.time()) % 60
+                raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",
+                               headers={"Retry-After": str(max(1, retry))})
+
+    async def listen(self, job_id: str) -> Listener:
+        """A subscription to the events of job `job_id`; close it when done."""
+        pubsub = self.redis.pubsub()
+        try:
+            await pubsub.subscribe(events_channel(job_id))
+        except BaseException:
+            await pubsub.aclose()  # it holds a pool connection even when the subscribe failed
+            raise
+        return Listener(self.redis, pubsub, job_id)
+
+    async def wait(self, job_id: str, ready: Callable[[], Awaitable[T | None]], deadline: float) -> T | None:
+        """`Listener.until` on a subscription of its own."""
+        listener = await self.listen(job_id)
+        try:
+            return await listener.until(ready, deadline)
+        finally:
+            await listener.close()
+
+
+class Listener:
+    """Sleeps on one job's events channel until what it waits for is there."""
+
+    def __init__(self, redis: Any, pubsub: Any, job_id: str) -> None:
+        self.redis = redis
+        self.pubsub = pubsub
+        self.job_id = job_id
+
+    async def until(self, ready: Callable[[], Awaitable[T | None]], deadline: float) -> T | None:
+        """`ready()`'s first value that is not None, or None once the job is over or `deadline` passes.
+
+        Subscribed before the first check, so no announcement can slip between
+        a check and the sleep. It sleeps on the channel (no busy polling);
+        waking at least once a second covers a worker that died without
+        saying so.
+        """
+        while True:
+            value = await ready()
+            if value is not None:
+                return value
+            state = await self.redis.hget(Job.key_for(self.job_id), "status")
+            if state is None or state.decode() in OVER:
+                # Over: it may have delivered just before it ended.
+                return await ready()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+
+    async def close(self) -> None:
+        # aclose drops the connection (the server forgets its subscriptions)
+        # and gives it back to the pool, without Redis: an UNSUBSCRIBE first
+        # would cost a round trip, and raise while Redis is down, leaking the
+        # connection until the pool is exhausted.
+        await self.pubsub.aclose()

@@ -1,0 +1,69 @@
+"""The operational routes: liveness, readiness, Prometheus metrics."""
+
+from __future__ import annotations
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+import jobs
+import metrics
+from replies import Health, Ready, ReadyModel, reply
+from context import Context
+
+
+async def healthz(ctx: Context, request: Request) -> Response:
+    return reply(Health(status="ok"))
+
+
+async def readyz(ctx: Context, request: Request) -> Response:
+    """200 when Redis answers, a worker is registered and a model is published; else 503 saying which."""
+    problems = []
+    workers = 0
+    model = None
+    try:
+        await ctx.redis.ping()
+        names = await ctx.redis.smembers(WORKERS_BY_QUEUE_KEY % ctx.settings.queue)
+        # Members are worker keys; a dead worker's key expires, its
+        # membership lingers until RQ's next clean-up.
+        workers = int(await ctx.redis.exists(*names)) if names else 0
+        model = await ctx.model()
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        problems.append(f"Redis at {safe_url(ctx.settings.redis_url)} does not answer")
+    else:
+        if workers == 0:
+            problems.append(f"no worker is registered on queue {ctx.settings.queue!r}")
+        if model is None:
+            problems.append("no worker has published a model yet")
+    body = Ready(
+        status="not ready" if problems else "ready",
+        workers=workers,
+        queue=ctx.settings.queue,
+        model=None if model is None else ReadyModel(name=model.name, id=model.id, tiny=model.tiny,
+                                                    device=model.device),
+    )
+    if problems:
+        body.detail = "; ".join(problems)
+        return reply(body, status=503, headers={"Retry-After": "5"})
+    return reply(body)
+
+
+async def prometheus(ctx: Context, request: Request) -> Response:
+    """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
+    await ctx.metrics.aflush(ctx.redis)
+    stored = await ctx.redis.hgetall(metrics.METRICS_KEY)
+    hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=jobs.SERIALIZER)
+    gauges = await run_in_threadpool(metrics.queue_gauges, ctx.queue, hooks)
+    return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)
+
+
+def safe_url(url: str) -> str:
+    """The Redis URL without its password, for messages."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -1,0 +1,136 @@
+"""The HTTP API's JSON answers (and the webhook event), declared once as msgspec Structs.
+
+Handlers build these and send them with `reply`; openapi.py derives their
+schemas from the same declarations.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Mapping
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+from starlette.responses import Response
+
+from bodies import ID_PATTERN, NAME_PATTERN, Seed
+
+RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
+Status = Literal["queued", "started", "finished", "failed", "canceled"]
+
+
+class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Base of the JSON answers; fields left UNSET are not sent."""
+
+
+class Error(Reply):
+    """Every error: what is wrong in words, and the field at fault when one is."""
+
+    detail: Annotated[str, Meta(min_length=1)]
+    field: str | UnsetType = UNSET
+
+
+class Progress(Reply):
+    chunks_done: Annotated[int, Meta(ge=0)]
+    chunks_total: Annotated[int, Meta(ge=1)]
+
+
+class TtsSubmitted(Reply):
+    id: RequestId
+    status: Status
+    status_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}$")]
+    audio_url: Annotated[str, Meta(pattern=r"^/v1/tts/[0-9a-f]{32}/audio(\?format=[a-z0-9]+)?$")]
+    captions_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}/captions$")]
+    progress: Progress
+    cached: Annotated[bool, Meta(description="true: every chunk was stored; nothing was queued.")] | UnsetType = UNSET
+
+
+class TtsStatus(Reply):
+    id: RequestId
+    status: Status
+    progress: Progress
+    position: Annotated[int, Meta(ge=0, description="Place in the queue (when queued).")] | UnsetType = UNSET
+    error: Annotated[str, Meta(description="Why it failed (when failed), in safe words.")] | UnsetType = UNSET
+
+
+class SeedVoice(Reply):
+    """The ChatTTS speaker string a seed stands for on the loaded model."""
+
+    seed: Seed
+    speaker: Annotated[str, Meta(min_length=1)]
+    model: Annotated[str, Meta(description="The id of the model the speaker string belongs to.")]
+    model_name: str
+
+
+class SavedVoice(Reply):
+    """A saved (or built-in) voice: its speaker string for the model it was made on."""
+
+    name: Annotated[str, Meta(pattern=NAME_PATTERN)]
+    speaker: Annotated[str, Meta(min_length=1)]
+    description: str
+    model: str
+    builtin: bool
+    created: Annotated[str, Meta(extra_json_schema={"format": "date-time"})] | None
+    updated: Annotated[str, Meta(extra_json_schema={"format": "date-time"})] | None
+
+
+class VoiceSummary(Reply):
+    name: Annotated[str, Meta(pattern=NAME_PATTERN)]
+    description: str
+    created: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+    updated: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+
+
+class VoiceList(Reply):
+    voices: list[VoiceSummary]
+    builtin: list[str]
+
+
+class Cue(Reply):
+    index: Annotated[int, Meta(ge=1)]
+    start: Annotated[float, Meta(ge=0, description="Seconds into the WAV's audio.")]
+    end: Annotated[float, Meta(ge=0)]
+    text: str
+
+
+class Captions(Reply):
+    """One cue per chunk, at the exact sample offsets of its audio in the WAV."""
+
+    id: RequestId
+    duration: Annotated[float, Meta(ge=0)]
+    cues: list[Cue]
+
+
+class WebhookEvent(Reply):
+    """What a callback_url receives (POSTed, signed) when its request is finished, failed or canceled."""
+
+    id: RequestId
+    status: Literal["finished", "failed", "canceled"]
+    audio_url: Annotated[str, Meta(description="Absolute with TTS_PUBLIC_URL set, else a path.")]
+    captions_url: str
+    chunks_total: Annotated[int, Meta(ge=0)]
+    audio_seconds: Annotated[float, Meta(ge=0, description="Length of the WAV (0 unless finished).")]
+    error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
+
+
+class ReadyModel(Reply):
+    name: str
+    id: str
+    tiny: bool
+    device: str
+
+
+class Ready(Reply):
+    status: Literal["ready", "not ready"]
+    workers: Annotated[int, Meta(ge=0)]
+    queue: str
+    model: ReadyModel | None
+    detail: Annotated[str, Meta(description="What is not ready (503 only).")] | UnsetType = UNSET
+
+
+class Health(Reply):
+    status: Literal["ok"]
+
+
+def reply(body: msgspec.Struct, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON answer of `body`."""
+    return Response(msgspec.json.encode(body), status_code=status, headers=headers, media_type="application/json")

@@ -1,0 +1,46 @@
+"""A request's state in the API's words: RQ's job states mapped, and why a job failed in safe words."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# RQ status -> the API's status words.
+STATUS = {
+    "queued": "queued",
+    "deferred": "queued",
+    "scheduled": "queued",
+    "started": "started",
+    "finished": "finished",
+    "failed": "failed",
+    "stopped": "canceled",
+    "canceled": "canceled",
+}
+# RQ states after which a job does nothing more.
+OVER = ("finished", "failed", "stopped", "canceled")
+# Safe words for a failed job, by exception class; anything else is generic.
+FAILURES = {
+    "ModelMismatch": "the workers changed model after this request was queued; submit it again",
+    "AbandonedJobError": "the worker stopped while synthesizing and the retries ran out",
+    "JobTimeoutException": "synthesis ran past its time limit",
+}
+GENERIC_FAILURE = "synthesis failed in the worker (details are in its log)"
+
+
+def failure_words(record: str) -> str:
+    """Safe words for a failure record: an exception's name is looked up, its text never shown.
+
+    The name is found in the last line of the record: a traceback ends with
+    "module.Name: message"; an abandoned job's record is a sentence naming
+    AbandonedJobError; a bare class name works too.
+    """
+    text = record.strip()
+    last = text.splitlines()[-1] if text else ""
+    names = set(re.findall(r"[A-Za-z_]\w*", last))
+    return next((words for name, words in FAILURES.items() if name in names), GENERIC_FAILURE)
+
+
+def failure(job: Any) -> str:
+    """Safe words for why the RQ `job` failed, from the record RQ keeps of its last run."""
+    result = job.latest_result()
+    return failure_words(getattr(result, "exc_string", None) or "")

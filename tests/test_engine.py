@@ -1,0 +1,127 @@
+"""Engine switches (tuning.py) on the tiny checkpoint: fidelity against float32, defaults, identity, inference mode."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fidelity
+import tuning
+from cache import Spec
+from engine import ChatTTSEngine, ModelUnavailable, load_chattts
+from settings import Settings, from_env
+
+TEXT = "Hello world, this is the fidelity check. 你好，世界。"
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
+    """The tiny model loaded in plain float32, eager, unquantized: the reference."""
+    engine, info = load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1",
+                                          "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none"}))
+    return engine, info
+
+
+@pytest.mark.parametrize("label", [
+    pytest.param("bfloat16", id="bfloat16"),
+    pytest.param("float16", id="float16"),
+    pytest.param("float32+int8", id="int8"),
+    pytest.param("float32+compile", id="compile"),
+])
+def test_every_switch_keeps_the_first_step_logits_of_float32(plain: tuple[ChatTTSEngine, Any], label: str,
+                                                             record_property: Any) -> None:
+    """The rule a switch meets to be on by default: first-step logits cosine >= 0.99 against float32
+    on the same checkpoint, seed, voice and text. Matching sampled steps are recorded, not judged."""
+    chat = plain[0].chat
+    base = (chat.gpt.gpt, chat.decoder)
+    result = fidelity.compare(chat, base, tuning.variant(*base, tuning.Tuning.from_label(label)), TEXT, seed=2)
+    record_property("fidelity", result)
+    assert result.passes, result
+    assert result.decoder_cosine >= fidelity.MIN_COSINE, result
+    assert 0 <= result.prefix <= result.matching <= result.steps == 64
+    assert (chat.gpt.gpt, chat.decoder) == base, "compare puts float32 back"
+
+
+def test_float32_against_itself_is_exact(plain: tuple[ChatTTSEngine, Any]) -> None:
+    chat = plain[0].chat
+    base = (chat.gpt.gpt, chat.decoder)
+    result = fidelity.compare(chat, base, base, TEXT, seed=5)
+    assert result.cosine == pytest.approx(1.0) and result.matching == result.prefix == 64
+
+
+@pytest.mark.parametrize(("device", "hidden", "env", "expected"), [
+    pytest.param("cpu", 768, {}, tuning.Tuning("float32", "int8"), id="cpu-full-size-int8"),
+    pytest.param("cpu", 64, {}, tuning.Tuning(), id="cpu-tiny-plain"),
+    pytest.param("cpu", 768, {"TTS_QUANTIZE": "none"}, tuning.Tuning(), id="cpu-int8-off"),
+    pytest.param("cpu", 768, {"TTS_DTYPE": "bfloat16"}, tuning.Tuning("bfloat16"), id="cpu-bf16-asked"),
+    pytest.param("cuda", 768, {}, tuning.Tuning("bfloat16"), id="cuda-bf16"),
+    pytest.param("cuda", 768, {"TTS_DTYPE": "float16", "TTS_COMPILE": "true"}, tuning.Tuning("float16", "none", True),
+                 id="cuda-fp16-compile"),
+])
+def test_defaults_follow_the_device_and_the_model_size(device: str, hidden: int, env: dict[str, str],
+                                                       expected: tuning.Tuning,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert tuning.resolve(from_env(env), torch.device(device), hidden) == expected
+
+
+def test_auto_is_float32_on_a_cuda_device_without_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert tuning.resolve(Settings(), torch.device("cuda"), 768) == tuning.Tuning()
+
+
+def test_int8_on_a_gpu_stops_the_load_naming_the_variable(tiny_model: Path) -> None:
+    settings = from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_DEVICE": "cuda", "TTS_QUANTIZE": "int8"})
+    with pytest.raises(ModelUnavailable, match="TTS_QUANTIZE=int8 runs on the CPU only"):
+        load_chattts(settings)
+
+
+def test_labels_round_trip() -> None:
+    for t in (tuning.Tuning(), tuning.Tuning("bfloat16", "none", True), tuning.Tuning("float32", "int8")):
+        assert tuning.Tuning.from_label(t.label()) == t
+    with pytest.raises(ValueError, match="DTYPE"):
+        tuning.Tuning.from_label("float64")
+
+
+def test_the_identity_follows_what_runs_not_what_was_asked(tiny_model: Path, plain: tuple[ChatTTSEngine, Any]) -> None:
+    """Audio made one way is never served as made another; asking for what runs anyway changes nothing."""
+    base_env = {"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1"}
+    _, auto = load_chattts(from_env(base_env))
+    assert auto.id == plain[1].id, "auto on the tiny CPU model is plain float32"
+    engine, bf16 = load_chattts(from_env({**base_env, "TTS_DTYPE": "bfloat16"}))
+    assert bf16.id != plain[1].id
+    assert isinstance(engine.chat.gpt.gpt, tuning.CastingLlama)
+    assert isinstance(engine.chat.decoder, tuning.CastingDecoder)
+    wav = engine.synthesize([Spec(chunks=("A bfloat16 chunk.",), model=bf16.id)])[0]
+    assert wav.dtype.name == "float32" and len(wav) > 0
+
+
+def test_the_model_runs_in_inference_mode(plain: tuple[ChatTTSEngine, Any]) -> None:
+    engine = plain[0]
+    seen: list[bool] = []
+    gpt = engine.chat.gpt.gpt
+    hook = gpt.register_forward_pre_hook(lambda *_: seen.append(torch.is_inference_mode_enabled()))
+    try:
+        engine.synthesize([Spec(chunks=("Inference mode.",), model=plain[1].id)])
+        engine.speaker(3)
+    finally:
+        hook.remove()
+    assert seen and all(seen)
+
+
+def test_defaults_keep_the_tiny_model_as_fast_as_plain(plain: tuple[ChatTTSEngine, Any], tiny_model: Path) -> None:
+    """No switch slows the tests down: on the CPU the tiny model's defaults are plain float32 eager,
+    the very modules ChatTTS loads, so its speed is float32's by construction."""
+    engine, _ = load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1"}))
+    assert type(engine.chat.gpt.gpt).__name__ == "LlamaModel"
+    assert type(engine.chat.decoder).__name__ == "DVAE"
+    # And a synthesis takes what it always took (generous: the machine is shared).
+    spec = Spec(chunks=("One short chunk.",), model="x")
+    engine.synthesize([spec])
+    start = time.perf_counter()
+    engine.synthesize([spec])
+    assert time.perf_counter() - start < 5

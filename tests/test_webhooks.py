@@ -1,0 +1,284 @@
+"""Completion webhooks end to end: web, tone worker and the webhooks process, calling a real receiver."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import io
+import json
+import threading
+import time
+import wave
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+from redis import Redis
+
+import webhooks
+from conftest import Stack, wait_for
+
+SECRET = "webhook-secret-0123456789"
+DELAYS = "2,1"  # two retries (RQ schedules to the whole second): three tries in all
+
+
+class Receiver:
+    """A small HTTP server that records every POST and answers each path as told."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        # path -> statuses to answer in turn (the last one repeats); 200 when unlisted.
+        self.answers: dict[str, list[int]] = {}
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the standard library's name)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                path = self.path.split("?")[0]
+                receiver.calls.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                                       "at": time.time()})
+                plan = receiver.answers.get(path, [200])
+                status = plan.pop(0) if len(plan) > 1 else plan[0]
+                self.send_response(status)
+                if status in (301, 302, 307, 308):
+                    self.send_header("Location", "/landed")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def at(self, path: str) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["path"].split("?")[0] == path]
+
+    def events(self, path: str) -> list[dict[str, Any]]:
+        return [json.loads(c["body"]) for c in self.at(path)]
+
+    def wait(self, path: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+        wait_for(lambda: len(self.at(path)) >= count, timeout, f"{count} call(s) to {path}", interval=0.05)
+        return self.at(path)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    made = Receiver()
+    yield made
+    made.stop()
+
+
+def _stack(stack_factory: Callable[..., Stack], worker: bool = True, **env: str) -> Stack:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET=SECRET, TTS_WEBHOOK_ALLOW_PRIVATE="true",
+                          TTS_WEBHOOK_RETRY_DELAYS=DELAYS, **env)
+    stack.start_web()
+    stack.start_webhooks()
+    if worker:
+        stack.start_worker()
+        stack.wait_ready()
+    else:
+        stack.run_worker_burst()  # publishes the model, then leaves the queue alone
+    return stack
+
+
+def _submit(stack: Stack, text: str, callback: str | None, status: int | tuple[int, ...] = (200, 202)) -> dict:
+    body: dict[str, Any] = {"text": text}
+    if callback is not None:
+        body["callback_url"] = callback
+    r = httpx.post(stack.url + "/v1/tts", json=body)
+    assert r.status_code in ((status,) if isinstance(status, int) else status), r.text
+    return r.json()
+
+
+def _verify(call: dict[str, Any]) -> dict[str, Any]:
+    """The event of a call, after checking its headers and signature as a receiver would."""
+    headers = {k.lower(): v for k, v in call["headers"].items()}
+    assert headers["content-type"] == "application/json"
+    timestamp = headers["x-tts-timestamp"]
+    assert abs(int(timestamp) - time.time()) < 120
+    expected = hmac.new(SECRET.encode(), timestamp.encode() + b"." + call["body"], hashlib.sha256).hexdigest()
+    assert hmac.compare_digest(headers["x-tts-signature"], f"sha256={expected}")
+    assert len(headers["x-tts-event-id"]) >= 16
+    return json.loads(call["body"])
+
+
+def _scrape(stack: Stack, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(stack.url + "/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stack], receiver: Receiver) -> None:
+    stack = _stack(stack_factory, TTS_PUBLIC_URL="https://tts.example.com/")
+    submitted = _submit(stack, "Call me back. When it is done.", receiver.url + "/done?user=7", 202)
+    event = _verify(receiver.wait("/done", 1)[0])
+    assert event["id"] == submitted["id"] and event["status"] == "finished" and "error" not in event
+    assert event["audio_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/audio"
+    assert event["captions_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/captions"
+    wav = httpx.get(f"{stack.url}/v1/tts/{submitted['id']}/audio").content
+    with wave.open(io.BytesIO(wav)) as w:
+        assert abs(event["audio_seconds"] - w.getnframes() / w.getframerate()) < 0.001
+    assert event["chunks_total"] == submitted["progress"]["chunks_total"]
+    assert receiver.at("/done")[0]["path"] == "/done?user=7"  # the query goes along
+
+    # Already finished when submitted: the event comes all the same (once), in the format asked for.
+    again = httpx.post(stack.url + "/v1/tts", json={"text": "Call me back. When it is done.", "format": "mp3",
+                                                    "callback_url": receiver.url + "/again"})
+    assert again.status_code == 200 and again.json()["cached"] is True
+    event = _verify(receiver.wait("/again", 1)[0])
+    assert event["status"] == "finished" and event["audio_url"].endswith("/audio?format=mp3")
+    time.sleep(0.5)  # nothing more may come
+    assert len(receiver.at("/again")) == 1 and len(receiver.at("/done")) == 1
+
+
+def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack], receiver: Receiver,
+                                             redis: Redis) -> None:
+    stack = _stack(stack_factory, worker=False)
+    ids = {_submit(stack, "Shared by three.", receiver.url + path, 202)["id"] for path in ("/x", "/y", "/x", "/y")}
+    assert len(ids) == 1 and redis.llen("rq:queue:tts") == 1  # one job for all four
+    stack.run_worker_burst()
+    for path in ("/x", "/y"):
+        assert _verify(receiver.wait(path, 1)[0])["status"] == "finished"
+    time.sleep(1)
+    assert len(receiver.at("/x")) == 1 and len(receiver.at("/y")) == 1
+    assert {c["headers"]["X-TTS-Event-Id"] for c in receiver.calls} == {
+        receiver.at("/x")[0]["headers"]["X-TTS-Event-Id"], receiver.at("/y")[0]["headers"]["X-TTS-Event-Id"]}
+
+
+def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factory: Callable[..., Stack],
+                                                                     receiver: Receiver) -> None:
+    stack = _stack(stack_factory)
+    receiver.answers["/flaky"] = [500, 200]
+    receiver.answers["/down"] = [503]
+    receiver.answers["/moved"] = [302]
+    _submit(stack, "Try again later.", receiver.url + "/flaky")
+    _submit(stack, "Nobody is home.", receiver.url + "/down")
+    _submit(stack, "Redirects are not followed.", receiver.url + "/moved")
+    first, second = receiver.wait("/flaky", 2)
+    assert [_verify(c)["status"] for c in (first, second)] == ["finished", "finished"]
+    assert first["headers"]["X-TTS-Event-Id"] == second["headers"]["X-TTS-Event-Id"]
+    assert first["body"] == second["body"]
+    assert second["at"] - first["at"] >= 1.0  # the backoff (2 s, to the whole second)
+    # Every try fails: one try and two retries, then it is given up.
+    tries = receiver.wait("/down", 3)
+    receiver.wait("/moved", 3)
+    wait_for(lambda: _scrape(stack, "tts_webhook_deliveries_total", result="given_up") == 2, 20, "two give-ups")
+    assert len({c["headers"]["X-TTS-Event-Id"] for c in tries}) == 1
+    assert receiver.at("/landed") == []
+    assert _scrape(stack, "tts_webhook_deliveries_total", result="delivered") == 1
+    assert _scrape(stack, "tts_webhook_deliveries_total", result="failed") == 5  # 1 + 2 + 2 tries retried
+    time.sleep(1.5)
+    assert len(receiver.at("/down")) == 3
+
+
+def test_canceled_and_failed_requests_post_their_events(stack_factory: Callable[..., Stack], receiver: Receiver,
+                                                        redis: Redis) -> None:
+    stack = _stack(stack_factory, worker=False)
+    canceled = _submit(stack, "Cancel me.", receiver.url + "/canceled", 202)
+    assert httpx.delete(stack.url + canceled["status_url"]).status_code == 204
+    event = _verify(receiver.wait("/canceled", 1)[0])
+    assert event["status"] == "canceled" and event["audio_seconds"] == 0 and "error" not in event
+
+    failing = _submit(stack, "Fail me.", receiver.url + "/failed", 202)
+    key = f"rq:job:{failing['id']}"
+    data = json.loads(zlib.decompress(redis.hget(key, "data")))
+    data[2][0]["model"] = "some-other-model"  # a job keyed for another model fails
+    redis.hset(key, "data", zlib.compress(json.dumps(data).encode()))
+    redis.hset(key, "retries_left", 1)  # one retry: the first failure sends nothing
+    stack.run_worker_burst()
+
+    def retried() -> list[dict[str, Any]]:
+        stack.run_worker_burst()  # runs the retry once its backoff is over
+        return receiver.at("/failed")
+
+    wait_for(retried, 60, "the retry to fail and its event", interval=0.5)
+    event = _verify(receiver.at("/failed")[0])
+    assert event["status"] == "failed" and "model" in event["error"] and "Traceback" not in event["error"]
+    time.sleep(0.5)
+    assert len(receiver.at("/failed")) == 1
+
+
+REFUSED_URLS = [
+    "http://127.0.0.1:9/hook", "http://localhost/hook", "http://[::1]:8080/", "http://10.1.2.3/",
+    "http://192.168.0.10/", "https://169.254.169.254/latest/meta-data/", "http://[::ffff:127.0.0.1]/",
+    "http://224.0.0.1/", "http://0.0.0.0/", "ftp://example.com/", "/relative/path", "http://example.com:99999/",
+    "http://exa mple.com/", "http://no-such-host.invalid/",
+]
+
+
+def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET=SECRET)  # private addresses not allowed
+    stack.start_web()
+    stack.run_worker_burst()
+    for url in REFUSED_URLS:
+        r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": url})
+        assert r.status_code == 422 and r.json()["field"] == "callback_url", (url, r.text)
+    assert redis.llen("rq:queue:tts") == 0 and not redis.keys("tts:hooks:*")
+
+
+@pytest.mark.parametrize(
+    ("address", "refused"),
+    [
+        pytest.param("127.0.0.1", True, id="loopback"),
+        pytest.param("10.0.0.1", True, id="private-10"),
+        pytest.param("172.16.5.4", True, id="private-172"),
+        pytest.param("100.100.100.200", True, id="shared-cgnat-metadata"),
+        pytest.param("169.254.169.254", True, id="link-local-metadata"),
+        pytest.param("168.63.129.16", True, id="azure-wire-server"),
+        pytest.param("fd00:ec2::254", True, id="ula-metadata"),
+        pytest.param("fe80::1%eth0", True, id="link-local-v6-scoped"),
+        pytest.param("::ffff:10.0.0.1", True, id="mapped-private"),
+        pytest.param("239.1.1.1", True, id="multicast"),
+        pytest.param("93.184.215.14", False, id="public-v4"),
+        pytest.param("2606:4700::1111", False, id="public-v6"),
+    ],
+)
+def test_address_rules(address: str, refused: bool) -> None:
+    assert webhooks._refused(address) is refused
+
+
+def test_without_a_secret_callback_urls_are_refused(stack_factory: Callable[..., Stack], receiver: Receiver) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_ALLOW_PRIVATE="true")
+    stack.start_web()
+    stack.run_worker_burst()
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": receiver.url + "/x"})
+    assert r.status_code == 422 and r.json()["field"] == "callback_url" and "TTS_WEBHOOK_SECRET" in r.json()["detail"]
+
+
+def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_factory: Callable[..., Stack],
+                                                                        receiver: Receiver, redis: Redis) -> None:
+    stack = _stack(stack_factory)
+    url = receiver.url.replace("http://", "http://hook-user:hook-pass@") + "/hook/s3cr3t-path?token=t0psecret"
+    _submit(stack, "Keep my secrets.", url)
+    call = receiver.wait("/hook/s3cr3t-path", 1)[0]
+    _verify(call)
+    assert call["headers"]["Authorization"] == "Basic " + base64.b64encode(b"hook-user:hook-pass").decode()
+    signature = call["headers"]["X-TTS-Signature"].split("=", 1)[1]
+    hooks = next(p for p in stack.procs if "webhooks" in p.log.name)
+    wait_for(lambda: "delivered" in hooks.output(), 10, "the delivery's log line")
+    for proc in stack.procs:
+        out = proc.output()
+        for secret in ("s3cr3t-path", "t0psecret", "hook-pass", "hook-user", signature, SECRET):
+            assert secret not in out, (proc.log.name, secret)
+    assert "127.0.0.1" in hooks.output()  # the target is named by scheme and host
+    # Nor in what rq-dashboard shows of the delivery job: its arguments and description.
+    assert redis.keys("rq:job:webhook-*")
+    for key in redis.keys("rq:job:webhook-*"):
+        job = redis.hgetall(key)
+        shown = zlib.decompress(job[b"data"]) + job.get(b"description", b"")
+        assert b"s3cr3t-path" not in shown and b"hook-pass" not in shown and b"t0psecret" not in shown
+    maps = Path(f"/proc/{hooks.pid}/maps").read_text()
+    assert "libtorch" not in maps and "torch/lib" not in maps

@@ -1,0 +1,418 @@
+"""The synthesis routes: submit (POST /v1/tts, OpenAI's POST /v1/audio/speech), status, cancel, and the audio."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from typing import Any, AsyncIterator, Mapping
+
+from msgspec import UNSET
+from rq.job import Job
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Send
+
+import audio
+import bodies
+import jobs
+import metrics
+import validation
+import voices
+import webhooks
+from bodies import SpeechRequest, TtsRequest
+from replies import Progress, TtsStatus, TtsSubmitted, reply
+from cache import Spec, is_well_formed_id, manifest
+from context import Context, Listener
+from settings import Settings
+from splitter import split
+from status import STATUS, failure
+from validation import ApiError
+
+logger = logging.getLogger("service")
+
+# How long ?stream=true waits for the first chunk before answering 202.
+STREAM_FIRST_WAIT = 60.0
+# Seconds a web process answers audio it holds encoded before asking Redis
+# again whether the id still exists (expired or evicted: 404).
+ENCODED_RECHECK = 1.0
+# The OpenAI route names these of our fields by its own.
+_SPEECH_NAMES = {"text": "input", "voice": "voice", "speaker": "voice", "seed": "voice"}
+
+
+def not_found(request_id: str) -> ApiError:
+    return ApiError(404, f"no request with id {request_id!r} (unknown, or its audio expired: submit it again)")
+
+
+# -- submitting -------------------------------------------------------------------------
+
+
+async def submit(ctx: Context, request: Request) -> Response:
+    """POST /v1/tts."""
+    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), TtsRequest)
+    fmt = validation.audio_format(body.format)
+    callback = None if body.callback_url is UNSET else await webhooks.check(body.callback_url, ctx.settings)
+    spec = await spec_of(ctx, body)
+    request_id = spec.request_id()
+    if callback is not None:
+        # Before the job is ensured: a job that ends meanwhile then finds it.
+        await webhooks.register(ctx.redis, request_id, callback, fmt, ctx.settings.result_ttl)
+    missing, job = await _ensure(ctx, spec, request_id)
+    if callback is not None and job is None:
+        await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
+    total = len(spec.chunks)
+    answer = TtsSubmitted(
+        id=request_id,
+        status="finished" if job is None else STATUS.get(job.get_status(refresh=False) or "queued", "queued"),
+        status_url=f"/v1/tts/{request_id}",
+        audio_url=f"/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
+        captions_url=f"/v1/tts/{request_id}/captions",
+        progress=Progress(chunks_done=total - len(missing), chunks_total=total),
+    )
+    if job is None:
+        answer.cached = True
+        return reply(answer)
+    return reply(answer, status=202, headers={"Location": answer.status_url})
+
+
+async def speech(ctx: Context, request: Request) -> Response:
+    """OpenAI's POST /v1/audio/speech: the same queue, cache and dedupe, answered with the audio itself."""
+    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), SpeechRequest)
+    # 1.0 -> 5; 0.25 and 4.0 are the ends of ChatTTS's 1-9.
+    speed = max(1, min(9, round(5 + 4 * math.log(body.speed, 4))))
+    tts = TtsRequest(text=body.input, speed=speed, **voices.speech_choice(body.voice))
+    spec = await spec_of(ctx, tts, _SPEECH_NAMES)
+    request_id = spec.request_id()
+    _, job = await _ensure(ctx, spec, request_id)
+    layout = manifest(spec)
+    if job is not None:
+        await wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
+    pcm = await whole_clip(ctx, layout)
+    if pcm is None:
+        await not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
+        raise ApiError(504, f"the audio was not ready within {ctx.settings.speech_wait} s; "
+                            f"it is still being made: GET /v1/tts/{request_id}/audio",
+                       headers={"Location": f"/v1/tts/{request_id}"})
+    data = await run_in_threadpool(audio.encode, pcm, body.response_format)
+    return Response(data, media_type=audio.FORMATS[body.response_format][0], headers={"X-Request-Id": request_id})
+
+
+async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None) -> Spec:
+    """The Spec of a declared-valid body: text normalized and split, the voice resolved, defaults filled in.
+
+    Refusals name the client's fields: `names` maps ours to its own.
+    """
+    named = names or {}
+    model = await ctx.require_model()
+    text = validation.text(body.text, named.get("text", "text"), ctx.settings.max_chars)
+    seed = None if body.seed is UNSET else body.seed
+    speaker = None if body.speaker is UNSET else body.speaker.strip()
+    if body.voice is not UNSET:
+        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"))
+    elif speaker is not None:
+        validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
+    return Spec(
+        chunks=tuple(split(text, ctx.settings.chunk_chars)),
+        model=model.id,
+        seed=None if speaker is not None else (ctx.settings.default_seed if seed is None else seed),
+        speaker=speaker,
+        speed=body.speed,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        refine_text=body.refine_text,
+        oral=None if body.oral is UNSET else body.oral,
+        laugh=None if body.laugh is UNSET else body.laugh,
+        break_=None if body.break_ is UNSET else body.break_,
+    )
+
+
+async def _ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], Job | None]:
+    """Make sure the request's audio is stored or on its way.
+
+    Returns the indexes of chunks not stored yet, and the job making them
+    (None when everything is stored: the queue is not touched).
+    """
+    missing = await ctx.cache.remember(request_id, spec)
+    metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
+    if not missing:
+        return missing, None
+    job = await run_in_threadpool(jobs.submit, ctx.queue, spec, ctx.settings)
+    return missing, job
+
+
+# -- a request's state --------------------------------------------------------------------
+
+
+async def manifest_of(ctx: Context, request_id: str) -> dict[str, Any]:
+    """The stored manifest of `request_id` (cache.manifest); 404 when there is none."""
+    # Malformed ids cannot exist: answer without asking Redis.
+    if not is_well_formed_id(request_id):
+        raise not_found(request_id)
+    layout = await ctx.cache.manifest(request_id)
+    if layout is None:
+        raise not_found(request_id)
+    return layout
+
+
+async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> TtsStatus:
+    chunk_ids = layout["chunks"]
+    missing = await ctx.cache.missing(chunk_ids)
+    total = len(chunk_ids)
+    progress = Progress(chunks_done=total - len(missing), chunks_total=total)
+    if not missing:
+        return TtsStatus(id=request_id, status="finished", progress=progress)
+    if await ctx.redis.exists(jobs.cancel_key(request_id)):
+        return TtsStatus(id=request_id, status="canceled", progress=progress)
+    job = await run_in_threadpool(jobs.fetch, ctx.sync_redis, request_id)
+    if job is None:
+        raise not_found(request_id)
+    status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
+    if status == "finished":
+        # The job ran, but some of its audio has since expired or been evicted.
+        raise not_found(request_id)
+    answer = TtsStatus(id=request_id, status=status, progress=progress)  # type: ignore[arg-type]
+    if status == "queued":
+        position = await run_in_threadpool(job.get_position)
+        if position is not None:
+            answer.position = position
+    elif status == "failed":
+        answer.error = failure(job)
+    return answer
+
+
+async def not_ready(ctx: Context, request_id: str, layout: dict[str, Any]) -> Response:
+    """202 with the status while the audio is being made; raises 500 (failed) or 409 (canceled)."""
+    status = await status_of(ctx, request_id, layout)
+    if status.status == "failed":
+        raise ApiError(500, f"synthesis failed: {status.error}")
+    if status.status == "canceled":
+        raise ApiError(409, "this request was canceled; submit it again to synthesize it")
+    retry = max(1, len(layout["chunks"]) - status.progress.chunks_done)
+    return reply(status, status=202, headers={"Retry-After": str(min(retry, 30))})
+
+
+async def status_or_cancel(ctx: Context, request: Request) -> Response:
+    """GET or DELETE /v1/tts/{id}: one route, so a 405 names both methods in Allow."""
+    request_id = request.path_params["id"]
+    layout = await manifest_of(ctx, request_id)
+    if request.method == "GET":
+        return reply(await status_of(ctx, request_id, layout))
+    await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"])
+    return Response(status_code=204)
+
+
+def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
+    jobs.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
+    job = jobs.fetch(ctx.sync_redis, request_id)
+    # A running job ends itself, and its worker sends the events; one that
+    # will never run is over now.
+    if job is None or job.get_status(refresh=True) != "started":
+        webhooks.request_over(ctx.sync_redis, request_id, ctx.settings)
+
+
+# -- the audio --------------------------------------------------------------------------
+
+
+async def whole_clip(ctx: Context, layout: dict[str, Any]) -> bytes | None:
+    """The whole clip of a manifest (chunks joined with their pauses), or None while any is missing."""
+    parts = await ctx.cache.chunks(layout["chunks"])
+    if any(p is None for p in parts):
+        return None
+    return audio.join([p for p in parts if p is not None], layout.get("pauses"))
+
+
+async def wait_stored(ctx: Context, request_id: str, chunk_ids: list[str], deadline: float) -> None:
+    """Return when the audio is stored, the job is over, or `deadline` passes."""
+
+    async def stored() -> bool | None:
+        return True if not await ctx.cache.missing(chunk_ids) else None
+
+    await ctx.wait(request_id, stored, deadline)
+
+
+class EncodedCache:
+    """A small in-process LRU of encoded audio, bounded by total bytes.
+
+    Encoding mp3/ogg costs far more than reading PCM from Redis; a hot item
+    is encoded once per web process. Safe because an id's audio never changes.
+    Each item also remembers when its manifest was last seen in Redis
+    (`put`, `confirm`), so that `recent` items skip that read.
+    """
+
+    def __init__(self, max_bytes: int, recheck: float = ENCODED_RECHECK) -> None:
+        self.max_bytes = max_bytes
+        self.recheck = recheck
+        self._items: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
+        self._size = 0
+
+    def get(self, key: tuple[str, str]) -> bytes | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def recent(self, key: tuple[str, str]) -> bool:
+        """True when `key` is held and its manifest was seen in Redis less than `recheck` s ago."""
+        item = self._items.get(key)
+        return item is not None and time.monotonic() - item[1] < self.recheck
+
+    def confirm(self, key: tuple[str, str]) -> None:
+        """Record that `key`'s manifest was seen in Redis just now (nothing when `key` is not held)."""
+        item = self._items.get(key)
+        if item is not None:
+            self._items[key] = (item[0], time.monotonic())
+
+    def put(self, key: tuple[str, str], data: bytes) -> None:
+        if len(data) > self.max_bytes // 4 or key in self._items:
+            return  # one item may not evict most of the others
+        self._items[key] = (data, time.monotonic())
+        self._size += len(data)
+        while self._size > self.max_bytes:
+            _, (old, _) = self._items.popitem(last=False)
+            self._size -= len(old)
+
+
+class AudioRoute:
+    """GET /v1/tts/{id}/audio, with this process's cache of encoded audio."""
+
+    __name__ = "audio"
+
+    def __init__(self, settings: Settings) -> None:
+        self.encoded = EncodedCache(settings.encoded_cache_mb * 1024 * 1024)
+
+    async def __call__(self, ctx: Context, request: Request) -> Response:
+        request_id = request.path_params["id"]
+        fmt = validation.audio_format(request.query_params.get("format", "wav"))
+        wait = validation.wait_seconds(request.query_params.get("wait"))
+        stream = validation.flag(request.query_params.get("stream"), "stream")
+        key = (request_id, fmt)
+        layout = None
+        # Audio this process encoded, and saw listed in Redis less than
+        # ENCODED_RECHECK s ago, is answered without a round trip: an id's
+        # audio never changes, and an expired id is a 404 again within that time.
+        if not self.encoded.recent(key):
+            layout = await manifest_of(ctx, request_id)
+            self.encoded.confirm(key)
+        etag = f'"{request_id}.{fmt}"'
+        if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+            return Response(status_code=304, headers={"ETag": etag})
+        data = self.encoded.get(key)
+        if data is None:
+            assert layout is not None  # not recent, so the manifest was read above
+            pcm = await whole_clip(ctx, layout)
+            if pcm is None and stream:
+                return await _stream(ctx, request_id, layout, fmt, wait)
+            if pcm is None and wait > 0:
+                await wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + wait)
+                pcm = await whole_clip(ctx, layout)
+            if pcm is not None:
+                data = await run_in_threadpool(audio.encode, pcm, fmt)
+                self.encoded.put(key, data)
+        if data is not None:
+            return Response(data, media_type=audio.FORMATS[fmt][0], headers=immutable(request_id, fmt))
+        assert layout is not None
+        return await not_ready(ctx, request_id, layout)
+
+
+def immutable(request_id: str, suffix: str) -> dict[str, str]:
+    """Headers of what an id serves: it never changes, since the id hashes everything that makes it."""
+    return {
+        "ETag": f'"{request_id}.{suffix}"',
+        "Cache-Control": "public, max-age=31536000, immutable",
+        "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{suffix}"',
+    }
+
+
+async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: float) -> Response:
+    """The audio as it is made: a chunked 200 whose first bytes are the first stored chunk.
+
+    Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first chunk
+    so that a job failing early still gets a proper error status. After
+    that, each chunk (and its pause) goes out as soon as the worker
+    announces it; a job that fails or is canceled mid-stream ends the
+    response without its final chunk, so the client sees a truncated
+    transfer, not a short clip passed off as whole.
+    """
+    chunk_ids: list[str] = layout["chunks"]
+    pauses: list[int] = layout.get("pauses") or [0] * len(chunk_ids)
+    first_wait = max(wait, STREAM_FIRST_WAIT)
+    listener = await ctx.listen(request_id)
+    try:
+        first = await _next_chunk(ctx, listener, chunk_ids[0], time.monotonic() + first_wait)
+    except BaseException:
+        await listener.close()
+        raise
+    if first is None:
+        await listener.close()
+        return await not_ready(ctx, request_id, layout)
+    # A long job may stall for its retries' backoff; give up only when
+    # no chunk arrives for longer than a whole job may take.
+    idle_limit = ctx.settings.job_timeout(len(chunk_ids)) + 60
+
+    async def body() -> AsyncIterator[bytes | None]:
+        encoder = audio.StreamEncoder(fmt)
+        try:
+            pcm: bytes | None = first
+            for index, cid in enumerate(chunk_ids):
+                if index > 0:
+                    pcm = await _next_chunk(ctx, listener, cid, time.monotonic() + idle_limit)
+                if pcm is None:
+                    logger.info("stream of %s cut short: the job stopped before chunk %d", request_id, index)
+                    yield None
+                    return
+                out = await run_in_threadpool(encoder.feed, pcm + audio.silence(pauses[index]))
+                if out:
+                    yield out
+            tail = await run_in_threadpool(encoder.close)
+            if tail:
+                yield tail
+        finally:
+            await listener.close()
+
+    return _AudioStream(
+        body(),
+        media_type=audio.FORMATS[fmt][0],
+        headers={
+            # Not the final file (a streamed WAV's header cannot know the
+            # length): fetch the whole one with the plain URL once done.
+            "Cache-Control": "no-store",
+            "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{fmt}"',
+            "X-Accel-Buffering": "no",
+        },
+    )
+
+
+async def _next_chunk(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> bytes | None:
+    """The chunk's audio once stored; None if the job is over without it or `deadline` passes."""
+
+    async def stored() -> bytes | None:
+        return (await ctx.cache.chunks([chunk_id]))[0]
+
+    return await listener.until(stored, deadline)
+
+
+class _AudioStream(StreamingResponse):
+    """A streamed response whose body iterator may yield None to cut the transfer short.
+
+    The final (empty) body message is then never sent, so the server closes
+    the connection mid-body and the client sees an incomplete chunked
+    transfer rather than a short clip that looks whole. The iterator is
+    always closed, also when the client goes away, so its Redis
+    subscription is released at once.
+    """
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        iterator = self.body_iterator
+        try:
+            async for piece in iterator:
+                if piece is None:
+                    return
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await iterator.aclose()  # type: ignore[attr-defined]

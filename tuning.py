@@ -1,0 +1,200 @@
+"""How a loaded ChatTTS runs: precision, int8 quantization and torch.compile of its GPT and decoder.
+
+The switches come from Settings (TTS_DTYPE, TTS_QUANTIZE, TTS_COMPILE);
+`resolve` turns them into a `Tuning` for the device the model is on, and
+`apply` rebuilds the chat's GPT and decoder accordingly. Everything else
+(embeddings, the code heads, sampling, Vocos) stays float32: the heads and the
+sampling decide which token is drawn, and Vocos's inverse STFT needs float32.
+Imports torch: only engine.py, the benches and the tests import this module.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Below this GPT width, quantizing the activations on every call costs more
+# than int8 weights save: one 1-thread linear layer (width -> 4x width, batch
+# 1) took 6.7 us in float32 and 17.8 us in int8 at 64 (the tiny test model),
+# 20 and 20 at 256, 157 and 32 at 512, 350 and 96 at 768 (ChatTTS).
+INT8_MIN_HIDDEN = 256
+
+
+class TuningError(ValueError):
+    """A combination of switches that cannot run on the chosen device; the message names the variables."""
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The resolved switches: what the model identity records.
+
+    `dtype` is never "auto"; `quantize` and `compile` are what actually runs.
+    """
+
+    dtype: str = "float32"
+    quantize: str = "none"
+    compile: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """True for float32 eager, unquantized: ChatTTS exactly as it loads."""
+        return self == Tuning()
+
+    def identity(self) -> dict[str, Any]:
+        """The part of the model identity these switches make: audio made one way is not served for another."""
+        return asdict(self)
+
+    def label(self) -> str:
+        """A short name for tables and logs, e.g. 'float32+int8' or 'bfloat16+compile'."""
+        parts = [self.dtype] + (["int8"] if self.quantize == "int8" else []) + (["compile"] if self.compile else [])
+        return "+".join(parts)
+
+    @classmethod
+    def from_label(cls, label: str) -> Tuning:
+        """The Tuning `label()` names. Raises ValueError on an unknown part."""
+        dtype, *rest = label.split("+")
+        if dtype not in DTYPES or not set(rest) <= {"int8", "compile"}:
+            raise ValueError(f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], "
+                             f"DTYPE one of {sorted(DTYPES)}")
+        return cls(dtype=dtype, quantize="int8" if "int8" in rest else "none", compile="compile" in rest)
+
+
+def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tuning:
+    """The Tuning that `settings` ask for on `device`, for a GPT `hidden_size` wide.
+
+    TTS_DTYPE=auto: bfloat16 on a CUDA device that supports it, else float32.
+    TTS_QUANTIZE=auto: int8 on the CPU for a GPT at least INT8_MIN_HIDDEN
+    wide, none elsewhere (torch's dynamic int8 kernels are CPU-only and take
+    float32 activations). Raises TuningError naming the variables at fault.
+    """
+    cuda = device.type == "cuda"
+    dtype = settings.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+    quantize = settings.quantize
+    if quantize == "auto":
+        cpu_int8 = device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN
+        quantize = "int8" if cpu_int8 else "none"
+    if quantize == "int8" and device.type != "cpu":
+        raise TuningError(f"TTS_QUANTIZE=int8 runs on the CPU only, but the model is on {device}: "
+                          "set TTS_QUANTIZE=none (or auto), or TTS_DEVICE=cpu")
+    if quantize == "int8" and dtype != "float32":
+        raise TuningError(f"TTS_QUANTIZE=int8 needs float32 activations, but TTS_DTYPE={dtype}: "
+                          "set TTS_DTYPE=float32 (or auto on the CPU), or TTS_QUANTIZE=none")
+    return Tuning(dtype=dtype, quantize=quantize, compile=settings.compile)
+
+
+class CastingLlama(torch.nn.Module):
+    """ChatTTS's LlamaModel in another precision (or quantized), seen from outside as float32.
+
+    ChatTTS casts the GPT's inputs, position ids and cache positions included,
+    to `self.gpt.dtype`: in bfloat16, positions past 256 would round. This
+    wrapper reports float32, so ChatTTS leaves its inputs as they are, and
+    casts only the embeddings to the inner model's dtype. ChatTTS casts the
+    hidden states it gets back to float32 itself.
+    """
+
+    def __init__(self, inner: torch.nn.Module, dtype: torch.dtype, forward: Any = None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.inner_dtype = dtype
+        # The compiled module when compiled, set past nn.Module's registry so
+        # that state_dict and `layers` see the plain module once.
+        object.__setattr__(self, "_forward", inner if forward is None else forward)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    @property
+    def layers(self) -> Any:
+        return self.inner.layers
+
+    def forward(self, inputs_embeds: torch.Tensor, **kwargs: Any) -> Any:
+        return self._forward(inputs_embeds=inputs_embeds.to(self.inner_dtype), **kwargs)
+
+
+class CastingDecoder(torch.nn.Module):
+    """ChatTTS's decoder (GPT hidden states to mel frames) in another precision: float32 in, float32 out."""
+
+    def __init__(self, inner: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner = inner
+        self.inner_dtype = dtype
+
+    def forward(self, inp: torch.Tensor, mode: str = "decode") -> torch.Tensor:
+        return self.inner(inp.to(self.inner_dtype), mode).float()
+
+
+def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
+    """`llama` (ChatTTS's float32 LlamaModel) as `tuning` says; the module itself when plain.
+
+    Converts `llama` in place (callers that keep the float32 model pass a copy).
+    """
+    if tuning.plain:
+        return llama
+    dtype = DTYPES[tuning.dtype]
+    inner = llama.to(dtype)
+    if tuning.quantize == "int8":
+        # Weights int8 per tensor, activations quantized per call: linear
+        # layers hold nearly all of the GPT's weights, and at batch 1 a decode
+        # step is bound by reading them.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*quantiz.*", category=Warning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            inner = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        _own_memory(inner)
+    forward = None
+    if tuning.compile:
+        # dynamic=True: the KV cache grows every step; without it each length recompiles.
+        forward = torch.compile(inner, dynamic=True)
+    return CastingLlama(inner, dtype, forward)
+
+
+def _own_memory(module: torch.nn.Module) -> None:
+    """Copy what is left of `module`'s float tensors into memory of its own.
+
+    transformers maps the checkpoint file and the parameters view that
+    mapping: while one norm weight still views it, the float32 weights that
+    quantization replaced stay mapped and resident (a full-size int8 model
+    measured 1.8 GB RSS after loading instead of 1.0).
+    """
+    for tensor in [*module.parameters(), *module.buffers()]:
+        tensor.data = tensor.data.clone()
+
+
+def build_decoder(decoder: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
+    """ChatTTS's float32 decoder in `tuning.dtype` (converted in place); the module itself in float32."""
+    if tuning.dtype == "float32":
+        return decoder
+    return CastingDecoder(decoder.to(DTYPES[tuning.dtype]), DTYPES[tuning.dtype])
+
+
+def apply(chat: Any, tuning: Tuning) -> None:
+    """Rebuild `chat`'s GPT and decoder as `tuning` says (in place; nothing to do when plain)."""
+    if tuning.plain:
+        return
+    started = time.perf_counter()
+    chat.gpt.gpt = build_gpt(chat.gpt.gpt, tuning)
+    chat.decoder = build_decoder(chat.decoder, tuning)
+    # The replaced float32 modules sit in reference cycles: collect them now,
+    # which also unmaps the checkpoint file they viewed.
+    gc.collect()
+    logger.info("model tuned to %s in %.1f s", tuning.label(), time.perf_counter() - started)
+
+
+def variant(base_gpt: torch.nn.Module, base_decoder: torch.nn.Module, tuning: Tuning) -> tuple[Any, Any]:
+    """A (gpt, decoder) pair for `tuning` built from copies of the float32 modules (benches and tests swap them in)."""
+    return build_gpt(copy.deepcopy(base_gpt), tuning), build_decoder(copy.deepcopy(base_decoder), tuning)

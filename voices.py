@@ -1,0 +1,230 @@
+"""Voices: the seed export, the saved-voice registry in Redis, mixes, and how a voice name becomes a speaker.
+
+A saved voice is stored as a speaker string for the model loaded when it
+was saved, so a request made with it is keyed by that string: saving over a
+name changes the identity of new requests made with it, and audio made with
+the old voice is never served for the new one. Saved voices do not expire;
+`settings.max_voices` bounds their number. The OpenAI names are built in:
+each is a fixed seed, and cannot be saved over or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import numpy as np
+from msgspec import UNSET
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+
+import bodies
+import jobs
+import validation
+from bodies import MixPart, VoiceRequest
+from replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
+from cache import normalize, voice_key
+from context import Context
+from validation import ApiError, invalid
+
+# OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
+# were picked once and must never change, or cached audio changes voice).
+BUILTIN = {
+    "alloy": 1001, "ash": 1002, "ballad": 1003, "coral": 1004, "echo": 1005, "fable": 1006, "onyx": 1007,
+    "nova": 1008, "sage": 1009, "shimmer": 1010, "verse": 1011, "marin": 1012, "cedar": 1013,
+}
+VOICES_KEY = "tts:voices"
+_NAME = re.compile(bodies.NAME_PATTERN)
+# Saves one voice unless the registry is full; keeps the first save's `created`.
+# KEYS[1] the registry; ARGV name, record (JSON), limit. Returns {1 replaced | 0 new | -1 full, record}.
+_SAVE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {-1, ''} end
+local record = ARGV[2]
+if old then
+  local fresh = cjson.decode(record)
+  fresh['created'] = cjson.decode(old)['created']
+  record = cjson.encode(fresh)
+end
+redis.call('HSET', KEYS[1], ARGV[1], record)
+return {old and 1 or 0, record}
+"""
+
+
+def mix(embeddings: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """The weighted mean of equally long `embeddings`, with `weights` (all > 0) normalized to sum 1 (float32)."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    stacked = np.stack([np.asarray(e, dtype=np.float64) for e in embeddings])
+    return (w[:, None] * stacked).sum(axis=0).astype(np.float32)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _name(segment: str) -> str:
+    """A voice name from the path; 422 naming `name` when it cannot be one."""
+    if not _NAME.fullmatch(segment):
+        raise invalid("name", "must be a voice name: a lowercase letter, then up to 63 lowercase letters, "
+                              "digits, _ or -")
+    return segment
+
+
+def _builtin_refused(name: str, what: str) -> ApiError:
+    return ApiError(409, f"{name!r} is a built-in voice (OpenAI's name for seed {BUILTIN[name]}); it cannot be "
+                         f"{what}: pick another name", field="name")
+
+
+async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
+    """The speaker string of `seed` on `model`, made by a worker on first request (504 when none does)."""
+    key = voice_key(model.id, seed)
+
+    async def speaker() -> bytes | None:
+        return await ctx.redis.get(key)
+
+    value = await speaker()
+    if value is None:
+        job = await run_in_threadpool(jobs.request_voice, ctx.queue, model.id, seed, ctx.settings)
+        value = await ctx.wait(job.id, speaker, time.monotonic() + ctx.settings.speech_wait)
+    if value is None:
+        raise ApiError(504, f"no worker exported the voice within {ctx.settings.speech_wait} s "
+                            "(are all workers busy or stopped?); try again", headers={"Retry-After": "5"})
+    return value.decode()
+
+
+async def _saved(ctx: Context, name: str) -> dict[str, Any] | None:
+    raw = await ctx.redis.hget(VOICES_KEY, name)
+    return None if raw is None else json.loads(raw)
+
+
+async def resolve(ctx: Context, name: str, model: Any, field: str) -> tuple[int | None, str | None]:
+    """A voice name as (seed, None) for a built-in voice or (None, speaker) for a saved one; 422 naming `field`."""
+    if name in BUILTIN:
+        return BUILTIN[name], None
+    record = await _saved(ctx, name)
+    if record is None:
+        raise invalid(field, f"no saved or built-in voice is named {name!r} (GET /v1/voices lists them)")
+    try:
+        validation.check_speaker(record["speaker"], model.speaker_dim, field)
+    except ApiError:
+        raise invalid(field, f"the voice {name!r} was saved for another model, whose speaker embeddings do not "
+                             "fit the loaded one; save it again") from None
+    return None, record["speaker"]
+
+
+def speech_choice(voice: int | str | bodies.VoiceRef) -> dict[str, Any]:
+    """POST /v1/audio/speech's `voice` (already declared valid) as POST /v1/tts fields: seed, voice or speaker."""
+    if isinstance(voice, bodies.VoiceRef):
+        return {"voice": voice.id.strip().lower()}
+    if isinstance(voice, int):
+        return {"seed": voice}
+    text = voice.strip()
+    if text.isascii() and text.isdigit():
+        return {"seed": validation.seed(text, "voice")}
+    if _NAME.fullmatch(text.lower()):
+        return {"voice": text.lower()}
+    return {"speaker": text}
+
+
+async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str) -> str:
+    if isinstance(part.voice, int):
+        return await seed_speaker(ctx, model, part.voice)
+    text = part.voice.strip()
+    if _NAME.fullmatch(text):
+        seed, speaker = await resolve(ctx, text, model, field)
+        return speaker if speaker is not None else await seed_speaker(ctx, model, seed or 0)
+    validation.check_speaker(text, model.speaker_dim, field)
+    return text
+
+
+async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
+    """The speaker string a PUT body describes, for `model`."""
+    if body.seed is not UNSET:
+        return await seed_speaker(ctx, model, body.seed)
+    if body.speaker is not UNSET:
+        speaker = body.speaker.strip()
+        validation.check_speaker(speaker, model.speaker_dim, "speaker")
+        return speaker
+    assert body.mix is not UNSET
+    parts = body.mix
+    speakers = [await _part_speaker(ctx, model, part, f"mix[{i}].voice") for i, part in enumerate(parts)]
+    embeddings = [validation.check_speaker(s, model.speaker_dim, f"mix[{i}].voice") for i, s in enumerate(speakers)]
+    if len({e.size for e in embeddings}) > 1:
+        raise invalid("mix", "its voices' embeddings differ in size (speaker strings of different models?)")
+    mixed = mix(embeddings, [part.weight for part in parts])
+    return validation.encode_speaker(mixed)
+
+
+def _record(name: str, raw: dict[str, Any]) -> SavedVoice:
+    return SavedVoice(name=name, speaker=raw["speaker"], description=raw["description"], model=raw["model"],
+                      builtin=False, created=raw["created"], updated=raw["updated"])
+
+
+# -- handlers ---------------------------------------------------------------------------
+
+
+async def one(ctx: Context, request: Request) -> Response:
+    """GET, PUT or DELETE /v1/voices/{name}: one route, so a 405 names every method in Allow."""
+    handler = {"GET": _get, "PUT": _put, "DELETE": _delete}[request.method]
+    return await handler(ctx, request)
+
+
+async def _get(ctx: Context, request: Request) -> Response:
+    segment = request.path_params["name"]
+    if segment.strip().isascii() and segment.strip().isdigit():
+        seed = validation.seed(segment)
+        model = await ctx.require_model()
+        speaker = await seed_speaker(ctx, model, seed)
+        return reply(SeedVoice(seed=seed, speaker=speaker, model=model.id, model_name=model.name))
+    name = _name(segment)
+    if name in BUILTIN:
+        model = await ctx.require_model()
+        speaker = await seed_speaker(ctx, model, BUILTIN[name])
+        return reply(SavedVoice(name=name, speaker=speaker, description=f"built in: seed {BUILTIN[name]}",
+                                model=model.id, builtin=True, created=None, updated=None))
+    record = await _saved(ctx, name)
+    if record is None:
+        raise ApiError(404, f"no voice is named {name!r} (GET /v1/voices lists them)")
+    return reply(_record(name, record))
+
+
+async def _put(ctx: Context, request: Request) -> Response:
+    name = _name(request.path_params["name"])
+    if name in BUILTIN:
+        raise _builtin_refused(name, "saved over")
+    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), VoiceRequest)
+    model = await ctx.require_model()
+    speaker = await _speaker_of(ctx, body, model)
+    now = _now()
+    record = {"speaker": speaker, "description": normalize(body.description), "model": model.id,
+              "created": now, "updated": now}
+    replaced, saved = await ctx.redis.eval(_SAVE, 1, VOICES_KEY, name, json.dumps(record), ctx.settings.max_voices)
+    if replaced == -1:
+        raise invalid("name", f"there are already {ctx.settings.max_voices} saved voices, the most this service "
+                              "keeps; delete one first")
+    return reply(_record(name, json.loads(saved)), status=200 if replaced else 201)
+
+
+async def _delete(ctx: Context, request: Request) -> Response:
+    name = _name(request.path_params["name"])
+    if name in BUILTIN:
+        raise _builtin_refused(name, "deleted")
+    if not await ctx.redis.hdel(VOICES_KEY, name):
+        raise ApiError(404, f"no voice is named {name!r}")
+    return Response(status_code=204)
+
+
+async def listing(ctx: Context, request: Request) -> Response:
+    """GET /v1/voices: the saved voices (without their speaker strings) and the built-in names, sorted by name."""
+    saved = await ctx.redis.hgetall(VOICES_KEY)
+    voices = []
+    for raw_name, raw in sorted(saved.items()):
+        record = json.loads(raw)
+        voices.append(VoiceSummary(name=raw_name.decode(), description=record["description"],
+                                   created=record["created"], updated=record["updated"]))
+    return reply(VoiceList(voices=voices, builtin=sorted(BUILTIN)))

@@ -1,0 +1,447 @@
+"""Completion webhooks: callback URLs checked and registered, events signed and delivered from their own queue.
+
+    python webhooks.py [--burst]     # the Procfile's `webhooks` process: a plain rq worker on the webhook queue
+
+A request's callback URLs are kept in a Redis hash (URL -> audio format)
+until its job is over; `request_over` then takes them all at once (so each
+distinct URL gets exactly one event) and enqueues one delivery job per URL
+on `settings.webhook_queue`; the event's URL and body wait in a hash of
+their own (`event_key`), so the job, which rq-dashboard shows, names only
+the event. A synthesis worker only touches Redis: the
+webhooks process does the HTTP. A delivery that gets no 2xx within TIMEOUT
+seconds is retried after each of `settings.webhook_retry_delays`, then given
+up. Each try is signed anew (the timestamp is the try's), with the same
+event id, so a receiver can drop repeats.
+
+Never imports torch; never logs a callback URL beyond its scheme and host,
+nor a signature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import logging
+import socket
+import ssl
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+from urllib.parse import SplitResult, unquote, urlsplit
+
+import msgspec
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue, Retry, Worker, get_current_job
+from rq.serializers import JSONSerializer
+
+import metrics
+from replies import WebhookEvent
+from cache import SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
+from settings import Settings, SettingsError, from_env
+from validation import invalid
+
+logger = logging.getLogger("webhooks")
+
+FIELD = "callback_url"
+# Seconds a receiver has to answer one try (connect, send, read the status).
+TIMEOUT = 10.0
+USER_AGENT = "chattts-service-webhooks/1"
+# Addresses that is_global does not catch but that answer cloud metadata requests.
+_METADATA = {ipaddress.ip_address("168.63.129.16")}  # Azure's wire server
+
+
+class DeliveryFailed(RuntimeError):
+    """A try got no 2xx; the message names the target by scheme and host only."""
+
+
+def event_key(event_id: str) -> str:
+    """The hash of one event to deliver: its callback URL and body."""
+    return f"tts:webhook:{event_id}"
+
+
+def hooks_key(request_id: str) -> str:
+    """The hash of a request's pending callback URLs (URL -> audio format of the submission)."""
+    return f"tts:hooks:{request_id}"
+
+
+# -- checking a callback URL -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Target:
+    parts: SplitResult
+    host: str
+    port: int
+
+    @property
+    def shown(self) -> str:
+        """The target as logs and messages may show it: no credentials, path or query."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.parts.scheme}://{host}:{self.port}"
+
+
+def _target(url: str) -> _Target:
+    """`url` taken apart; ValueError with words for the client when it cannot be called."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an absolute http:// or https:// URL with a host")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError("has a port that is not a number from 0 to 65535") from None
+    return _Target(parts, parts.hostname, port)
+
+
+def _refused(address: str) -> bool:
+    """True for an address no callback may reach: loopback, private, link-local, multicast, metadata, reserved."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast or ip in _METADATA
+
+
+def _check_addresses(infos: Sequence[Any]) -> list[str]:
+    """The addresses of getaddrinfo's answer; ValueError when there are none or any is refused."""
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not addresses:
+        raise ValueError("has a host that does not resolve")
+    if any(_refused(a) for a in addresses):
+        raise ValueError("points at a loopback, private, link-local, multicast or cloud-metadata address; "
+                         "the service does not call those")
+    return addresses
+
+
+async def check(url: str, settings: Settings) -> str:
+    """`url` when the service can call it back; 422 naming callback_url otherwise.
+
+    Its host is resolved here (and again at each delivery, which connects only
+    to the addresses it checked), unless TTS_WEBHOOK_ALLOW_PRIVATE is set.
+    """
+    if settings.webhook_secret is None:
+        raise invalid(FIELD, "this service has no webhook secret (TTS_WEBHOOK_SECRET), so it cannot sign "
+                             "events; ask its operator to set one")
+    try:
+        target = _target(url)
+        if not settings.webhook_allow_private:
+            loop = asyncio.get_running_loop()
+            try:
+                infos = await asyncio.wait_for(
+                    loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5)
+            except (OSError, UnicodeError, asyncio.TimeoutError):
+                raise ValueError("has a host that does not resolve") from None
+            _check_addresses(infos)
+    except ValueError as exc:
+        raise invalid(FIELD, str(exc)) from None
+    return url
+
+
+# -- registering and firing --------------------------------------------------------------
+
+
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int) -> None:
+    """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured."""
+    async with redis.pipeline(transaction=True) as pipe:
+        await pipe.hsetnx(hooks_key(request_id), url, fmt).expire(hooks_key(request_id), ttl).execute()
+
+
+def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
+    """Send `url` its event now, if it is still registered: the request was over when it was submitted.
+
+    Whoever takes a registration fires it, so a job ending at the same moment
+    cannot make it fire twice. Returns whether this call fired it.
+    """
+    with redis.pipeline(transaction=True) as pipe:
+        fmt, removed = pipe.hget(hooks_key(request_id), url).hdel(hooks_key(request_id), url).execute()
+    if not removed:
+        return False
+    _enqueue_events(redis, request_id, {url.encode(): fmt}, settings, None)
+    return True
+
+
+def request_over(redis: Redis, request_id: str, settings: Settings, error: str | None = None) -> int:
+    """Enqueue one event for each callback URL of `request_id`, whose job is over; returns how many.
+
+    Call it when the request's job ends finished or canceled (`error` None),
+    or fails for good, its retries spent (`error`: safe words for why). The
+    event says "finished" whenever all the request's audio is stored, else
+    "failed" (with `error`) or "canceled". Only Redis is touched: delivery
+    is the webhooks process's.
+    """
+    with redis.pipeline(transaction=True) as pipe:
+        hooks, _ = pipe.hgetall(hooks_key(request_id)).delete(hooks_key(request_id)).execute()
+    if hooks:
+        _enqueue_events(redis, request_id, hooks, settings, error)
+    return len(hooks)
+
+
+def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], settings: Settings,
+                    error: str | None) -> None:
+    status, chunks_total, seconds = _outcome(redis, request_id, error)
+    base = settings.public_url or ""
+    queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
+    delays = list(settings.webhook_retry_delays)
+    for raw_url, raw_fmt in hooks.items():
+        url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
+        event = WebhookEvent(
+            id=request_id, status=status,
+            audio_url=f"{base}/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
+            captions_url=f"{base}/v1/tts/{request_id}/captions",
+            chunks_total=chunks_total, audio_seconds=seconds,
+            **({"error": error or "synthesis failed"} if status == "failed" else {}),
+        )
+        event_id = uuid.uuid4().hex
+        # The URL (which may hold credentials or tokens) stays out of the job's
+        # arguments, which rq-dashboard shows: the job names the event only.
+        with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
+            pipe.expire(event_key(event_id), settings.result_ttl)
+            pipe.execute()
+        queue.enqueue(
+            deliver, event_id,
+            job_id=f"webhook-{event_id}", retry=Retry(max=len(delays), interval=delays),
+            # A try is bounded by TIMEOUT per socket operation; this bounds a receiver that drips.
+            job_timeout=int(TIMEOUT * 4), result_ttl=24 * 3600, failure_ttl=settings.result_ttl,
+            description=f"webhook {status} of {request_id} to {_shown(url)}",
+        )
+        logger.info("webhook %s of %s queued for %s", status, request_id, _shown(url),
+                    extra={"event": {"event": "webhook", "id": request_id, "event_id": event_id,
+                                     "status": status, "target": _shown(url), "outcome": "queued"}})
+
+
+def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[str, int, float]:
+    """The event's status, chunk count and (when finished) seconds of audio in the WAV."""
+    raw = redis.get(request_key(request_id))
+    layout = json.loads(raw) if raw is not None else {"chunks": [], "pauses": []}
+    chunk_ids: list[str] = layout["chunks"]
+    pipe = redis.pipeline(transaction=False)
+    for cid in chunk_ids:
+        pipe.exists(chunk_key(cid))
+        pipe.strlen(chunk_key(cid))
+    found = pipe.execute()
+    stored = all(found[::2]) and bool(chunk_ids)
+    if not stored:
+        return ("failed" if error is not None else "canceled"), len(chunk_ids), 0.0
+    samples = sum(found[1::2]) // SAMPLE_WIDTH + sum(SAMPLE_RATE * ms // 1000 for ms in layout.get("pauses") or [])
+    return "finished", len(chunk_ids), round(samples / SAMPLE_RATE, 3)
+
+
+def _shown(url: str) -> str:
+    try:
+        return _target(url).shown
+    except ValueError:
+        return "(an unusable URL)"
+
+
+# -- delivery (the webhooks process) -------------------------------------------------------
+
+
+@dataclass
+class _Bound:
+    settings: Settings
+    redis: Redis
+
+
+_bound: _Bound | None = None
+_figures = metrics.Recorder()
+
+
+def bind(settings: Settings, redis: Redis) -> None:
+    """Give the delivery jobs of this process their settings (the signing key) and Redis."""
+    global _bound
+    _bound = _Bound(settings, redis)
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """The X-TTS-Signature value: HMAC-SHA256 over "<timestamp>.<body>"."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def deliver(event_id: str) -> dict[str, Any]:
+    """RQ job: POST event `event_id`, signed, to its URL. Raises DeliveryFailed (RQ retries) unless it got a 2xx.
+
+    A target that now resolves to a refused address is given up at once, as is
+    an event that has expired from Redis.
+    """
+    if _bound is None:
+        raise RuntimeError("no settings are bound in this process; run deliveries with `python webhooks.py`")
+    settings = _bound.settings
+    stored = _bound.redis.hgetall(event_key(event_id))
+    if not stored:
+        logger.warning("webhook %s given up: the event has expired", event_id)
+        return {"delivered": False, "expired": True}
+    url, data = stored[b"url"].decode(), stored[b"body"]
+    job = get_current_job()
+    last_try = job is None or not job.retries_left
+    target = _target(url)
+    outcome = "given_up" if last_try else "failed"
+    started = time.monotonic()
+    try:
+        if settings.webhook_secret is None:
+            raise DeliveryFailed("TTS_WEBHOOK_SECRET is not set in the webhooks process: events cannot be signed")
+        addresses: list[str] | None = None
+        if not settings.webhook_allow_private:
+            try:
+                addresses = _check_addresses(socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
+            except ValueError as exc:
+                outcome = "refused"
+                logger.warning("webhook to %s given up: its host %s", target.shown, exc)
+                return {"delivered": False, "refused": True}
+            except (OSError, UnicodeError) as exc:
+                raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
+        timestamp = str(int(time.time()))
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-TTS-Event-Id": event_id,
+                   "X-TTS-Timestamp": timestamp, "X-TTS-Signature": sign(settings.webhook_secret, timestamp, data)}
+        if target.parts.username is not None:
+            pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        status = _post(target, addresses, data, headers)
+        if not 200 <= status < 300:
+            raise DeliveryFailed(f"{target.shown} answered {status}")
+        outcome = "delivered"
+        _bound.redis.delete(event_key(event_id))
+        return {"delivered": True, "status": status}
+    except DeliveryFailed:
+        raise
+    except (OSError, http.client.HTTPException) as exc:
+        # The message may quote the host, never the path or query; the type says enough.
+        raise DeliveryFailed(f"{target.shown}: {type(exc).__name__} ({_reason(exc)})") from None
+    finally:
+        seconds = time.monotonic() - started
+        _figures.inc("tts_webhook_deliveries_total", result=outcome)
+        log = logger.warning if outcome in ("given_up", "refused") else logger.info
+        log("webhook %s to %s: %s", event_id, target.shown, outcome,
+            extra={"event": {"event": "webhook", "event_id": event_id, "target": target.shown, "outcome": outcome,
+                             "seconds": round(seconds, 3)}})
+        try:
+            _figures.flush(_bound.redis)
+        except (RedisError, OSError) as exc:
+            logger.warning("webhook metrics kept for later: Redis said %s", exc)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout):
+        return f"no answer within {TIMEOUT:g} s"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ssl.SSLError):
+        return "TLS failed"
+    return "connection failed"
+
+
+def _post(target: _Target, addresses: list[str] | None, data: bytes, headers: dict[str, str]) -> int:
+    """POST `data` to `target` (at one of `addresses` when given); the answer's status. No redirect is followed."""
+    path = target.parts.path or "/"
+    if target.parts.query:
+        path += "?" + target.parts.query
+    conn: http.client.HTTPConnection
+    if target.parts.scheme == "https":
+        conn = _PinnedHTTPS(target.host, target.port, timeout=TIMEOUT, context=ssl.create_default_context())
+    else:
+        conn = _PinnedHTTP(target.host, target.port, timeout=TIMEOUT)
+    conn.addresses = addresses
+    try:
+        conn.request("POST", path, body=data, headers=headers)
+        response = conn.getresponse()
+        response.read(64 * 1024)  # the body is ignored; read a little so the server is not cut off mid-send
+        return response.status
+    finally:
+        conn.close()
+
+
+def _connect(host: str, port: int, addresses: list[str] | None, timeout: float | None) -> socket.socket:
+    """A connection to `host` (DNS) or, when given, to the first of `addresses` that answers."""
+    if addresses is None:
+        return socket.create_connection((host, port), timeout)
+    error: OSError | None = None
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as exc:
+            error = exc
+    assert error is not None
+    raise error
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """An HTTP connection to addresses checked beforehand, so a DNS answer cannot change in between."""
+
+    addresses: list[str] | None = None
+
+    def connect(self) -> None:
+        self.sock = _connect(self.host, self.port, self.addresses, self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """`_PinnedHTTP` over TLS, verifying the certificate for the URL's host name."""
+
+    addresses: list[str] | None = None
+
+    def connect(self) -> None:
+        sock = _connect(self.host, self.port, self.addresses, self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+# -- the webhooks process ------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Deliver webhook events (an rq worker on the webhook queue)")
+    parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    args = parser.parse_args(argv)
+    try:
+        settings = from_env()
+    except SettingsError as exc:
+        metrics.configure_logging()
+        logger.error("%s", exc)
+        return 2
+    metrics.configure_logging(settings.log_level, settings.log_format)
+    if settings.webhook_secret is None:
+        logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
+    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    # RQ finds `deliver` in the module named `webhooks`, which is not this
+    # one when it runs as a script (`__main__`): bind that module.
+    import webhooks
+
+    webhooks.bind(settings, redis)
+    while True:
+        _wait_for_redis(redis)
+        queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
+        worker = Worker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
+        # The scheduler puts retries back on the queue once their delay is over.
+        worker.work(burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level)
+        if args.burst or worker._shutdown_requested_date is not None:
+            return 0
+        if _redis_answers(redis):
+            logger.error("the rq worker stopped on an unexpected error (see above)")
+            return 1
+        logger.warning("lost Redis; waiting for it to come back")
+
+
+def _redis_answers(redis: Redis) -> bool:
+    try:
+        return bool(redis.ping())
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+
+
+def _wait_for_redis(redis: Redis) -> None:
+    delay = 0.5
+    while not _redis_answers(redis):
+        logger.warning("Redis does not answer; retrying in %.1f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
