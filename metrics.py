@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 
+import msgspec
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -446,10 +447,12 @@ class JsonFormatter(logging.Formatter):
     """One JSON object a line: time, level, logger, message, and a record's `event` fields.
 
     The time is UTC to the millisecond ("2026-12-01T14:03:05.123Z"); its
-    seconds part is formatted once a second, not once a line.
+    seconds part is formatted once a second, not once a line. Encoded by
+    msgspec (compact, UTF-8, anything unknown as its str()): a few times
+    faster than `json` on a line this small, and there is one per request.
     """
 
-    _encoder = json.JSONEncoder(ensure_ascii=False, default=str)
+    _encode = msgspec.json.Encoder(enc_hook=str).encode
 
     def __init__(self) -> None:
         super().__init__()
@@ -471,7 +474,7 @@ class JsonFormatter(logging.Formatter):
         line.update(getattr(record, "event", None) or {})
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return self._encoder.encode(line)
+        return self._encode(line).decode()
 
 
 class TextFormatter(logging.Formatter):
