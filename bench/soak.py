@@ -1,22 +1,28 @@
 """A bounded soak: mixed load at about 70 % of capacity, with faults, and what it leaves behind.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs 200] [--write BENCHMARKS.md]
+    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs N] [--write BENCHMARKS.md]
     make soak                       # 10 minutes (SOAK_MINUTES), writes its section of BENCHMARKS.md
 
 Starts, on loopback in a temporary directory: a private redis-server with
 AOF on (`--appendonly yes`), the web process with the Procfile's web flags,
-and two `worker.py --max-jobs N` on the tiny ChatTTS checkpoint, restarted
-by this script whenever they exit, as a process supervisor would (the second
-worker's N is half as large again, so the two do not restart together).
+and two `worker.py` on the tiny ChatTTS checkpoint (one torch thread each).
 
-Capacity is measured first: a burst of new 1-3 chunk requests, timed until
-their audio is served. The load is then an open loop (Poisson arrivals) whose
-new requests come at `--load` times that capacity; they are 35 % of the
-arrivals, and the rest repeat stored requests: POST /v1/tts (200 from the
-cache), GET of the audio as WAV and MP3, and GET of the status. A new request
-is a POST /v1/tts followed by GET .../audio?wait=60 on the same connection.
-During the run one busy worker is SIGKILLed (at 35 % of the time) and Redis
-is stopped and started again on its AOF (at 65 %).
+Capacity is measured first: 8 closed-loop clients send only new 1-3 chunk
+requests for 15 s, each waiting for its audio before the next (a burst would
+overstate it: cross-request batching makes a burst cheaper per request than
+a steady stream). The workers are then restarted with `--max-jobs N`, N
+chosen for about 3 restarts each over the run (or given; the second
+worker's N is half as large again, so that the two do not restart
+together), and this script restarts any worker that exits, as a process
+supervisor would.
+
+The load is an open loop (Poisson arrivals) whose new requests come at
+`--load` times that capacity; they are 35 % of the arrivals, and the rest
+repeat stored requests: POST /v1/tts (200 from the cache), GET of the audio
+as WAV and MP3, and GET of the status. A new request is a POST /v1/tts
+followed by GET .../audio?wait=60 on the same connection. During the run a
+busy worker is SIGKILLed (at 35 % of the time) and Redis is stopped and
+started again on its AOF (at 65 %).
 
 It talks to the service only over HTTP and with process signals (Redis is
 read only for its memory figures and for worker liveness), so it holds
@@ -32,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import random
 import signal
 import statistics
 import sys
@@ -47,11 +51,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import loadgen  # noqa: E402
 import procfile  # noqa: E402
 from harness import (  # noqa: E402
-    MIB, BenchError, Cluster, Proc, Texts, bench_env, free_port, is_worker_of, redis_server_binary, rss_bytes,
-    wait_for, write_tiny_model,
+    MIB, BenchError, Cluster, Proc, bench_env, free_port, is_worker_of, redis_server_binary, rss_bytes, wait_for,
+    write_tiny_model,
+)
+from traffic import (  # noqa: E402
+    CALIBRATION_CLIENTS, CALIBRATION_SECONDS, MIX, Answer, Client, Record, calibrate, drain, drive,
 )
 from redis import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
@@ -64,10 +70,6 @@ QUEUE = "tts"
 # 503s that end within this many seconds after Redis answers again still belong to the outage.
 GRACE = 3.0
 # The mix of arrivals: new requests, then repeats of stored ones.
-MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}
-# Capacity: closed-loop clients sending only new requests, for this long.
-CALIBRATION_CLIENTS = 8
-CALIBRATION_SECONDS = 15.0
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
@@ -76,17 +78,6 @@ RESTARTING = 20.0
 
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-@dataclass
-class Answer:
-    """One HTTP exchange: what was asked, when, and what came back (status None: no answer)."""
-
-    kind: str
-    sent: float
-    done: float
-    status: int | None
-    detail: str = ""  # the error, or the start of a non-2xx body
 
 
 @dataclass
@@ -105,17 +96,11 @@ class Soak:
     worker_ready_rss: dict[int, float] = field(default_factory=dict)  # slot -> RSS of its first process when ready
     exits: Counter = field(default_factory=Counter)  # "exit 0", "killed by the soak", "exit N"
     killed: set[int] = field(default_factory=set)
-    answers: list[Answer] = field(default_factory=list)
-    accepted: dict[str, bool] = field(default_factory=dict)  # request id -> finished
-    stored: list[tuple[str, str]] = field(default_factory=list)  # (text, id) known to be finished
-    wav_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its WAV, as first served
-    encoded: dict[tuple[str, str], int] = field(default_factory=dict)  # (id, format) -> bytes served
-    wrong_audio: int = 0  # repeats whose WAV differed in size from the first one served
+    record: Record = field(default_factory=Record)  # what the clients sent and got
     outage: tuple[float, float] | None = None  # Redis down from, up again at (loop time)
     samples: list[dict[str, Any]] = field(default_factory=list)
     # Worker pid -> RSS (MiB) at its first and its latest look once past RESTARTING s of age.
     lives: dict[int, tuple[float, float]] = field(default_factory=dict)
-    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
     stopping: bool = False
 
     @property
@@ -214,96 +199,7 @@ async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
     return f"Redis stopped and started again on its AOF: down {s.outage[1] - s.outage[0]:.1f} s"
 
 
-# -- load ---------------------------------------------------------------------------
-
-
-def post(path: str, body: dict[str, Any]) -> bytes:
-    return loadgen.request("POST", path, body)
-
-
-def get(path: str) -> bytes:
-    return loadgen.request("GET", path)
-
-
-class Client:
-    """Keep-alive connections to the web process, reused, and the record of every exchange."""
-
-    def __init__(self, s: Soak) -> None:
-        self.s = s
-        self.idle: list[loadgen.Connection] = []
-        self.loop = asyncio.get_running_loop()
-
-    async def send(self, kind: str, data: bytes, conn: loadgen.Connection | None = None,
-                   timeout: float = 90) -> tuple[int | None, bytes]:
-        own = conn is None
-        conn = conn or (self.idle.pop() if self.idle else loadgen.Connection(self.s.web_port))
-        sent = self.loop.time()
-        try:
-            status, _, body = await conn.send(data, timeout)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
-            self.s.answers.append(Answer(kind, sent, self.loop.time(), None, repr(exc)[:200]))
-            await conn.close()
-            return None, b""
-        detail = "" if 200 <= status < 300 else body[:160].decode("utf-8", "replace")
-        self.s.answers.append(Answer(kind, sent, self.loop.time(), status, detail))
-        if own:
-            self.idle.append(conn)
-        return status, body
-
-    async def new_request(self, text: str) -> None:
-        conn = self.idle.pop() if self.idle else loadgen.Connection(self.s.web_port)
-        try:
-            status, body = await self.send("new: POST", post("/v1/tts", {"text": text}), conn)
-            if status not in (200, 202):
-                return
-            request_id = json.loads(body)["id"]
-            self.s.accepted.setdefault(request_id, False)
-            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"),
-                                            conn)
-            if status == 200:
-                self.s.accepted[request_id] = True
-                self.s.stored.append((text, request_id))
-                self.s.wav_bytes[request_id] = len(audio)
-                self.s.encoded[(request_id, "wav")] = len(audio)
-        finally:
-            self.idle.append(conn)
-
-    async def repeat(self, kind: str, rng: random.Random) -> None:
-        text, request_id = rng.choice(self.s.stored)
-        data = {
-            "post stored": lambda: post("/v1/tts", {"text": text}),
-            "get wav": lambda: get(f"/v1/tts/{request_id}/audio"),
-            "get mp3": lambda: get(f"/v1/tts/{request_id}/audio?format=mp3"),
-            "get status": lambda: get(f"/v1/tts/{request_id}"),
-        }[kind]()
-        status, body = await self.send(kind, data)
-        if status == 200 and kind.startswith("get ") and kind != "get status":
-            fmt = kind.split()[1]
-            self.s.encoded[(request_id, fmt)] = len(body)
-            if fmt == "wav" and len(body) != self.s.wav_bytes[request_id]:
-                self.s.wrong_audio += 1
-
-    async def close(self) -> None:
-        for conn in self.idle:
-            await conn.close()
-
-
-async def calibrate(s: Soak, client: Client, seconds: float = CALIBRATION_SECONDS,
-                    clients: int = CALIBRATION_CLIENTS) -> float:
-    """New requests per second the workers keep up with: `clients` closed-loop clients sending only
-    new requests (each waits for its audio, then sends the next) for `seconds`."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-
-    async def one_client() -> None:
-        while loop.time() - start < seconds:
-            await client.new_request(s.texts.mixed())
-
-    await asyncio.gather(*(one_client() for _ in range(clients)))
-    served = len(s.stored)
-    if served < clients:
-        raise BenchError(f"calibration: only {served} requests were served in {seconds:.0f} s")
-    return served / (loop.time() - start)
+# -- workers' jobs, samples and the report ------------------------------------------
 
 
 def jobs_run(s: Soak) -> int:
@@ -316,46 +212,8 @@ def jobs_run(s: Soak) -> int:
     return total
 
 
-async def drive(s: Soak, client: Client, rate: float, seconds: float, seed: int) -> int:
-    """Open loop: arrivals at `rate`/s (Poisson) for `seconds`, each of a kind drawn from MIX; arrivals made."""
-    rng = random.Random(seed)
-    kinds, weights = list(MIX), list(MIX.values())
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    arrival = loop.time()
-    tasks: set[asyncio.Task[None]] = set()
-    made = 0
-    while True:
-        arrival += rng.expovariate(rate)
-        if arrival >= end:
-            break
-        await asyncio.sleep(max(0.0, arrival - loop.time()))
-        kind = rng.choices(kinds, weights)[0]
-        job = client.new_request(s.texts.mixed()) if kind == "new" else client.repeat(kind, rng)
-        task = asyncio.ensure_future(job)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        made += 1
-    if tasks:
-        await asyncio.gather(*tasks)
-    return made
 
 
-async def drain(s: Soak, client: Client, timeout: float) -> None:
-    """Poll every accepted request that has not finished until it does, or `timeout` s pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pending = [rid for rid, done in s.accepted.items() if not done]
-        if not pending:
-            return
-        for rid in pending:
-            status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
-            if status == 200 and json.loads(body)["status"] == "finished":
-                s.accepted[rid] = True
-        await asyncio.sleep(0.5)
-
-
-# -- samples and the report ------------------------------------------------------
 
 
 def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
@@ -413,11 +271,11 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
     def in_outage(a: Answer) -> bool:
         return a.sent <= outage[1] + GRACE and a.done >= outage[0]
 
-    load = [a for a in s.answers if not a.kind.startswith("drain")]
+    load = [a for a in s.record.answers if not a.kind.startswith("drain")]
     answered = Counter(a.status for a in load if a.status is not None)
     bad: Counter = Counter()
     allowed: Counter = Counter()
-    for a in s.answers:
+    for a in s.record.answers:
         if a.status is not None and 200 <= a.status < 300:
             continue
         label = f"{a.status or 'no answer'} ({a.kind})"
@@ -428,14 +286,14 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         # For the log: when, against the outage, and what it said.
         print(f"soak: {label} sent {a.sent - outage[0]:+.2f} s, answered {a.done - outage[0]:+.2f} s from the "
               f"outage's start (it lasted {outage[1] - outage[0]:.2f} s): {a.detail}", file=sys.stderr)
-    unfinished = [rid for rid, done in s.accepted.items() if not done]
+    unfinished = [rid for rid, done in s.record.accepted.items() if not done]
     first, last = s.samples[0], s.samples[-1]
     redis = s.redis()
     keys, audio = audio_in_redis(redis)
     memory = int(redis.info("memory")["used_memory"])
     failed_jobs = redis.zcard(f"rq:failed:{QUEUE}")
     worker_max = max((v for r in s.samples for v in r["workers"].values()), default=0.0)
-    held = sum(s.encoded.values())
+    held = sum(s.record.encoded.values())
     m = s.max_jobs or 0
     limits = f"{m} and {m + m // 2}"
 
@@ -452,14 +310,14 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
                                           f"({listing(answered)})"),
         ("non-2xx while Redis was down (allowed: 503)", listing(allowed)),
         ("non-2xx otherwise, or no answer (allowed: none)", listing(bad)),
-        ("accepted requests / never finished (target 0)", f"{len(s.accepted)} / {len(unfinished)}"),
+        ("accepted requests / never finished (target 0)", f"{len(s.record.accepted)} / {len(unfinished)}"),
         ("jobs in RQ's failed registry", str(failed_jobs)),
         ("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB "
                                   f"(highest {max(r['web'] for r in s.samples):.1f})"),
         (f"distinct audio the web process served (its encoded-audio cache keeps up to "
          f"{Settings().encoded_cache_mb} MiB of it)",
-         f"{held / MIB:.1f} MiB in {len(s.encoded)} files"),
-        ("repeated WAVs that differed from the first one served", str(s.wrong_audio)),
+         f"{held / MIB:.1f} MiB in {len(s.record.encoded)} files"),
+        ("repeated WAVs that differed from the first one served", str(s.record.wrong_audio)),
         ("worker RSS when first ready, by slot", ", ".join(f"{v:.0f}" for v in s.worker_ready_rss.values()) + " MiB"),
         ("worker RSS, start -> end, by slot (a process restarted on --max-jobs at the end is marked)",
          "; ".join(f"{first['workers'].get(k, float('nan')):.0f} -> {last['workers'].get(k, float('nan')):.0f} MiB"
@@ -475,8 +333,8 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         failures.append(f"non-2xx or no answer outside the Redis outage: {dict(bad)}")
     if unfinished:
         failures.append(f"{len(unfinished)} accepted requests never finished: {unfinished[:5]}")
-    if s.wrong_audio:
-        failures.append(f"{s.wrong_audio} repeated WAVs differed from the first one served")
+    if s.record.wrong_audio:
+        failures.append(f"{s.record.wrong_audio} repeated WAVs differed from the first one served")
     return Verdict(lines, failures)
 
 
@@ -528,16 +386,16 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
     s.web, s.web_port = procfile.start_web(c, "web")
     c.wait_workers(procs, QUEUE)
     loop = asyncio.get_running_loop()
-    client = Client(s)
+    client = Client(s.web_port, s.record)
     supervisor: asyncio.Future[None] | None = None
     try:
         say(f"calibrating: {CALIBRATION_CLIENTS} clients sending new requests for {CALIBRATION_SECONDS:.0f} s")
-        capacity = await calibrate(s, client)
-        s.answers.clear()
+        capacity = await calibrate(client)
+        s.record.answers.clear()
         new_rate = s.load * capacity
         rate = new_rate / MIX["new"]
         seconds = s.minutes * 60
-        per_request = await asyncio.to_thread(jobs_run, s) / len(s.stored)
+        per_request = await asyncio.to_thread(jobs_run, s) / len(s.record.stored)
         s.max_jobs = given_max_jobs or max(10, int(new_rate * seconds * per_request / 2 / RESTARTS))
         say(f"capacity {capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {rate:.2f} arrivals/s "
             f"({new_rate:.2f} new/s) for {seconds:.0f} s; restarting the workers with --max-jobs {s.max_jobs}")
@@ -567,17 +425,17 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                     next_look += 5.0
                 if now >= next_sample:
                     row = sample(s, f"{now:.0f} s", now)
-                    done = sum(1 for a in s.answers if a.status is not None)
+                    done = sum(1 for a in s.record.answers if a.status is not None)
                     say(f"  {now:4.0f} s: {done} answered, web {row['web']:.0f} MiB, workers "
                         f"{', '.join(f'{v:.0f}' for v in row['workers'].values())} MiB, Redis {row['redis']:.1f} MiB")
                     next_sample += 30.0
                 await asyncio.sleep(0.2)
 
-        made, _ = await asyncio.gather(drive(s, client, rate, seconds, seed=int(t0)), timeline())
+        made, _ = await asyncio.gather(drive(client, rate, seconds, seed=int(t0)), timeline())
         track_lives(s)
         sample(s, "end", loop.time() - t0)
         say(f"load over: {made} arrivals; draining (up to {drain_seconds:.0f} s)")
-        await drain(s, client, drain_seconds)
+        await drain(client, drain_seconds)
         s.stopping = True
         await supervisor
         return await asyncio.to_thread(judge, s, made, rate, capacity, events)

@@ -1,0 +1,178 @@
+"""The soak's clients: the requests they send, and the record of every answer.
+
+A new request is a POST /v1/tts, then GET .../audio?wait=60 on the same
+connection; a repeat picks a request whose audio was served and asks for it
+again (stored POST, WAV, MP3, status). Used by bench/soak.py; everything
+goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import loadgen
+from harness import BenchError, Texts
+
+# The mix of arrivals: new requests, then repeats of stored ones.
+MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}
+# Capacity: closed-loop clients sending only new requests, for this long.
+CALIBRATION_CLIENTS = 8
+CALIBRATION_SECONDS = 15.0
+
+
+@dataclass
+class Answer:
+    """One HTTP exchange: what was asked, when, and what came back (status None: no answer)."""
+
+    kind: str
+    sent: float
+    done: float
+    status: int | None
+    detail: str = ""  # the error, or the start of a non-2xx body
+
+
+@dataclass
+class Record:
+    """What the clients sent and got back, for the report."""
+
+    answers: list[Answer] = field(default_factory=list)
+    accepted: dict[str, bool] = field(default_factory=dict)  # request id -> finished
+    stored: list[tuple[str, str]] = field(default_factory=list)  # (text, id) known to be finished
+    wav_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its WAV, as first served
+    encoded: dict[tuple[str, str], int] = field(default_factory=dict)  # (id, format) -> bytes served
+    wrong_audio: int = 0  # repeats whose WAV differed in size from the first one served
+    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
+
+
+def post(path: str, body: dict[str, Any]) -> bytes:
+    return loadgen.request("POST", path, body)
+
+
+def get(path: str) -> bytes:
+    return loadgen.request("GET", path)
+
+
+class Client:
+    """Keep-alive connections to the web process on `port`, reused; every exchange goes into `record`."""
+
+    def __init__(self, port: int, record: Record) -> None:
+        self.port = port
+        self.record = record
+        self.idle: list[loadgen.Connection] = []
+        self.loop = asyncio.get_running_loop()
+
+    async def send(self, kind: str, data: bytes, conn: loadgen.Connection | None = None,
+                   timeout: float = 90) -> tuple[int | None, bytes]:
+        own = conn is None
+        conn = conn or (self.idle.pop() if self.idle else loadgen.Connection(self.port))
+        sent = self.loop.time()
+        try:
+            status, _, body = await conn.send(data, timeout)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            self.record.answers.append(Answer(kind, sent, self.loop.time(), None, repr(exc)[:200]))
+            await conn.close()
+            return None, b""
+        detail = "" if 200 <= status < 300 else body[:160].decode("utf-8", "replace")
+        self.record.answers.append(Answer(kind, sent, self.loop.time(), status, detail))
+        if own:
+            self.idle.append(conn)
+        return status, body
+
+    async def new_request(self, text: str) -> None:
+        conn = self.idle.pop() if self.idle else loadgen.Connection(self.port)
+        try:
+            status, body = await self.send("new: POST", post("/v1/tts", {"text": text}), conn)
+            if status not in (200, 202):
+                return
+            request_id = json.loads(body)["id"]
+            self.record.accepted.setdefault(request_id, False)
+            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"),
+                                            conn)
+            if status == 200:
+                self.record.accepted[request_id] = True
+                self.record.stored.append((text, request_id))
+                self.record.wav_bytes[request_id] = len(audio)
+                self.record.encoded[(request_id, "wav")] = len(audio)
+        finally:
+            self.idle.append(conn)
+
+    async def repeat(self, kind: str, rng: random.Random) -> None:
+        text, request_id = rng.choice(self.record.stored)
+        data = {
+            "post stored": lambda: post("/v1/tts", {"text": text}),
+            "get wav": lambda: get(f"/v1/tts/{request_id}/audio"),
+            "get mp3": lambda: get(f"/v1/tts/{request_id}/audio?format=mp3"),
+            "get status": lambda: get(f"/v1/tts/{request_id}"),
+        }[kind]()
+        status, body = await self.send(kind, data)
+        if status == 200 and kind.startswith("get ") and kind != "get status":
+            fmt = kind.split()[1]
+            self.record.encoded[(request_id, fmt)] = len(body)
+            if fmt == "wav" and len(body) != self.record.wav_bytes[request_id]:
+                self.record.wrong_audio += 1
+
+    async def close(self) -> None:
+        for conn in self.idle:
+            await conn.close()
+
+
+async def calibrate(client: Client, seconds: float = CALIBRATION_SECONDS,
+                    clients: int = CALIBRATION_CLIENTS) -> float:
+    """New requests per second the workers keep up with: `clients` closed-loop clients sending only
+    new requests (each waits for its audio, then sends the next) for `seconds`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one_client() -> None:
+        while loop.time() - start < seconds:
+            await client.new_request(client.record.texts.mixed())
+
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    served = len(client.record.stored)
+    if served < clients:
+        raise BenchError(f"calibration: only {served} requests were served in {seconds:.0f} s")
+    return served / (loop.time() - start)
+
+
+async def drive(client: Client, rate: float, seconds: float, seed: int) -> int:
+    """Open loop: arrivals at `rate`/s (Poisson) for `seconds`, each of a kind drawn from MIX; arrivals made."""
+    rng = random.Random(seed)
+    kinds, weights = list(MIX), list(MIX.values())
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    arrival = loop.time()
+    tasks: set[asyncio.Task[None]] = set()
+    made = 0
+    while True:
+        arrival += rng.expovariate(rate)
+        if arrival >= end:
+            break
+        await asyncio.sleep(max(0.0, arrival - loop.time()))
+        kind = rng.choices(kinds, weights)[0]
+        job = client.new_request(client.record.texts.mixed()) if kind == "new" else client.repeat(kind, rng)
+        task = asyncio.ensure_future(job)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        made += 1
+    if tasks:
+        await asyncio.gather(*tasks)
+    return made
+
+
+async def drain(client: Client, timeout: float) -> None:
+    """Poll every accepted request that has not finished until it does, or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pending = [rid for rid, done in client.record.accepted.items() if not done]
+        if not pending:
+            return
+        for rid in pending:
+            status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
+            if status == 200 and json.loads(body)["status"] == "finished":
+                client.record.accepted[rid] = True
+        await asyncio.sleep(0.5)
