@@ -201,7 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         name = base_name if generation == 0 else f"{base_name}-{generation}"
         worker = TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name,
                            settings=settings)
-        worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
+        try:
+            worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # RQ's own bookkeeping around a job (recording its end, heartbeats)
+            # raises when Redis goes away mid-job. The job is not lost: RQ
+            # retries it once its claim lapses. Keep the model and wait.
+            logger.warning("lost Redis while the rq worker ran: %s", exc)
+            if worker._shutdown_requested_date is not None:
+                return 0
+            continue
         # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
         if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:
             return 0

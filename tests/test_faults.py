@@ -136,6 +136,36 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(private_red
         stack.stop()
 
 
+def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_request(
+        private_redis: RedisServer, tmp_path: Path, tiny_model: Path) -> None:
+    """Redis stops while a worker is making a long request and comes back (with its data): the same worker
+    process, model still loaded, serves again, and the request finishes."""
+    stack = Stack(private_redis.url, tmp_path, {"TTS_MODEL_PATH": str(tiny_model), "TTS_CHUNK_CHARS": "32",
+                                                "TTS_BATCH_SIZE": "1"})
+    try:
+        stack.start_web()
+        worker = stack.start_worker()
+        stack.wait_ready(timeout=180)
+        text = " ".join(f"Sentence number {word} is here." for word in
+                        "one two three four five six seven eight nine ten eleven twelve".split())
+        body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+        redis = Redis.from_url(private_redis.url)
+        wait_for(lambda: httpx.get(stack.url + body["status_url"]).json()["progress"]["chunks_done"] >= 1, 60,
+                 "the first chunk")
+        private_redis.stop()
+        wait_for(lambda: "lost Redis" in worker.output() or worker.popen.poll() is not None, 60,
+                 "the worker to notice the outage", interval=0.1)
+        assert worker.popen.poll() is None, "the worker must outlive the outage:\n" + worker.output()[-3000:]
+        private_redis.start()
+        wait_for(lambda: httpx.get(f"{stack.url}{body['audio_url']}?wait=10", timeout=20).status_code == 200, 180,
+                 "the request to finish after the outage", interval=0)
+        assert worker.popen.poll() is None, "the worker must outlive the outage:\n" + worker.output()[-3000:]
+        job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
+        wait_for(lambda: job.get_status(refresh=True) == "finished", 120, "the job to be recorded finished")
+    finally:
+        stack.stop()
+
+
 def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, private_redis: RedisServer) -> None:
     # A Redis without persistence comes back empty: the worker must say again
     # who it is and which model it serves.
