@@ -327,8 +327,9 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     return generate_latest(registry)
 
 
-def queue_gauges(*queues: Any) -> list[GaugeMetricFamily]:
-    """Gauges read at scrape time: jobs of each of `queues` (rq Queues) by state, and live workers."""
+def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
+    """Gauges read at scrape time: jobs of each rq Queue by state, live workers, and the synthesis queue's pool."""
+    queues = (synthesis, *others)
     jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
                              labels=["queue", "state"])
     pool = GaugeMetricFamily("tts_pool_chunks", "Chunks waiting in the queue's pool, now (one per request "
@@ -345,8 +346,8 @@ def queue_gauges(*queues: Any) -> list[GaugeMetricFamily]:
             ("failed", queue.failed_job_registry.count),
         ):
             jobs.add_metric([queue.name, state], count)
-        pool.add_metric([queue.name], queue.connection.zcard(pool_key(queue.name)))
         alive.add_metric([queue.name], workers)
+    pool.add_metric([synthesis.name], synthesis.connection.zcard(pool_key(synthesis.name)))
     return [jobs, pool, alive]
 
 
