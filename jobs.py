@@ -230,9 +230,9 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     total = len(chunk_ids)
     # A chunk repeated within the request is synthesized once.
     unique = list(dict.fromkeys(chunk_ids))
-    # A retry tries chunks that failed before once more.
-    ctx.pool.forgive(unique)
     todo = [cid for cid, hit in zip(unique, stored(ctx.redis, unique)) if not hit]
+    # A retry tries chunks that failed before once more.
+    ctx.pool.forgive(todo)
     missing = list(todo)
     cached = _done(chunk_ids, missing)
     # RQ's SIGALRM can be swallowed by a bare `except:` inside the model's
@@ -242,9 +242,9 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     outcome = "failed"
     events = ctx.redis.pubsub(ignore_subscribe_messages=True)
     try:
-        # Subscribed before the first check, so no news is missed between a check and a wait.
-        events.subscribe(events_channel(request_id))
         if missing:
+            # Subscribed before the first check, so no news is missed between a check and a wait.
+            events.subscribe(events_channel(request_id))
             ctx.pool.register(request_id, spec)
         _progress(ctx, job, request_id, cached, total)
         while missing:
@@ -267,9 +267,10 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
             failed = ctx.pool.failures(missing)
             if failed:
                 raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
+            idle = _idle_workers(ctx)
             claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
-                                           own=request_id, own_chunks=missing)
-            if more:
+                                           own=request_id, own_chunks=missing, share=idle + 1)
+            if more and idle:
                 _spawn_assist(ctx)
             if claimed:
                 _make(ctx, claimed, run)
@@ -317,14 +318,16 @@ def assist(queue_name: str) -> dict[str, Any]:
     run = _Run()
     try:
         while not _stopping.is_set() and time.monotonic() - run.started < ASSIST_SECONDS:
-            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch)
-            if more:
+            idle = _idle_workers(ctx)
+            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
+                                           share=idle + 1)
+            if more and idle:
                 _spawn_assist(ctx)
             if not claimed:
                 break
             _make(ctx, claimed, run)
         else:
-            if not _stopping.is_set():
+            if not _stopping.is_set() and _idle_workers(ctx):
                 _spawn_assist(ctx)
     finally:
         _figures.inc("tts_assist_jobs_total")
@@ -334,13 +337,13 @@ def assist(queue_name: str) -> dict[str, Any]:
 
 
 def _spawn_assist(ctx: _Bound) -> None:
-    """Ask an idle worker of the queue for help with the pool.
+    """Ask an idle worker of the queue for help with the pool (the caller saw one).
 
-    Not when no worker is idle, nor when the queue already holds work for
-    one: a request job waiting in the queue drains the pool as well as an
-    assist job would, and one waiting assist job is enough.
+    Not when the queue already holds work for it: a request job waiting in
+    the queue drains the pool as well as an assist job would, and one
+    waiting assist job is enough.
     """
-    if ctx.queue.count > 0 or not _someone_idle(ctx):
+    if ctx.queue.count > 0:
         return
     if not ctx.redis.set(assist_key(ctx.queue.name), 1, nx=True, ex=ASSIST_SECONDS):
         return
@@ -351,14 +354,16 @@ def _spawn_assist(ctx: _Bound) -> None:
     )
 
 
-def _someone_idle(ctx: _Bound) -> bool:
-    """True when a live worker of the queue is waiting for a job (RQ keeps each worker's state in its hash)."""
+def _idle_workers(ctx: _Bound) -> int:
+    """Live workers of the queue waiting for a job (RQ keeps each worker's state in its hash)."""
     names = ctx.redis.smembers(WORKERS_BY_QUEUE_KEY % ctx.queue.name)
+    if not names:
+        return 0
     with ctx.redis.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.hget(name, "state")
         states = pipe.execute()
-    return any(state == b"idle" for state in states)
+    return sum(1 for state in states if state == b"idle")
 
 
 def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:

@@ -100,6 +100,7 @@ _CLAIM = _FORGET + """
 local p, q = ARGV[1], ARGV[2]
 local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local share = tonumber(ARGV[10])
 local pool = p .. ':pool:' .. q
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
@@ -129,8 +130,30 @@ end
 
 -- 1. The claiming request's own earliest open chunk comes first, so its job
 -- makes progress with every batch and keeps to its time limit.
+-- 0. With `share` workers free to take the pool's work (this one and idle
+-- ones), take only this worker's share of what is open, so that one request
+-- is spread over all of them rather than made by one while others wait.
+if share > 1 then
+  local open_rows, start = 0, 0
+  while start < limit and open_rows < n * share do
+    local members = redis.call('ZRANGE', pool, start, start + 99)
+    if #members == 0 then break end
+    local counted = {}
+    for _, member in ipairs(members) do
+      local cid = string.sub(member, string.find(member, ':', 1, true) + 1)
+      if not counted[cid] and redis.call('EXISTS', key('claim', cid)) == 0
+          and redis.call('EXISTS', p .. ':chunk:' .. cid) == 0 then
+        counted[cid] = true
+        open_rows = open_rows + 1
+      end
+    end
+    start = start + 100
+  end
+  n = math.max(1, math.min(n, math.ceil(open_rows / share)))
+end
+
 if own ~= '' then
-  for i = 10, #ARGV do
+  for i = 11, #ARGV do
     local cid = ARGV[i]
     if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
       local task = open(own .. ':' .. cid, cid)
@@ -289,17 +312,19 @@ class Pool:
             return 0
         return int(self._register(args=self._args(request_id, self.ttl, metrics.METRICS_KEY, self.needed_field, SLOT, *args)))
 
-    def claim(self, token: str, size: int, lease_ms: int, cross: bool,
-              own: str | None = None, own_chunks: Sequence[str] = ()) -> tuple[list[Claimed], bool]:
+    def claim(self, token: str, size: int, lease_ms: int, cross: bool, own: str | None = None,
+              own_chunks: Sequence[str] = (), share: int = 1) -> tuple[list[Claimed], bool]:
         """Lease up to `size` open chunks that can share one model call, in fair order.
 
         With `own`, that request's earliest open chunk among `own_chunks` (in
         request order) is taken first. Without `cross`, every row belongs to
-        one request. Returns the claimed chunks and whether open work was
-        left in the pool for another worker.
+        one request. With `share` > 1 (this worker and idle ones), at most
+        1/share of the open chunks are taken, so that the others get theirs.
+        Returns the claimed chunks and whether open work was left in the pool
+        for another worker.
         """
         reply = self._claim(args=self._args(size, lease_ms, token, "1" if cross else "0", SCAN_LIMIT, SLOT,
-                                            own or "", *own_chunks))
+                                            own or "", max(1, share), *own_chunks))
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
         claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
         return claimed, more == "1"

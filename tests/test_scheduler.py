@@ -95,6 +95,19 @@ def test_rows_of_one_call_share_their_sampling_settings(pool: Pool) -> None:
     assert texts(claimed) == ["Hot zero."] and claimed[0].row.temperature == 0.9 and not more
 
 
+def test_with_idle_workers_a_claim_takes_only_its_share(pool: Pool) -> None:
+    pool.register("a", request(*(f"Part {i}." for i in range(5))))
+    # This worker and two idle ones: ceil(5 / 3) rows each, the own chunk first.
+    claimed, more = pool.claim("w1", 8, 10_000, cross=True, own="a",
+                               own_chunks=request(*(f"Part {i}." for i in range(5))).chunk_ids(), share=3)
+    assert texts(claimed) == ["Part 0.", "Part 1."] and more
+    # An idle worker that took an assist job: its share of what is left.
+    claimed, more = pool.claim("w2", 8, 10_000, cross=True, share=2)
+    assert texts(claimed) == ["Part 2.", "Part 3."] and more
+    claimed, more = pool.claim("w3", 8, 10_000, cross=True, share=1)
+    assert texts(claimed) == ["Part 4."] and not more
+
+
 def test_a_chunk_two_requests_need_is_one_task_made_once(pool: Pool, redis: Redis) -> None:
     a = request("Shared sentence.", "Only in a.")
     b = request("Only in b.", "Shared sentence.")
