@@ -1,4 +1,4 @@
-"""Telemetry: Prometheus figures that every process adds up in Redis, and one-line JSON logs.
+"""Telemetry: Prometheus figures that every process adds up in Redis, and each web request's count and log line.
 
 Each process (web or worker, on any host) counts in memory and adds what it
 counted to one Redis hash, METRICS_KEY, in a single MULTI/EXEC: the web
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import threading
 import time
 from bisect import bisect_left
@@ -25,7 +24,6 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 
-import msgspec
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -34,6 +32,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+import logs
 from cache import is_well_formed_id, pool_key
 
 logger = logging.getLogger(__name__)
@@ -170,8 +169,14 @@ class Recorder:
     KeyError: a typo must not become a new, silent series.
     """
 
+    # Handles made by `counter` and `histogram`, kept by the call's name and
+    # labels (in the order given) so that `inc` and `observe` check a series
+    # once; past this many, handles are made per call (labels from clients).
+    MAX_KEPT_HANDLES = 1000
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._handles: dict[tuple[Any, ...], Counter | Histogram] = {}
         self._counts: defaultdict[_Series, float] = defaultdict(float)
         self._hists: dict[_Series, list[float]] = {}
         # Fields of a flush that failed, added to the next one.
@@ -179,13 +184,28 @@ class Recorder:
 
     def counter(self, name: str, **labels: str) -> Counter:
         """The series of counter `name` with `labels`; KeyError for an unknown name or label set."""
-        self._check(name, "counter", labels)
-        return Counter(self, (name, tuple(sorted(labels.items()))))
+        key = ("counter", name, *labels.items())
+        handle = self._handles.get(key)
+        if handle is None:
+            self._check(name, "counter", labels)
+            handle = self._keep(key, Counter(self, (name, tuple(sorted(labels.items())))))
+        assert isinstance(handle, Counter)
+        return handle
 
     def histogram(self, name: str, **labels: str) -> Histogram:
         """The series of histogram `name` with `labels`; KeyError for an unknown name or label set."""
-        metric = self._check(name, "histogram", labels)
-        return Histogram(self, (name, tuple(sorted(labels.items()))), metric.buckets)
+        key = ("histogram", name, *labels.items())
+        handle = self._handles.get(key)
+        if handle is None:
+            metric = self._check(name, "histogram", labels)
+            handle = self._keep(key, Histogram(self, (name, tuple(sorted(labels.items()))), metric.buckets))
+        assert isinstance(handle, Histogram)
+        return handle
+
+    def _keep(self, key: tuple[Any, ...], handle: Counter | Histogram) -> Counter | Histogram:
+        if len(self._handles) < self.MAX_KEPT_HANDLES:
+            self._handles[key] = handle
+        return handle
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         self.counter(name, **labels).inc(amount)
@@ -374,7 +394,7 @@ class RequestTelemetry:
     def __init__(self, app: Callable[..., Awaitable[None]], recorder: Recorder) -> None:
         self.app = app
         self.recorder = recorder
-        self.log = logging.getLogger("service.request")
+        self.log = logging.getLogger(logs.REQUEST_LOGGER)
         self._series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
@@ -439,84 +459,3 @@ def record_lookup(recorder: Recorder, chunks: int, missing: int) -> None:
         recorder.inc("tts_cache_chunks_total", chunks - missing, result="hit")
     if missing:
         recorder.inc("tts_cache_chunks_total", missing, result="miss")
-
-
-# -- logging --------------------------------------------------------------------
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and a record's `event` fields.
-
-    The time is UTC to the millisecond ("2026-12-01T14:03:05.123Z"); its
-    seconds part is formatted once a second, not once a line. Encoded by
-    msgspec (compact, UTF-8, anything unknown as its str()): a few times
-    faster than `json` on a line this small, and there is one per request.
-    """
-
-    _encode = msgspec.json.Encoder(enc_hook=str).encode
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.converter = time.gmtime
-        self._second = -1
-        self._stamp = ""
-
-    def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
-        if second != self._second:
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", self.converter(second))
-            self._second = second
-        line: dict[str, Any] = {
-            "time": f"{self._stamp}.{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        line.update(getattr(record, "event", None) or {})
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return self._encode(line).decode()
-
-
-class TextFormatter(logging.Formatter):
-    """Plain lines for a terminal, with a record's `event` fields as key=value."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        event = getattr(record, "event", None)
-        if event:
-            text += " " + " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
-        return text
-
-
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    """Send every logger (ours, RQ's, uvicorn's) to stderr in one format. Idempotent.
-
-    Called by each entry point (web app factory, worker, launcher) once its
-    settings are read.
-    """
-    handler = logging.StreamHandler(sys.stderr)
-    formatter = JsonFormatter() if fmt == "json" else TextFormatter()
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    # Neither format shows threads or processes: not collecting them saves
-    # work on every record, one per request (the logging HOWTO's "Optimization").
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
-    # uvicorn configures its own handlers before it loads the app; route them
-    # through ours so a deployment reads one format. Its access log stays off
-    # when `--no-access-log` turned it off (no handlers, not propagating): the
-    # request lines replace it, and it would log query strings.
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        uvicorn_logger = logging.getLogger(name)
-        if name == "uvicorn.access" and not uvicorn_logger.handlers and not uvicorn_logger.propagate:
-            continue
-        uvicorn_logger.handlers[:] = []
-        uvicorn_logger.propagate = True

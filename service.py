@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 import captions
 import jobs
+import logs
 import metrics
 import openapi
 import ops
@@ -47,7 +48,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     """The ASGI app. Without `settings`, they are read from the environment."""
     if settings is None:
         settings = from_env()
-        metrics.configure_logging(settings.log_level, settings.log_format)
+        logs.configure_logging(settings.log_level, settings.log_format)
     ctx = Context(settings)
 
     def route(path: str, handler: Handler, methods: list[str]) -> Route:
@@ -67,7 +68,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/healthz", ops.healthz, ["GET"]),
         route("/readyz", ops.readyz, ["GET"]),
         route("/metrics", ops.prometheus, ["GET"]),
-        route("/v1/tts", tts.submit, ["POST"]),
+        route("/v1/tts", tts.SubmitRoute(settings), ["POST"]),
         # One route for both methods: with two, a 405 would name only the first's in Allow.
         route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),
         route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),

@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 from typing import Any, AsyncIterator, Mapping
 
+import msgspec
 from msgspec import UNSET
 from rq.job import Job
 from starlette.concurrency import run_in_threadpool
@@ -28,6 +29,7 @@ from cache import Spec, is_well_formed_id, manifest
 from context import Context, Listener
 from settings import Settings
 from splitter import split
+from submissions import Submission, Submissions
 from status import STATUS, failure
 from validation import ApiError
 
@@ -38,6 +40,8 @@ STREAM_FIRST_WAIT = 60.0
 # Seconds a web process answers audio it holds encoded before asking Redis
 # again whether the id still exists (expired or evicted: 404).
 ENCODED_RECHECK = 1.0
+# Megabytes of recent submissions each web process remembers (submissions.py).
+SUBMISSIONS_MB = 16
 # The OpenAI route names these of our fields by its own.
 _SPEECH_NAMES = {"text": "input", "voice": "voice", "speaker": "voice", "seed": "voice"}
 
@@ -49,32 +53,84 @@ def not_found(request_id: str) -> ApiError:
 # -- submitting -------------------------------------------------------------------------
 
 
-async def submit(ctx: Context, request: Request) -> Response:
-    """POST /v1/tts."""
-    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), TtsRequest)
+class SubmitRoute:
+    """POST /v1/tts, with this process's memory of recent submissions (submissions.py).
+
+    A body seen before on the same model is not decoded, checked, split or
+    hashed again. While its audio was seen stored less than `recent.recheck`
+    seconds ago (a second at most), a repeat is answered 200 from memory;
+    after that, the next repeat looks at Redis again, renewing the TTLs, and
+    is queued if any chunk is gone. Its metrics and its log line are the
+    same either way.
+    """
+
+    __name__ = "submit"
+
+    def __init__(self, settings: Settings) -> None:
+        # Below the TTL, so that audio renewed at one look cannot expire before the next.
+        self.recent = Submissions(SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2))
+
+    async def __call__(self, ctx: Context, request: Request) -> Response:
+        raw = await bodies.read(request, ctx.settings.max_body)
+        model = await ctx.model()
+        known = None if model is None else self.recent.get((model.id, raw))
+        if known is not None and known.voice is not None \
+                and await voices.saved_speaker(ctx, known.voice[0]) != known.voice[1]:
+            known = None  # the saved voice was replaced or deleted: work the body out again
+        if known is not None and self.recent.fresh(known):
+            metrics.record_lookup(ctx.metrics, len(known.spec.chunks), 0)
+            return _json(known.stored_answer)
+        callback = None
+        if known is None:
+            known, callback = await _work_out(ctx, raw)
+            if callback is None:
+                self.recent.put((known.spec.model, raw), known)
+        request_id = known.request_id
+        if callback is not None:
+            # Before the job is ensured: a job that ends meanwhile then finds it.
+            await webhooks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl)
+        # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
+        looked = time.monotonic()
+        missing, job = await _ensure(ctx, known.spec, request_id)
+        if job is None:
+            if callback is not None:
+                await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
+            known.confirmed = max(known.confirmed, looked)
+            return _json(known.stored_answer)
+        status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
+        answer = _submitted(request_id, known.fmt, len(known.spec.chunks), len(missing), status)
+        return reply(answer, status=202, headers={"Location": answer.status_url})
+
+
+async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
+    """What a POST /v1/tts body comes to, and its checked callback URL (None without one)."""
+    body = bodies.decode(raw, TtsRequest)
     fmt = validation.audio_format(body.format)
     callback = None if body.callback_url is UNSET else await webhooks.check(body.callback_url, ctx.settings)
     spec = await spec_of(ctx, body)
     request_id = spec.request_id()
-    if callback is not None:
-        # Before the job is ensured: a job that ends meanwhile then finds it.
-        await webhooks.register(ctx.redis, request_id, callback, fmt, ctx.settings.result_ttl)
-    missing, job = await _ensure(ctx, spec, request_id)
-    if callback is not None and job is None:
-        await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
     total = len(spec.chunks)
-    answer = TtsSubmitted(
+    stored = _submitted(request_id, fmt, total, 0, "finished")
+    stored.cached = True
+    saved = body.voice is not UNSET and body.voice not in voices.BUILTIN
+    voice = (body.voice, spec.speaker) if saved and spec.speaker is not None else None
+    return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
+
+
+def _submitted(request_id: str, fmt: str, total: int, missing: int, status: str) -> TtsSubmitted:
+    return TtsSubmitted(
         id=request_id,
-        status="finished" if job is None else STATUS.get(job.get_status(refresh=False) or "queued", "queued"),
+        status=status,  # type: ignore[arg-type]
         status_url=f"/v1/tts/{request_id}",
         audio_url=f"/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
         captions_url=f"/v1/tts/{request_id}/captions",
-        progress=Progress(chunks_done=total - len(missing), chunks_total=total),
+        progress=Progress(chunks_done=total - missing, chunks_total=total),
     )
-    if job is None:
-        answer.cached = True
-        return reply(answer)
-    return reply(answer, status=202, headers={"Location": answer.status_url})
+
+
+def _json(data: bytes) -> Response:
+    """A 200 JSON answer of encoded bytes: what `reply` sends."""
+    return Response(data, media_type="application/json")
 
 
 async def speech(ctx: Context, request: Request) -> Response:

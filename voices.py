@@ -102,6 +102,12 @@ async def _saved(ctx: Context, name: str) -> dict[str, Any] | None:
     return None if raw is None else json.loads(raw)
 
 
+async def saved_speaker(ctx: Context, name: str) -> str | None:
+    """The speaker string saved as `name` now; None when no voice is saved under it."""
+    record = await _saved(ctx, name)
+    return None if record is None else record["speaker"]
+
+
 async def resolve(ctx: Context, name: str, model: Any, field: str) -> tuple[int | None, str | None]:
     """A voice name as (seed, None) for a built-in voice or (None, speaker) for a saved one; 422 naming `field`."""
     if name in BUILTIN:

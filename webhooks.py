@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
+import logs
 import metrics
 from replies import WebhookEvent
 from cache import SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
@@ -402,10 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = from_env()
     except SettingsError as exc:
-        metrics.configure_logging()
+        logs.configure_logging()
         logger.error("%s", exc)
         return 2
-    metrics.configure_logging(settings.log_level, settings.log_format)
+    logs.configure_logging(settings.log_level, settings.log_format)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)

@@ -28,7 +28,7 @@ from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
-import metrics
+import logs
 import webhooks
 from engine import ModelUnavailable, load_engine
 from launcher import gpu_slots, launch
@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = from_env()
     except SettingsError as exc:
-        metrics.configure_logging()
+        logs.configure_logging()
         logger.error("%s", exc)
         return 2
-    metrics.configure_logging(settings.log_level, settings.log_format)
+    logs.configure_logging(settings.log_level, settings.log_format)
     if args.gpus is not None:
         if args.per_gpu < 1:
             parser.error("--per-gpu must be at least 1")

@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
         settings = from_env({"REDIS_URL": url, "TTS_ENGINE": "tone"})
         try:
-            import metrics
+            import logs
 
-            metrics.configure_logging(settings.log_level, settings.log_format)
+            logs.configure_logging(settings.log_level, settings.log_format)
         except (ImportError, AttributeError):
             logging.basicConfig(level=logging.INFO)
         # The logs cost what they cost in production, but go to a file, not the terminal.

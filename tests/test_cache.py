@@ -1,12 +1,17 @@
-"""Normalization and request identity."""
+"""Normalization, request identity, and the manifest and TTLs a submission writes and renews in Redis."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
+import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
+from redis import Redis
 
-from cache import Spec, is_well_formed_id, normalize
+from cache import AudioCache, Spec, chunk_key, is_well_formed_id, manifest, normalize, request_key
 
 
 @pytest.mark.parametrize(
@@ -96,3 +101,66 @@ def test_ascii_fast_path_matches_the_unicode_path(text: str) -> None:
     from cache import _normalize_unicode
 
     assert normalize(text) == _normalize_unicode(text)
+
+
+def _ids_the_long_way(spec: Spec) -> list[str]:
+    """Chunk ids as they were first defined: the whole identity and the text encoded per chunk."""
+    from cache import _digest
+
+    return [_digest({**spec._identity(), "text": chunk}) for chunk in spec.chunks]
+
+
+IDENTITY_TABLE = [
+    pytest.param(Spec(chunks=("Hello world.",), model="tiny-1"), id="plain"),
+    pytest.param(Spec(chunks=("你好，世界。", 'Say "hi" \\ now [laugh]'), model="m", speaker="abc", speed=3),
+                 id="cjk-quotes-backslash-speaker"),
+    pytest.param(Spec(chunks=("Tab\there", "Emoji 🙂 é"), model='model "q" ü', seed=7, refine_text=True, oral=2,
+                      laugh=0, break_=4, temperature=0.30000000000000004), id="control-emoji-refine-odd-model"),
+    pytest.param(Spec(chunks=("a\x00text\x00b", "\u2028\u2029 \x7f"), model="m\x00text\x00", seed=None,
+                      speaker="\u4e00\u3d01"), id="the-placeholder-itself"),
+    pytest.param(Spec(chunks=("",), model=""), id="empty"),
+]
+
+
+@pytest.mark.parametrize("spec", IDENTITY_TABLE)
+def test_chunk_ids_are_those_of_encoding_the_whole_identity_per_chunk(spec: Spec) -> None:
+    assert spec.chunk_ids() == _ids_the_long_way(spec)
+
+
+def test_ids_are_pinned() -> None:
+    """Ids name stored audio: a change that alters them must bump KEY_VERSION (these were made at version 2)."""
+    specs = [p.values[0] for p in IDENTITY_TABLE[:3]]
+    assert [(s.chunk_ids(), s.request_id()) for s in specs] == [
+        (["9b90276c860e0471ae4908a670e43e8f"], "1beb988c9aaeb78cd1014e0a67be68f4"),
+        (["1bf619b86bfabf19d0f9aa1d464209bd", "f9dd3539f93951e1b34356bb73dc2a4a"], "3f145d0a9d40b7c5cec30afe8c142254"),
+        (["70719119ea3d20ad1dfccbb4e6c32e36", "02f22c3280afb422f9c1857c715b0a3a"], "3acbac7be32e6399b057f7cd379728fb"),
+    ]
+
+
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=4), st.text(max_size=12))
+def test_chunk_ids_match_the_long_way_for_any_text(texts: list[str], model: str) -> None:
+    spec = Spec(chunks=tuple(normalize(t) for t in texts), model=model)
+    assert spec.chunk_ids() == _ids_the_long_way(spec)
+
+
+def test_remember_renews_the_stored_chunks_and_writes_the_manifest_in_one_command(redis: Redis,
+                                                                                 redis_url: str) -> None:
+    spec = Spec(chunks=("One.", "Two.", "Three."), model="m")
+    ids = spec.chunk_ids()
+    redis.set(chunk_key(ids[0]), b"\x00\x00", ex=5)
+    redis.set(chunk_key(ids[2]), b"", ex=5)  # a silent chunk is stored too
+
+    async def remember() -> list[int]:
+        client = aioredis.from_url(redis_url)
+        try:
+            return await AudioCache(client, 600).remember(spec.request_id(), spec)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(remember()) == [1]
+    assert redis.ttl(chunk_key(ids[0])) > 5 and redis.ttl(chunk_key(ids[2])) > 5
+    assert not redis.exists(chunk_key(ids[1]))  # a missing chunk is not made up
+    assert json.loads(redis.get(request_key(spec.request_id()))) == manifest(spec)
+    assert 595 < redis.ttl(request_key(spec.request_id())) <= 600
+    redis.script_flush()  # what a Redis restart does to loaded scripts
+    assert asyncio.run(remember()) == [1]

@@ -1,4 +1,4 @@
-"""metrics.py in-process: histogram buckets, flushes that fail, the request middleware and the JSON log line."""
+"""metrics.py in-process: histogram buckets, flushes that fail, the request middleware and its log line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+import logs
 import metrics
 from conftest import _free_port
 
@@ -83,26 +84,12 @@ def test_a_failed_flush_keeps_everything_for_the_next(redis: Redis) -> None:
     assert got[("tts_real_time_factor_bucket", (("le", "0.3"),))] == 0
 
 
-def test_json_lines_are_utc_to_the_millisecond_and_keep_non_ascii() -> None:
-    formatter = metrics.JsonFormatter()
-    record = logging.LogRecord("x", logging.INFO, "", 0, "said %s", ("你好",), None)
-    record.created, record.msecs = 1_800_000_000.25, 250.0
-    record.event = {"event": "request", "status": 200}  # type: ignore[attr-defined]
-    line = json.loads(formatter.format(record))
-    assert line == {"time": "2027-01-15T08:00:00.250Z", "level": "INFO", "logger": "x", "message": "said 你好",
-                    "event": "request", "status": 200}
-    assert "你好" in formatter.format(record)
-    later = logging.LogRecord("x", logging.INFO, "", 0, "m", (), None)
-    later.created, later.msecs = 1_800_000_061.0, 0.0
-    assert json.loads(formatter.format(later))["time"] == "2027-01-15T08:01:01.000Z"
-
-
 @pytest.fixture
 def request_lines() -> Iterator[io.StringIO]:
     """The JSON lines logged by `service.request` while the test runs."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
-    handler.setFormatter(metrics.JsonFormatter())
+    handler.setFormatter(logs.JsonFormatter())
     log = logging.getLogger("service.request")
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -157,25 +144,3 @@ def test_the_middleware_counts_times_and_logs_one_line_per_request(redis: Redis,
     assert got[("tts_http_requests_total", (("method", "POST"), ("route", "/v1/tts"), ("status", "202")))] == 1
     assert got[("tts_http_requests_total", (("method", "GET"), ("route", "/boom"), ("status", "500")))] == 1
     assert got[("tts_http_request_duration_seconds_count", audio)] == 4
-
-
-@pytest.fixture
-def uvicorn_access() -> Iterator[logging.Logger]:
-    log = logging.getLogger("uvicorn.access")
-    saved = (log.handlers[:], log.propagate, logging.getLogger().handlers[:], logging.getLogger().level)
-    yield log
-    log.handlers[:], log.propagate = saved[0], saved[1]
-    logging.getLogger().handlers[:] = saved[2]
-    logging.getLogger().setLevel(saved[3])
-
-
-def test_uvicorn_access_log_stays_off_when_uvicorn_turned_it_off(uvicorn_access: logging.Logger) -> None:
-    # What `uvicorn --no-access-log` does before it loads the app (whose factory configures logging).
-    uvicorn_access.handlers[:] = []
-    uvicorn_access.propagate = False
-    metrics.configure_logging("INFO", "json")
-    assert not uvicorn_access.hasHandlers()  # uvicorn asks exactly this before it logs a request
-    # Left on (no --no-access-log), it is routed through the one JSON handler.
-    uvicorn_access.addHandler(logging.StreamHandler(io.StringIO()))
-    metrics.configure_logging("INFO", "json")
-    assert uvicorn_access.handlers == [] and uvicorn_access.propagate and uvicorn_access.hasHandlers()

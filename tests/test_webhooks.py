@@ -144,6 +144,22 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert len(receiver.at("/again")) == 1 and len(receiver.at("/done")) == 1
 
 
+def test_each_repeat_with_a_callback_url_gets_its_event(stack_factory: Callable[..., Stack],
+                                                       receiver: Receiver) -> None:
+    """The web process answers repeats of a stored body from memory; a callback_url still registers and fires."""
+    stack = _stack(stack_factory)
+    text = "Repeated, then called back."
+    first = _submit(stack, text, None, 202)
+    assert httpx.get(f"{stack.url}/v1/tts/{first['id']}/audio", params={"wait": 30}, timeout=40).status_code == 200
+    for _ in range(3):
+        assert _submit(stack, text, None, 200)["id"] == first["id"]  # the last ones from memory
+    for n in (1, 2):  # the same body twice: an event each time
+        again = _submit(stack, text, receiver.url + "/each", 200)
+        assert again["id"] == first["id"] and again["cached"] is True
+        event = _verify(receiver.wait("/each", n)[n - 1])
+        assert event["id"] == first["id"] and event["status"] == "finished"
+
+
 def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack], receiver: Receiver,
                                              redis: Redis) -> None:
     stack = _stack(stack_factory, worker=False)
