@@ -474,7 +474,7 @@ def fetch(redis: Redis, request_id: str) -> Job | None:
 
 
 def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
-    """Enqueue the request's job, or return the job already doing it.
+    """Enqueue the request's job, or return the job already doing it (or that just did it: finished).
 
     The job id is the request id, so identical requests in flight share one
     job (see `_enqueue_once`). The request's missing chunks go into the
@@ -504,8 +504,10 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
             meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
         )
 
-    job = _enqueue_once(q.connection, request_id, enqueue)
-    Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
+    job = _enqueue_once(q.connection, request_id, enqueue,
+                        done=lambda: all(stored(q.connection, spec.chunk_ids())))
+    if job.get_status(refresh=False) != JobStatus.FINISHED:
+        Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
     return job
 
 
@@ -538,13 +540,16 @@ def voice(seed: int, model_id: str) -> dict[str, Any]:
     return {"seed": seed, "model": model_id, "chars": len(speaker)}
 
 
-def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job]) -> Job:
+def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
+                  done: Callable[[], bool] | None = None) -> Job:
     """The active job under `job_id`, or a new one from `enqueue()` (which must use unique=True).
 
     RQ's `unique` enqueue is atomic, so concurrent callers share one job. A
     job under that id that is over (finished, failed, stopped, canceled) is
     replaced, under a short lock so that two callers cannot delete each
-    other's new job.
+    other's new job; except a finished one whose work `done()` says is still
+    there (a caller that looked just before the job ended): that one is
+    returned as it is.
     """
     for _ in range(5):
         # Enqueue first: new work is the common case and the one a caller
@@ -559,7 +564,8 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job]) -> Job:
             raise
         except DuplicateJobError:
             job = fetch(redis, job_id)
-            if job is not None and job.get_status(refresh=False) in _ACTIVE:
+            status = None if job is None else job.get_status(refresh=False)
+            if job is not None and (status in _ACTIVE or (status == JobStatus.FINISHED and done and done())):
                 return job
             with redis.lock(f"tts:lock:{job_id}", timeout=10, blocking_timeout=5):
                 job = fetch(redis, job_id)

@@ -196,6 +196,8 @@ async def _ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int],
     if not missing:
         return missing, None
     job = await run_in_threadpool(jobs.submit, ctx.queue, spec, ctx.settings)
+    if job.get_status(refresh=False) == "finished":
+        return [], None  # its job ended between the look and the submission: all stored now
     return missing, job
 
 

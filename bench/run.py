@@ -64,15 +64,15 @@ from rq.job import Job  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
 import jobs  # noqa: E402
-from cache import events_channel, stored  # noqa: E402
+from cache import events_channel, pool_key, stored  # noqa: E402
 from settings import Settings  # noqa: E402
 
 BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
 END = "<!-- bench:end -->"
 CORES = os.cpu_count() or 1
-# Rows per model call for every worker here (TTS_BATCH_SIZE): scenario 5
-# measures what each size gains on this machine.
-BATCH = 8
+# Rows per model call for every worker here (TTS_BATCH_SIZE; BENCH_BATCH
+# overrides it): scenario 5 measures what each size gains on this machine.
+BATCH = int(os.environ.get("BENCH_BATCH") or 8)
 HALF = max(1, CORES // 2)
 # Scenario 6, besides the main worker (1 worker x 1 thread): name, workers,
 # torch threads each, extra environment. worker.py sets
@@ -91,8 +91,10 @@ SCHED_POOLS: list[tuple[str, int, dict[str, str]]] = [
     ("off", 1, {"TTS_CROSS_BATCH": "false"}),
     ("two", 2, {}),
 ]
-# Short requests arrive this often (s) while the 40-chunk request runs (scenario 8).
+# Short requests arrive this often (s) while a long request of LONG_CHUNKS
+# (five full calls, at least 40) runs (scenario 8).
 SHORT_EVERY = 0.05
+LONG_CHUNKS = max(40, 5 * BATCH)
 # Scenarios whose synthesis is counted against the chunks they needed.
 MADE_ONCE = ("2", "3", "4", "6", "8")
 
@@ -551,6 +553,9 @@ def scheduling(b: Bench) -> None:
     model_id = model_info(redis).id
     main = ("tts", [b.worker] if b.worker else [])
     off, two = b.sched["off"], b.sched["two"]
+    # Requests the mixed load left in flight would share the cores with what is measured here.
+    wait_for(lambda: all(_idle(redis, queue) for queue in ("tts", off[0], two[0])), 300,
+             "the queues to drain before scenario 8", interval=0.1)
 
     for chunks, target in (((1, 1), (">= 2.5x", lambda r: r >= 2.5)), ((1, 3), None)):
         size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
@@ -578,9 +583,9 @@ def scheduling(b: Bench) -> None:
         (spread.values if side == "two" else spread.baseline).append(time.monotonic() - started)
     say(f"  {statistics.median(spread.values):.2f} vs {statistics.median(spread.baseline):.2f} s")
 
-    say(f"8 scheduling: time to first chunk of {plan.first_chunk_requests} short requests while a 40-chunk "
-        "request runs")
-    first = b.add(Figure("8", "time to first chunk of a short request while a 40-chunk request runs, p95 "
+    say(f"8 scheduling: time to first chunk of {plan.first_chunk_requests} short requests while a "
+        f"{LONG_CHUNKS}-chunk request runs")
+    first = b.add(Figure("8", f"time to first chunk of a short request while a {LONG_CHUNKS}-chunk request runs, p95 "
                               "(vs one batch's time)", "ms", target=("<= 2x", lambda r: r <= 2)))
     for _ in range(plan.rounds):
         waits, batch_seconds = _first_chunks_behind_a_long_request(b, redis, model_id)
@@ -591,7 +596,7 @@ def scheduling(b: Bench) -> None:
 
 def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> tuple[list[float], float]:
     """Seconds from submission to first stored chunk of short requests that arrive one every SHORT_EVERY
-    seconds while a 40-chunk request runs on the main worker; and one batch's time meanwhile.
+    seconds while a LONG_CHUNKS-chunk request runs on the main worker; and one batch's time meanwhile.
 
     One batch's time is the median interval between the long request's
     progress events (one per model call that holds its chunks, and every call
@@ -600,7 +605,7 @@ def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> 
     """
     settings = Settings(queue="tts")
     q = jobs.queue(redis, settings)
-    long_spec = make_spec(b.texts.text(40), model_id)
+    long_spec = make_spec(b.texts.text(LONG_CHUNKS), model_id)
     progress = redis.pubsub(ignore_subscribe_messages=True)
     progress.subscribe(events_channel(long_spec.request_id()))
     ticks: list[float] = []
@@ -616,33 +621,58 @@ def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> 
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
+    try:
+        return _time_shorts(b, redis, model_id, q, settings, long_spec, ticks)
+    finally:
+        listening.clear()
+        listener.join()
+        progress.close()
+
+
+def _time_shorts(b: Bench, redis: Any, model_id: str, q: Any, settings: Settings, long_spec: Any,
+                 ticks: list[float]) -> tuple[list[float], float]:
     long = jobs.submit(q, long_spec, settings)
     wait_for(lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk", interval=0.005)
-    shorts: list[tuple[float, list[str]]] = []
-    for _ in range(b.plan.first_chunk_requests):
-        spec = make_spec(b.texts.text(1), model_id)
-        shorts.append((time.monotonic(), spec.chunk_ids()[:1]))
-        jobs.submit(q, spec, settings)
-        time.sleep(SHORT_EVERY)
+    shorts: list[tuple[float, str]] = []
     waits: dict[int, float] = {}
+    lock = threading.Lock()
 
     def all_heard() -> bool:
-        for i, (sent, first) in enumerate(shorts):
-            if i not in waits and stored(redis, first)[0]:
-                waits[i] = time.monotonic() - sent
-        return len(waits) == len(shorts)
+        with lock:
+            pending = [(i, sent, first) for i, (sent, first) in enumerate(shorts) if i not in waits]
+        found = stored(redis, [first for _, _, first in pending]) if pending else []
+        now = time.monotonic()
+        for (i, sent, _), hit in zip(pending, found):
+            if hit:
+                waits[i] = now - sent
+        return len(waits) == b.plan.first_chunk_requests
 
-    wait_for(all_heard, 120, "every short request's first chunk", interval=0.002)
+    # Heard while they are still being sent: the poller runs beside the sender.
+    poller = threading.Thread(target=wait_for, args=(all_heard, 120, "every short request's first chunk", 0.002),
+                              daemon=True)
+    poller.start()
+    for _ in range(b.plan.first_chunk_requests):
+        spec = make_spec(b.texts.text(1), model_id)
+        with lock:
+            shorts.append((time.monotonic(), spec.chunk_ids()[0]))
+        jobs.submit(q, spec, settings)
+        time.sleep(SHORT_EVERY)
+    poller.join(130)
+    if len(waits) < len(shorts):
+        raise BenchError("not every short request's first chunk was stored within 120 s")
     if long.get_status(refresh=True) == "finished":
-        raise BenchError("the 40-chunk request ended before the short ones were heard: make it longer")
+        raise BenchError(f"the {LONG_CHUNKS}-chunk request ended before the short ones were heard: make it longer")
     wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
-    listening.clear()
-    listener.join()
-    progress.close()
     gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
     if not gaps:
         raise BenchError("no batch of the long request was seen")
     return list(waits.values()), statistics.median(gaps)
+
+
+def _idle(redis: Any, queue: str) -> bool:
+    """True when `queue` has no job waiting or running and nothing in its pool."""
+    q = jobs.queue(redis, Settings(queue=queue))
+    return q.count == 0 and q.started_job_registry.count == 0 and not redis.zcard(pool_key(queue))
 
 
 def counters(redis: Any) -> dict[str, float]:
