@@ -215,8 +215,11 @@ async def _requests(port: int, data: bytes, count: int) -> None:
 # -- the stack -----------------------------------------------------------------
 
 
-def start_stack(b: Bench, pools: bool, sched: bool) -> None:
-    """Web, bare app, naive server, the main worker and the worker pools of scenario 6.
+def start_stack(b: Bench, sched: bool) -> None:
+    """Web, bare app, naive server, the main worker and the workers of scenario 8.
+
+    Scenario 6 starts its pools itself and stops them after it: an idle worker
+    with OMP_WAIT_POLICY=ACTIVE spins a core at 100 % for as long as it lives.
 
     The main worker and the naive server run torch on one thread: the tiny
     model's operations are too small to gain from a second, and on two cores
@@ -232,14 +235,6 @@ def start_stack(b: Bench, pools: bool, sched: bool) -> None:
     _, b.bare_port = c.start_app("bare", "bare:create_app", {}, "bench")
     c.wait_workers([b.worker], "tts")
     b.pools = {"1x1": ("tts", [b.worker])}
-    for name, count, threads, extra in POOLS if pools else []:
-        say(f"starting the pool {name} for scenario 6")
-        queue = f"bench-pool-{len(b.pools)}"
-        procs = [c.start_worker(f"pool{len(b.pools)}-{i}",
-                                {**model, **extra, "TTS_QUEUE": queue, "TTS_TORCH_THREADS": str(threads)})
-                 for i in range(count)]
-        c.wait_workers(procs, queue)
-        b.pools[name] = (queue, procs)
     for name, count, extra in SCHED_POOLS if sched else []:
         say(f"starting the workers '{name}' for scenario 8")
         queue = f"bench-sched-{name}"
@@ -711,22 +706,57 @@ def made_once(b: Bench, scenario: str, before: dict[str, float]) -> None:
 
 
 def scaling(b: Bench) -> None:
+    """Pools of workers x threads against the main worker (1 x 1), each pool started for this scenario only.
+
+    The pools that sleep when idle are measured in interleaved rounds; the
+    spinning one (OMP_WAIT_POLICY=ACTIVE) would take a core from every other
+    measurement while it lives, so it runs last, alone, against the 1 x 1
+    rounds measured just before it started.
+    """
     plan = b.plan
-    say(f"6 scaling: worker pools {', '.join(b.pools)} (workers x torch threads), "
-        f"{plan.scaling_jobs} two-chunk jobs a run")
-    redis = b.cluster.redis()
+    c = b.cluster
+    redis = c.redis()
     model_id = model_info(redis).id
-    (base_name, base), *others = b.pools.items()
-    rates: dict[str, list[float]] = {name: [] for name in b.pools}
+    model = {"TTS_MODEL_PATH": str(b.model_dir), "TTS_BATCH_SIZE": str(BATCH)}
+    pools = dict(b.pools)
+
+    def start(name: str, count: int, threads: int, extra: dict[str, str]) -> None:
+        say(f"6 scaling: starting the pool {name}")
+        queue = f"bench-pool-{len(pools)}"
+        procs = [c.start_worker(f"pool{len(pools)}-{i}",
+                                {**model, **extra, "TTS_QUEUE": queue, "TTS_TORCH_THREADS": str(threads)})
+                 for i in range(count)]
+        c.wait_workers(procs, queue)
+        pools[name] = (queue, procs)
+
+    def measure(name: str) -> float:
+        queue, procs = pools[name]
+        specs = [make_spec(b.texts.text(2), model_id) for _ in range(plan.scaling_jobs)]
+        started = time.monotonic()
+        run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
+        return sum(len(s.chunks) for s in specs) / (time.monotonic() - started)
+
+    sleeping = [pool for pool in POOLS if pool[3].get("OMP_WAIT_POLICY") != "ACTIVE"]
+    spinning = [pool for pool in POOLS if pool[3].get("OMP_WAIT_POLICY") == "ACTIVE"]
+    for pool in sleeping:
+        start(*pool)
+    say(f"6 scaling: worker pools {', '.join(pools)} (workers x torch threads), "
+        f"{plan.scaling_jobs} two-chunk jobs a run")
+    rates: dict[str, list[float]] = {name: [] for name in pools}
     for r in range(plan.rounds):
-        names = list(b.pools)
+        names = list(pools)
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            queue, procs = b.pools[name]
-            specs = [make_spec(b.texts.text(2), model_id) for _ in range(plan.scaling_jobs)]
-            started = time.monotonic()
-            run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
-            rates[name].append(sum(len(s.chunks) for s in specs) / (time.monotonic() - started))
+            rates[name].append(measure(name))
+    for name in list(pools)[1:]:
+        for proc in pools[name][1]:
+            c.stop(proc)
+    for pool in spinning:
+        start(*pool)
+        rates[pool[0]] = [measure(pool[0]) for _ in range(plan.rounds)]
+        for proc in pools[pool[0]][1]:
+            c.stop(proc)
+    (base_name, _), *others = pools.items()
     base_fig = b.add(Figure("6", f"worker throughput, {base_name} (workers x threads)", "chunks/s"))
     base_fig.values = rates[base_name]
     for name, _ in others:
@@ -839,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
             if "7" in only:
                 footprint(b, args.full_model)
             if only & {"1", "2", "3", "4", "6", "8"}:
-                start_stack(b, pools="6" in only, sched="8" in only)
+                start_stack(b, sched="8" in only)
             steps: list[tuple[str, Callable[[Bench], None]]] = [
                 ("1", cache_hit), ("2", queue_overhead), ("4", dedupe), ("3", mixed), ("8", scheduling), ("6", scaling),
                 ("5", batching)]
