@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import shutil
 import signal
@@ -221,3 +223,19 @@ def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
     stack.start_worker()
     stack.wait_ready()
     return stack
+
+
+@pytest.fixture
+def request_lines() -> Iterator[io.StringIO]:
+    """The JSON lines logged by `service.request` while the test runs."""
+    import logs
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.JsonFormatter())
+    log = logging.getLogger("service.request")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    yield out
+    log.removeHandler(handler)
+    log.setLevel(logging.NOTSET)

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import logging
 import time
-from typing import Iterator
 
 import httpx
 import pytest
@@ -19,7 +17,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import logs
 import metrics
 from conftest import _free_port
 
@@ -82,20 +79,6 @@ def test_a_failed_flush_keeps_everything_for_the_next(redis: Redis) -> None:
     assert got[("tts_real_time_factor_count", ())] == 2
     assert got[("tts_real_time_factor_bucket", (("le", "0.5"),))] == 2
     assert got[("tts_real_time_factor_bucket", (("le", "0.3"),))] == 0
-
-
-@pytest.fixture
-def request_lines() -> Iterator[io.StringIO]:
-    """The JSON lines logged by `service.request` while the test runs."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logs.JsonFormatter())
-    log = logging.getLogger("service.request")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield out
-    log.removeHandler(handler)
-    log.setLevel(logging.NOTSET)
 
 
 def test_the_middleware_counts_times_and_logs_one_line_per_request(redis: Redis, request_lines: io.StringIO) -> None:

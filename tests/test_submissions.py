@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 import math
 import time
 from typing import Any, Iterator
@@ -20,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from starlette.testclient import TestClient
 
-import logs
 import metrics
 import service
 import tts
@@ -45,20 +43,6 @@ def _client(redis: Redis, redis_url: str, **env: str) -> TestClient:
 def client(redis: Redis, redis_url: str) -> Iterator[TestClient]:
     with _client(redis, redis_url) as made:
         yield made
-
-
-@pytest.fixture
-def request_lines() -> Iterator[io.StringIO]:
-    """The JSON lines logged by `service.request` while the test runs."""
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logs.JsonFormatter())
-    log = logging.getLogger("service.request")
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    yield out
-    log.removeHandler(handler)
-    log.setLevel(logging.NOTSET)
 
 
 def _store(redis: Redis, request_id: str, ttl: int = 3600) -> list[str]:
