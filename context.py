@@ -14,7 +14,9 @@ from rq.job import Job
 from starlette.requests import Request
 
 import jobs
+
 import metrics
+import queueing
 from cache import MODEL_KEY, AudioCache, events_channel
 from settings import Settings
 from status import OVER
@@ -36,7 +38,7 @@ class Context:
         self.redis = aioredis.from_url(settings.redis_url, **pool)
         # RQ speaks the synchronous client; it runs in the threadpool.
         self.sync_redis = Redis.from_url(settings.redis_url, **pool)
-        self.queue = jobs.queue(self.sync_redis, settings)
+        self.queue = queueing.queue(self.sync_redis, settings)
         self.cache = AudioCache(self.redis, settings.result_ttl)
         # This process's figures; they reach Redis about once a second.
         self.metrics = metrics.Recorder()

@@ -1,4 +1,7 @@
-"""The jobs RQ runs (a request's synthesis, help with the pool, voice export) and how they are enqueued."""
+"""The jobs RQ runs: a request's synthesis, help with the pool (assist), voice export.
+
+How they are enqueued and found again is queueing.py's.
+"""
 
 from __future__ import annotations
 
@@ -10,31 +13,28 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue, Retry, get_current_job
-from rq.exceptions import DuplicateJobError, NoSuchJobError
-from rq.job import Job, JobStatus
-from rq.serializers import JSONSerializer
+from rq import Queue, get_current_job
+from rq.job import Job
 from rq.timeouts import JobTimeoutException
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 import audio
 import metrics
 from cache import MODEL_KEY, Spec, chunk_key, events_channel, stored, voice_key
+from queueing import cancel_key, queue, voice_job_id
 from scheduler import Claimed, Pool
 from settings import Settings
 
 logger = logging.getLogger(__name__)
 
-SERIALIZER = JSONSerializer
 # Samples per generated audio token, and the centre-padding ChatTTS's vocoder
 # removes once per clip: a clip of T tokens has 512*T - 256 samples.
 SAMPLES_PER_TOKEN = 512
-_ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 
 
 class Engine(Protocol):
@@ -87,17 +87,8 @@ class ModelMismatch(RuntimeError):
     """The job was keyed for another model than the one this worker runs."""
 
 
-class QueueFull(RuntimeError):
-    """The queue is deeper than the configured limit; nothing was enqueued."""
-
-
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
-
-
-def cancel_key(request_id: str) -> str:
-    """Set while a request is canceled; the running job checks it before each batch."""
-    return f"tts:cancel:{request_id}"
 
 
 def assist_key(queue_name: str) -> str:
@@ -460,70 +451,6 @@ def _event(ctx: _Bound, request_id: str, name: str, **fields: Any) -> None:
     ctx.redis.publish(events_channel(request_id), json.dumps({"event": name, **fields}))
 
 
-def queue(redis: Redis, settings: Settings) -> Queue:
-    """The synthesis queue, with the JSON serializer both sides must share."""
-    return Queue(settings.queue, connection=redis, serializer=SERIALIZER)
-
-
-def fetch(redis: Redis, request_id: str) -> Job | None:
-    """The RQ job of a request, or None when there is none (never, or expired)."""
-    try:
-        return Job.fetch(request_id, connection=redis, serializer=SERIALIZER)
-    except NoSuchJobError:
-        return None
-
-
-def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
-    """Enqueue the request's job, or return the job already doing it (or that just did it: finished).
-
-    The job id is the request id, so identical requests in flight share one
-    job (see `_enqueue_once`). The request's missing chunks go into the
-    queue's pool at once, so that a busy worker batches them with the work in
-    hand before this job is even taken. Raises QueueFull past
-    `settings.max_queue`.
-    """
-    request_id = spec.request_id()
-    # Asking again is asking for the audio: an earlier cancel no longer holds.
-    q.connection.delete(cancel_key(request_id))
-
-    def enqueue() -> Job:
-        if q.count >= settings.max_queue:
-            raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
-        return q.enqueue(
-            synthesize,
-            spec.to_json(),
-            job_id=request_id,
-            unique=True,
-            job_timeout=settings.job_timeout(len(spec.chunks)),
-            result_ttl=settings.result_ttl,
-            failure_ttl=settings.result_ttl,
-            # Backoff between tries; the workers' maintenance pass re-queues
-            # retries that are due (see worker.TTSWorker).
-            retry=Retry(max=2, interval=[5, 15]),
-            description=f"tts {len(spec.chunks)} chunk(s): {spec.excerpt()!r}",
-            meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
-        )
-
-    job = _enqueue_once(q.connection, request_id, enqueue,
-                        done=lambda: all(stored(q.connection, spec.chunk_ids())))
-    if job.get_status(refresh=False) != JobStatus.FINISHED:
-        Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
-    return job
-
-
-def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
-    """Enqueue (at the front: it takes milliseconds) the job that exports `seed`'s voice, or join it."""
-    job_id = voice_job_id(model_id, seed)
-    return _enqueue_once(q.connection, job_id, lambda: q.enqueue(
-        voice, seed, model_id, job_id=job_id, unique=True, at_front=True, job_timeout=60,
-        result_ttl=600, failure_ttl=600, description=f"voice of seed {seed}",
-    ))
-
-
-def voice_job_id(model_id: str, seed: int) -> str:
-    return f"voice-{model_id}-{seed}"
-
-
 def voice(seed: int, model_id: str) -> dict[str, Any]:
     """RQ job: store the speaker string of `seed` on this worker's model under `voice_key`."""
     if _bound is None:
@@ -538,52 +465,3 @@ def voice(seed: int, model_id: str) -> dict[str, Any]:
     ctx.redis.set(voice_key(model_id, seed), speaker, ex=ctx.settings.result_ttl)
     _event(ctx, voice_job_id(model_id, seed), "finished")
     return {"seed": seed, "model": model_id, "chars": len(speaker)}
-
-
-def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
-                  done: Callable[[], bool] | None = None) -> Job:
-    """The active job under `job_id`, or a new one from `enqueue()` (which must use unique=True).
-
-    RQ's `unique` enqueue is atomic, so concurrent callers share one job. A
-    job under that id that is over (finished, failed, stopped, canceled) is
-    replaced, under a short lock so that two callers cannot delete each
-    other's new job; except a finished one whose work `done()` says is still
-    there (a caller that looked just before the job ended): that one is
-    returned as it is.
-    """
-    for _ in range(5):
-        # Enqueue first: new work is the common case and the one a caller
-        # waits on; a duplicate costs one refused attempt.
-        try:
-            return enqueue()
-        except QueueFull:
-            # A full queue refuses new work, not callers joining work in flight.
-            job = fetch(redis, job_id)
-            if job is not None and job.get_status(refresh=False) in _ACTIVE:
-                return job
-            raise
-        except DuplicateJobError:
-            job = fetch(redis, job_id)
-            status = None if job is None else job.get_status(refresh=False)
-            if job is not None and (status in _ACTIVE or (status == JobStatus.FINISHED and done and done())):
-                return job
-            with redis.lock(f"tts:lock:{job_id}", timeout=10, blocking_timeout=5):
-                job = fetch(redis, job_id)
-                if job is not None and job.get_status(refresh=False) not in _ACTIVE:
-                    job.delete()
-    raise RuntimeError(f"could not enqueue job {job_id}")
-
-
-def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> None:
-    """Cancel a request: a queued job never runs, a running one stops before its next batch.
-
-    Its chunks leave the pool, except those another request still waits
-    for. Audio already stored stays and serves later requests. Idempotent.
-    """
-    redis = q.connection
-    redis.set(cancel_key(request_id), 1, ex=ttl)
-    Pool(redis, q.name, ttl).withdraw(request_id, chunk_ids)
-    job = fetch(redis, request_id)
-    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.DEFERRED,
-                                                              JobStatus.SCHEDULED):
-        job.cancel()

@@ -10,8 +10,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-import jobs
+
 import metrics
+import queueing
 from replies import Health, Ready, ReadyModel, reply
 from context import Context
 
@@ -56,7 +57,7 @@ async def prometheus(ctx: Context, request: Request) -> Response:
     """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
     await ctx.metrics.aflush(ctx.redis)
     stored = await ctx.redis.hgetall(metrics.METRICS_KEY)
-    hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=jobs.SERIALIZER)
+    hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=queueing.SERIALIZER)
     gauges = await run_in_threadpool(metrics.queue_gauges, ctx.queue, hooks)
     return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)
 

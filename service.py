@@ -26,11 +26,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 import captions
-import jobs
 import logs
 import metrics
 import openapi
 import ops
+import queueing
 import tts
 import voices
 from replies import Error, reply
@@ -80,7 +80,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     handlers: dict[Any, Any] = {
         ApiError: _api_error,
         HTTPException: _http_error,
-        jobs.QueueFull: _queue_full,
+        queueing.QueueFull: _queue_full,
         # A full pool is no outage (Starlette picks the most specific class).
         MaxConnectionsError: _too_many_waiting,
         RedisConnectionError: _redis_down,

@@ -18,8 +18,8 @@ from starlette.types import Send
 
 import audio
 import bodies
-import jobs
 import metrics
+import queueing
 import validation
 import voices
 import webhooks
@@ -195,7 +195,7 @@ async def _ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int],
     metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
     if not missing:
         return missing, None
-    job = await run_in_threadpool(jobs.submit, ctx.queue, spec, ctx.settings)
+    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings)
     if job.get_status(refresh=False) == "finished":
         return [], None  # its job ended between the look and the submission: all stored now
     return missing, job
@@ -222,9 +222,9 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
     if not missing:
         return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await ctx.redis.exists(jobs.cancel_key(request_id)):
+    if await ctx.redis.exists(queueing.cancel_key(request_id)):
         return TtsStatus(id=request_id, status="canceled", progress=progress)
-    job = await run_in_threadpool(jobs.fetch, ctx.sync_redis, request_id)
+    job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:
         raise not_found(request_id)
     status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
@@ -263,8 +263,8 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
 
 
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
-    jobs.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
-    job = jobs.fetch(ctx.sync_redis, request_id)
+    queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
+    job = queueing.fetch(ctx.sync_redis, request_id)
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.
     if job is None or job.get_status(refresh=True) != "started":

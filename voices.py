@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import bodies
-import jobs
+import queueing
 import validation
 from bodies import MixPart, VoiceRequest
 from replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
@@ -89,7 +89,7 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
 
     value = await speaker()
     if value is None:
-        job = await run_in_threadpool(jobs.request_voice, ctx.queue, model.id, seed, ctx.settings)
+        job = await run_in_threadpool(queueing.request_voice, ctx.queue, model.id, seed, ctx.settings)
         value = await ctx.wait(job.id, speaker, time.monotonic() + ctx.settings.speech_wait)
     if value is None:
         raise ApiError(504, f"no worker exported the voice within {ctx.settings.speech_wait} s "

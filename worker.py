@@ -28,7 +28,9 @@ from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
+
 import logs
+import queueing
 import webhooks
 from engine import ModelUnavailable, load_engine
 from launcher import gpu_slots, launch
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
-        worker = TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER, name=name,
+        worker = TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER, name=name,
                            settings=settings)
         try:
             worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)

@@ -53,7 +53,8 @@ from harness import (  # noqa: E402
 )
 from settings import Settings  # noqa: E402
 
-import jobs  # noqa: E402
+
+import queueing  # noqa: E402
 from cache import stored  # noqa: E402
 
 
@@ -147,9 +148,9 @@ def first_chunk_seconds(cluster: Cluster, settings: Settings, model_id: str, que
     redis = cluster.redis()
     spec = make_spec(texts.text(4), model_id)
     first = spec.chunk_ids()[0]
-    q = jobs.queue(redis, dataclasses.replace(settings, queue=queue))
+    q = queueing.queue(redis, dataclasses.replace(settings, queue=queue))
     start = time.monotonic()
-    job = jobs.submit(q, spec, settings)
+    job = queueing.submit(q, spec, settings)
     wait_for(lambda: stored(redis, [first])[0], 300, "the first chunk", interval=0.005)
     seconds = time.monotonic() - start
     wait_for(lambda: job.get_status(refresh=True) in ("finished", "failed"), 300, "the rest of the request")

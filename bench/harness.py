@@ -33,6 +33,8 @@ from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
 import jobs  # noqa: E402
+
+import queueing  # noqa: E402
 from cache import MODEL_KEY, Spec, normalize  # noqa: E402
 from settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
@@ -320,13 +322,13 @@ def make_spec(text: str, model_id: str, settings: Settings = Settings()) -> Spec
 
 def run_jobs(redis: Redis, settings: Settings, specs: Sequence[Spec], timeout: float,
              workers: Sequence[Proc] = (), queues: Sequence[str] = ()) -> list[Job]:
-    """Submit `specs` as the web does (jobs.submit) and wait until every job has finished.
+    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished.
 
     With `queues`, spec i goes to queues[i % len(queues)]; else to `settings.queue`.
     """
     names = list(queues) or [settings.queue]
-    qs = [jobs.queue(redis, replace(settings, queue=name)) for name in names]
-    submitted = [jobs.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
+    qs = [queueing.queue(redis, replace(settings, queue=name)) for name in names]
+    submitted = [queueing.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
     pending = list(submitted)
 
     def done() -> bool:

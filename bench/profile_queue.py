@@ -7,7 +7,7 @@ This profiles the two halves of that difference in-process, on a private
 redis-server, with the tone engine (so synthesis costs next to nothing):
 
 1. the web app (called as ASGI, no sockets) taking `--jobs` POST /v1/tts of
-   new one-chunk texts, each of which enqueues a job (`jobs.submit`, run in
+   new one-chunk texts, each of which enqueues a job (`queueing.submit`, run in
    the threadpool as the service runs it);
 2. one `worker.TTSWorker` in burst mode, in this process, running those jobs.
 
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with Cluster() as c:
         url = c.start_redis()
         import jobs
+        import queueing
         import service
         import worker
         from engine import load_engine
@@ -106,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                 return per
 
         post = asyncio.run(submit_all())
-        rq_worker = worker.TTSWorker([jobs.queue(redis, settings)], connection=redis, serializer=jobs.SERIALIZER,
+        rq_worker = worker.TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
                                      settings=settings)
-        queued = jobs.queue(redis, settings).count
+        queued = queueing.queue(redis, settings).count
         redis.config_resetstat()
         prof = cProfile.Profile()
         t0 = time.perf_counter()

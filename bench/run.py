@@ -63,7 +63,8 @@ from metrics import METRICS_KEY  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
-import jobs  # noqa: E402
+
+import queueing  # noqa: E402
 from cache import events_channel, pool_key, stored  # noqa: E402
 from settings import Settings  # noqa: E402
 
@@ -413,7 +414,7 @@ async def _overhead_round(b: Bench, redis: Any) -> list[dict[str, float]]:
 def _finished_job(redis: Any, request_id: str) -> Job:
     """The request's job once RQ has recorded its end (it may lag the audio by a moment)."""
     def finished() -> Job | None:
-        job = Job.fetch(request_id, connection=redis, serializer=jobs.SERIALIZER)
+        job = Job.fetch(request_id, connection=redis, serializer=queueing.SERIALIZER)
         return job if job.ended_at is not None and job.return_value() is not None else None
 
     return wait_for(finished, 30, f"job {request_id} to be recorded as finished", interval=0.005)
@@ -599,7 +600,7 @@ def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> 
     storing included.
     """
     settings = Settings(queue="tts")
-    q = jobs.queue(redis, settings)
+    q = queueing.queue(redis, settings)
     long_spec = make_spec(b.texts.text(LONG_CHUNKS), model_id)
     progress = redis.pubsub(ignore_subscribe_messages=True)
     progress.subscribe(events_channel(long_spec.request_id()))
@@ -626,7 +627,7 @@ def _first_chunks_behind_a_long_request(b: Bench, redis: Any, model_id: str) -> 
 
 def _time_shorts(b: Bench, redis: Any, model_id: str, q: Any, settings: Settings, long_spec: Any,
                  ticks: list[float]) -> tuple[list[float], float]:
-    long = jobs.submit(q, long_spec, settings)
+    long = queueing.submit(q, long_spec, settings)
     wait_for(lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk", interval=0.005)
     shorts: list[tuple[float, str]] = []
     waits: dict[int, float] = {}
@@ -650,7 +651,7 @@ def _time_shorts(b: Bench, redis: Any, model_id: str, q: Any, settings: Settings
         spec = make_spec(b.texts.text(1), model_id)
         with lock:
             shorts.append((time.monotonic(), spec.chunk_ids()[0]))
-        jobs.submit(q, spec, settings)
+        queueing.submit(q, spec, settings)
         time.sleep(SHORT_EVERY)
     poller.join(130)
     if len(waits) < len(shorts):
@@ -666,7 +667,7 @@ def _time_shorts(b: Bench, redis: Any, model_id: str, q: Any, settings: Settings
 
 def _idle(redis: Any, queue: str) -> bool:
     """True when `queue` has no job waiting or running and nothing in its pool."""
-    q = jobs.queue(redis, Settings(queue=queue))
+    q = queueing.queue(redis, Settings(queue=queue))
     return q.count == 0 and q.started_job_registry.count == 0 and not redis.zcard(pool_key(queue))
 
 

@@ -14,7 +14,7 @@ with the real ChatTTS code on the tiny random checkpoint:
    TTS_MODEL_PATH=DIR, TTS_TORCH_THREADS=1 and TTS_BATCH_SIZE=4;
 4. submits requests the way the web process does: text normalized and split
    by `splitter.split` into a `cache.Spec` keyed for the model id the worker
-   published under `tts:model`, then `jobs.submit(jobs.queue(...), ...)`.
+   published under `tts:model`, then `queueing.submit(queueing.queue(...), ...)`.
    Every request is a different text of 1-3 sentences, each sentence long
    enough to be its own chunk, so a job synthesizes 1-3 chunks;
 5. runs `--warmup` jobs (not counted), samples RSS as the baseline, then
@@ -52,6 +52,8 @@ from rq.exceptions import InvalidJobOperation  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
 
 import jobs  # noqa: E402
+
+import queueing  # noqa: E402
 from cache import MODEL_KEY, Spec, normalize  # noqa: E402
 from settings import Settings, from_env  # noqa: E402
 from splitter import split  # noqa: E402
@@ -179,7 +181,7 @@ def run_batch(q: Queue, settings: Settings, specs: Sequence[Spec], worker: Proc,
     """Submit `specs` as the web does and wait until every job has finished."""
     submitted: list[Job] = []
     for spec in specs:
-        job = jobs.submit(q, spec, settings)
+        job = queueing.submit(q, spec, settings)
         if job.get_status(refresh=False) == JobStatus.FINISHED:
             raise BenchError(f"request {job.id} was already done: the texts are not distinct")
         submitted.append(job)
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         for text, spec in zip(texts, specs):
             if not 1 <= len(spec.chunks) <= 3:
                 raise BenchError(f"{text!r} split into {len(spec.chunks)} chunks; expected 1-3")
-        q = jobs.queue(redis, settings)
+        q = queueing.queue(redis, settings)
 
         if args.warmup:
             run_batch(q, settings, specs[: args.warmup], worker, args.timeout)

@@ -15,7 +15,7 @@ from redis import Redis
 from rq.job import Job
 
 from conftest import Stack, wait_for
-from jobs import SERIALIZER
+from queueing import SERIALIZER
 
 TEXT = ("ChatTTS speaks this first sentence. 然后是第二句话，用中文说。" * 3).strip()
 

@@ -15,7 +15,7 @@ from redis import Redis
 from rq.job import Job
 
 from conftest import Stack, _free_port, _pings, wait_for
-from jobs import SERIALIZER
+from queueing import SERIALIZER
 
 
 class RedisServer:

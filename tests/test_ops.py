@@ -27,7 +27,7 @@ from rq.job import Job
 import metrics
 from cache import chunk_key, events_channel, request_key, stored
 from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
-from jobs import SERIALIZER
+from queueing import SERIALIZER
 from settings import SettingsError, from_env
 
 KEY = "ops-test-key-0123456789"
