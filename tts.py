@@ -229,6 +229,10 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
         raise not_found(request_id)
     status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
     if status == "finished":
+        if not await ctx.cache.missing(chunk_ids):
+            # It finished between the look at the audio and the look at the job.
+            return TtsStatus(id=request_id, status="finished",
+                             progress=Progress(chunks_done=total, chunks_total=total))
         # The job ran, but some of its audio has since expired or been evicted.
         raise not_found(request_id)
     answer = TtsStatus(id=request_id, status=status, progress=progress)  # type: ignore[arg-type]

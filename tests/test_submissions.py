@@ -201,3 +201,27 @@ def test_a_submission_is_fresh_only_for_the_recheck_interval() -> None:
     item.confirmed = time.monotonic()
     assert memory.fresh(item)
     wait_for(lambda: not memory.fresh(item), 5, "the item to be due for a look at Redis", interval=0.01)
+
+
+def test_a_job_that_finishes_between_the_two_looks_of_a_status_is_reported_finished(
+        client: TestClient, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /v1/tts/{id} looks at the audio, then at the job. A job that ends in between (it stored the last
+    chunk) used to be reported as expired audio (404); the page stopped on that. It is finished."""
+    import queueing
+
+    first = client.post("/v1/tts", content=BODY)
+    assert first.status_code == 202, first.text
+    request_id = first.json()["id"]
+    real_fetch = queueing.fetch
+
+    def fetch_after_the_worker_finished(conn: Any, job_id: str) -> Any:
+        _store(redis, job_id)  # the worker stores the last chunk ...
+        job = real_fetch(conn, job_id)
+        job.set_status("finished")  # ... and RQ records the end, before this look
+        return job
+
+    monkeypatch.setattr(queueing, "fetch", fetch_after_the_worker_finished)
+    status = client.get(f"/v1/tts/{request_id}")
+    assert status.status_code == 200, status.text
+    assert status.json()["status"] == "finished"
+    assert status.json()["progress"]["chunks_done"] == status.json()["progress"]["chunks_total"]
