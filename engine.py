@@ -321,6 +321,7 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
         raise ModelUnavailable(
             f"ChatTTS could not load {path}: files missing or failing their SHA-256 check (see the log above)"
         )
+    tuning.fold_weight_norm(chat)
     tuning.apply(chat, tuned)
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)

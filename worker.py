@@ -162,11 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-gpu", metavar="K", type=int, default=1,
                         help="with --gpus: K worker processes per GPU, when its memory holds K models")
     args = parser.parse_args(argv)
-    # Before torch starts OpenMP: idle OpenMP threads sleep instead of
-    # spinning on cores the web process, Redis or other workers need
-    # (bench/: 1 worker x 2 threads ran at 0.28x of 1 x 1 on busy cores with
-    # spinning threads, 0.91x with sleeping ones). Set it to override.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # OpenMP's wait policy stays libgomp's default unless the environment
+    # sets OMP_WAIT_POLICY: a thread spins briefly after each parallel region,
+    # then sleeps, so an idle worker takes no CPU. PASSIVE (sleep at once)
+    # wakes a thread for every operation: on the full-size model with 2
+    # threads an int8 decode step took 44 ms against 23 ms (BENCHMARKS.md,
+    # bench/cpu_engine.py). What hurts is more threads than free cores: give
+    # each worker TTS_TORCH_THREADS = cores / workers.
     try:
         settings = from_env()
     except SettingsError as exc:

@@ -1,12 +1,15 @@
 """The CPU engine switches side by side on the full-size random checkpoint: fidelity, real-time factor, profile.
 
     python bench/cpu_engine.py [--model DIR] [--max-new-token 128] [--tunings float32,float32+int8,bfloat16,float16]
-                               [--batch-sizes 1,4] [--chunks 2] [--rounds 2] [--threads 2,1] [--write BENCHMARKS.md]
+                               [--batch-sizes 1,4] [--chunks 2] [--rounds 2] [--threads 2,1] [--waits PASSIVE]
+                               [--write BENCHMARKS.md]
 
 Writes (or reuses) the full-size random-weight ChatTTS under .cache/, then
 runs bench/engine_bench.py once per torch thread count: the first count with
 every tuning (float32 eager first, the baseline), each later count with
-float32 and the tuning that was fastest at batch 1 under the first. Each run
+float32 and the tuning that was fastest at batch 1 under the first; then the
+first count again under each `--waits` OpenMP wait policy (the worker leaves
+libgomp's default, "default" in the table). Each run
 loads the model once and swaps the tunings' modules in, rounds interleaved,
 so the tunings share the machine's drift. Prints one markdown table: per
 tuning and thread count, the fidelity against float32 (fidelity.py), the
@@ -53,23 +56,25 @@ def checkpoint(max_new_token: int) -> Path:
     return path
 
 
-def run(model: Path, tunings: list[str], threads: int, args: argparse.Namespace) -> dict:
+def run(model: Path, tunings: list[str], threads: int, args: argparse.Namespace, wait: str = "default") -> dict:
+    """engine_bench.py once, as the worker runs it; `wait`: OMP_WAIT_POLICY, or "default" for libgomp's own."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.json"
         cmd = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(model), "--device", "cpu",
                "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes, "--chunks", str(args.chunks),
                "--rounds", str(args.rounds), "--threads", str(threads), "--fidelity", "--profile", "--json", str(out)]
-        say(f"engine_bench.py: {threads} thread(s), {', '.join(tunings)}")
-        # As the worker runs: idle OpenMP threads sleep (worker.py).
-        proc = subprocess.run(cmd, cwd=ROOT, env=bench_env(OMP_WAIT_POLICY="PASSIVE"), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
+        env = bench_env() if wait == "default" else bench_env(OMP_WAIT_POLICY=wait)
+        if wait == "default":
+            env.pop("OMP_WAIT_POLICY", None)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         print("\n".join(line for line in proc.stdout.splitlines()), flush=True)
         if proc.returncode != 0:
             raise SystemExit(f"engine_bench.py failed:\n{proc.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
-def rows(data: dict, sizes: list[int], threads: int) -> list[list[str]]:
+def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> list[list[str]]:
     base = "float32"
     out = []
     labels = list(dict.fromkeys(r["tuning"] for r in data["runs"]))
@@ -77,7 +82,7 @@ def rows(data: dict, sizes: list[int], threads: int) -> list[list[str]]:
         f = data["fidelity"][label]
         fid = (f"{f['cosine']:.4f} ({'pass' if f['passes'] else 'FAIL'}); {f['matching']}/{f['steps']}; "
                f"{f['decoder_cosine']:.4f}")
-        row = [label, str(threads), fid]
+        row = [label, str(threads), wait, fid]
         for size in sizes:
             mine = {r["round"]: r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size}
             ref = {r["round"]: r["rtf"] for r in data["runs"] if r["tuning"] == base and r["batch"] == size}
@@ -115,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", default="2,1", help="torch thread counts; the first runs every tuning")
+    parser.add_argument("--waits", default="PASSIVE",
+                        help="OMP_WAIT_POLICY values to run at the first thread count besides the worker's "
+                             "default (libgomp's: spin briefly, then sleep), with float32 and the fastest tuning")
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the table")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -131,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     table += rows(first, sizes, counts[0])
     for count in counts[1:]:
         table += rows(run(model, ["float32", best(first, sizes[0])], count, args), sizes, count)
-    head = (["tuning", "threads", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
+    for wait in [w for w in args.waits.split(",") if w]:
+        table += rows(run(model, ["float32", best(first, sizes[0])], counts[0], args, wait), sizes, counts[0], wait)
+    head = (["tuning", "threads", "OpenMP wait", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
             + [f"RTF batch {s} (vs float32)" for s in sizes]
             + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]

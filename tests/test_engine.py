@@ -125,3 +125,28 @@ def test_defaults_keep_the_tiny_model_as_fast_as_plain(plain: tuple[ChatTTSEngin
     start = time.perf_counter()
     engine.synthesize([spec])
     assert time.perf_counter() - start < 5
+
+
+def test_the_heads_weight_norm_is_folded_at_load_with_logits_bit_for_bit(
+        plain: tuple[ChatTTSEngine, Any], tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ChatTTS recomputes its heads' weight norm on every decode step; the worker computes it once at
+    load. The folded heads give exactly the logits the parametrized ones give, so the identity stays."""
+    from torch.nn.utils import parametrize
+
+    loaded = plain[0].chat
+    assert not any(parametrize.is_parametrized(h.__self__) for h in [loaded.gpt.head_text, *loaded.gpt.head_code])
+    monkeypatch.setattr(tuning, "fold_weight_norm", lambda chat: 0)
+    engine, _ = load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1"}))
+    monkeypatch.undo()
+    chat = engine.chat
+    heads = [h.__self__ for h in [chat.gpt.head_text, *chat.gpt.head_code]]
+    assert all(parametrize.is_parametrized(h, "weight") for h in heads)
+    hidden = torch.randn(3, 5, int(chat.config.gpt.hidden_size), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = [h(hidden) for h in heads]
+    assert tuning.fold_weight_norm(chat) == len(heads) == 1 + len(chat.gpt.head_code)
+    assert not any(parametrize.is_parametrized(h) for h in heads)
+    with torch.inference_mode():
+        after = [h(hidden) for h in heads]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert tuning.fold_weight_norm(chat) == 0, "folding twice is a no-op"
