@@ -7,9 +7,13 @@ nothing of the worker side.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Callable, Sequence
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
@@ -18,6 +22,8 @@ from rq.serializers import JSONSerializer
 from cache import Spec, stored
 from scheduler import Pool
 from settings import Settings
+
+logger = logging.getLogger(__name__)
 
 SERIALIZER = JSONSerializer
 # The job functions (jobs.py), by the path RQ records for them.
@@ -33,6 +39,23 @@ class QueueFull(RuntimeError):
 def cancel_key(request_id: str) -> str:
     """Set while a request is canceled; the running job checks it before each batch."""
     return f"tts:cancel:{request_id}"
+
+
+def redis_answers(redis: Redis) -> bool:
+    """True when Redis answers a PING; False on a connection error or timeout."""
+    try:
+        return bool(redis.ping())
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return False
+
+
+def wait_for_redis(redis: Redis) -> None:
+    """Block until Redis answers, retrying with backoff up to 10 s (the rq processes' loops between outages)."""
+    delay = 0.5
+    while not redis_answers(redis):
+        logger.warning("Redis does not answer; retrying in %.1f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:

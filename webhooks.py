@@ -46,6 +46,7 @@ from rq.serializers import JSONSerializer
 
 import logs
 import metrics
+import queueing
 from replies import WebhookEvent
 from cache import SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
 from settings import Settings, SettingsError, from_env
@@ -416,32 +417,26 @@ def main(argv: list[str] | None = None) -> int:
 
     webhooks.bind(settings, redis)
     while True:
-        _wait_for_redis(redis)
+        queueing.wait_for_redis(redis)
         queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
         worker = Worker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
-        # The scheduler puts retries back on the queue once their delay is over.
-        worker.work(burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level)
+        try:
+            # The scheduler puts retries back on the queue once their delay is over.
+            worker.work(burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # RQ's bookkeeping around a job raises when Redis goes away
+            # mid-delivery (as in the synthesis worker); the delivery is not
+            # lost: RQ re-queues it once its claim lapses. Wait for Redis.
+            logger.warning("lost Redis while the rq worker ran: %s", exc)
+            if worker._shutdown_requested_date is not None:
+                return 0
+            continue
         if args.burst or worker._shutdown_requested_date is not None:
             return 0
-        if _redis_answers(redis):
+        if queueing.redis_answers(redis):
             logger.error("the rq worker stopped on an unexpected error (see above)")
             return 1
         logger.warning("lost Redis; waiting for it to come back")
-
-
-def _redis_answers(redis: Redis) -> bool:
-    try:
-        return bool(redis.ping())
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        return False
-
-
-def _wait_for_redis(redis: Redis) -> None:
-    delay = 0.5
-    while not _redis_answers(redis):
-        logger.warning("Redis does not answer; retrying in %.1f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
 
 
 if __name__ == "__main__":

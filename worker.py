@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     # The model stays loaded across Redis outages: RQ's loop gives up on some
     # connection errors, so a fresh rq worker is started once Redis answers.
     for generation in itertools.count():
-        _wait_for_redis(redis)
+        queueing.wait_for_redis(redis)
         jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
@@ -218,26 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
         if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:
             return 0
-        if _redis_answers(redis):
+        if queueing.redis_answers(redis):
             logger.error("the rq worker stopped on an unexpected error (see above)")
             return 1
         logger.warning("lost Redis; waiting for it to come back")
     return 0
-
-
-def _redis_answers(redis: Redis) -> bool:
-    try:
-        return bool(redis.ping())
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        return False
-
-
-def _wait_for_redis(redis: Redis) -> None:
-    delay = 0.5
-    while not _redis_answers(redis):
-        logger.warning("Redis does not answer; retrying in %.1f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
 
 
 if __name__ == "__main__":

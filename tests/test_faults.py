@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import time
@@ -166,6 +167,41 @@ def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_requ
         stack.stop()
 
 
+def test_redis_lost_while_a_webhook_is_delivered_costs_neither_the_process_nor_later_events(
+        private_redis: RedisServer, tmp_path: Path) -> None:
+    """Redis stops while the webhooks process waits on a slow receiver and comes back: the same process
+    serves again and a later request's event is delivered."""
+    from test_webhooks import SECRET, Receiver
+
+    receiver = Receiver()
+    receiver.delays["/slow"] = 3
+    stack = Stack(private_redis.url, tmp_path, {"TTS_ENGINE": "tone", "TTS_WEBHOOK_SECRET": SECRET,
+                                                "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,1"})
+    try:
+        stack.start_web()
+        stack.start_worker()
+        hooks = stack.start_webhooks()
+        stack.wait_ready()
+        first = httpx.post(stack.url + "/v1/tts", json={"text": "Delivered through an outage.",
+                                                        "callback_url": receiver.url + "/slow"})
+        assert first.status_code in (200, 202), first.text
+        receiver.wait("/slow", 1)  # in flight: the receiver holds it for 3 s
+        private_redis.stop()
+        wait_for(lambda: "lost Redis" in hooks.output() or hooks.popen.poll() is not None, 60,
+                 "the webhooks process to notice the outage", interval=0.1)
+        assert hooks.popen.poll() is None, "it must outlive the outage:\n" + hooks.output()[-3000:]
+        private_redis.start()
+        wait_for(lambda: httpx.post(stack.url + "/v1/tts", json={
+            "text": "After the outage.", "callback_url": receiver.url + "/after"}).status_code in (200, 202),
+            60, "the web process to accept again")
+        event = json.loads(receiver.wait("/after", 1, timeout=90)[0]["body"])
+        assert event["status"] == "finished", event
+        assert hooks.popen.poll() is None, "it must outlive the outage:\n" + hooks.output()[-3000:]
+    finally:
+        stack.stop()
+        receiver.stop()
+
+
 def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, private_redis: RedisServer) -> None:
     # A Redis without persistence comes back empty: the worker must say again
     # who it is and which model it serves.
@@ -178,12 +214,13 @@ def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, p
 def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(stack_factory: Callable[..., Stack],
                                                                    tiny_model: Path, redis: Redis) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1",
-                          TTS_JOB_TIMEOUT_BASE="1", TTS_JOB_TIMEOUT_PER_CHUNK="0")
+                          TTS_JOB_TIMEOUT_BASE="1", TTS_JOB_TIMEOUT_PER_CHUNK="0", TTS_MAX_CHARS="20000")
     stack.start_web()
     worker = stack.start_worker()
     stack.wait_ready(timeout=180)
-    # 40 chunks of ~0.15 s each: no attempt (retries resume) gets through them in 1 s.
-    long_text = " ".join(f"Sentence number {i} is here." for i in range(40))
+    # About 250 chunks of 50-150 ms each (the numbers are spelled out): the three
+    # attempts of 1 s each (retries resume) make a fifth of them at most.
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(120))
     slow = httpx.post(stack.url + "/v1/tts", json={"text": long_text}).json()
     job = Job.fetch(slow["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "failed", 60, "the job to fail on its time limit", interval=0.1)

@@ -33,6 +33,8 @@ class Receiver:
         self.calls: list[dict[str, Any]] = []
         # path -> statuses to answer in turn (the last one repeats); 200 when unlisted.
         self.answers: dict[str, list[int]] = {}
+        # path -> seconds to hold each call before answering.
+        self.delays: dict[str, float] = {}
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +43,7 @@ class Receiver:
                 path = self.path.split("?")[0]
                 receiver.calls.append({"path": self.path, "headers": dict(self.headers), "body": body,
                                        "at": time.time()})
+                time.sleep(receiver.delays.get(path, 0))
                 plan = receiver.answers.get(path, [200])
                 status = plan.pop(0) if len(plan) > 1 else plan[0]
                 self.send_response(status)
