@@ -61,6 +61,9 @@ from traffic import (  # noqa: E402
 )
 from redis import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
+from rq.exceptions import NoSuchJobError  # noqa: E402
+from rq.job import Job  # noqa: E402
+from rq.serializers import JSONSerializer  # noqa: E402
 
 from settings import Settings  # noqa: E402
 
@@ -265,6 +268,23 @@ class Verdict:
     failures: list[str]
 
 
+def failed_reasons(redis: Redis) -> list[str]:
+    """One line per job in RQ's failed registry of the synthesis queue: its function, id and last exception line."""
+    out = []
+    for raw in redis.zrange(f"rq:failed:{QUEUE}", 0, -1):
+        job_id = raw.decode()
+        try:
+            job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+        except NoSuchJobError:
+            out.append(f"{job_id[:12]}: gone")
+            continue
+        result = job.latest_result()
+        text = (result.exc_string if result is not None and result.exc_string else job.exc_info or "").strip()
+        last = text.splitlines()[-1] if text else "no exception recorded"
+        out.append(f"`{job.func_name}` {job_id[:12]}: {last[:200]}")
+    return out
+
+
 def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -> Verdict:
     outage = s.outage or (float("inf"), float("inf"))
 
@@ -291,7 +311,7 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
     redis = s.redis()
     keys, audio = audio_in_redis(redis)
     memory = int(redis.info("memory")["used_memory"])
-    failed_jobs = redis.zcard(f"rq:failed:{QUEUE}")
+    failed_jobs = failed_reasons(redis)
     worker_max = max((v for r in s.samples for v in r["workers"].values()), default=0.0)
     held = sum(s.record.encoded.values())
     m = s.max_jobs or 0
@@ -311,7 +331,8 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         ("non-2xx while Redis was down (allowed: 503)", listing(allowed)),
         ("non-2xx otherwise, or no answer (allowed: none)", listing(bad)),
         ("accepted requests / never finished (target 0)", f"{len(s.record.accepted)} / {len(unfinished)}"),
-        ("jobs in RQ's failed registry", str(failed_jobs)),
+        ("jobs in RQ's failed registry (a request's failed job is retried or replaced when it is asked "
+         "for again: see 'never finished')", f"{len(failed_jobs)}" + "".join(f"; {r}" for r in failed_jobs)),
         ("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB "
                                   f"(highest {max(r['web'] for r in s.samples):.1f})"),
         (f"distinct audio the web process served (its encoded-audio cache keeps up to "
