@@ -2,7 +2,8 @@
 
 Used by the web process (and the benchmarks); the job functions themselves
 are jobs.py's, named here by their dotted path so that enqueueing imports
-nothing of the worker side.
+nothing of the worker side. The rq processes (worker.py, webhooks.py) also
+wait here for Redis between outages.
 """
 
 from __future__ import annotations
