@@ -21,21 +21,15 @@ from redis import Redis
 
 from conftest import ROOT, Proc, _free_port, wait_for
 
+sys.path.insert(0, str(ROOT / "bench"))
+from procfile import command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
+
 # What only a worker needs; none of it may reach a web or dashboard host.
 MODEL_STACK = ("torch", "torchaudio", "ChatTTS", "transformers", "vocos")
 # The web set installs to about 120 MB (numpy is 75 of it); torch alone is
 # about 750 MB on CPU and several GB with CUDA. The bound catches its return.
 MAX_SITE_PACKAGES_MB = 250
 TEXT = "A web host without torch. It still answers every request it can."
-
-
-def procfile_line(name: str) -> str:
-    """The command of process type `name` in the Procfile."""
-    for line in (ROOT / "Procfile").read_text().splitlines():
-        kind, sep, command = line.partition(":")
-        if sep and kind.strip() == name:
-            return command.strip()
-    raise AssertionError(f"no {name!r} line in the Procfile")
 
 
 def site_packages_mb(venv: Path) -> float:
