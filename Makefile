@@ -33,7 +33,7 @@ test: install
 	REDIS_URL=$$url $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 tiny-model: install
-	$(BIN)/python tiny_checkpoint.py $(TINY)
+	$(BIN)/python -m engines.tiny_checkpoint $(TINY)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -22,6 +22,8 @@ SAMPLE_WIDTH = 2
 
 PREFIX = "tts"
 MODEL_KEY = f"{PREFIX}:model"
+# A request or chunk id: 32 lowercase hex digits (the JSON schemas use the same pattern).
+ID_PATTERN = "^[0-9a-f]{32}$"
 _ID = re.compile(r"[0-9a-f]{32}")
 _WHITESPACE = re.compile(r"\s+")
 # What normalize's filter removes from ASCII once white space is collapsed.

@@ -25,18 +25,18 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-import captions
-import logs
-import metrics
-import openapi
-import ops
-import queueing
-import tts
-import voices
-from replies import Error, reply
-from context import Context
-from settings import Settings, from_env
-from validation import ApiError
+from web import captions
+from common import logs
+from common import metrics
+from web import openapi
+from web import ops
+from work import queueing
+from web import tts
+from web import voices
+from web.replies import Error, reply
+from web.context import Context
+from common.settings import Settings, from_env
+from common.errors import ApiError
 
 logger = logging.getLogger("service")
 

@@ -33,10 +33,11 @@ import ssl
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import msgspec
+from msgspec import UNSET, Meta, UnsetType
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -44,15 +45,27 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-import logs
-import metrics
-import queueing
-from replies import WebhookEvent
-from cache import SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
-from settings import Settings, SettingsError, from_env
-from validation import invalid
+from common import logs
+from common import metrics
+from work import queueing
+from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
+from common.settings import Settings, SettingsError, from_env
+from common.errors import invalid
+from work.status import Outcome
 
 logger = logging.getLogger("webhooks")
+
+
+class WebhookEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a callback_url receives (POSTed, signed) when its request is finished, failed or canceled."""
+
+    id: Annotated[str, Meta(pattern=ID_PATTERN)]
+    status: Outcome
+    audio_url: Annotated[str, Meta(description="Absolute with TTS_PUBLIC_URL set, else a path.")]
+    captions_url: str
+    chunks_total: Annotated[int, Meta(ge=0)]
+    audio_seconds: Annotated[float, Meta(ge=0, description="Length of the WAV (0 unless finished).")]
+    error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
 
 FIELD = "callback_url"
 # Seconds a receiver has to answer one try (connect, send, read the status).

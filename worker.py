@@ -29,13 +29,14 @@ from rq.scheduler import RQScheduler
 
 import jobs
 
-import logs
-import queueing
+from common import logs
+from work import queueing
 import webhooks
-from engine import ModelUnavailable, load_engine
-from launcher import gpu_slots, launch
-from settings import Settings, SettingsError, from_env
-from status import failure_words
+from engines.config import ModelUnavailable
+from engines.loading import load_engine
+from engines.launcher import gpu_slots, launch
+from common.settings import Settings, SettingsError, from_env
+from work.status import failure_words
 
 logger = logging.getLogger("worker")
 # The job of a request (its id is the request id); its end fires the request's webhooks.

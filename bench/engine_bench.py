@@ -113,7 +113,7 @@ def install(chat: Any, gpt: Any, decoder: Any, clock: Clock | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True,
-                        help="checkpoint directory (tiny_checkpoint.py or random_checkpoint.py)")
+                        help="checkpoint directory (engines/tiny_checkpoint.py or bench/random_checkpoint.py)")
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--chunks", type=int, default=4,
                         help="one-chunk texts per run (at least the batch size: a run is whole batches)")
@@ -135,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import fidelity
-    import tuning
+    from engines import fidelity
+    from engines import tuning
     from cache import Spec
-    from engine import ChatTTSEngine, load_engine
-    from settings import from_env
+    from engines.chattts import ChatTTSEngine
+    from engines.loading import load_engine
+    from common.settings import from_env
 
     env = {"TTS_MODEL_PATH": args.model, "TTS_DEVICE": args.device, "TTS_TORCH_THREADS": str(args.threads),
            "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none", "TTS_COMPILE": "false"}

@@ -51,10 +51,10 @@ from harness import (  # noqa: E402
     MIB, ROOT, BenchError, Cluster, Figure, Texts, bench_env, machine, make_spec, model_info, rss_bytes, run_jobs,
     table, wait_for, write_tiny_model,
 )
-from settings import Settings  # noqa: E402
+from common.settings import Settings  # noqa: E402
 
 
-import queueing  # noqa: E402
+from work import queueing  # noqa: E402
 from cache import stored  # noqa: E402
 
 

@@ -32,11 +32,11 @@ from redis import Redis  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
-import jobs  # noqa: E402
+from common.model import ModelInfo  # noqa: E402
 
-import queueing  # noqa: E402
+from work import queueing  # noqa: E402
 from cache import MODEL_KEY, Spec, normalize  # noqa: E402
-from settings import Settings  # noqa: E402
+from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
 
 T = TypeVar("T")
@@ -265,16 +265,16 @@ def http_ok(port: int, path: str) -> bool:
         return False
 
 
-def model_info(redis: Redis) -> jobs.ModelInfo:
+def model_info(redis: Redis) -> ModelInfo:
     raw = redis.get(MODEL_KEY)
     if raw is None:
         raise BenchError("no worker has published a model")
-    return jobs.ModelInfo.from_json(raw)
+    return ModelInfo.from_json(raw)
 
 
 def write_tiny_model(directory: Path) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command."""
-    subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(directory)], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(directory)], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
 

@@ -29,10 +29,10 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-import audio  # noqa: E402
-from engine import load_engine  # noqa: E402
+from common import audio  # noqa: E402
+from engines.loading import load_engine  # noqa: E402
 from cache import Spec, normalize  # noqa: E402
-from settings import from_env  # noqa: E402
+from common.settings import from_env  # noqa: E402
 from splitter import split  # noqa: E402
 
 

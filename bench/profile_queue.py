@@ -62,15 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     with Cluster() as c:
         url = c.start_redis()
         import jobs
-        import queueing
+        from work import queueing
         import service
         import worker
-        from engine import load_engine
-        from settings import from_env
+        from engines.loading import load_engine
+        from common.settings import from_env
 
         settings = from_env({"REDIS_URL": url, "TTS_ENGINE": "tone"})
         try:
-            import logs
+            from common import logs
 
             logs.configure_logging(settings.log_level, settings.log_format)
         except (ImportError, AttributeError):

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import tiny_checkpoint  # noqa: E402
+from engines import tiny_checkpoint  # noqa: E402
 
 DEFAULT_MAX_NEW_TOKEN = tiny_checkpoint.FULL_MAX_NEW_TOKEN
 

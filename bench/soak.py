@@ -65,7 +65,7 @@ from rq.exceptions import NoSuchJobError  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
-from settings import Settings  # noqa: E402
+from common.settings import Settings  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
 END = "<!-- soak:end -->"

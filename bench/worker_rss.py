@@ -7,7 +7,7 @@ Measures the resident set size (VmRSS in /proc/PID/status) of ONE real
 with the real ChatTTS code on the tiny random checkpoint:
 
 1. writes the tiny checkpoint into a temporary directory
-   (`python tiny_checkpoint.py DIR`);
+   (`python -m engines.tiny_checkpoint DIR`);
 2. starts a private `redis-server` on a free port (`--save "" --appendonly no`);
    no other Redis server or database is touched;
 3. starts `python worker.py` as the Procfile does, with REDIS_URL,
@@ -51,11 +51,11 @@ from rq import Queue  # noqa: E402
 from rq.exceptions import InvalidJobOperation  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
 
-import jobs  # noqa: E402
+from common.model import ModelInfo  # noqa: E402
 
-import queueing  # noqa: E402
+from work import queueing  # noqa: E402
 from cache import MODEL_KEY, Spec, normalize  # noqa: E402
-from settings import Settings, from_env  # noqa: E402
+from common.settings import Settings, from_env  # noqa: E402
 from splitter import split  # noqa: E402
 
 # Shared with the other benchmarks (bench/harness.py).
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     worker: Proc | None = None
     try:
         model_dir = tmp / "tiny-model"
-        subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(model_dir)], cwd=ROOT, check=True,
+        subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(model_dir)], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         redis_proc, url = start_redis(tmp)
         env = worker_env(url, model_dir, args.batch_size)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"the worker exited with status {worker.popen.returncode}:\n{worker.tail()}")
             return redis.get(MODEL_KEY)
 
-        model = jobs.ModelInfo.from_json(wait_for(model_published, 180, "the worker to publish its model", 0.2))
+        model = ModelInfo.from_json(wait_for(model_published, 180, "the worker to publish its model", 0.2))
         print(f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "
               f"loaded in {time.monotonic() - started:.1f} s (tiny={model.tiny})")
 

@@ -105,7 +105,7 @@ def redis(redis_url: str) -> Iterator[Redis]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random ChatTTS checkpoint, written once per run by the documented command."""
     path = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(path)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(path)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return path
 
@@ -228,7 +228,7 @@ def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
 @pytest.fixture
 def request_lines() -> Iterator[io.StringIO]:
     """The JSON lines logged by `service.request` while the test runs."""
-    import logs
+    from common import logs
 
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -29,7 +29,9 @@ import numpy as np
 import schemathesis
 from hypothesis import strategies as st
 
-import validation
+from common import speakers
+from common.errors import ApiError
+from web import validation
 from cache import normalize
 
 MAX_CHARS = int(os.environ.get("TTS_MAX_CHARS", "5000"))
@@ -45,7 +47,7 @@ BUILTIN = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "
 # schemathesis draws a format thousands of times while it looks for, say, one
 # longer than maxLength (none is).
 _rng = np.random.default_rng(0)
-_POOL = [validation.encode_speaker(_rng.normal(0, scale, SPEAKER_DIM).astype(np.float16))
+_POOL = [speakers.encode_speaker(_rng.normal(0, scale, SPEAKER_DIM).astype(np.float16))
          for scale in (0.1, 0.5, 1.0, 2.0, 8.0) for _ in range(6)]
 schemathesis.openapi.format("chattts-speaker", st.sampled_from(_POOL))
 
@@ -64,7 +66,7 @@ def _voice_refused(value: Any, field: str) -> bool:
         return False
     try:
         validation.check_speaker(text, SPEAKER_DIM, field)
-    except validation.ApiError:
+    except ApiError:
         return True
     return False
 

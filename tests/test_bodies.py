@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-import bodies
-import openapi
-from bodies import SpeechRequest, TtsRequest, VoiceRequest
-from settings import Settings
-from validation import ApiError
+from web import bodies
+from web import openapi
+from web.bodies import SpeechRequest, TtsRequest, VoiceRequest
+from common.settings import Settings
+from common.errors import ApiError
 
 
 def _refusal(raw: bytes, cls: type[bodies.Body]) -> ApiError:

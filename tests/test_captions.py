@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from redis import Redis
 
-import captions
+from web import captions
 from cache import chunk_key, request_key
 from conftest import Stack, wait_for
 

@@ -15,7 +15,7 @@ from redis import Redis
 from rq.job import Job
 
 from conftest import Stack, wait_for
-from queueing import SERIALIZER
+from work.queueing import SERIALIZER
 
 TEXT = ("ChatTTS speaks this first sentence. 然后是第二句话，用中文说。" * 3).strip()
 
@@ -83,7 +83,7 @@ def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> N
     from conftest import ROOT
 
     other = tmp_path / "again"
-    subprocess.run([sys.executable, str(ROOT / "tiny_checkpoint.py"), str(other)], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(other)], check=True, cwd=ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = json.loads((tiny_model / "model.json").read_text())
     second = json.loads((other / "model.json").read_text())
@@ -228,10 +228,10 @@ def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path,
     rows of one request get the same voice in every call."""
     import torch
 
-    from engine import load_chattts
+    from engines.chattts import load_chattts
     from cache import Spec
-    from settings import from_env
-    from validation import decode_speaker
+    from common.settings import from_env
+    from common.speakers import decode_speaker
 
     settings = from_env({"TTS_MODEL_PATH": str(tiny_model), "REDIS_URL": redis_url})
     engine, info = load_chattts(settings)

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-import fidelity
-import tuning
+from engines import fidelity
+from engines import tuning
 from cache import Spec
-from engine import ChatTTSEngine, ModelUnavailable, load_chattts
-from settings import Settings, from_env
+from engines.chattts import ChatTTSEngine, load_chattts
+from engines.config import ModelUnavailable
+from common.settings import Settings, from_env
 
 TEXT = "Hello world, this is the fidelity check. 你好，世界。"
 

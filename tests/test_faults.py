@@ -16,7 +16,7 @@ from redis import Redis
 from rq.job import Job
 
 from conftest import Stack, _free_port, _pings, wait_for
-from queueing import SERIALIZER
+from work.queueing import SERIALIZER
 
 
 class RedisServer:

@@ -32,7 +32,7 @@ from redis import Redis
 
 from cache import normalize
 from conftest import Stack, wait_for
-from validation import decode_speaker, encode_speaker
+from common.speakers import decode_speaker, encode_speaker
 
 # The defaults the stack runs with (README, Configuration).
 MAX_CHARS = 5000

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-import logs
+from common import logs
 
 
 class Writes(io.StringIO):

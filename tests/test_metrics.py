@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import metrics
+from common import metrics
 from conftest import _free_port
 
 ID = "0123456789abcdef0123456789abcdef"

@@ -24,11 +24,11 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-import metrics
+from common import metrics
 from cache import chunk_key, events_channel, request_key, stored
 from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
-from queueing import SERIALIZER
-from settings import SettingsError, from_env
+from work.queueing import SERIALIZER
+from common.settings import SettingsError, from_env
 
 KEY = "ops-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

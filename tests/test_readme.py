@@ -13,9 +13,9 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-import openapi
+from web import openapi
 from conftest import ROOT, Stack
-from settings import Settings
+from common.settings import Settings
 
 README = ROOT / "README.md"
 HOST = "localhost:8000"

@@ -15,11 +15,12 @@ import httpx
 import pytest
 from redis import Redis
 
-import audio
-import metrics
+from common import audio
+from common import metrics
+from common.model import ModelInfo
 from cache import Spec, chunk_key, manifest, request_key
 from conftest import Proc, Stack, wait_for
-from scheduler import Pool
+from work.scheduler import Pool
 from splitter import split
 from test_ops import log_events, scrape, value
 
@@ -260,7 +261,7 @@ def test_thirty_overlapping_requests_on_two_workers_make_each_chunk_once_with_th
         stack_factory: Callable[..., Stack], redis: Redis) -> None:
     """Tone engine: every chunk's audio is known in advance (pitch from its voice, length from its text
     and speed), so a row given the wrong voice, speed or text by the scheduler shows in the bytes."""
-    from engine import ToneEngine
+    from engines.tone import ToneEngine
 
     stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="4")
     stack.start_web()
@@ -406,9 +407,9 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
     """In-process (a real rq worker, burst mode) with an engine that cannot say one sentence: the call it
     was in is retried row by row, its batch mates are stored, and only its request fails (to be retried)."""
     import jobs
-    import queueing
-    from engine import ToneEngine
-    from settings import from_env
+    from work import queueing
+    from engines.tone import ToneEngine
+    from common.settings import from_env
     from worker import TTSWorker
 
     class Stumbles(ToneEngine):
@@ -418,7 +419,7 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
             return super().synthesize(rows)
 
     settings = from_env({"REDIS_URL": redis_url, "TTS_BATCH_SIZE": "8", "TTS_CHUNK_CHARS": "32"})
-    info = jobs.ModelInfo("stumbles", "stumbles", True, "tone", "cpu")
+    info = ModelInfo("stumbles", "stumbles", True, "tone", "cpu")
     jobs.bind(Stumbles(), info, settings, redis)
     q = queueing.queue(redis, settings)
     bad = queueing.submit(q, Spec(chunks=("Fine words here.", "Unsayable words here."), model="stumbles"), settings)

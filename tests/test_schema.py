@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 from starlette.routing import Route
 
-import openapi
-import validation
+from web import openapi
+from common import speakers
 from conftest import ROOT, Stack
 from service import create_app
-from settings import Settings, from_env
+from common.settings import Settings, from_env
 
 # Bounded: cases per operation and phase; the whole run stays well under a minute here.
 MAX_EXAMPLES = 25
@@ -68,7 +68,7 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
 
     voice = httpx.get(tone_stack.url + "/v1/voices/1", timeout=60)
     assert voice.status_code == 200, voice.text
-    dim = validation.decode_speaker(voice.json()["speaker"]).size
+    dim = speakers.decode_speaker(voice.json()["speaker"]).size
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": str(ROOT / "tests" / "schemathesis_hooks.py"),
            "TEST_SPEAKER_DIM": str(dim), "NO_COLOR": "1"}
     args = [

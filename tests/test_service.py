@@ -278,7 +278,7 @@ def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, cont
 
 
 def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
-    from tts import EncodedCache
+    from web.tts import EncodedCache
 
     cache = EncodedCache(max_bytes=100)
     for n in range(5):
@@ -296,7 +296,7 @@ def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
 
 
 def test_encoded_audio_is_rechecked_against_redis_after_a_while() -> None:
-    from tts import EncodedCache
+    from web.tts import EncodedCache
 
     cache = EncodedCache(max_bytes=100, recheck=0.05)
     assert not cache.recent(("id", "wav"))  # not held: never recent

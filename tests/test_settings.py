@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from settings import Settings, SettingsError, from_env
+from common.settings import Settings, SettingsError, from_env
 
 
 def test_defaults() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import spoken
+from engines import spoken
 
 
 @pytest.mark.parametrize(

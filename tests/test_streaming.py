@@ -14,7 +14,7 @@ import pytest
 import soundfile
 from redis import Redis
 
-from audio import silence, wav_stream_header
+from common.audio import silence, wav_stream_header
 from conftest import Stack, wait_for
 
 # Sentences and clauses: the joins get their pauses.
@@ -156,7 +156,7 @@ def test_bad_seeds_and_speakers_are_422_naming_the_field(tone_stack: Stack) -> N
 def test_speaker_of_another_size_is_422(tone_stack: Stack) -> None:
     import numpy as np
 
-    from validation import encode_speaker
+    from common.speakers import encode_speaker
 
     wrong = encode_speaker(np.zeros(768))  # a full-size ChatTTS embedding; the tone model's have 16 values
     r = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": wrong})

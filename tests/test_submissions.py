@@ -19,15 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from starlette.testclient import TestClient
 
-import metrics
+from common import metrics
 import service
-import tts
+from web import tts
 from cache import MODEL_KEY, SAMPLE_WIDTH, Spec, chunk_key, request_key
 from conftest import wait_for
-from jobs import ModelInfo
-from settings import from_env
-from submissions import Submission, Submissions
-from validation import encode_speaker
+from common.model import ModelInfo
+from common.settings import from_env
+from web.submissions import Submission, Submissions
+from common.speakers import encode_speaker
 
 MODEL = ModelInfo(id="test-model", name="tone", tiny=True, engine="tone", device="cpu", speaker_dim=4)
 BODY = json.dumps({"text": "Asked for again and again."}).encode()
@@ -207,7 +207,7 @@ def test_a_job_that_finishes_between_the_two_looks_of_a_status_is_reported_finis
         client: TestClient, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """GET /v1/tts/{id} looks at the audio, then at the job. A job that ends in between (it stored the last
     chunk) used to be reported as expired audio (404); the page stopped on that. It is finished."""
-    import queueing
+    from work import queueing
 
     first = client.post("/v1/tts", content=BODY)
     assert first.status_code == 202, first.text

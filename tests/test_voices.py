@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from redis import Redis
 
-import voices
+from web import voices
 from conftest import Stack
-from validation import decode_speaker, encode_speaker
+from common.speakers import decode_speaker, encode_speaker
 
 
 @pytest.mark.parametrize(

@@ -14,12 +14,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-import tts
-import validation
-from replies import Captions, Cue
+from web import tts
+from web import validation
+from web.replies import Captions, Cue
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
-from context import Context
-from validation import ApiError
+from web.context import Context
+from common.errors import ApiError
 
 FORMATS = ("vtt", "srt", "json")
 MEDIA = {"vtt": "text/vtt; charset=utf-8", "srt": "application/x-subrip; charset=utf-8", "json": "application/json"}

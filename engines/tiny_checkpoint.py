@@ -1,6 +1,6 @@
 """Write a tiny, randomly initialised ChatTTS checkpoint for tests and offline demos.
 
-    python tiny_checkpoint.py DIR [--seed N]
+    python -m engines.tiny_checkpoint DIR [--seed N]
 
 The directory has the exact asset layout that `ChatTTS.Chat.load` reads
 (`asset/{Vocos,DVAE,Decoder,Embed}.safetensors`, `asset/gpt/`,
@@ -155,7 +155,7 @@ def write(directory: str | os.PathLike[str], seed: int = 0, full_size: bool = Fa
     from vocos import Vocos
     from vocos.pretrained import instantiate_class
 
-    from engine import chattts_config
+    from engines.config import chattts_config
 
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from settings import Settings
+from common.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-import logs
+from common import logs
 from cache import is_well_formed_id, pool_key
 
 logger = logging.getLogger(__name__)

@@ -17,11 +17,12 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-import audio
-import bodies
-import captions
-import replies
-from settings import Settings
+from common import audio
+from web import bodies
+from web import captions
+from web import replies
+import webhooks
+from common.settings import Settings
 
 VERSION = "1.1"
 _JSON = "application/json"
@@ -34,7 +35,7 @@ PUBLIC = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
 SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.Error, bodies.TtsRequest, replies.TtsSubmitted, replies.TtsStatus, bodies.SpeechRequest,
     bodies.VoiceRequest, replies.SeedVoice, replies.SavedVoice, replies.VoiceList, replies.Captions,
-    replies.WebhookEvent, replies.Ready, replies.Health,
+    webhooks.WebhookEvent, replies.Ready, replies.Health,
 )
 
 

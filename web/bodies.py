@@ -30,15 +30,15 @@ import msgspec.inspect as mi
 from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 
-import audio
-from validation import ApiError
+from common import audio
+from cache import ID_PATTERN
+from common.errors import ApiError
 
 B = TypeVar("B", bound="Body")
 
 SEED_MAX = 2**32 - 1
 # A saved voice's name: it starts with a letter, so it never reads as a seed.
 NAME_PATTERN = "^[a-z][a-z0-9_-]{0,63}$"
-ID_PATTERN = "^[0-9a-f]{32}$"
 # ChatTTS's speaker strings are about 840 characters; anything far longer is not one.
 SPEAKER_MAX = 8192
 # base16384 (pybase16384): characters from U+4E00-U+8DFF, then one of

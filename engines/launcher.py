@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 logger = logging.getLogger("worker")
 
-WORKER = Path(__file__).with_name("worker.py")
+WORKER = Path(__file__).resolve().parent.parent / "worker.py"
 
 
 def visible_gpus(environ: Mapping[str, str]) -> list[str]:

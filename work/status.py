@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
+
+# A request's state, as every answer and event names it.
+State = Literal["queued", "started", "finished", "failed", "canceled"]
+# The states a request ends in (its webhook event says which).
+Outcome = Literal["finished", "failed", "canceled"]
 
 # RQ status -> the API's status words.
 STATUS = {

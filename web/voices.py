@@ -22,14 +22,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-import bodies
-import queueing
-import validation
-from bodies import MixPart, VoiceRequest
-from replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
+from web import bodies
+from work import queueing
+from web import validation
+from common import speakers
+from web.bodies import MixPart, VoiceRequest
+from web.replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
 from cache import normalize, voice_key
-from context import Context
-from validation import ApiError, invalid
+from web.context import Context
+from common.errors import ApiError, invalid
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
 # were picked once and must never change, or cached audio changes voice).
@@ -163,7 +164,7 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
     if len({e.size for e in embeddings}) > 1:
         raise invalid("mix", "its voices' embeddings differ in size (speaker strings of different models?)")
     mixed = mix(embeddings, [part.weight for part in parts])
-    return validation.encode_speaker(mixed)
+    return speakers.encode_speaker(mixed)
 
 
 def _record(name: str, raw: dict[str, Any]) -> SavedVoice:

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from redis import Redis
 
-import metrics
+from common import metrics
 from cache import PREFIX, Spec, events_channel, pool_key
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import lzma
 import math
 from typing import Mapping
 
 import numpy as np
-import pybase16384 as b14
 
-import audio
+from common import audio
 from cache import normalize
-
-
-class ApiError(Exception):
-    """An answer for the client: HTTP status, words for a curl user, the field at fault."""
-
-    def __init__(self, status: int, detail: str, field: str | None = None, headers: Mapping[str, str] | None = None):
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.field = field
-        self.headers = dict(headers or {})
-
-
-def invalid(field: str, detail: str) -> ApiError:
-    """422 naming `field`; the detail starts with the field's name."""
-    return ApiError(422, f"{field}: {detail}", field=field)
+from common.errors import ApiError, invalid
+from common.speakers import decode_speaker
 
 
 def text(value: str, field: str, max_chars: int) -> str:
@@ -37,34 +21,6 @@ def text(value: str, field: str, max_chars: int) -> str:
     if len(out) > max_chars:
         raise invalid(field, f"is {len(out)} characters; the limit is {max_chars}")
     return out
-
-
-_SPEAKER_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
-# ChatTTS's embeddings are 768 float16 values; anything far larger is not one.
-_SPEAKER_MAX_BYTES = 64 * 1024
-
-
-def decode_speaker(speaker: str) -> np.ndarray:
-    """The float16 embedding in a ChatTTS speaker string (base16384 of raw LZMA2).
-
-    Raises ValueError when `speaker` is not one.
-    """
-    try:
-        packed = b14.decode_from_string(speaker)
-        unpacker = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_SPEAKER_FILTERS)
-        # Bounded: a few KB of LZMA can unpack to hundreds of MB.
-        raw = unpacker.decompress(packed, max_length=_SPEAKER_MAX_BYTES)
-    except (lzma.LZMAError, ValueError, TypeError, UnicodeError, OverflowError) as exc:
-        raise ValueError("not a ChatTTS speaker string") from exc
-    if not unpacker.eof or not raw or len(raw) % 2:
-        raise ValueError("not a ChatTTS speaker string")
-    return np.frombuffer(raw, dtype=np.float16).copy()
-
-
-def encode_speaker(embedding: np.ndarray) -> str:
-    """`decode_speaker`'s inverse: the speaker string ChatTTS writes for an embedding."""
-    data = np.asarray(embedding, dtype=np.float16).tobytes()
-    return b14.encode_to_string(lzma.compress(data, format=lzma.FORMAT_RAW, filters=_SPEAKER_FILTERS))
 
 
 def check_speaker(speaker: str, dim: int | None, field: str = "speaker") -> np.ndarray:

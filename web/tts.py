@@ -16,22 +16,22 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-import audio
-import bodies
-import metrics
-import queueing
-import validation
-import voices
+from common import audio
+from web import bodies
+from common import metrics
+from work import queueing
+from web import validation
+from web import voices
 import webhooks
-from bodies import SpeechRequest, TtsRequest
-from replies import Progress, TtsStatus, TtsSubmitted, reply
+from web.bodies import SpeechRequest, TtsRequest
+from web.replies import Progress, TtsStatus, TtsSubmitted, reply
 from cache import Spec, is_well_formed_id, manifest
-from context import Context, Listener
-from settings import Settings
+from web.context import Context, Listener
+from common.settings import Settings
 from splitter import split
-from submissions import Submission, Submissions
-from status import STATUS, failure
-from validation import ApiError
+from web.submissions import Submission, Submissions
+from work.status import STATUS, failure
+from common.errors import ApiError
 
 logger = logging.getLogger("service")
 

@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 
-import metrics
-import queueing
-from replies import Health, Ready, ReadyModel, reply
-from context import Context
+from common import metrics
+from work import queueing
+from web.replies import Health, Ready, ReadyModel, reply
+from web.context import Context
 
 
 async def healthz(ctx: Context, request: Request) -> Response:

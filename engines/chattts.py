@@ -1,70 +1,32 @@
-"""The speech models behind the jobs' Engine interface: ChatTTS (loaded once) and a tone generator.
+"""ChatTTS behind the jobs' Engine interface: loaded once, tuned, one model call per batch of rows.
 
-With worker.py, the only module that imports torch and ChatTTS; the web
-process never imports either.
+The only module (with tuning and fidelity beside it) that imports torch and
+ChatTTS, and only inside functions; the web process never imports engines/.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
 import logging
-import math
-from dataclasses import fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-import jobs
-import spoken
-import validation
+from common import speakers
+from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
+from engines import spoken
 from cache import SAMPLE_RATE, Spec
-from settings import Settings
+from common.settings import Settings
+from engines.config import ModelUnavailable, chattts_config, identity
 
 logger = logging.getLogger("engine")
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Bump when this module changes how text becomes audio for the same model
-# (trimming, speaker sampling): it is part of the model identity, so audio
-# made the old way stops being served.
-ENGINE_REVISION = 2
 HUB_NAME = "2Noise/ChatTTS"
-
-
-class ModelUnavailable(RuntimeError):
-    """The configured model cannot be loaded; the message says what to do."""
-
-
-def chattts_config(overrides: Mapping[str, Any] | None = None) -> Any:
-    """A fresh ChatTTS Config with `overrides` (nested dicts) applied.
-
-    ChatTTS's config dataclasses share their sub-config default instances
-    between all Config objects, so every level is rebuilt rather than mutated.
-    Raises ValueError on an unknown key.
-    """
-    from ChatTTS.config import Config
-
-    return _fresh(Config(), overrides or {}, "config")
-
-
-def _fresh(obj: Any, overrides: Mapping[str, Any], where: str) -> Any:
-    names = {f.name for f in fields(obj)}
-    unknown = set(overrides) - names
-    if unknown:
-        raise ValueError(f"unknown ChatTTS config keys at {where}: {sorted(unknown)}")
-    values = {}
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if is_dataclass(value):
-            values[f.name] = _fresh(value, overrides.get(f.name, {}), f"{where}.{f.name}")
-        else:
-            new = overrides.get(f.name, value)
-            values[f.name] = tuple(new) if isinstance(value, tuple) else copy.deepcopy(new)
-    return type(obj)(**values)
 
 
 def _import_chattts() -> Any:
@@ -185,7 +147,7 @@ class ChatTTSEngine:
         wavs = chat._decode_to_wavs(result.hiddens, True)
         result.destroy()
         return [
-            np.asarray(wavs[i, : max(0, jobs.SAMPLES_PER_TOKEN * n - jobs.SAMPLES_PER_TOKEN // 2)], dtype=np.float32)
+            np.asarray(wavs[i, : max(0, SAMPLES_PER_TOKEN * n - SAMPLES_PER_TOKEN // 2)], dtype=np.float32)
             for i, n in enumerate(lengths)
         ]
 
@@ -221,45 +183,6 @@ def _apply_speakers(original: Any) -> Any:
     return apply
 
 
-class ToneEngine:
-    """A deterministic tone generator behind the Engine interface.
-
-    For fast tests and queue benchmarks: no torch, no model. Each text becomes
-    a sine whose pitch follows the voice and whose length follows the text
-    (token-aligned like ChatTTS: 512*T - 256 samples).
-    """
-
-    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
-        out = []
-        for row in rows:
-            # The pitch follows the voice's embedding, so a seed and its exported
-            # speaker string sound the same, as on ChatTTS.
-            voice = self._embedding(row.seed, row.speaker).tobytes()
-            pitch = 180.0 + int(hashlib.sha256(voice).hexdigest()[:4], 16) % 200
-            tokens = max(4, math.ceil(len(row.chunks[0]) * 3 * 5 / row.speed))
-            n = jobs.SAMPLES_PER_TOKEN * tokens - jobs.SAMPLES_PER_TOKEN // 2
-            t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
-            out.append((0.3 * np.sin(2 * np.pi * pitch * t)).astype(np.float32))
-        return out
-
-    speaker_dim = 16
-
-    def speaker(self, seed: int) -> str:
-        """A speaker string in ChatTTS's format, of `speaker_dim` values drawn from `seed`."""
-        return validation.encode_speaker(self._embedding(seed, None))
-
-    def _embedding(self, seed: int | None, speaker: str | None) -> np.ndarray:
-        if speaker is not None:
-            return validation.decode_speaker(speaker)
-        rng = np.random.default_rng(seed or 0)
-        return rng.standard_normal(self.speaker_dim).astype(np.float16)
-
-
-def _identity(payload: Any) -> str:
-    data = json.dumps({"revision": ENGINE_REVISION, **payload}, sort_keys=True)
-    return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-
 def _select_device(setting: str) -> Any:
     import torch
 
@@ -287,18 +210,18 @@ def _resolve_model_path(settings: Settings, chat: Any) -> Path:
         "running on the tiny random checkpoint at %s. It speaks noise.", HUB_NAME, fallback,
     )
     if not (fallback / "model.json").exists():
-        import tiny_checkpoint
+        from engines import tiny_checkpoint
 
         tiny_checkpoint.write(fallback)
     return fallback
 
 
-def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
+def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
     """Load ChatTTS as `settings` say and warm it up. Raises ModelUnavailable."""
     ChatTTS = _import_chattts()
     import torch
 
-    import tuning
+    from engines import tuning
 
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
@@ -325,8 +248,8 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
     tuning.apply(chat, tuned)
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)
-    info = jobs.ModelInfo(
-        id=_identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token,
+    info = ModelInfo(
+        id=identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token,
                       "spoken": spoken.IDENTITY, "tuning": tuned.identity()}),
         name=name,
         tiny=bool(manifest.get("tiny", False)),
@@ -335,20 +258,3 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, jobs.ModelInfo]:
         speaker_dim=int(chat.speaker.std.shape[0]),
     )
     return ChatTTSEngine(chat, max_new_token), info
-
-
-def load_engine(settings: Settings) -> tuple[jobs.Engine, jobs.ModelInfo]:
-    """The engine `settings.engine` names, loaded and warmed up."""
-    engine: jobs.Engine
-    if settings.engine == "tone":
-        engine, info = ToneEngine(), jobs.ModelInfo(_identity({"tone": 1}), "tone", True, "tone", "cpu",
-                                                    speaker_dim=ToneEngine.speaker_dim)
-    else:
-        engine, info = load_chattts(settings)
-    # The first inference pays for JIT compilation and allocator growth; pay
-    # it before taking jobs, not inside the first user's request.
-    # Mixed scripts and a character ChatTTS rejects: each path compiles its own
-    # numba kernels on first use.
-    warm = Spec(chunks=("Warm up, 1!", "预热一下。"), model=info.id)
-    engine.synthesize([warm.row(0), warm.row(1)])
-    return engine, info

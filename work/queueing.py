@@ -21,8 +21,8 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from cache import Spec, stored
-from scheduler import Pool
-from settings import Settings
+from work.scheduler import Pool
+from common.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The HTTP API's JSON answers (and the webhook event), declared once as msgspec Structs.
+"""The HTTP API's JSON answers, declared once as msgspec Structs.
 
 Handlers build these and send them with `reply`; openapi.py derives their
 schemas from the same declarations.
@@ -12,10 +12,11 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import Response
 
-from bodies import ID_PATTERN, NAME_PATTERN, Seed
+from cache import ID_PATTERN
+from web.bodies import NAME_PATTERN, Seed
+from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
-Status = Literal["queued", "started", "finished", "failed", "canceled"]
 
 
 class Reply(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -36,7 +37,7 @@ class Progress(Reply):
 
 class TtsSubmitted(Reply):
     id: RequestId
-    status: Status
+    status: State
     status_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}$")]
     audio_url: Annotated[str, Meta(pattern=r"^/v1/tts/[0-9a-f]{32}/audio(\?format=[a-z0-9]+)?$")]
     captions_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}/captions$")]
@@ -46,7 +47,7 @@ class TtsSubmitted(Reply):
 
 class TtsStatus(Reply):
     id: RequestId
-    status: Status
+    status: State
     progress: Progress
     position: Annotated[int, Meta(ge=0, description="Place in the queue (when queued).")] | UnsetType = UNSET
     error: Annotated[str, Meta(description="Why it failed (when failed), in safe words.")] | UnsetType = UNSET
@@ -98,18 +99,6 @@ class Captions(Reply):
     id: RequestId
     duration: Annotated[float, Meta(ge=0)]
     cues: list[Cue]
-
-
-class WebhookEvent(Reply):
-    """What a callback_url receives (POSTed, signed) when its request is finished, failed or canceled."""
-
-    id: RequestId
-    status: Literal["finished", "failed", "canceled"]
-    audio_url: Annotated[str, Meta(description="Absolute with TTS_PUBLIC_URL set, else a path.")]
-    captions_url: str
-    chunks_total: Annotated[int, Meta(ge=0)]
-    audio_seconds: Annotated[float, Meta(ge=0, description="Length of the WAV (0 unless finished).")]
-    error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
 
 
 class ReadyModel(Reply):

@@ -13,14 +13,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import Request
 
-import jobs
 
-import metrics
-import queueing
+from common import metrics
+from work import queueing
 from cache import MODEL_KEY, AudioCache, events_channel
-from settings import Settings
-from status import OVER
-from validation import ApiError
+from common.model import ModelInfo
+from common.settings import Settings
+from work.status import OVER
+from common.errors import ApiError
 
 T = TypeVar("T")
 
@@ -42,22 +42,22 @@ class Context:
         self.cache = AudioCache(self.redis, settings.result_ttl)
         # This process's figures; they reach Redis about once a second.
         self.metrics = metrics.Recorder()
-        self._model: tuple[float, jobs.ModelInfo | None] = (0.0, None)
+        self._model: tuple[float, ModelInfo | None] = (0.0, None)
 
     async def close(self) -> None:
         await self.redis.aclose()
         self.sync_redis.close()
 
-    async def model(self) -> jobs.ModelInfo | None:
+    async def model(self) -> ModelInfo | None:
         """The model the workers published, re-read at most once a second."""
         at, info = self._model
         if info is None or time.monotonic() - at > 1.0:
             raw = await self.redis.get(MODEL_KEY)
-            info = None if raw is None else jobs.ModelInfo.from_json(raw)
+            info = None if raw is None else ModelInfo.from_json(raw)
             self._model = (time.monotonic(), info)
         return info
 
-    async def require_model(self) -> jobs.ModelInfo:
+    async def require_model(self) -> ModelInfo:
         """The published model; 503 while no worker has published one."""
         model = await self.model()
         if model is None:

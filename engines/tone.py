@@ -1,0 +1,47 @@
+"""A deterministic tone generator behind the Engine interface, for fast tests and queue benchmarks."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Sequence
+
+import numpy as np
+
+from cache import SAMPLE_RATE, Spec
+from common import speakers
+from common.model import SAMPLES_PER_TOKEN
+
+
+class ToneEngine:
+    """A deterministic tone generator behind the Engine interface.
+
+    For fast tests and queue benchmarks: no torch, no model. Each text becomes
+    a sine whose pitch follows the voice and whose length follows the text
+    (token-aligned like ChatTTS: 512*T - 256 samples).
+    """
+
+    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
+        out = []
+        for row in rows:
+            # The pitch follows the voice's embedding, so a seed and its exported
+            # speaker string sound the same, as on ChatTTS.
+            voice = self._embedding(row.seed, row.speaker).tobytes()
+            pitch = 180.0 + int(hashlib.sha256(voice).hexdigest()[:4], 16) % 200
+            tokens = max(4, math.ceil(len(row.chunks[0]) * 3 * 5 / row.speed))
+            n = SAMPLES_PER_TOKEN * tokens - SAMPLES_PER_TOKEN // 2
+            t = np.arange(n, dtype=np.float32) / SAMPLE_RATE
+            out.append((0.3 * np.sin(2 * np.pi * pitch * t)).astype(np.float32))
+        return out
+
+    speaker_dim = 16
+
+    def speaker(self, seed: int) -> str:
+        """A speaker string in ChatTTS's format, of `speaker_dim` values drawn from `seed`."""
+        return speakers.encode_speaker(self._embedding(seed, None))
+
+    def _embedding(self, seed: int | None, speaker: str | None) -> np.ndarray:
+        if speaker is not None:
+            return speakers.decode_speaker(speaker)
+        rng = np.random.default_rng(seed or 0)
+        return rng.standard_normal(self.speaker_dim).astype(np.float16)
