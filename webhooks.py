@@ -49,6 +49,7 @@ from common import logs
 from common import metrics
 from work import queueing
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
+from common.keys import hooks_key
 from common.settings import Settings, SettingsError, from_env
 from common.errors import invalid
 from work.status import Outcome
@@ -82,11 +83,6 @@ class DeliveryFailed(RuntimeError):
 def event_key(event_id: str) -> str:
     """The hash of one event to deliver: its callback URL and body."""
     return f"tts:webhook:{event_id}"
-
-
-def hooks_key(request_id: str) -> str:
-    """The hash of a request's pending callback URLs (URL -> audio format of the submission)."""
-    return f"tts:hooks:{request_id}"
 
 
 # -- checking a callback URL -----------------------------------------------------------

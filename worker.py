@@ -30,6 +30,7 @@ from rq.scheduler import RQScheduler
 import jobs
 
 from common import logs
+from work import lifetime
 from work import queueing
 import webhooks
 from engines.config import ModelUnavailable
@@ -107,13 +108,25 @@ class TTSWorker(SimpleWorker):
         return True  # on to RQ's own handling
 
     def _request_over(self, job: Any, error: str | None) -> None:
-        """Queue the webhook events of a request whose job is over (only Redis is touched)."""
+        """Queue the webhook events of a request whose job is over, and start its TTLs (only Redis is touched)."""
         if job.func_name != REQUEST_JOB:
             return  # a voice export or an assist job, not a request's
+        spec = lifetime.spec_of(job)
         try:
+            lifetime.release(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings.result_ttl)
             webhooks.request_over(self.connection, job.id, self.settings, error)
         except (RedisError, OSError):
             logger.exception("the webhook events of %s could not be queued", job.id)
+
+    def _hold_request(self, job: Any) -> None:
+        """A request's job starts: its manifest and callback URLs live until it is over (put back if lost)."""
+        spec = lifetime.spec_of(job) if job.func_name == REQUEST_JOB else None
+        if spec is None:
+            return
+        try:
+            lifetime.restore(self.connection, job.id, spec)
+        except RedisError as exc:  # a full Redis: the job meets it when it stores, and says so
+            logger.warning("the manifest of %s could not be written back: %s", job.id, exc)
 
     def get_heartbeat_ttl(self, job: Any) -> int:
         return self.HEARTBEAT_TTL
@@ -133,6 +146,7 @@ class TTSWorker(SimpleWorker):
                 scheduler.release_locks()
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        self._hold_request(job)
         done = threading.Event()
 
         def beat() -> None:

@@ -19,6 +19,7 @@ from starlette.types import Send
 from common import audio
 from web import bodies
 from common import metrics
+from work import lifetime
 from work import queueing
 from web import validation
 from web import voices
@@ -211,6 +212,11 @@ async def manifest_of(ctx: Context, request_id: str) -> dict[str, Any]:
         raise not_found(request_id)
     layout = await ctx.cache.manifest(request_id)
     if layout is None:
+        # Lost (evicted, or a TTL that ran out before a fix): while its job is
+        # there, the job's arguments say what it was.
+        layout = await run_in_threadpool(queueing.manifest_from_job, ctx.sync_redis, request_id,
+                                         ctx.settings.result_ttl)
+    if layout is None:
         raise not_found(request_id)
     return layout
 
@@ -272,6 +278,7 @@ def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.
     if job is None or job.get_status(refresh=True) != "started":
+        lifetime.release(ctx.sync_redis, request_id, chunk_ids, ctx.settings.result_ttl)
         webhooks.request_over(ctx.sync_redis, request_id, ctx.settings)
 
 

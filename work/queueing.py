@@ -8,19 +8,22 @@ wait here for Redis between outages.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from cache import Spec, stored
+from cache import Spec, manifest, request_key, stored
+from work import lifetime
 from work.scheduler import Pool
 from common.settings import Settings
 
@@ -107,7 +110,28 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
                         done=lambda: all(stored(q.connection, spec.chunk_ids())))
     if job.get_status(refresh=False) != JobStatus.FINISHED:
         Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
+        # Its manifest and callback URLs now live as long as the job does.
+        lifetime.hold(q.connection, request_id)
     return job
+
+
+def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any] | None:
+    """The manifest of a request whose manifest is gone but whose RQ job is still there; None without such a job.
+
+    It is written back (persistent while the job is active, else with `ttl`),
+    unless Redis refuses writes: the answer does not depend on it.
+    """
+    job = fetch(redis, request_id)
+    spec = None if job is None else lifetime.spec_of(job)
+    if spec is None:
+        return None
+    layout = manifest(spec)
+    try:
+        redis.set(request_key(request_id), json.dumps(layout), ex=ttl, nx=True)
+        lifetime.hold(redis, request_id)
+    except RedisError as exc:
+        logger.warning("the manifest of %s could not be written back: %s", request_id, exc)
+    return layout
 
 
 def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
