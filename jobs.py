@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from rq import Queue, get_current_job
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
@@ -29,6 +29,7 @@ from cache import MODEL_KEY, Spec, chunk_key, events_channel, stored, voice_key
 from work.queueing import cancel_key, queue, voice_job_id
 from work.scheduler import Claimed, Pool
 from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo, VoiceBank
+from common.errors import RedisFull
 from common.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -344,14 +345,13 @@ def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:
             return
         seconds = time.monotonic() - began
         run.model_seconds += seconds
-        with ctx.redis.pipeline(transaction=False) as pipe:
-            made = 0.0
-            for c, wav in zip(claimed, wavs):
-                pcm = audio.to_pcm16(audio.finish(wav))
-                pipe.set(chunk_key(c.chunk_id), pcm, ex=ctx.settings.result_ttl)
-                made += audio.duration(pcm)
-                run.tokens[c.chunk_id] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
-            pipe.execute()
+        made = 0.0
+        pcms: dict[str, bytes] = {}
+        for c, wav in zip(claimed, wavs):
+            pcm = pcms[c.chunk_id] = audio.to_pcm16(audio.finish(wav))
+            made += audio.duration(pcm)
+            run.tokens[c.chunk_id] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
+        _store(ctx, pcms)
         run.audio_seconds += made
         for _, waited in ctx.pool.complete(ctx.token, [c.chunk_id for c in claimed]):
             _figures.observe("tts_time_to_first_chunk_seconds", waited)
@@ -364,6 +364,28 @@ def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:
             ctx.held.difference_update(ids)
         # Whatever was not completed or failed is open again at once.
         ctx.pool.release(ctx.token, ids)
+
+
+def _store(ctx: _Bound, pcms: dict[str, bytes]) -> None:
+    """Write chunk audio. While Redis is full (OOM under noeviction) retry with backoff for up to
+    `settings.redis_full_wait` s, then raise RedisFull (the job fails with "Redis is full")."""
+    deadline = time.monotonic() + ctx.settings.redis_full_wait
+    delay = 0.5
+    while True:
+        try:
+            with ctx.redis.pipeline(transaction=False) as pipe:
+                for cid, pcm in pcms.items():
+                    pipe.set(chunk_key(cid), pcm, ex=ctx.settings.result_ttl)
+                pipe.execute()
+            return
+        except OutOfMemoryError as exc:
+            _figures.inc("tts_redis_full_total", process="worker")
+            if time.monotonic() + delay > deadline:
+                raise RedisFull(f"Redis is full: it refused {len(pcms)} chunk(s) of audio for "
+                                f"{ctx.settings.redis_full_wait} s") from exc
+            logger.warning("Redis is full: storing %d chunk(s) again in %.1f s", len(pcms), delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _report(ctx: _Bound, job_id: str, outcome: str, total: int, cached: int, run: _Run) -> None:

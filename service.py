@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError
+from redis.exceptions import MaxConnectionsError, OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         queueing.QueueFull: _queue_full,
         # A full pool is no outage (Starlette picks the most specific class).
         MaxConnectionsError: _too_many_waiting,
+        OutOfMemoryError: _redis_full,
         RedisConnectionError: _redis_down,
         RedisTimeoutError: _redis_down,
         Exception: _internal,
@@ -132,6 +133,13 @@ async def _too_many_waiting(request: Request, exc: Exception) -> Response:
     logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
     return reply(Error(detail="too many clients are waiting on this server; try again shortly"), 503,
                  {"Retry-After": "5"})
+
+
+async def _redis_full(request: Request, exc: Exception) -> Response:
+    logger.warning("Redis is full (maxmemory reached under noeviction): %s", exc)
+    request.app.state.context.metrics.inc("tts_redis_full_total", process="web")
+    return reply(Error(detail="Redis is full: the service cannot store new work until memory is freed; "
+                              "try again later"), 503, {"Retry-After": "30"})
 
 
 async def _redis_down(request: Request, exc: Exception) -> Response:

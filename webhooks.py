@@ -40,7 +40,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
@@ -440,8 +440,17 @@ def main(argv: list[str] | None = None) -> int:
             if worker._shutdown_requested_date is not None:
                 return 0
             continue
+        except OutOfMemoryError:
+            # Its start (registering the worker) was refused: Redis is full.
+            logger.warning("Redis is full: the rq worker could not start; waiting until it accepts writes")
+            queueing.wait_for_writes(redis)
+            continue
         if args.burst or worker._shutdown_requested_date is not None:
             return 0
+        if queueing.redis_answers(redis) and not queueing.accepts_writes(redis):
+            logger.warning("Redis is full: the rq worker stopped; waiting until it accepts writes")
+            queueing.wait_for_writes(redis)
+            continue
         if queueing.redis_answers(redis):
             logger.error("the rq worker stopped on an unexpected error (see above)")
             return 1

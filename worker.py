@@ -22,7 +22,7 @@ from typing import Any
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
@@ -36,6 +36,7 @@ import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
 from engines.launcher import gpu_slots, launch
+from common.errors import RedisFull
 from common.settings import Settings, SettingsError, from_env
 from work.status import failure_words
 
@@ -102,6 +103,9 @@ class TTSWorker(SimpleWorker):
 
     def _failed(self, job: Any, exc_type: type[BaseException], exc_value: BaseException, tb: Any) -> bool:
         """RQ exception handler: called before RQ decides on a retry, so `retries_left` is still this try's."""
+        if issubclass(exc_type, RedisFull):
+            # It retried its writes for settings.redis_full_wait s already.
+            job.retries_left = 0
         if not job.retries_left:
             # WEBHOOK HOOK 2 of 2: the request's job failed for good (no retry follows).
             self._request_over(job, failure_words(exc_type.__name__))
@@ -112,11 +116,20 @@ class TTSWorker(SimpleWorker):
         if job.func_name != REQUEST_JOB:
             return  # a voice export or an assist job, not a request's
         spec = lifetime.spec_of(job)
+        # A full Redis would refuse the events: wait until it stores again (nothing else can happen meanwhile).
+        queueing.wait_for_writes(self.connection)
         try:
             lifetime.release(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings.result_ttl)
             webhooks.request_over(self.connection, job.id, self.settings, error)
         except (RedisError, OSError):
             logger.exception("the webhook events of %s could not be queued", job.id)
+
+    def handle_execution_ended(self, job: Any, queue: Any, timeout: Any) -> None:
+        # RQ's first write after a job, finished or failed: while Redis is
+        # full it would raise out of RQ's loop and leave the job half
+        # recorded. Nothing can be recorded until there is room: wait for it.
+        queueing.wait_for_writes(self.connection)
+        super().handle_execution_ended(job, queue, timeout)
 
     def _hold_request(self, job: Any) -> None:
         """A request's job starts: its manifest and callback URLs live until it is over (put back if lost)."""
@@ -230,9 +243,19 @@ def main(argv: list[str] | None = None) -> int:
             if worker._shutdown_requested_date is not None:
                 return 0
             continue
+        except OutOfMemoryError:
+            # Its start (registering the worker) was refused: Redis is full.
+            logger.warning("Redis is full: the rq worker could not start; waiting until it accepts writes")
+            queueing.wait_for_writes(redis)
+            continue
         # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
         if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:
             return 0
+        if queueing.redis_answers(redis) and not queueing.accepts_writes(redis):
+            # RQ's own bookkeeping was refused: wait for memory to be freed, keep the model.
+            logger.warning("Redis is full: the rq worker stopped; waiting until it accepts writes")
+            queueing.wait_for_writes(redis)
+            continue
         if queueing.redis_answers(redis):
             logger.error("the rq worker stopped on an unexpected error (see above)")
             return 1

@@ -19,3 +19,7 @@ class ApiError(Exception):
 def invalid(field: str, detail: str) -> ApiError:
     """422 naming `field`; the detail starts with the field's name."""
     return ApiError(422, f"{field}: {detail}", field=field)
+
+
+class RedisFull(RuntimeError):
+    """Redis refused to store something (maxmemory reached under noeviction) for longer than the service waits."""

@@ -91,6 +91,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
     Metric("tts_time_to_first_chunk_seconds", "histogram",
            "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
+    Metric("tts_redis_full_total", "counter",
+           "Writes Redis refused because it was full (maxmemory under noeviction), by process: web (a 503), "
+           "worker (a store retried or given up).", ("process",)),
     # The webhooks process.
     Metric("tts_webhook_deliveries_total", "counter",
            "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "

@@ -78,6 +78,9 @@ class Settings:
     webhook_allow_private: bool = False
     # Seconds between a failed delivery and its next try; the event is given up after the last.
     webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+    # Seconds a job keeps trying to store its audio while Redis is full
+    # (OOM under noeviction) before it fails with "Redis is full".
+    redis_full_wait: int = 60
 
     @property
     def webhook_queue(self) -> str:
@@ -221,6 +224,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                                      "true or false"),
         webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
                                     "1-20 comma-separated whole numbers of seconds, each 1-3600"),
+        redis_full_wait=_parse(env, "TTS_REDIS_FULL_WAIT", d.redis_full_wait, _int_in(0, 3600), "seconds, 0-3600"),
     )
 
 

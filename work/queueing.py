@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
@@ -23,6 +23,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from cache import Spec, manifest, request_key, stored
+from common import keys
 from work import lifetime
 from work.scheduler import Pool
 from common.settings import Settings
@@ -58,6 +59,28 @@ def wait_for_redis(redis: Redis) -> None:
     delay = 0.5
     while not redis_answers(redis):
         logger.warning("Redis does not answer; retrying in %.1f s", delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def accepts_writes(redis: Redis) -> bool:
+    """True when Redis stores a tiny key; False while it refuses writes (full: maxmemory under noeviction)."""
+    try:
+        return bool(redis.set(keys.redis_full_probe(), 1, ex=10))
+    except OutOfMemoryError:
+        return False
+
+
+def wait_for_writes(redis: Redis) -> None:
+    """Block while Redis is full, retrying with backoff up to 10 s; returns once it stores again (or is gone)."""
+    delay = 0.5
+    while True:
+        try:
+            if accepts_writes(redis):
+                return
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return  # an outage, not a full Redis: the caller's wait_for_redis handles it
+        logger.warning("Redis is full (it refuses writes: maxmemory reached); retrying in %.1f s", delay)
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
 

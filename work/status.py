@@ -28,6 +28,8 @@ FAILURES = {
     "ModelMismatch": "the workers changed model after this request was queued; submit it again",
     "AbandonedJobError": "the worker stopped while synthesizing and the retries ran out",
     "JobTimeoutException": "synthesis ran past its time limit",
+    "RedisFull": "Redis is full: it refused to store the audio (its maxmemory is reached); submit it again later",
+    "OutOfMemoryError": "Redis is full: it refused a write (its maxmemory is reached); submit it again later",
 }
 GENERIC_FAILURE = "synthesis failed in the worker (details are in its log)"
 
