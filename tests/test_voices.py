@@ -10,7 +10,7 @@ import pytest
 from redis import Redis
 
 from web import voices
-from conftest import Stack
+from conftest import Stack, wait_for
 from common.speakers import decode_speaker, encode_speaker
 
 
@@ -170,3 +170,27 @@ def test_saved_voices_are_bounded_by_the_setting_and_never_expire(stack: Stack, 
     assert full.status_code == 422 and full.json()["field"] == "name" and "3" in full.json()["detail"], full.text
     assert _put(stack, "two", {"seed": 9}).status_code == 200  # replacing is not adding
     assert redis.ttl(voices.VOICES_KEY) == -1
+
+
+def test_seed_lookups_are_admitted_like_syntheses_and_repeats_come_from_the_store(
+        stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE="1", TTS_SPEECH_WAIT="3")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker takes jobs now
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "Fills the queue."}).status_code == 202
+    r = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    assert r.status_code == 429 and r.headers["Retry-After"], r.text
+    assert "limit is 1" in r.json()["detail"]
+    assert not redis.keys("rq:job:voice-*")  # nothing was put at the front of the queue
+    worker = stack.start_worker()  # drains the queue, then exports the voice
+    wait_for(lambda: redis.llen("rq:queue:tts") == 0, 60, "the worker to drain the queue")
+    first = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    assert first.status_code == 200, first.text
+    worker.stop()
+    for key in redis.keys("rq:job:voice-*"):
+        redis.delete(key)
+    # Answered from the store: no job is enqueued even with the queue full again.
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "Fills the queue again."}).status_code in (200, 202)
+    again = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    assert again.status_code == 200 and again.json()["speaker"] == first.json()["speaker"]
+    assert not redis.keys("rq:job:voice-*")

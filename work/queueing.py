@@ -158,12 +158,21 @@ def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any]
 
 
 def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
-    """Enqueue (at the front: it takes milliseconds) the job that exports `seed`'s voice, or join it."""
+    """Enqueue (at the front: it takes milliseconds) the job that exports `seed`'s voice, or join it.
+
+    Admitted like a synthesis: QueueFull past `settings.max_queue` (joining
+    an export in flight is always allowed). The speaker string it stores is
+    what later lookups of the seed read (web/voices.seed_speaker).
+    """
     job_id = voice_job_id(model_id, seed)
-    return _enqueue_once(q.connection, job_id, lambda: q.enqueue(
-        VOICE, seed, model_id, job_id=job_id, unique=True, at_front=True, job_timeout=60,
-        result_ttl=600, failure_ttl=600, description=f"voice of seed {seed}",
-    ))
+
+    def enqueue() -> Job:
+        if q.count >= settings.max_queue:
+            raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
+        return q.enqueue(VOICE, seed, model_id, job_id=job_id, unique=True, at_front=True, job_timeout=60,
+                         result_ttl=600, failure_ttl=600, description=f"voice of seed {seed}")
+
+    return _enqueue_once(q.connection, job_id, enqueue)
 
 
 def voice_job_id(model_id: str, seed: int) -> str:
