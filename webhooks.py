@@ -28,8 +28,13 @@ import http.client
 import ipaddress
 import json
 import logging
+import os
+import signal
 import socket
 import ssl
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -69,7 +74,9 @@ class WebhookEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
 
 FIELD = "callback_url"
-# Seconds a receiver has to answer one try (connect, send, read the status).
+# Seconds a receiver has to answer one try, in all (connect, send, read the
+# status and a little of the body): one that drips its answer a byte at a
+# time is cut off here (`_post`), not at the job's time limit.
 TIMEOUT = 10.0
 USER_AGENT = "chattts-service-webhooks/1"
 # Addresses that is_global does not catch but that answer cloud metadata requests.
@@ -159,10 +166,25 @@ async def check(url: str, settings: Settings) -> str:
 # -- registering and firing --------------------------------------------------------------
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int) -> None:
-    """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured."""
-    async with redis.pipeline(transaction=True) as pipe:
-        await pipe.hsetnx(hooks_key(request_id), url, fmt).expire(hooks_key(request_id), ttl).execute()
+# KEYS[1] the request's hooks; ARGV url, format, limit, ttl. 0 when the request has `limit` other URLs already.
+_REGISTER = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int) -> None:
+    """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured.
+
+    A request takes at most `limit` distinct URLs: 422 naming callback_url past that.
+    """
+    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl):
+        raise invalid(FIELD, f"this request already has {limit} callback URLs waiting for its event, the most "
+                             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them")
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
@@ -220,8 +242,8 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
         queue.enqueue(
             deliver, event_id,
             job_id=f"webhook-{event_id}", retry=Retry(max=len(delays), interval=delays),
-            # A try is bounded by TIMEOUT per socket operation; this bounds a receiver that drips.
-            job_timeout=int(TIMEOUT * 4), result_ttl=24 * 3600, failure_ttl=settings.result_ttl,
+            # A try is bounded by TIMEOUT in all (`_post`), plus name resolution.
+            job_timeout=int(TIMEOUT) + 20, result_ttl=24 * 3600, failure_ttl=settings.result_ttl,
             description=f"webhook {status} of {request_id} to {_shown(url)}",
         )
         logger.info("webhook %s of %s queued for %s", status, request_id, _shown(url),
@@ -361,12 +383,32 @@ def _post(target: _Target, addresses: list[str] | None, data: bytes, headers: di
     else:
         conn = _PinnedHTTP(target.host, target.port, timeout=TIMEOUT)
     conn.addresses = addresses
+    cut = threading.Event()
+
+    def cut_off() -> None:
+        # Wakes a read blocked on a receiver that sends a byte now and then.
+        cut.set()
+        if conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(TIMEOUT, cut_off)
+    watchdog.start()
     try:
         conn.request("POST", path, body=data, headers=headers)
         response = conn.getresponse()
         response.read(64 * 1024)  # the body is ignored; read a little so the server is not cut off mid-send
+        if cut.is_set():
+            raise socket.timeout("the try ran out of time")
         return response.status
+    except (OSError, http.client.HTTPException):
+        if cut.is_set():
+            raise socket.timeout("the try ran out of time") from None
+        raise
     finally:
+        watchdog.cancel()
         conn.close()
 
 
@@ -409,6 +451,8 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Deliver webhook events (an rq worker on the webhook queue)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    parser.add_argument("--processes", type=int, default=None, metavar="N",
+                        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds one")
     args = parser.parse_args(argv)
     try:
         settings = from_env()
@@ -417,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", exc)
         return 2
     logs.configure_logging(settings.log_level, settings.log_format)
+    processes = settings.webhook_workers if args.processes is None else args.processes
+    if processes > 1 and not args.burst:
+        return _supervise(processes)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)
@@ -455,6 +502,52 @@ def main(argv: list[str] | None = None) -> int:
             logger.error("the rq worker stopped on an unexpected error (see above)")
             return 1
         logger.warning("lost Redis; waiting for it to come back")
+
+
+def _supervise(count: int) -> int:
+    """Run `count` delivery processes (`webhooks.py --processes 1`) until a signal; restart one that fails.
+
+    SIGTERM and SIGINT are passed on; each child finishes its delivery try
+    and exits. Returns 0 once all have exited after a signal.
+    """
+    children: dict[int, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def forward(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        for proc in list(children.values()):
+            if proc.returncode is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def start() -> None:
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--processes", "1"])
+        children[proc.pid] = proc
+        if stopping:
+            proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for _ in range(count):
+        start()
+    logger.info("delivering webhooks with %d processes", count)
+    while children:
+        try:
+            pid, wait_status = os.wait()
+        except ChildProcessError:
+            break
+        proc = children.pop(pid, None)
+        if proc is None:
+            continue
+        proc.returncode = code = os.waitstatus_to_exitcode(wait_status)
+        if not stopping and code != 0:
+            logger.error("webhook process %d exited with %d; starting another", pid, code)
+            time.sleep(1)
+            start()
+    return 0
 
 
 if __name__ == "__main__":

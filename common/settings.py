@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
+
+from common.urls import safe_url
 
 T = TypeVar("T")
 
@@ -52,7 +54,7 @@ class Settings:
     max_queue: int = 1000
     # How long POST /v1/audio/speech holds the connection for its audio.
     speech_wait: int = 120
-    # Bearer keys; empty: no authentication. Never logged or echoed.
+    # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
@@ -81,6 +83,27 @@ class Settings:
     # Seconds a job keeps trying to store its audio while Redis is full
     # (OOM under noeviction) before it fails with "Redis is full".
     redis_full_wait: int = 60
+    # Distinct callback URLs one request takes (a repeat of one it has is free).
+    max_callback_urls: int = 10
+    # Delivery processes the webhooks process runs: a slow receiver holds one, not all.
+    webhook_workers: int = 4
+
+    def __repr__(self) -> str:
+        # Logged and printed in tracebacks: credentials never shown (the API
+        # keys by count, the Redis URL without its password, the webhook key as set or not).
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "redis_url":
+                text = repr(safe_url(value))
+            elif f.name == "api_keys":
+                text = f"<{len(value)} key(s)>"
+            elif f.name == "webhook_secret":
+                text = "None" if value is None else "<set>"
+            else:
+                text = repr(value)
+            parts.append(f"{f.name}={text}")
+        return f"Settings({', '.join(parts)})"
 
     @property
     def webhook_queue(self) -> str:
@@ -225,6 +248,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
                                     "1-20 comma-separated whole numbers of seconds, each 1-3600"),
         redis_full_wait=_parse(env, "TTS_REDIS_FULL_WAIT", d.redis_full_wait, _int_in(0, 3600), "seconds, 0-3600"),
+        max_callback_urls=_parse(env, "TTS_MAX_CALLBACK_URLS", d.max_callback_urls, _int_in(1, 1000),
+                                 "a whole number 1-1000"),
+        webhook_workers=_parse(env, "TTS_WEBHOOK_WORKERS", d.webhook_workers, _int_in(1, 64), "a whole number 1-64"),
     )
 
 

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 
 from common import metrics
+from common.urls import safe_url
 from work import queueing
 from web.replies import Health, Ready, ReadyModel, reply
 from web.context import Context
@@ -60,11 +61,3 @@ async def prometheus(ctx: Context, request: Request) -> Response:
     hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=queueing.SERIALIZER)
     gauges = await run_in_threadpool(metrics.queue_gauges, ctx.queue, hooks)
     return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)
-
-
-def safe_url(url: str) -> str:
-    """The Redis URL without its password, for messages."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -89,7 +89,8 @@ class SubmitRoute:
         request_id = known.request_id
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            await webhooks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl)
+            await webhooks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl,
+                                    ctx.settings.max_callback_urls)
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
         missing, job = await _ensure(ctx, known.spec, request_id)
