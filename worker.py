@@ -35,7 +35,7 @@ from work import queueing
 import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
-from engines.launcher import gpu_slots, launch
+from engines.launcher import CPU, gpu_slots, launch
 from common.errors import RedisFull
 from common.settings import Settings, SettingsError, from_env
 from work.status import failure_words
@@ -186,17 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", metavar="all|N|I,J", default=None,
                         help="start one worker process per GPU, each seeing only its own: every visible GPU, the "
                              "first N, or these ids (as nvidia-smi numbers them; one id: '1,'); with no GPU, "
-                             "one CPU worker in this process")
+                             "one CPU worker in this process, or --per-gpu K CPU worker processes")
     parser.add_argument("--per-gpu", metavar="K", type=int, default=1,
-                        help="with --gpus: K worker processes per GPU, when its memory holds K models")
+                        help="with --gpus: K worker processes per GPU, when its memory holds K models (with no GPU: K CPU "
+                             "workers, each taking its share of the cores)")
     args = parser.parse_args(argv)
     # OpenMP's wait policy stays libgomp's default unless the environment
     # sets OMP_WAIT_POLICY: a thread spins briefly after each parallel region,
     # then sleeps, so an idle worker takes no CPU. PASSIVE (sleep at once)
     # wakes a thread for every operation: on the full-size model with 2
     # threads an int8 decode step took 44 ms against 23 ms (BENCHMARKS.md,
-    # bench/cpu_engine.py). What hurts is more threads than free cores: give
-    # each worker TTS_TORCH_THREADS = cores / workers.
+    # bench/cpu_engine.py). What hurts is more threads than free cores: each
+    # worker takes cores / workers on this host (engines/config.torch_threads).
     try:
         settings = from_env()
     except SettingsError as exc:
@@ -211,10 +212,13 @@ def main(argv: list[str] | None = None) -> int:
             devices = gpu_slots(args.gpus, os.environ)
         except ValueError as exc:
             parser.error(str(exc))
+        child_args = (["--burst"] if args.burst else []) + (
+            ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
         if devices:
-            child_args = (["--burst"] if args.burst else []) + (
-                ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
             return launch(devices, args.per_gpu, child_args, restart=args.max_jobs is not None and not args.burst)
+        if args.per_gpu > 1:
+            logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
+            return launch([CPU], args.per_gpu, child_args, restart=args.max_jobs is not None and not args.burst)
         logger.info("no GPU is visible: running one CPU worker")
     try:
         engine, info = load_engine(settings)

@@ -58,7 +58,10 @@ class Settings:
     api_keys: tuple[str, ...] = ()
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
+    # Torch CPU threads per worker; 0: the host's cores divided by `workers_on_host`.
     torch_threads: int = 0
+    # Worker processes on this host: set by the launcher (worker.py --per-gpu) for its children.
+    workers_on_host: int = 1
     # Engine switches (tuning.py; part of the model identity). dtype of the
     # GPT and decoder: auto = bfloat16 on a CUDA device that has it, else float32.
     dtype: str = "auto"
@@ -232,7 +235,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,
                         "comma-separated keys of at least 16 characters", secret=True),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
-        torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024), "0 (torch decides) or a thread count"),
+        torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024),
+                             "0 (the host's cores shared by its workers) or a thread count"),
+        workers_on_host=_parse(env, "TTS_WORKERS_ON_HOST", d.workers_on_host, _int_in(1, 1024),
+                               "a whole number 1-1024"),
         dtype=dtype,
         quantize=quantize,
         compile=_parse(env, "TTS_COMPILE", d.compile, _bool, "true or false"),

@@ -21,7 +21,7 @@ from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
 from engines import spoken
 from cache import SAMPLE_RATE, Spec
 from common.settings import Settings
-from engines.config import ModelUnavailable, chattts_config, identity
+from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
 
 logger = logging.getLogger("engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -223,8 +223,10 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
 
     from engines import tuning
 
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+    threads = torch_threads(settings.torch_threads, settings.workers_on_host, host_cores())
+    torch.set_num_threads(threads)
+    logger.info("%d torch thread(s) (%d core(s), %d worker(s) on this host; TTS_TORCH_THREADS overrides)",
+                threads, host_cores(), settings.workers_on_host)
     chat = ChatTTS.Chat(logging.getLogger("chattts"))
     path = _resolve_model_path(settings, chat)
     manifest_path = path / "model.json"

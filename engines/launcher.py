@@ -18,6 +18,8 @@ from typing import Any, Mapping, Sequence
 logger = logging.getLogger("worker")
 
 WORKER = Path(__file__).resolve().parent.parent / "worker.py"
+# The device name `launch` takes for a worker that runs on the CPU (no GPU pinning).
+CPU = "cpu"
 
 
 def visible_gpus(environ: Mapping[str, str]) -> list[str]:
@@ -64,7 +66,9 @@ def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: b
     """Run `per_gpu` workers (`worker.py *args`) on each of `devices`; return when all have exited.
 
     Each child sees only its GPU (CUDA_VISIBLE_DEVICES) and uses it
-    (TTS_DEVICE=cuda unless set). SIGTERM and SIGINT are passed on to every
+    (TTS_DEVICE=cuda unless set); a device named CPU pins nothing. Every
+    child is told how many workers run on this host (TTS_WORKERS_ON_HOST,
+    unless set), so that each takes its share of the cores. SIGTERM and SIGINT are passed on to every
     child; a child that gets one twice, from here and from its process group,
     counts it once (RQ ignores a repeat within a second). With `restart`
     (--max-jobs), a child that exits 0 is started again. A child that fails
@@ -85,15 +89,19 @@ def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: b
                     pass
 
     def start(device: str) -> None:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
-        if env.get("TTS_DEVICE", "auto") in ("", "auto"):
-            env["TTS_DEVICE"] = "cuda"
-        # nvidia-smi numbers GPUs in PCI order; CUDA, by default, fastest first.
-        if "CUDA_VISIBLE_DEVICES" not in os.environ:
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        # Each worker's share of the host's cores follows from how many run here (config.torch_threads).
+        env = {**os.environ}
+        env.setdefault("TTS_WORKERS_ON_HOST", str(len(devices) * per_gpu))
+        if device != CPU:
+            env["CUDA_VISIBLE_DEVICES"] = device
+            if env.get("TTS_DEVICE", "auto") in ("", "auto"):
+                env["TTS_DEVICE"] = "cuda"
+            # nvidia-smi numbers GPUs in PCI order; CUDA, by default, fastest first.
+            if "CUDA_VISIBLE_DEVICES" not in os.environ:
+                env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         proc = subprocess.Popen([sys.executable, str(WORKER), *args], env=env)
         children[proc.pid] = (device, proc)
-        logger.info("started worker process %d on GPU %s", proc.pid, device)
+        logger.info("started worker process %d on %s", proc.pid, "the CPU" if device == CPU else f"GPU {device}")
         if stopping:  # the signal came while it was being started
             proc.send_signal(signal.SIGTERM)
 
