@@ -74,7 +74,7 @@ def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> No
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
     flags = procfile.web_flags(8123)
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
-    assert flags[flags.index("--loop") + 1] == "uvloop" and flags[flags.index("--http") + 1] == "httptools"
+    assert flags[flags.index("--loop") + 1] == "uvloop" and flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
     assert "--factory" in flags and "service:create_app" not in flags
 
 

@@ -76,7 +76,7 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
     # host narrowed to loopback: tests reach nothing else.
     web_line = procfile_line("web").replace("${PORT:-8000}", str(port)).replace("--host 0.0.0.0",
                                                                                  "--host 127.0.0.1")
-    assert "--loop uvloop --http httptools" in web_line
+    assert "--loop uvloop --http web.protocol:BoundedHttpToolsProtocol --limit-concurrency" in web_line
     # Only the fresh venv's programs and the system's: nothing from the test's venv.
     env = {"PATH": f"{web_venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
            "REDIS_URL": redis_url, "PORT": str(port), "DASHBOARD_PORT": str(dashboard_port),
