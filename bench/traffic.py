@@ -46,6 +46,7 @@ class Record:
     wav_bytes: dict[str, int] = field(default_factory=dict)  # id -> size of its WAV, as first served
     encoded: dict[tuple[str, str], int] = field(default_factory=dict)  # (id, format) -> bytes served
     wrong_audio: int = 0  # repeats whose WAV differed in size from the first one served
+    failed: dict[str, str] = field(default_factory=dict)  # request id -> why it failed (its status's error)
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
 
 
@@ -173,6 +174,11 @@ async def drain(client: Client, timeout: float) -> None:
             return
         for rid in pending:
             status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
-            if status == 200 and json.loads(body)["status"] == "finished":
+            answer = json.loads(body) if status == 200 else {}
+            if answer.get("status") == "finished":
                 client.record.accepted[rid] = True
+            elif answer.get("status") == "failed" and answer.get("error"):
+                # Over, with a reason: what the API promises for a request it could not make.
+                client.record.accepted[rid] = True
+                client.record.failed[rid] = answer["error"]
         await asyncio.sleep(0.5)
