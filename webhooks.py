@@ -48,10 +48,11 @@ from rq.serializers import JSONSerializer
 from common import logs
 from common import metrics
 from work import queueing
-from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
+from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common.settings import Settings, SettingsError, from_env
 from common.errors import invalid
 from work.status import Outcome
+from common.keys import chunk_key, event_key, hooks_key, request_key
 
 logger = logging.getLogger("webhooks")
 
@@ -79,14 +80,6 @@ class DeliveryFailed(RuntimeError):
     """A try got no 2xx; the message names the target by scheme and host only."""
 
 
-def event_key(event_id: str) -> str:
-    """The hash of one event to deliver: its callback URL and body."""
-    return f"tts:webhook:{event_id}"
-
-
-def hooks_key(request_id: str) -> str:
-    """The hash of a request's pending callback URLs (URL -> audio format of the submission)."""
-    return f"tts:hooks:{request_id}"
 
 
 # -- checking a callback URL -----------------------------------------------------------

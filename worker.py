@@ -17,7 +17,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from typing import Any
 
 from redis import Redis

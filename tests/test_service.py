@@ -15,6 +15,7 @@ import soundfile
 from redis import Redis
 
 from conftest import Stack, wait_for
+from common import keys
 
 TEXT = "Hello from the tone engine. This is the second sentence."
 
@@ -314,6 +315,6 @@ def test_audio_of_an_expired_id_is_404_again_within_a_second(tone_stack: Stack, 
     first = httpx.get(tone_stack.url + body["audio_url"], params={"wait": 30}, timeout=40)
     assert first.status_code == 200
     assert httpx.get(tone_stack.url + body["audio_url"]).content == first.content  # from the process's cache
-    redis.delete(f"tts:req:{body['id']}")  # what expiry or eviction does
+    redis.delete(keys.request_key(body['id']))  # what expiry or eviction does
     wait_for(lambda: httpx.get(tone_stack.url + body["audio_url"]).status_code == 404, 3,
              "the expired id to be answered 404", interval=0.05)

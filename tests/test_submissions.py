@@ -22,12 +22,14 @@ from starlette.testclient import TestClient
 from common import metrics
 import service
 from web import tts
-from cache import MODEL_KEY, SAMPLE_WIDTH, Spec, chunk_key, request_key
+from cache import SAMPLE_WIDTH, Spec
 from conftest import wait_for
 from common.model import ModelInfo
 from common.settings import from_env
 from web.submissions import Submission, Submissions
 from common.speakers import encode_speaker
+from common.keys import MODEL_KEY, chunk_key, request_key
+from common import keys
 
 MODEL = ModelInfo(id="test-model", name="tone", tiny=True, engine="tone", device="cpu", speaker_dim=4)
 BODY = json.dumps({"text": "Asked for again and again."}).encode()
@@ -77,7 +79,7 @@ def _remember_calls(client: TestClient) -> list[str]:
 
 def _cache_counts(client: TestClient, redis: Redis) -> dict[str, float]:
     client.app.state.context.metrics.flush(redis)  # type: ignore[attr-defined]
-    text = metrics.render(redis.hgetall(metrics.METRICS_KEY)).decode()
+    text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
     return {s.labels["result"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "tts_cache_requests_total"}
 

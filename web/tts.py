@@ -32,6 +32,7 @@ from splitter import split
 from web.submissions import Submission, Submissions
 from work.status import STATUS, failure
 from common.errors import ApiError
+from common import keys
 
 logger = logging.getLogger("service")
 
@@ -222,7 +223,7 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
     if not missing:
         return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await ctx.redis.exists(queueing.cancel_key(request_id)):
+    if await ctx.redis.exists(keys.cancel_key(request_id)):
         return TtsStatus(id=request_id, status="canceled", progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:

@@ -23,6 +23,7 @@ from rq.serializers import JSONSerializer
 from cache import Spec, stored
 from work.scheduler import Pool
 from common.settings import Settings
+from common.keys import cancel_key, lock_key
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +37,6 @@ _ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SC
 class QueueFull(RuntimeError):
     """The queue is deeper than the configured limit; nothing was enqueued."""
 
-
-def cancel_key(request_id: str) -> str:
-    """Set while a request is canceled; the running job checks it before each batch."""
-    return f"tts:cancel:{request_id}"
 
 
 def redis_answers(redis: Redis) -> bool:
@@ -150,7 +147,7 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
             status = None if job is None else job.get_status(refresh=False)
             if job is not None and (status in _ACTIVE or (status == JobStatus.FINISHED and done and done())):
                 return job
-            with redis.lock(f"tts:lock:{job_id}", timeout=10, blocking_timeout=5):
+            with redis.lock(lock_key(job_id), timeout=10, blocking_timeout=5):
                 job = fetch(redis, job_id)
                 if job is not None and job.get_status(refresh=False) not in _ACTIVE:
                     job.delete()
