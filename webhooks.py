@@ -46,7 +46,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from common import logs
-from common import metrics
+from common import audio, metrics, urls
 from work import queueing
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common.settings import Settings, SettingsError, from_env
@@ -202,8 +202,8 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
         url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
             id=request_id, status=status,
-            audio_url=f"{base}/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
-            captions_url=f"{base}/v1/tts/{request_id}/captions",
+            audio_url=urls.audio_url(request_id, fmt, base),
+            captions_url=urls.captions_url(request_id, base),
             chunks_total=chunks_total, audio_seconds=seconds,
             **({"error": error or "synthesis failed"} if status == "failed" else {}),
         )
@@ -226,7 +226,7 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
                                      "status": status, "target": _shown(url), "outcome": "queued"}})
 
 
-def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[str, int, float]:
+def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[Outcome, int, float]:
     """The event's status, chunk count and (when finished) seconds of audio in the WAV."""
     raw = redis.get(request_key(request_id))
     layout = json.loads(raw) if raw is not None else {"chunks": [], "pauses": []}
@@ -239,7 +239,7 @@ def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[str, int
     stored = all(found[::2]) and bool(chunk_ids)
     if not stored:
         return ("failed" if error is not None else "canceled"), len(chunk_ids), 0.0
-    samples = sum(found[1::2]) // SAMPLE_WIDTH + sum(SAMPLE_RATE * ms // 1000 for ms in layout.get("pauses") or [])
+    samples = sum(found[1::2]) // SAMPLE_WIDTH + sum(audio.samples_of_ms(ms) for ms in layout.get("pauses") or [])
     return "finished", len(chunk_ids), round(samples / SAMPLE_RATE, 3)
 
 

@@ -23,6 +23,7 @@ from rq.serializers import JSONSerializer
 from cache import Spec, stored
 from work.scheduler import Pool
 from common.settings import Settings
+from work.status import ACTIVE, WAITING
 from common.keys import cancel_key, lock_key
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,6 @@ SERIALIZER = JSONSerializer
 # The job functions (jobs.py), by the path RQ records for them.
 SYNTHESIZE = "jobs.synthesize"
 VOICE = "jobs.voice"
-_ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 
 
 class QueueFull(RuntimeError):
@@ -139,17 +139,17 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
         except QueueFull:
             # A full queue refuses new work, not callers joining work in flight.
             job = fetch(redis, job_id)
-            if job is not None and job.get_status(refresh=False) in _ACTIVE:
+            if job is not None and job.get_status(refresh=False) in ACTIVE:
                 return job
             raise
         except DuplicateJobError:
             job = fetch(redis, job_id)
             status = None if job is None else job.get_status(refresh=False)
-            if job is not None and (status in _ACTIVE or (status == JobStatus.FINISHED and done and done())):
+            if job is not None and (status in ACTIVE or (status == JobStatus.FINISHED and done and done())):
                 return job
             with redis.lock(lock_key(job_id), timeout=10, blocking_timeout=5):
                 job = fetch(redis, job_id)
-                if job is not None and job.get_status(refresh=False) not in _ACTIVE:
+                if job is not None and job.get_status(refresh=False) not in ACTIVE:
                     job.delete()
     raise RuntimeError(f"could not enqueue job {job_id}")
 
@@ -164,6 +164,5 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> Non
     redis.set(cancel_key(request_id), 1, ex=ttl)
     Pool(redis, q.name, ttl).withdraw(request_id, chunk_ids)
     job = fetch(redis, request_id)
-    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.DEFERRED,
-                                                              JobStatus.SCHEDULED):
+    if job is not None and job.get_status(refresh=False) in WAITING:
         job.cancel()
