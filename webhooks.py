@@ -39,15 +39,13 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from common import logs
 from common import audio, metrics, urls
-from work import queueing
+from work import process
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common.settings import Settings, SettingsError, from_env
 from common.errors import invalid
@@ -422,27 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     import webhooks
 
     webhooks.bind(settings, redis)
-    while True:
-        queueing.wait_for_redis(redis)
+
+    def make(generation: int) -> _DeliveryWorker:
         queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
-        worker = Worker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
-        try:
-            # The scheduler puts retries back on the queue once their delay is over.
-            worker.work(burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            # RQ's bookkeeping around a job raises when Redis goes away
-            # mid-delivery (as in the synthesis worker); the delivery is not
-            # lost: RQ re-queues it once its claim lapses. Wait for Redis.
-            logger.warning("lost Redis while the rq worker ran: %s", exc)
-            if worker._shutdown_requested_date is not None:
-                return 0
-            continue
-        if args.burst or worker._shutdown_requested_date is not None:
-            return 0
-        if queueing.redis_answers(redis):
-            logger.error("the rq worker stopped on an unexpected error (see above)")
-            return 1
-        logger.warning("lost Redis; waiting for it to come back")
+        return _DeliveryWorker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
+
+    # The scheduler puts retries back on the queue once their delay is over.
+    return process.serve(redis, make, finite=args.burst, burst=args.burst, with_scheduler=True,
+                         logging_level=logging.getLogger().level)
+
+
+class _DeliveryWorker(process.StopAware, Worker):
+    """RQ's forking worker, told apart from a crash when it stops on SIGTERM."""
 
 
 if __name__ == "__main__":

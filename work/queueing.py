@@ -9,12 +9,9 @@ wait here for Redis between outages.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, Sequence
 
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
@@ -37,23 +34,6 @@ VOICE = "jobs.voice"
 class QueueFull(RuntimeError):
     """The queue is deeper than the configured limit; nothing was enqueued."""
 
-
-
-def redis_answers(redis: Redis) -> bool:
-    """True when Redis answers a PING; False on a connection error or timeout."""
-    try:
-        return bool(redis.ping())
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        return False
-
-
-def wait_for_redis(redis: Redis) -> None:
-    """Block until Redis answers, retrying with backoff up to 10 s (the rq processes' loops between outages)."""
-    delay = 0.5
-    while not redis_answers(redis):
-        logger.warning("Redis does not answer; retrying in %.1f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:
