@@ -211,7 +211,6 @@ def test_stream_starts_long_before_the_job_ends(stack_factory: Callable[..., Sta
     wait_for(lambda: job.get_status() == "finished", 30, "the job to record its result")
     stored = httpx.get(stack.url + body["audio_url"]).content
     assert streamed[44:] == stored[44:], "the streamed audio must be the stored audio"
-    print(f"time to first byte {first_at * 1000:.0f} ms; whole stream {ended_at * 1000:.0f} ms; {total} chunks")
 
 
 def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path, redis_url: str) -> None:
