@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from common.urls import safe_url
+from common.redact import safe_url
 
 T = TypeVar("T")
 

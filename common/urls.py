@@ -1,25 +1,18 @@
-"""URLs as messages, logs and reprs may show them: no credentials."""
+"""A request's URLs, as the answers and the webhook events give them (one builder for both)."""
 
 from __future__ import annotations
 
-import re
 
-# Query parameters whose values are credentials (redis-py reads `password`; others are common).
-_SECRET_PARAM = re.compile(r"([?&;](?:[^=&;#]*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#]*)=)[^&;#]*",
-                           re.IGNORECASE)
+def status_url(request_id: str, base: str = "") -> str:
+    """Where a request's status is: `GET` it, or `DELETE` it to cancel."""
+    return f"{base}/v1/tts/{request_id}"
 
 
-def safe_url(url: str) -> str:
-    """`url` without its user information and with password-like query values masked.
+def audio_url(request_id: str, fmt: str = "wav", base: str = "") -> str:
+    """A request's audio in `fmt`; WAV, the default, needs no query."""
+    return f"{status_url(request_id, base)}/audio" + ("" if fmt == "wav" else f"?format={fmt}")
 
-    Everything before the last "@" of the part after "://" is taken for user
-    information, so a password holding "@", "/" or "?" is hidden whole (a
-    host is never shown with a piece of one).
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    if "@" in rest:
-        rest = "***@" + rest.rsplit("@", 1)[1]
-    shown = f"{scheme}{sep}{rest}"
-    return _SECRET_PARAM.sub(r"\1***", shown)
+
+def captions_url(request_id: str, base: str = "") -> str:
+    """A request's timed captions (WebVTT unless asked otherwise)."""
+    return f"{status_url(request_id, base)}/captions"

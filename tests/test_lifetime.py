@@ -8,7 +8,7 @@ from typing import Callable
 import httpx
 from redis import Redis
 
-from cache import chunk_key, request_key
+from common.keys import chunk_key, request_key
 from common.keys import hooks_key
 from conftest import Stack, wait_for
 from test_webhooks import DELAYS, SECRET, Receiver, receiver  # noqa: F401 (the fixture)

@@ -1,4 +1,4 @@
-"""Secrets are never printed: scripts/redis-url, /readyz, Settings' repr (common/urls.safe_url)."""
+"""Secrets are never printed: scripts/redis-url, /readyz, Settings' repr (common/redact.safe_url)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from common.settings import from_env
-from common.urls import safe_url
+from common.redact import safe_url
 from conftest import ROOT
 
 PASSWORD = "pa@ss/wo?rd"

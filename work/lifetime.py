@@ -24,13 +24,11 @@ from typing import Any, Sequence
 from redis import Redis
 from rq.job import Job
 
-from cache import Spec, chunk_key, manifest, request_key
-from common.keys import hooks_key
+from cache import Spec, manifest
+from common.keys import chunk_key, hooks_key, request_key
 
-# RQ states in which a job will still run (a retry waits as "scheduled").
-ACTIVE = ("queued", "started", "deferred", "scheduled")
-
-# KEYS[1] the RQ job's hash, KEYS[2..] the request's keys. Atomic with the
+# KEYS[1] the RQ job's hash, KEYS[2..] the request's keys; the states are
+# work/status.ACTIVE (a retry waits as "scheduled"). Atomic with the
 # worker's end of the job: either the job is still active when this runs (and
 # `release` comes after), or it is over and nothing is made persistent.
 _HOLD = """
