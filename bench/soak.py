@@ -72,6 +72,7 @@ from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
 from common.settings import Settings  # noqa: E402
+from work.status import ACTIVE  # noqa: E402
 from common import keys  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
@@ -230,11 +231,12 @@ async def squeeze(s: Soak, policy: str, share: float, seconds: float) -> tuple[f
     await asyncio.to_thread(redis.config_set, "maxmemory", limit)
     await asyncio.sleep(seconds)
     stats = await asyncio.to_thread(redis.info, "stats")
+    errors = await asyncio.to_thread(redis.info, "errorstats")
     await asyncio.to_thread(redis.config_set, "maxmemory", 0)
     await asyncio.to_thread(redis.config_set, "maxmemory-policy", "noeviction")
     return began, loop.time(), (f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} "
                                 f"MiB in use) for {seconds:.0f} s: {stats.get('evicted_keys', 0)} keys evicted, "
-                                f"{stats.get('rejected_calls', 'n/a')} writes refused so far")
+                                f"{errors.get('errorstat_OOM', {}).get('count', 0)} writes refused (OOM) so far")
 
 
 async def evict(s: Soak, seconds: float) -> str:
@@ -251,6 +253,12 @@ async def fill_up(s: Soak, seconds: float) -> str:
 
 
 # -- workers' jobs, samples and the report ------------------------------------------
+
+
+def job_over(s: Soak, request_id: str) -> bool:
+    """True when the request's RQ job is not queued or running (over, or gone with the eviction)."""
+    status = s.redis().hget(Job.key_for(request_id), "status")
+    return status is None or status.decode() not in ACTIVE
 
 
 def jobs_run(s: Soak) -> int:
@@ -399,6 +407,8 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         ("accepted requests / failed with a reason / never finished nor failed (target 0)",
          f"{len(s.record.accepted)} / {len(s.record.failed)} / {len(unfinished)}"
          + "".join(f"; {reason}: {n}" for reason, n in Counter(s.record.failed.values()).items())),
+        ("accepted requests whose id answered 404 once over (evicted before their client could fetch them, "
+         "its wait cut by an outage), submitted again as the 404 says", str(len(s.record.resubmitted))),
         ("jobs in RQ's failed registry (a request's failed job is retried or replaced when it is asked "
          "for again: see 'never finished')", f"{len(failed_jobs)}" + "".join(f"; {r}" for r in failed_jobs)),
         ("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB "
@@ -420,6 +430,9 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
          f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {keys} chunks ({memory / max(audio, 1):.2f}x)"),
     ]
     failures = []
+    gone_early = [rid for rid in s.record.resubmitted if s.evicting is None]
+    if gone_early:
+        failures.append(f"{len(gone_early)} ids answered 404 once over with no eviction phase: {gone_early[:5]}")
     if bad:
         failures.append(f"non-2xx or no answer outside the Redis outage: {dict(bad)}")
     if unfinished:
@@ -530,7 +543,7 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         track_lives(s)
         sample(s, "end", loop.time() - t0)
         say(f"load over: {made} arrivals; draining (up to {drain_seconds:.0f} s)")
-        await drain(client, drain_seconds)
+        await drain(client, drain_seconds, over=lambda rid: job_over(s, rid))
         s.stopping = True
         await supervisor
         return await asyncio.to_thread(judge, s, made, rate, capacity, events)

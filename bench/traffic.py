@@ -13,7 +13,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import loadgen
 from harness import BenchError, Texts
@@ -47,6 +47,9 @@ class Record:
     encoded: dict[tuple[str, str], int] = field(default_factory=dict)  # (id, format) -> bytes served
     wrong_audio: int = 0  # repeats whose WAV differed in size from the first one served
     failed: dict[str, str] = field(default_factory=dict)  # request id -> why it failed (its status's error)
+    text_of: dict[str, str] = field(default_factory=dict)  # accepted request id -> its text
+    # Accepted ids that answered 404 once over (evicted before their client fetched them) and were submitted again.
+    resubmitted: set[str] = field(default_factory=set)
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
 
 
@@ -92,6 +95,7 @@ class Client:
                 return
             request_id = json.loads(body)["id"]
             self.record.accepted.setdefault(request_id, False)
+            self.record.text_of[request_id] = text
             status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"),
                                             conn)
             if status == 200:
@@ -165,8 +169,13 @@ async def drive(client: Client, rate: float, seconds: float, seed: int) -> int:
     return made
 
 
-async def drain(client: Client, timeout: float) -> None:
-    """Poll every accepted request that has not finished until it does, or `timeout` s pass."""
+async def drain(client: Client, timeout: float, over: Callable[[str], bool] | None = None) -> None:
+    """Poll every accepted request that has not finished until it does, or `timeout` s pass.
+
+    An id that answers 404 is submitted again, once, as the 404 tells a client
+    to, when `over(id)` says its job is over (evicted after it ended, while
+    its client could not fetch it); never while its job is still active.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pending = [rid for rid, done in client.record.accepted.items() if not done]
@@ -174,6 +183,11 @@ async def drain(client: Client, timeout: float) -> None:
             return
         for rid in pending:
             status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
+            if status == 404 and over is not None and rid not in client.record.resubmitted \
+                    and await asyncio.to_thread(over, rid):
+                client.record.resubmitted.add(rid)
+                await client.send("drain: POST again", post("/v1/tts", {"text": client.record.text_of[rid]}))
+                continue
             answer = json.loads(body) if status == 200 else {}
             if answer.get("status") == "finished":
                 client.record.accepted[rid] = True

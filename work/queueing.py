@@ -95,14 +95,16 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
 
 
 def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any] | None:
-    """The manifest of a request whose manifest is gone but whose RQ job is still there; None without such a job.
+    """The manifest of a request whose manifest is gone but whose RQ job is still there (active, failed or
+    canceled); None without such a job.
 
     It is written back (persistent while the job is active, else with `ttl`),
     unless Redis refuses writes: the answer does not depend on it.
     """
     job = fetch(redis, request_id)
     spec = None if job is None else lifetime.spec_of(job)
-    if spec is None:
+    # A finished job's audio may have gone with its manifest: that id is over ("submit it again").
+    if spec is None or job.get_status(refresh=False) == JobStatus.FINISHED:
         return None
     layout = manifest(spec)
     try:
