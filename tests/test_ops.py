@@ -28,7 +28,7 @@ from common import metrics
 from cache import stored
 from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
 from work.queueing import SERIALIZER
-from common.settings import SettingsError, from_env
+from common.settings import Settings, SettingsError, from_env
 from common.keys import chunk_key, events_channel, request_key
 from common import keys
 
@@ -454,8 +454,13 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
         assert page.status_code == 200 and "RQ" in page.text
         queues = httpx.get(dash + "/0/data/queues.json", auth=auth).json()["queues"]
         assert "tts" in [q["name"] for q in queues]
-        workers = httpx.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
-        assert sorted(w["queues"] for w in workers) == [["tts"], ["tts-webhooks"]], workers
+        def worker_queues() -> list[list[str]]:
+            workers = httpx.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
+            return sorted(w["queues"] for w in workers)
+
+        # The webhooks process starts its delivery processes (TTS_WEBHOOK_WORKERS) after it is up.
+        expected = [["tts"], *[["tts-webhooks"]] * Settings().webhook_workers]
+        wait_for(lambda: worker_queues() == expected, 60, "the worker and the webhooks processes", interval=0.3)
         listing = httpx.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)
         assert listing.status_code == 200, listing.text
         job = next(j for j in listing.json()["jobs"] if j["id"] == body["id"])
