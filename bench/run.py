@@ -26,6 +26,9 @@ Scenarios (numbers as in BENCHMARKS.md):
     batch's synthesis time; and in every scenario, chunks synthesized per
     chunk needed (counted by the workers and the pool).
 
+Each scenario is a module of bench/scenarios/, in one shape (setup, measure
+one side, teardown); bench/README.md says how to add one.
+
 Every figure is measured in several runs; a figure with a baseline is
 measured against it side by side (A B, B A, ...) and reported as the median
 and range of the run-by-run ratio, because absolute times on a shared
