@@ -31,14 +31,15 @@ if str(ROOT) not in sys.path:
 
 from redis import Redis  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
+from rq.worker import Worker  # noqa: E402
 
 from common.model import ModelInfo  # noqa: E402
 
 from work import queueing  # noqa: E402
-from cache import MODEL_KEY, Spec, normalize  # noqa: E402
+from cache import Spec, normalize  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -276,7 +277,7 @@ class Cluster:
         started = time.monotonic()
 
         def registered() -> bool:
-            names = {n.decode().split(":")[-1] for n in redis.smembers(WORKERS_BY_QUEUE_KEY % queue)}
+            names = {worker.name for worker in workers_of(redis, queue)}
             for proc in list(pending):
                 proc.check()
                 if any(is_worker_of(name, proc.pid) for name in names):
@@ -310,16 +311,17 @@ def model_info(redis: Redis) -> ModelInfo:
     return ModelInfo.from_json(raw)
 
 
+def workers_of(redis: Redis, queue: str) -> list[Worker]:
+    """The live rq workers registered on `queue`, from RQ's own registry."""
+    return Worker.all(queue=queueing.queue(redis, Settings(queue=queue)))
+
+
 def jobs_run(redis: Redis, queue: str) -> int:
-    """Jobs the workers of `queue` have run, successful or failed (RQ counts them in each worker's hash).
+    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts.
 
     Assist jobs of the chunk pool count too: they are jobs the workers ran.
     """
-    total = 0
-    for key in redis.smembers(WORKERS_BY_QUEUE_KEY % queue):
-        counts = redis.hmget(key, "successful_job_count", "failed_job_count")
-        total += sum(int(c) for c in counts if c)
-    return total
+    return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
 def finished_job(redis: Redis, request_id: str, timeout: float = 30) -> Job:

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import procfile  # noqa: E402
 from harness import (  # noqa: E402
     MIB, BenchError, Cluster, Proc, bench_env, is_worker_of, jobs_run, markdown_table, rss_bytes, say,
-    stop_on_sigterm, write_section, write_tiny_model,
+    stop_on_sigterm, workers_of, write_section, write_tiny_model,
 )
 from traffic import (  # noqa: E402
     CALIBRATION_CLIENTS, CALIBRATION_SECONDS, MIX, Answer, Client, Record, calibrate, drain, drive,
@@ -65,9 +65,10 @@ from redis.exceptions import RedisError  # noqa: E402
 from rq.exceptions import NoSuchJobError  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
+from rq.worker import WorkerStatus  # noqa: E402
 
 from common.settings import Settings  # noqa: E402
+from common import keys  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
 END = "<!-- soak:end -->"
@@ -140,13 +141,11 @@ async def supervise(s: Soak) -> None:
 
 def busy_worker(s: Soak) -> Proc | None:
     """A worker process that is running a job now, by RQ's worker records."""
-    redis = s.redis()
-    for key in redis.smembers(WORKERS_BY_QUEUE_KEY % QUEUE):
-        if redis.hget(key, "state") != b"busy":
+    for worker in workers_of(s.redis(), QUEUE):
+        if worker.get_state() != WorkerStatus.BUSY:
             continue
-        name = key.decode().split(":")[-1]
         for proc in s.workers.values():
-            if is_worker_of(name, proc.pid):
+            if is_worker_of(worker.name, proc.pid):
                 return proc
     return None
 
@@ -217,11 +216,11 @@ def track_lives(s: Soak) -> None:
 
 def audio_in_redis(redis: Redis) -> tuple[int, int]:
     """(chunk keys, bytes of chunk audio) stored under tts:chunk:*."""
-    keys = list(redis.scan_iter("tts:chunk:*", count=1000))
+    found = list(redis.scan_iter(keys.chunk_key("*"), count=1000))
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
+    for key in found:
         pipe.strlen(key)
-    return len(keys), sum(pipe.execute()) if keys else 0
+    return len(found), sum(pipe.execute()) if found else 0
 
 
 @dataclass

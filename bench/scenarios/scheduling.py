@@ -10,7 +10,8 @@ from typing import Any, Iterator
 
 from harness import BenchError, Figure, make_spec, percentile, run_jobs, wait_for
 
-from cache import events_channel, pool_key, stored
+from cache import stored
+from common.keys import events_channel, pool_key
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
 from work import queueing
