@@ -26,7 +26,7 @@ from common.metrics import read_counter
 # (value, baseline) when the run measures both (a wait and the batch time it
 # is judged against); None when the figure has nothing from this side.
 Reading = Union[float, tuple[float, float], None]
-# Scenario "8 scheduling" etc. count chunks made against chunks needed with these two counters.
+# The figure of a scenario that `counts_chunks`: chunks the workers made per chunk the pool needed.
 MADE, NEEDED = "tts_chunks_synthesized_total", "tts_chunks_needed_total"
 
 
