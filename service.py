@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -31,9 +31,10 @@ from common import metrics
 from web import openapi
 from web import ops
 from work import queueing
+from web import speech
 from web import tts
 from web import voices
-from web.replies import Error, reply
+from web.replies import Error, openai_error, reply
 from web.context import Context
 from common.settings import Settings, from_env
 from common.errors import ApiError
@@ -73,7 +74,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),
         route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),
         route("/v1/tts/{id}/captions", captions.captions, ["GET"]),
-        route("/v1/audio/speech", tts.speech, ["POST"]),
+        route(speech.ROUTE, speech.speech, ["POST"]),
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
     ]
@@ -112,33 +113,46 @@ async def _openapi(ctx: Context, request: Request) -> Response:
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------
 
+# Routes whose errors have OpenAI's shape ({"error": {message, type, param,
+# code}}), so OpenAI clients show them; every other route answers {detail, field}.
+OPENAI_ROUTES = frozenset(openapi.OPENAI_PATHS)
+
+
+def _error(request: Request, status: int, detail: str, field: str | None = None,
+           headers: Mapping[str, str] | None = None, code: str | None = None) -> Response:
+    """An error answer in the shape of the route asked."""
+    if request.url.path in OPENAI_ROUTES:
+        return reply(openai_error(status, detail, field, code), status, headers)
+    return reply(Error(detail=detail, field=UNSET if field is None else field), status, headers)
+
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return reply(Error(detail=exc.detail, field=UNSET if exc.field is None else exc.field), exc.status, exc.headers)
+    return _error(request, exc.status, exc.detail, exc.field, exc.headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     detail = {404: "no such endpoint", 405: f"{request.method} is not allowed here"}.get(exc.status_code, exc.detail)
-    return reply(Error(detail=detail), exc.status_code, exc.headers)
+    return _error(request, exc.status_code, detail, headers=exc.headers)
 
 
 async def _queue_full(request: Request, exc: Exception) -> Response:
-    return reply(Error(detail=f"the service is busy ({exc}); try again later"), 429, {"Retry-After": "30"})
+    return _error(request, 429, f"the service is busy ({exc}); try again later", headers={"Retry-After": "30"},
+                  code="queue_full")
 
 
 async def _too_many_waiting(request: Request, exc: Exception) -> Response:
     logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
-    return reply(Error(detail="too many clients are waiting on this server; try again shortly"), 503,
-                 {"Retry-After": "5"})
+    return _error(request, 503, "too many clients are waiting on this server; try again shortly",
+                  headers={"Retry-After": "5"})
 
 
 async def _redis_down(request: Request, exc: Exception) -> Response:
     logger.warning("Redis unavailable: %s", exc)
-    return reply(Error(detail="the service's Redis is unavailable; try again shortly"), 503, {"Retry-After": "5"})
+    return _error(request, 503, "the service's Redis is unavailable; try again shortly", headers={"Retry-After": "5"})
 
 
 async def _internal(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return reply(Error(detail="internal error"), 500)
+    return _error(request, 500, "internal error")

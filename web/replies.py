@@ -30,6 +30,54 @@ class Error(Reply):
     field: str | UnsetType = UNSET
 
 
+class OpenAIErrorDetail(Reply):
+    """OpenAI's error object, so that its clients show our words and the field at fault."""
+
+    message: Annotated[str, Meta(min_length=1)]
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(Reply):
+    """Every error of the OpenAI-compatible routes (POST /v1/audio/speech and its WebSocket)."""
+
+    error: OpenAIErrorDetail
+
+
+# Short codes for OpenAI clients that branch on them; other statuses have none.
+_CODES = {401: "invalid_api_key", 404: "not_found", 409: "canceled", 413: "body_too_large",
+          429: "rate_limit_exceeded", 503: "unavailable", 504: "timeout"}
+
+
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    """The OpenAI error body for an HTTP `status`: invalid_request_error for 4xx, server_error for 5xx."""
+    return OpenAIError(error=OpenAIErrorDetail(
+        message=message, type="server_error" if status >= 500 else "invalid_request_error",
+        param=param, code=code if code is not None else _CODES.get(status)))
+
+
+class Usage(Reply):
+    """OpenAI's usage of a speech: the model's text tokens in (estimated: speech.input_tokens), audio tokens out."""
+
+    input_tokens: Annotated[int, Meta(ge=0)]
+    output_tokens: Annotated[int, Meta(ge=0, description="Audio tokens: one per 512 samples (21.3 ms) of speech.")]
+    total_tokens: Annotated[int, Meta(ge=0)]
+
+
+class Delta(Reply, tag_field="type", tag="speech.audio.delta"):
+    """A server-sent event (and WebSocket message): the next audio."""
+
+    audio: Annotated[str, Meta(description="Base64 of the next bytes of the audio, in response_format.",
+                               extra_json_schema={"contentEncoding": "base64"})]
+
+
+class Done(Reply, tag_field="type", tag="speech.audio.done"):
+    """The last event of a speech (or of a WebSocket generation)."""
+
+    usage: Usage
+
+
 class Progress(Reply):
     chunks_done: Annotated[int, Meta(ge=0)]
     chunks_total: Annotated[int, Meta(ge=1)]
