@@ -188,6 +188,39 @@ class SessionPatch(Body):
     top_k: TopK | UnsetType = UNSET
 
 
+class SessionUpdate(Body):
+    """WebSocket message: change the session's settings (any subset), before or between generations."""
+
+    type: Literal["session.update"]
+    session: SessionPatch
+
+
+class TextAppend(Body):
+    """WebSocket message: more text; each sentence is spoken once the text after its end begins."""
+
+    type: Literal["input_text.append"]
+    text: str
+
+
+class TextFlush(Body):
+    """WebSocket message: speak what is left and end the generation (speech.audio.done follows its audio)."""
+
+    type: Literal["input_text.flush"]
+
+
+class TextEnd(Body):
+    """WebSocket message: as input_text.flush, then the server closes the socket (1000) after the last audio."""
+
+    type: Literal["input_text.end"]
+
+
+# The messages a WebSocket session takes, by their `type`.
+MESSAGES: dict[str, type[Body]] = {
+    "session.update": SessionUpdate, "input_text.append": TextAppend,
+    "input_text.flush": TextFlush, "input_text.end": TextEnd,
+}
+
+
 class MixPart(Body):
     """One voice of a mix and its weight (weights are normalized to sum 1)."""
 

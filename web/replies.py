@@ -6,6 +6,8 @@ schemas from the same declarations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Annotated, Literal, Mapping
 
 import msgspec
@@ -13,7 +15,7 @@ from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import Response
 
 from cache import ID_PATTERN
-from web.bodies import NAME_PATTERN, Seed
+from web.bodies import NAME_PATTERN, Seed, Session
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -28,6 +30,17 @@ class Error(Reply):
 
     detail: Annotated[str, Meta(min_length=1)]
     field: str | UnsetType = UNSET
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An error as the client is told it: HTTP status, words, the field at fault, headers, a short code."""
+
+    status: int
+    detail: str
+    field: str | None = None
+    headers: Mapping[str, str] = dataclass_field(default_factory=dict)
+    code: str | None = None
 
 
 class OpenAIErrorDetail(Reply):
@@ -76,6 +89,24 @@ class Done(Reply, tag_field="type", tag="speech.audio.done"):
     """The last event of a speech (or of a WebSocket generation)."""
 
     usage: Usage
+
+
+class SessionCreated(Reply, tag_field="type", tag="session.created"):
+    """WebSocket: the session's settings in force, sent on open."""
+
+    session: Session
+
+
+class SessionUpdated(Reply, tag_field="type", tag="session.updated"):
+    """WebSocket: the session's settings after a session.update."""
+
+    session: Session
+
+
+class ErrorEvent(Reply, tag_field="type", tag="error"):
+    """WebSocket: a message was refused, or a piece could not be spoken; the session goes on."""
+
+    error: OpenAIErrorDetail
 
 
 class Progress(Reply):
