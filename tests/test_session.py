@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
@@ -12,7 +16,7 @@ from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import Stack
+from conftest import ROOT, Stack
 
 KEY = "a-session-key-0123456789"
 
@@ -186,3 +190,19 @@ def test_a_repeat_is_answered_from_the_store(tone_stack: Stack, redis: Redis) ->
             jobs = sorted(redis.keys("rq:job:*"))
     assert heard[0] == heard[1]
     assert sorted(redis.keys("rq:job:*")) == jobs  # no new job: the store answered
+
+
+def test_the_readme_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    (client,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S) if "/websocket" in b]
+    assert len(client.strip().splitlines()) <= 12
+    script = client.replace("localhost:8000", tone_stack.url.removeprefix("http://"))
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    pcm = (tmp_path / "live.pcm").read_bytes()
+    # Two sentences, two ordinary requests: both stored, and what the client wrote is their audio.
+    ids = [httpx.post(tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
+           for t in ("Spoken while it is written.", "Each sentence at once.")]
+    assert [i["status"] for i in ids] == ["finished", "finished"]
+    stored = [httpx.get(tone_stack.url + i["audio_url"]).content[44:] for i in ids]
+    assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
