@@ -11,7 +11,9 @@ worker, with a new text each round (nothing is ever answered from the store):
   the worst playback gap a player starting on the first byte would hear.
 * WS /v1/audio/speech/websocket: seconds from sending the text that completes
   a sentence (its end followed by more text) to that sentence's first
-  speech.audio.delta.
+  speech.audio.delta; and an LLM-like client (a word every 50 ms for
+  --llm-seconds) with the playback gaps a player starting on its first delta
+  would hear.
 
 A piece is one stored chunk today (the worker stores chunks whole), so time
 to first audio is the first chunk's synthesis time.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -73,11 +76,49 @@ def socket_round(url: str, sentence: str, rest: str) -> float:
     return took
 
 
+def llm_round(url: str, texts: Texts, seconds: float, every: float = 0.05) -> tuple[float, float, int]:
+    """An LLM-like client: one word every `every` s for `seconds` s, then end.
+
+    Returns the playback gaps a player starting on the first delta would
+    hear (their total and the worst, in seconds) and the deltas received.
+    """
+    words = " ".join(texts.sentence() for _ in range(int(seconds / every) // 8 + 2)).split()
+    arrivals: list[tuple[float, int]] = []  # (when, bytes) of each delta
+
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+
+        def listen() -> None:
+            for message in ws:
+                event = json.loads(message)
+                if event["type"] == "speech.audio.delta":
+                    arrivals.append((time.monotonic(), len(base64.b64decode(event["audio"]))))
+
+        reader = threading.Thread(target=listen)
+        reader.start()
+        end = time.monotonic() + seconds
+        for word in words:
+            if time.monotonic() > end:
+                break
+            ws.send(json.dumps({"type": "input_text.append", "text": word + " "}))
+            time.sleep(every)  # the client's pace: this is the load, not a wait for a result
+        ws.send(json.dumps({"type": "input_text.end"}))
+        reader.join(600)
+    total = worst = 0.0
+    played_until = arrivals[0][0] if arrivals else 0.0
+    for when, size in arrivals:
+        gap = max(0.0, when - played_until)
+        total, worst = total + gap, max(worst, gap)
+        played_until = max(played_until, when) + size / BYTES_PER_SECOND
+    return total, worst, len(arrivals)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--engine", choices=("tiny", "tone"), default="tiny")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--llm-seconds", type=float, default=30.0, help="how long the LLM-like client writes")
     args = parser.parse_args()
     texts = Texts(seed=18)
     with Cluster() as c:
@@ -97,6 +138,7 @@ def main() -> None:
             ratio.append(f / w)
             gaps.append(g)
             socket.append(socket_round(url, texts.sentence(), texts.sentence()))
+        gap_total, gap_worst, deltas = llm_round(url, texts, args.llm_seconds)
     # Each value is one round; the table shows the median (p50) and the range.
     figures = [
         Figure("speech", "3 chunks: time to first audio", "s", first),
@@ -105,6 +147,9 @@ def main() -> None:
         Figure("speech", "worst playback gap of a stream", "s", gaps),
         Figure("socket", "sentence end to first delta", "s", socket),
         Figure("socket", "sentence end to first delta, p95 of the rounds", "s", [percentile(socket, 95)]),
+        Figure("llm", f"a word every 50 ms for {args.llm_seconds:g} s: total playback gaps", "s", [gap_total]),
+        Figure("llm", "... its worst gap", "s", [gap_worst]),
+        Figure("llm", "... deltas received", "", [float(deltas)]),
     ]
     print(table(figures, args.markdown))
 

@@ -16,7 +16,7 @@ from openai import AuthenticationError, BadRequestError, OpenAI, UnprocessableEn
 from redis import Redis
 
 from common.audio import AAC_FRAME, AAC_PRIMING
-from conftest import Stack
+from conftest import Stack, wait_for
 
 
 @pytest.fixture
@@ -146,6 +146,15 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
         rest = b"".join(pieces)
     whole = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio").content[44:]
     assert first + rest == whole
+    # The relay's figures reach /metrics: time to first audio and the stream's worst playback gap, by route.
+    def figures() -> str | None:
+        text = httpx.get(stack.url + "/metrics").text
+        return text if 'tts_playback_gap_seconds_count{route="/v1/audio/speech"} 1.0' in text else None
+
+    text = wait_for(figures, 10, "the relay's figures in /metrics")
+    assert 'tts_time_to_first_audio_seconds_count{route="/v1/audio/speech"} 1.0' in text
+    # The tone engine's first chunk is seconds long, so its audio outlasted the wait for the second.
+    assert 'tts_playback_gap_seconds_bucket{le="0.0",route="/v1/audio/speech"} 1.0' in text
 
 
 def _events(raw: bytes) -> list[dict]:
