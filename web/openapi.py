@@ -36,7 +36,11 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.Error, bodies.TtsRequest, replies.TtsSubmitted, replies.TtsStatus, bodies.SpeechRequest,
     bodies.VoiceRequest, replies.SeedVoice, replies.SavedVoice, replies.VoiceList, replies.Captions,
     webhooks.WebhookEvent, replies.Ready, replies.Health, replies.OpenAIError, replies.Delta, replies.Done,
+    *bodies.MESSAGES.values(), replies.SessionCreated, replies.SessionUpdated, replies.ErrorEvent,
 )
+# OpenAPI has no WebSockets: they are described under this extension, their messages in the components.
+WEBSOCKETS = "x-websockets"
+SPEECH_SOCKET = "/v1/audio/speech/websocket"
 # Paths whose errors have OpenAI's shape (service.OPENAI_ROUTES).
 OPENAI_PATHS = ("/v1/audio/speech",)
 
@@ -380,9 +384,11 @@ def schema(settings: Settings) -> dict[str, Any]:
             "title": "ChatTTS service",
             "version": VERSION,
             "description": "Speech synthesis jobs: submit text, poll, fetch the audio and its captions; save "
-            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}.',
+            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}, except on the '
+            'OpenAI-compatible route, which answers OpenAI\'s {"error": {message, type, param, code}}.',
         },
         "paths": paths,
+        WEBSOCKETS: {SPEECH_SOCKET: _speech_socket()},
         "webhooks": {"requestOver": {"post": _event_operation()}},
         "components": {"schemas": components(settings), "headers": _headers()},
     }
@@ -402,6 +408,20 @@ def schema(settings: Settings) -> dict[str, Any]:
                         "429", _error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After"))
         _openai_errors(paths)
     return doc
+
+
+def _speech_socket() -> dict[str, Any]:
+    """WS /v1/audio/speech/websocket: JSON text frames each way."""
+    return {
+        "summary": "Text in as it is written, audio out as it is made (OpenAI-style events)",
+        "description": "Each sentence is spoken as soon as more text follows its end, as an ordinary request "
+                       "(keyed, stored, shared). A bad message gets an error event and the session goes on; "
+                       "input_text.end closes with 1000 after the last audio. With API keys: Authorization: "
+                       "Bearer or ?api_key=, else an error event and close 1008.",
+        "client": {"oneOf": [_ref(cls.__name__) for cls in bodies.MESSAGES.values()]},
+        "server": {"oneOf": [_ref(name) for name in
+                             ("SessionCreated", "SessionUpdated", "Delta", "Done", "ErrorEvent")]},
+    }
 
 
 def _openai_errors(paths: dict[str, Any]) -> None:

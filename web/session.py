@@ -29,7 +29,7 @@ from cache import Spec, manifest
 from common import audio
 from common.errors import ApiError
 from splitter import complete_until, pause_after
-from web import bodies, speech, tts
+from web import bodies, openapi, speech, tts
 from web.bodies import Session, SessionUpdate, TextAppend, TextEnd, TextFlush
 from web.context import Context
 from web.relay import Cut, Relay
@@ -38,7 +38,7 @@ from web.replies import (Delta, Done, ErrorEvent, Failure, SessionCreated, Sessi
 
 logger = logging.getLogger("service")
 
-ROUTE = "/v1/audio/speech/websocket"
+ROUTE = openapi.SPEECH_SOCKET
 # Close codes (RFC 6455): a normal end, a refused API key, a rate limit at the handshake.
 NORMAL, POLICY, TRY_LATER = 1000, 1008, 1013
 # This route names our fields by its own: the text of input_text.append, the session's voice.
