@@ -39,8 +39,8 @@ from web.replies import (Delta, Done, ErrorEvent, Failure, SessionCreated, Sessi
 logger = logging.getLogger("service")
 
 ROUTE = openapi.SPEECH_SOCKET
-# Close codes (RFC 6455): a normal end, a refused API key, a rate limit at the handshake.
-NORMAL, POLICY, TRY_LATER = 1000, 1008, 1013
+# Close codes (RFC 6455): a normal end, a refused API key, an internal error, busy (rate limit, Redis).
+NORMAL, POLICY, INTERNAL, TRY_LATER = 1000, 1008, 1011, 1013
 # This route names our fields by its own: the text of input_text.append, the session's voice.
 NAMES = {"text": "text", "voice": "session.voice", "speaker": "session.voice", "seed": "session.voice"}
 
@@ -63,13 +63,16 @@ class _End:
 
 async def serve(ctx: Context, websocket: WebSocket, failure: Callable[[Exception], Failure]) -> None:
     """Run one session on `websocket`; `failure` maps an exception to what the client is told (service.py)."""
+    # Accepted first: a refusal before it would be an HTTP 403, and the contract says close code 1008.
     await websocket.accept()
     try:
         key = await ctx.guard(websocket, query=True)
-    except ApiError as exc:
+    except Exception as exc:  # a refused key, the rate limit, Redis unreachable: said, then closed
         told = failure(exc)
-        await websocket.send_text(_event(ErrorEvent(error=openai_error(told.status, told.detail).error)).decode())
-        await websocket.close(code=POLICY if told.status == 401 else TRY_LATER, reason=told.detail[:120])
+        error = openai_error(told.status, told.detail, told.field, told.code).error
+        await websocket.send_text(_event(ErrorEvent(error=error)).decode())
+        code = POLICY if told.status == 401 else TRY_LATER if told.status in (429, 503) else INTERNAL
+        await websocket.close(code=code, reason=told.detail[:120])
         return
     await _Session(ctx, websocket, key, failure).run()
 
