@@ -15,6 +15,7 @@ import soundfile
 from openai import AuthenticationError, BadRequestError, OpenAI, UnprocessableEntityError
 from redis import Redis
 
+from common import keys
 from common.audio import AAC_FRAME, AAC_PRIMING
 from conftest import Stack, wait_for
 
@@ -181,7 +182,7 @@ def test_sse_events_parse_and_their_usage_adds_up(client: OpenAI, redis: Redis, 
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert usage["input_tokens"] == len("Server - sent events , one delta at a time . Then usage .".split())
     pcm = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm").content
-    layout = json.loads(redis.get(f"tts:req:{response.response.headers['x-request-id']}"))
+    layout = json.loads(redis.get(keys.request_key(response.response.headers["x-request-id"])))
     speech_samples = len(pcm) // 2 - sum(layout["pauses"]) * 24
     assert usage["output_tokens"] == math.ceil(speech_samples / 512)
 

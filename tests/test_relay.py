@@ -10,7 +10,8 @@ import pytest
 from redis import Redis
 from rq.job import Job
 
-from cache import SAMPLE_RATE, chunk_key, events_channel
+from cache import SAMPLE_RATE
+from common.keys import chunk_key, events_channel
 from common.audio import silence
 from common.settings import Settings
 from web.context import Context

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from cache import Spec, manifest
-from common import audio
+from common import audio, urls
 from common.errors import ApiError
 from splitter import complete_until, pause_after
 from web import bodies, openapi, speech, tts
@@ -212,7 +212,7 @@ class _Session:
         except Exception as exc:
             return exc
         return ApiError(504, f"the audio of {request_id} was not ready within {self.ctx.settings.speech_wait} s; "
-                             f"it goes on: GET /v1/tts/{request_id}/audio")
+                             f"it goes on: GET {urls.audio_url(request_id)}")
 
     async def _delta(self, data: bytes) -> None:
         if data:

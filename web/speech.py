@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cache import Spec, manifest
-from common import audio
+from common import audio, urls
 from common.errors import ApiError
 from web import bodies, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
@@ -97,8 +97,8 @@ async def _whole(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str
 
 def _late(ctx: Context, request_id: str) -> ApiError:
     return ApiError(504, f"the audio was not ready within {ctx.settings.speech_wait} s; "
-                         f"it is still being made: GET /v1/tts/{request_id}/audio",
-                    headers={"Location": f"/v1/tts/{request_id}"})
+                         f"it is still being made: GET {urls.audio_url(request_id)}",
+                    headers={"Location": urls.status_url(request_id)})
 
 
 def event(payload: msgspec.Struct) -> bytes:
