@@ -69,7 +69,7 @@ def test_accepted(raw: bytes, field: str, value: Any) -> None:
         pytest.param(b'{"text": "hi", "callback_url": "ftp://x"}', TtsRequest, 422, "callback_url",
                      "an absolute http or https URL", id="callback-scheme"),
         pytest.param(b'{"input": "x", "response_format": "ogg"}', SpeechRequest, 400, "response_format",
-                     "mp3, opus, flac, wav, pcm", id="openai-format-is-400"),
+                     "mp3, opus, aac, flac, wav, pcm", id="openai-format-is-400"),
         pytest.param(b'{"input": "x", "voice": true}', SpeechRequest, 422, "voice", "voice: must be", id="openai-voice"),
         pytest.param(b'{"input": "x", "speed": 5}', SpeechRequest, 422, "speed", "from 0.25 to 4.0", id="openai-speed"),
         pytest.param(b'{"voice": "alloy"}', SpeechRequest, 422, "input", "input: is required", id="openai-input"),
