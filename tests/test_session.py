@@ -16,7 +16,8 @@ from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from conftest import ROOT, Stack
+from common import keys
+from conftest import ROOT, Stack, wait_for
 
 KEY = "a-session-key-0123456789"
 
@@ -206,3 +207,21 @@ def test_the_readme_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> 
     assert [i["status"] for i in ids] == ["finished", "finished"]
     stored = [httpx.get(tone_stack.url + i["audio_url"]).content[44:] for i in ids]
     assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
+
+
+def test_a_client_that_goes_away_leaves_the_request_to_finish(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker runs now, so the piece waits in the queue
+    with connect(_ws_url(stack)) as ws:
+        _next(ws)
+        _send(ws, type="input_text.append", text="Nobody will hear this. Gone")
+        # The piece is a request now, and the session's relay waits on its events.
+        request_id = wait_for(lambda: [k.decode().rsplit(":", 1)[-1] for k in redis.keys(keys.request_key("*"))],
+                              10, "the piece's request")[0]
+        wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 1, 10, "the relay")
+    # Gone: the relay lets go at once; the request is still queued, and a worker finishes it for the store.
+    wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 0, 10, "the relay to let go")
+    stack.start_worker()
+    done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30")
+    assert done.status_code == 200 and len(done.content) > 44
