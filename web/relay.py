@@ -19,7 +19,7 @@ import math
 import time
 from typing import Any, AsyncIterator
 
-from common import audio, metrics
+from common import audio
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
 from web.context import Context, Listener
 
