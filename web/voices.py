@@ -159,6 +159,7 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
         return speaker
     assert body.mix is not UNSET
     parts = body.mix
+    # Not named `speakers`: that is the codec module.
     strings = [await _part_speaker(ctx, model, part, f"mix[{i}].voice") for i, part in enumerate(parts)]
     embeddings = [validation.check_speaker(s, model.speaker_dim, f"mix[{i}].voice") for i, s in enumerate(strings)]
     if len({e.size for e in embeddings}) > 1:
