@@ -10,8 +10,9 @@ their own (`event_key`), so the job, which rq-dashboard shows, names only
 the event. A synthesis worker only touches Redis: the
 webhooks process does the HTTP. A delivery that gets no 2xx within TIMEOUT
 seconds is retried after each of `settings.webhook_retry_delays`, then given
-up. Each try is signed anew (the timestamp is the try's), with the same
-event id, so a receiver can drop repeats.
+up. Each try is signed anew as Standard Webhooks says (webhook-id,
+webhook-timestamp: the try's, webhook-signature: one `v1,` signature per
+secret), with the same event id, so a receiver can drop repeats.
 
 Never imports torch; never logs a callback URL beyond its scheme and host,
 nor a signature.
@@ -276,10 +277,15 @@ def bind(settings: Settings, redis: Redis) -> None:
     _bound = _Bound(settings, redis)
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The X-TTS-Signature value: HMAC-SHA256 over "<timestamp>.<body>"."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
+def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> str:
+    """The webhook-signature header (Standard Webhooks): `v1,<base64 HMAC-SHA256 of "id.timestamp.body">` per key.
+
+    One signature per key, separated by spaces, so a receiver holding any one
+    of the secrets verifies the event while they are rotated.
+    """
+    signed = f"{event_id}.{timestamp}.".encode() + body
+    return " ".join("v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+                    for key in keys)
 
 
 def deliver(event_id: str) -> dict[str, Any]:
@@ -315,8 +321,9 @@ def deliver(event_id: str) -> dict[str, Any]:
             except (OSError, UnicodeError) as exc:
                 raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
         timestamp = str(int(time.time()))
-        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-TTS-Event-Id": event_id,
-                   "X-TTS-Timestamp": timestamp, "X-TTS-Signature": sign(settings.webhook_secret, timestamp, data)}
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "webhook-id": event_id,
+                   "webhook-timestamp": timestamp,
+                   "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data)}
         if target.parts.username is not None:
             pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
             headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()

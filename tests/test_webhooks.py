@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import io
 import json
 import threading
@@ -17,12 +15,15 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
+import standardwebhooks
 from redis import Redis
 
 import webhooks
 from conftest import Stack, wait_for
 
-SECRET = "webhook-secret-0123456789"
+SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
+# What a receiver holds: the secret, in Standard Webhooks' own verifier.
+VERIFIER = standardwebhooks.Webhook(SECRET)
 DELAYS = "2,1"  # two retries (RQ schedules to the whole second): three tries in all
 
 
@@ -83,8 +84,8 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _stack(stack_factory: Callable[..., Stack], worker: bool = True, **env: str) -> Stack:
-    stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET=SECRET, TTS_WEBHOOK_ALLOW_PRIVATE="true",
-                          TTS_WEBHOOK_RETRY_DELAYS=DELAYS, **env)
+    stack = stack_factory(**{"TTS_ENGINE": "tone", "TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+                             "TTS_WEBHOOK_RETRY_DELAYS": DELAYS, **env})
     stack.start_web()
     stack.start_webhooks()
     if worker:
@@ -104,16 +105,15 @@ def _submit(stack: Stack, text: str, callback: str | None, status: int | tuple[i
     return r.json()
 
 
-def _verify(call: dict[str, Any]) -> dict[str, Any]:
-    """The event of a call, after checking its headers and signature as a receiver would."""
+def _verify(call: dict[str, Any], verifier: standardwebhooks.Webhook = VERIFIER) -> dict[str, Any]:
+    """The event of a call, after checking its headers and signature as a receiver would (Standard Webhooks)."""
     headers = {k.lower(): v for k, v in call["headers"].items()}
     assert headers["content-type"] == "application/json"
-    timestamp = headers["x-tts-timestamp"]
-    assert abs(int(timestamp) - time.time()) < 120
-    expected = hmac.new(SECRET.encode(), timestamp.encode() + b"." + call["body"], hashlib.sha256).hexdigest()
-    assert hmac.compare_digest(headers["x-tts-signature"], f"sha256={expected}")
-    assert len(headers["x-tts-event-id"]) >= 16
-    return json.loads(call["body"])
+    assert not [k for k in headers if k.startswith("x-tts-")]
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 120
+    assert len(headers["webhook-id"]) >= 16
+    event: dict[str, Any] = verifier.verify(call["body"], call["headers"])
+    return event
 
 
 def _scrape(stack: Stack, name: str, **labels: str) -> float:
@@ -147,6 +147,49 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert len(receiver.at("/again")) == 1 and len(receiver.at("/done")) == 1
 
 
+def test_rotated_secrets_each_sign_and_the_id_is_signed(stack_factory: Callable[..., Stack],
+                                                        receiver: Receiver) -> None:
+    """Two secrets in TTS_WEBHOOK_SECRET: a receiver holding either verifies; a changed id or body does not."""
+    new = "whsec_" + base64.b64encode(b"the-next-secret-of-32-bytes-long").decode()
+    stack = _stack(stack_factory, TTS_WEBHOOK_SECRET=f"{new} {SECRET}")
+    submitted = _submit(stack, "Rotate the keys.", receiver.url + "/rotated")
+    call = receiver.wait("/rotated", 1)[0]
+    assert len(call["headers"]["webhook-signature"].split(" ")) == 2
+    for verifier in (VERIFIER, standardwebhooks.Webhook(new)):
+        assert _verify(call, verifier)["id"] == submitted["id"]
+    assert _readme_receiver(new)(call["body"], call["headers"])["id"] == submitted["id"]
+    stranger = standardwebhooks.Webhook("whsec_" + base64.b64encode(b"x" * 32).decode())
+    replayed = {**call["headers"], "webhook-id": "0" * 32}  # a replay under a new id fails dedupe-proofing
+    tampered = call["body"].replace(b'"finished"', b'"canceled"')
+    for body, headers, verifier in ((call["body"], call["headers"], stranger), (call["body"], replayed, VERIFIER),
+                                    (tampered, call["headers"], VERIFIER)):
+        with pytest.raises(standardwebhooks.WebhookVerificationError):
+            verifier.verify(body, headers)
+
+
+def _readme_receiver(secret: str) -> Callable[[bytes, dict], dict]:
+    """The README's receiver (section Webhooks, its python block), run as written with TTS_WEBHOOK_SECRET=secret."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n## Webhooks\n"):]
+    code = section[section.index("```python\n") + 10:section.index("\n```", section.index("```python\n"))]
+    assert len([line for line in code.splitlines() if line.strip()]) == 5
+    namespace: dict[str, Any] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TTS_WEBHOOK_SECRET", secret)
+        exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["event"]  # type: ignore[no-any-return]
+
+
+def test_sign_matches_the_reference_implementation() -> None:
+    body = b'{"id":"x","status":"finished"}'
+    keys = (b"a" * 24, b"b" * 32)
+    header = webhooks.sign(keys, "evt_1", "1796135224", body)
+    from datetime import datetime, timezone
+
+    at = datetime.fromtimestamp(1796135224, tz=timezone.utc)
+    assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
+
+
 def test_each_repeat_with_a_callback_url_gets_its_event(stack_factory: Callable[..., Stack],
                                                        receiver: Receiver) -> None:
     """The web process answers repeats of a stored body from memory; a callback_url still registers and fires."""
@@ -173,8 +216,8 @@ def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack]
         assert _verify(receiver.wait(path, 1)[0])["status"] == "finished"
     time.sleep(1)
     assert len(receiver.at("/x")) == 1 and len(receiver.at("/y")) == 1
-    assert {c["headers"]["X-TTS-Event-Id"] for c in receiver.calls} == {
-        receiver.at("/x")[0]["headers"]["X-TTS-Event-Id"], receiver.at("/y")[0]["headers"]["X-TTS-Event-Id"]}
+    assert {c["headers"]["webhook-id"] for c in receiver.calls} == {
+        receiver.at("/x")[0]["headers"]["webhook-id"], receiver.at("/y")[0]["headers"]["webhook-id"]}
 
 
 def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factory: Callable[..., Stack],
@@ -188,14 +231,14 @@ def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factor
     _submit(stack, "Redirects are not followed.", receiver.url + "/moved")
     first, second = receiver.wait("/flaky", 2)
     assert [_verify(c)["status"] for c in (first, second)] == ["finished", "finished"]
-    assert first["headers"]["X-TTS-Event-Id"] == second["headers"]["X-TTS-Event-Id"]
+    assert first["headers"]["webhook-id"] == second["headers"]["webhook-id"]
     assert first["body"] == second["body"]
     assert second["at"] - first["at"] >= 1.0  # the backoff (2 s, to the whole second)
     # Every try fails: one try and two retries, then it is given up.
     tries = receiver.wait("/down", 3)
     receiver.wait("/moved", 3)
     wait_for(lambda: _scrape(stack, "tts_webhook_deliveries_total", result="given_up") == 2, 20, "two give-ups")
-    assert len({c["headers"]["X-TTS-Event-Id"] for c in tries}) == 1
+    assert len({c["headers"]["webhook-id"] for c in tries}) == 1
     assert receiver.at("/landed") == []
     assert _scrape(stack, "tts_webhook_deliveries_total", result="delivered") == 1
     assert _scrape(stack, "tts_webhook_deliveries_total", result="failed") == 5  # 1 + 2 + 2 tries retried
@@ -285,7 +328,7 @@ def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_fa
     call = receiver.wait("/hook/s3cr3t-path", 1)[0]
     _verify(call)
     assert call["headers"]["Authorization"] == "Basic " + base64.b64encode(b"hook-user:hook-pass").decode()
-    signature = call["headers"]["X-TTS-Signature"].split("=", 1)[1]
+    signature = call["headers"]["webhook-signature"].split(",", 1)[1]
     hooks = next(p for p in stack.procs if "webhooks" in p.log.name)
     wait_for(lambda: "delivered" in hooks.output(), 10, "the delivery's log line")
     for proc in stack.procs:

@@ -412,12 +412,13 @@ def _event_operation() -> dict[str, Any]:
         "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
         "backoff for about 10 minutes, then given up. Redirects are not followed.",
         "parameters": [
-            {"name": "X-TTS-Event-Id", "in": "header", **header("Unique per event, the same on every try: "
-                                                                "drop repeats by it.")},
-            {"name": "X-TTS-Timestamp", "in": "header", **header("Unix seconds of this try.")},
-            {"name": "X-TTS-Signature", "in": "header",
-             **header('"sha256=" and the hex HMAC-SHA256 of "<timestamp>.<raw body>" keyed with '
-                      "TTS_WEBHOOK_SECRET.")},
+            {"name": "webhook-id", "in": "header", **header("Unique per event, the same on every try: "
+                                                            "drop repeats by it.")},
+            {"name": "webhook-timestamp", "in": "header", **header("Unix seconds of this try.")},
+            {"name": "webhook-signature", "in": "header",
+             **header('Standard Webhooks: "v1," and the base64 HMAC-SHA256 of '
+                      '"<webhook-id>.<webhook-timestamp>.<raw body>", one per secret of TTS_WEBHOOK_SECRET, '
+                      "separated by spaces.")},
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
         "responses": {"2XX": {"description": "Received; any other answer is retried."}},
