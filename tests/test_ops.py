@@ -26,7 +26,7 @@ from rq.job import Job
 
 from common import metrics
 from cache import chunk_key, events_channel, request_key, stored
-from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
+from conftest import ROOT, Proc, Stack, _free_port, _pings, serving, wait_for
 from work.queueing import SERIALIZER
 from common.settings import SettingsError, from_env
 
@@ -423,14 +423,8 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
     honcho = Proc([sys.executable, "-m", "honcho", "start"], env, tmp_path / "honcho.log")
     web, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
     try:
-        def ready() -> bool:
-            try:
-                return httpx.get(web + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
         try:
-            wait_for(ready, 120, "web and worker under honcho", interval=0.3)
+            wait_for(lambda: serving(web), 120, "web and worker under honcho", interval=0.3)
         except AssertionError:
             pytest.fail(honcho.output()[-4000:])
         body = httpx.post(web + "/v1/tts", json={"text": TEXT}).json()

@@ -341,10 +341,11 @@ def schema(settings: Settings) -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "operationId": "readyz",
-                "summary": "Readiness: Redis answers and a worker is registered",
+                "summary": "Readiness of this web process: Redis answers (workers are counted, 0 included)",
                 "responses": {
-                    "200": _json(_ref("Ready"), "Ready; names the model."),
-                    "503": _json(_ref("Ready"), "Not ready; `detail` says why.",
+                    "200": _json(_ref("Ready"), "Redis answers: stored audio is served and new work queued; "
+                                 "`workers` counts the registered workers, `model` names their model."),
+                    "503": _json(_ref("Ready"), "Redis does not answer; `detail` says so.",
                                  {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
                 },
             }
