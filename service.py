@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Route
 
 from web import captions
@@ -107,7 +107,7 @@ async def _page(ctx: Context, request: Request) -> Response:
 
 async def _openapi(ctx: Context, request: Request) -> Response:
     """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
-    return JSONResponse(openapi.schema(ctx.settings))
+    return Response(ctx.openapi(), media_type="application/json")
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------
