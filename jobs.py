@@ -12,10 +12,9 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
-import numpy as np
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, get_current_job
@@ -25,11 +24,12 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import audio
 from common import metrics
-from cache import MODEL_KEY, Spec, chunk_key, events_channel, stored, voice_key
-from work.queueing import cancel_key, queue, voice_job_id
+from cache import Spec, stored
+from work.queueing import queue, voice_job_id
 from work.scheduler import Claimed, Pool
-from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo, VoiceBank
+from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
 from common.settings import Settings
+from common.keys import MODEL_KEY, assist_key, cancel_key, chunk_key, events_channel, voice_key
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +40,6 @@ class ModelMismatch(RuntimeError):
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
 
-
-def assist_key(queue_name: str) -> str:
-    """Set while an assist job of `queue_name` waits to be taken (at most one waits at a time)."""
-    return f"tts:assist:{queue_name}"
 
 
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds

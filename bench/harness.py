@@ -35,9 +35,10 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 from common.model import ModelInfo  # noqa: E402
 
 from work import queueing  # noqa: E402
-from cache import MODEL_KEY, Spec, normalize  # noqa: E402
+from cache import Spec, normalize  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024

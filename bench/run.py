@@ -59,14 +59,14 @@ from harness import (  # noqa: E402
     MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, bench_env, http_ok, interleaved, machine, make_spec,
     maps_torch, model_info, percentile, rss_bytes, run_jobs, table, wait_for, write_tiny_model,
 )
-from common.metrics import METRICS_KEY  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
 
 
 from work import queueing  # noqa: E402
-from cache import events_channel, pool_key, stored  # noqa: E402
+from cache import stored  # noqa: E402
 from common.settings import Settings  # noqa: E402
+from common.keys import METRICS_KEY, events_channel, pool_key  # noqa: E402
 
 BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
 END = "<!-- bench:end -->"

@@ -66,6 +66,7 @@ from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
 from common.settings import Settings  # noqa: E402
+from common import keys  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
 END = "<!-- soak:end -->"
@@ -255,11 +256,11 @@ def track_lives(s: Soak) -> None:
 
 def audio_in_redis(redis: Redis) -> tuple[int, int]:
     """(chunk keys, bytes of chunk audio) stored under tts:chunk:*."""
-    keys = list(redis.scan_iter("tts:chunk:*", count=1000))
+    found = list(redis.scan_iter(keys.chunk_key("*"), count=1000))
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
+    for key in found:
         pipe.strlen(key)
-    return len(keys), sum(pipe.execute()) if keys else 0
+    return len(found), sum(pipe.execute()) if found else 0
 
 
 @dataclass

@@ -54,12 +54,13 @@ from rq.job import Job, JobStatus  # noqa: E402
 from common.model import ModelInfo  # noqa: E402
 
 from work import queueing  # noqa: E402
-from cache import MODEL_KEY, Spec, normalize  # noqa: E402
+from cache import Spec, normalize  # noqa: E402
 from common.settings import Settings, from_env  # noqa: E402
 from splitter import split  # noqa: E402
 
 # Shared with the other benchmarks (bench/harness.py).
 from harness import MIB, WORDS, BenchError, free_port, rss_bytes, wait_for  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -33,11 +33,11 @@ from redis.exceptions import RedisError
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import logs
-from cache import is_well_formed_id, pool_key
+from cache import is_well_formed_id
+from common.keys import METRICS_KEY, pool_key
 
 logger = logging.getLogger(__name__)
 
-METRICS_KEY = "tts:metrics"
 # The text format every Prometheus reads (what prometheus_client itself
 # answers a scraper that asks for nothing newer); all names here are legacy-safe.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

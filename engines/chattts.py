@@ -12,14 +12,13 @@ import json
 import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from common import speakers
-from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
+from common.model import SAMPLES_PER_TOKEN, ModelInfo
 from engines import spoken
-from cache import SAMPLE_RATE, Spec
+from cache import Spec
 from common.settings import Settings
 from engines.config import ModelUnavailable, chattts_config, identity
 

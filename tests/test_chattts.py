@@ -16,6 +16,7 @@ from rq.job import Job
 
 from conftest import Stack, wait_for
 from work.queueing import SERIALIZER
+from common import keys
 
 TEXT = ("ChatTTS speaks this first sentence. 然后是第二句话，用中文说。" * 3).strip()
 
@@ -41,7 +42,7 @@ def test_chattts_worker_synthesizes_through_http(stack_factory: Callable[..., St
     job = Job.fetch(request_id, connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "finished", 30, "the job to record its result")
     result = job.return_value()
-    manifest = json.loads(redis.get(f"tts:req:{request_id}"))
+    manifest = json.loads(redis.get(keys.request_key(request_id)))
     tokens = result["tokens"]
     assert len(tokens) == len(manifest["chunks"]) == result["chunks_total"] >= 3
     # The text repeats itself: each distinct chunk is synthesized once.
@@ -50,7 +51,7 @@ def test_chattts_worker_synthesizes_through_http(stack_factory: Callable[..., St
     # ChatTTS: 512 samples per token, less 256 of vocoder padding per clip
     # (46.875 tokens per second of audio); edge trimming only shortens it.
     # No decoded padding is left: a clip is never longer than its tokens.
-    parts = [np.frombuffer(redis.get(f"tts:chunk:{cid}"), dtype="<i2") for cid in manifest["chunks"]]
+    parts = [np.frombuffer(redis.get(keys.chunk_key(cid)), dtype="<i2") for cid in manifest["chunks"]]
     for part, t in zip(parts, tokens):
         assert 0 < len(part) <= 512 * t - 256
     pauses = manifest["pauses"]
@@ -168,7 +169,7 @@ def _start_long_job(stack: Stack, redis: Redis) -> dict:
                     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
     pubsub = redis.pubsub()
     body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    pubsub.subscribe(f"tts:events:{body['id']}")
+    pubsub.subscribe(keys.events_channel(body['id']))
 
     def first_chunk() -> bool:
         message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)

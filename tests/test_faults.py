@@ -17,6 +17,7 @@ from rq.job import Job
 
 from conftest import Stack, _free_port, _pings, serving, wait_for
 from work.queueing import SERIALIZER
+from common import keys
 
 
 class RedisServer:
@@ -124,7 +125,7 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(private_red
 
         def cut_off() -> None:
             # Every client holds a subscription on the request's channel; then Redis goes away.
-            wait_for(lambda: redis.pubsub_numsub(f"tts:events:{body['id']}")[0][1] >= clients, 30,
+            wait_for(lambda: redis.pubsub_numsub(keys.events_channel(body['id']))[0][1] >= clients, 30,
                      f"{clients} waiting clients")
             private_redis.stop()
 
@@ -256,4 +257,4 @@ def test_api_keys_and_rate_limit(stack_factory: Callable[..., Stack], redis: Red
     assert other.status_code == 202
     assert key not in web.output()
     assert not any(key.encode() in k for k in redis.keys("*"))
-    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys("tts:*") if redis.type(k) == b"string")
+    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys(f"{keys.PREFIX}:*") if redis.type(k) == b"string")

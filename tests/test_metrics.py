@@ -19,12 +19,13 @@ from starlette.routing import Route
 
 from common import metrics
 from conftest import _free_port
+from common import keys
 
 ID = "0123456789abcdef0123456789abcdef"
 
 
 def samples(redis: Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = metrics.render(redis.hgetall(metrics.METRICS_KEY)).decode()
+    text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 

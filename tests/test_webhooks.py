@@ -21,6 +21,7 @@ from redis import Redis
 import webhooks
 from common.settings import from_env
 from conftest import Stack, wait_for
+from common import keys
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
 # What a receiver holds: the secret, in Standard Webhooks' own verifier.
@@ -292,7 +293,7 @@ def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redi
     for url in REFUSED_URLS:
         r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": url})
         assert r.status_code == 422 and r.json()["field"] == "callback_url", (url, r.text)
-    assert redis.llen("rq:queue:tts") == 0 and not redis.keys("tts:hooks:*")
+    assert redis.llen("rq:queue:tts") == 0 and not redis.keys(keys.hooks_key("*"))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from common import metrics
 from work import queueing
 from web.replies import Health, Ready, ReadyModel, reply
 from web.context import Context
+from common import keys
 
 
 async def healthz(ctx: Context, request: Request) -> Response:
@@ -62,7 +63,7 @@ async def readyz(ctx: Context, request: Request) -> Response:
 async def prometheus(ctx: Context, request: Request) -> Response:
     """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
     await ctx.metrics.aflush(ctx.redis)
-    stored = await ctx.redis.hgetall(metrics.METRICS_KEY)
+    stored = await ctx.redis.hgetall(keys.METRICS_KEY)
     hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=queueing.SERIALIZER)
     gauges = await run_in_threadpool(metrics.queue_gauges, ctx.queue, hooks)
     return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)

@@ -35,7 +35,9 @@ from typing import Any, Iterable, Sequence
 from redis import Redis
 
 from common import metrics
-from cache import PREFIX, Spec, events_channel, pool_key
+from cache import Spec
+from common.keys import PREFIX, events_channel, pool_entry_key, pool_key
+from common import keys
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -310,7 +312,7 @@ class Pool:
             args += [chunk_id, index, batch, json.dumps(row, ensure_ascii=False, separators=(",", ":"))]
         if not args:
             return 0
-        return int(self._register(args=self._args(request_id, self.ttl, metrics.METRICS_KEY, self.needed_field, SLOT, *args)))
+        return int(self._register(args=self._args(request_id, self.ttl, keys.METRICS_KEY, self.needed_field, SLOT, *args)))
 
     def claim(self, token: str, size: int, lease_ms: int, cross: bool, own: str | None = None,
               own_chunks: Sequence[str] = (), share: int = 1) -> tuple[list[Claimed], bool]:
@@ -380,7 +382,7 @@ class Pool:
         return int(self.redis.zcard(pool_key(self.queue)))
 
     def _key(self, kind: str, chunk_id: str) -> str:
-        return f"{PREFIX}:{kind}:{self.queue}:{chunk_id}"
+        return pool_entry_key(kind, self.queue, chunk_id)
 
 
 def wake(redis: Redis, request_id: str) -> None:
