@@ -82,6 +82,11 @@ class Settings:
     webhook_allow_private: bool = False
     # Seconds between a failed delivery and its next try; the event is given up after the last.
     webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+    # The launcher (worker.py --gpus) gives a GPU up when its worker failed
+    # this many times within worker_failure_window seconds; before that it
+    # restarts it after 1, 2, 4 … 60 s.
+    worker_max_failures: int = 5
+    worker_failure_window: int = 600
 
     @property
     def webhook_queue(self) -> str:
@@ -232,6 +237,10 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                               "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\")", secret=True),
         webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool,
                                      "true or false"),
+        worker_max_failures=_parse(env, "TTS_WORKER_MAX_FAILURES", d.worker_max_failures, _int_in(1, 1000),
+                                   "a whole number 1-1000"),
+        worker_failure_window=_parse(env, "TTS_WORKER_FAILURE_WINDOW", d.worker_failure_window, _int_in(1),
+                                     "seconds, at least 1"),
         webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
                                     "1-20 comma-separated whole numbers of seconds, each 1-3600"),
     )

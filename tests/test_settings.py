@@ -83,6 +83,8 @@ def test_several_webhook_secrets_rotate() -> None:
         pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
+        pytest.param("TTS_WORKER_MAX_FAILURES", "0", id="worker-max-failures-zero"),
+        pytest.param("TTS_WORKER_FAILURE_WINDOW", "soon", id="worker-failure-window-word"),
     ],
 )
 def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
