@@ -200,7 +200,7 @@ async def check(url: str, settings: Settings) -> str:
             try:
                 infos = await asyncio.wait_for(
                     loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5)
-            except (OSError, UnicodeError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, UnicodeError):
                 raise ValueError("has a host that does not resolve") from None
             _check_addresses(infos)
     except ValueError as exc:
@@ -224,7 +224,9 @@ def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> boo
     cannot make it fire twice. Returns whether this call fired it.
     """
     with redis.pipeline(transaction=True) as pipe:
-        fmt, removed = pipe.hget(hooks_key(request_id), url).hdel(hooks_key(request_id), url).execute()
+        pipe.hget(hooks_key(request_id), url)
+        pipe.hdel(hooks_key(request_id), url)
+        fmt, removed = pipe.execute()
     if not removed:
         return False
     _enqueue_events(redis, request_id, {url.encode(): fmt}, settings, None)
@@ -241,7 +243,9 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     is the webhooks process's.
     """
     with redis.pipeline(transaction=True) as pipe:
-        hooks, _ = pipe.hgetall(hooks_key(request_id)).delete(hooks_key(request_id)).execute()
+        pipe.hgetall(hooks_key(request_id))
+        pipe.delete(hooks_key(request_id))
+        hooks, _ = pipe.execute()
     if hooks:
         _enqueue_events(redis, request_id, hooks, settings, error)
     return len(hooks)
@@ -348,7 +352,9 @@ def deliver(event_id: str) -> dict[str, Any]:
     if not stored:
         logger.warning("webhook %s given up: the event has expired", event_id)
         return {"delivered": False, "expired": True}
-    url, data = stored[b"url"].decode(), stored[b"body"]
+    url, data = stored[b"url"], stored[b"body"]
+    assert isinstance(url, bytes) and isinstance(data, bytes)  # the client does not decode responses
+    url = url.decode()
     job = get_current_job()
     last_try = job is None or not job.retries_left
     target = _target(url)

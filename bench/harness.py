@@ -225,7 +225,8 @@ class Cluster:
         args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1",
                 "--port", str(port), "--no-access-log", "--log-level", "warning"]
         proc = self.spawn(name, args, bench_env(REDIS_URL=self.redis_url, **env))
-        wait_for(lambda: proc.check() or http_ok(port, "/healthz"), timeout, f"{name} to answer /healthz")
+        wait_for(lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
+                 timeout, f"{name} to answer /healthz")
         return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
@@ -316,8 +317,9 @@ class Texts:
         return self.text(self.rng.randint(low, high))
 
 
-def make_spec(text: str, model_id: str, settings: Settings = Settings()) -> Spec:
+def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:
     """The Spec the web process builds for {"text": text} with default settings."""
+    settings = settings or Settings()
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
 
 

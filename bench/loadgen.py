@@ -143,7 +143,7 @@ async def run(port: int, next_request: Callable[[], bytes], connections: int, du
                 t0 = loop.time()
                 try:
                     status, _, body = await conn.send(data, timeout)
-                except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                     raise BenchError(f"request to port {port} failed: {exc!r}") from exc
                 t1 = loop.time()
                 if status not in expect:
@@ -193,7 +193,7 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
         busy += 1
         try:
             status, _, body = await conn.send(data, timeout)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             raise BenchError(f"request to port {port} failed: {exc!r}") from exc
         finally:
             busy -= 1

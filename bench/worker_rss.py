@@ -86,7 +86,7 @@ def make_texts(count: int, max_chars: int, seed: int) -> list[str]:
     """`count` distinct texts of 1-3 sentences; no sentence appears twice in the whole set."""
     rng = random.Random(seed)
     seen: set[str] = set()
-    texts = []
+    texts: list[str] = []
     while len(texts) < count:
         sentences = []
         for _ in range(rng.randint(1, 3)):
@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         def model_published() -> bytes | None:
             if not worker.alive():
                 raise BenchError(f"the worker exited with status {worker.popen.returncode}:\n{worker.tail()}")
-            return redis.get(MODEL_KEY)
+            value = redis.get(MODEL_KEY)
+            return value if isinstance(value, bytes) else None
 
         model = ModelInfo.from_json(wait_for(model_published, 180, "the worker to publish its model", 0.2))
         print(f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "

@@ -204,18 +204,18 @@ def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: b
                 if slot.start_at is not None and slot.start_at <= time.monotonic() and not stopping:
                     start(slot)
             continue
-        slot = next((s for s in slots if s.proc is not None and s.proc.pid == pid), None)
-        if slot is None or slot.proc is None:
+        ended = next((s for s in slots if s.proc is not None and s.proc.pid == pid), None)
+        if ended is None or ended.proc is None:
             continue
-        slot.proc.returncode = code = os.waitstatus_to_exitcode(wait_status)
+        ended.proc.returncode = code = os.waitstatus_to_exitcode(wait_status)
         if stopping:
             continue
         if code == 0:
-            slot.in_a_row = 0
+            ended.in_a_row = 0
             if restart:
-                start(slot)
+                start(ended)
         else:
-            failed(slot, pid, code)
+            failed(ended, pid, code)
     flush()
     if stopping or all(slot.proc is not None and slot.proc.returncode == 0 for slot in slots):
         return 0

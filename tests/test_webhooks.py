@@ -22,6 +22,7 @@ import webhooks
 from common.settings import from_env
 from conftest import Stack, wait_for
 from common import keys
+from datetime import UTC
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
 # What a receiver holds: the secret, in Standard Webhooks' own verifier.
@@ -186,9 +187,9 @@ def test_sign_matches_the_reference_implementation() -> None:
     body = b'{"id":"x","status":"finished"}'
     keys = (b"a" * 24, b"b" * 32)
     header = webhooks.sign(keys, "evt_1", "1796135224", body)
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    at = datetime.fromtimestamp(1796135224, tz=timezone.utc)
+    at = datetime.fromtimestamp(1796135224, tz=UTC)
     assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
 
 

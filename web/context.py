@@ -97,7 +97,9 @@ class Context:
             window = int(time.time()) // 60
             name = rate_key(hashlib.sha256(given_bytes).hexdigest()[:16], window)
             async with self.redis.pipeline(transaction=True) as pipe:
-                count, _ = await pipe.incr(name).expire(name, 61).execute()
+                pipe.incr(name)
+                pipe.expire(name, 61)
+                count, _ = await pipe.execute()
             if count > limit:
                 retry = 60 - int(time.time()) % 60
                 raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",
