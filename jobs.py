@@ -20,12 +20,11 @@ from redis.exceptions import RedisError
 from rq import Queue, get_current_job
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import audio
 from common import metrics
 from cache import Spec, stored
-from work.queueing import queue, voice_job_id
+from work.queueing import census, queue, voice_job_id
 from work.scheduler import Claimed, Pool
 from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
 from common.settings import Settings
@@ -204,7 +203,7 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
             failed = ctx.pool.failures(missing)
             if failed:
                 raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
-            idle = _idle_workers(ctx)
+            idle = census(ctx.redis, ctx.queue.name).idle
             claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
                                            own=request_id, own_chunks=missing, share=idle + 1)
             if more and idle:
@@ -255,7 +254,7 @@ def assist(queue_name: str) -> dict[str, Any]:
     run = _Run()
     try:
         while not _stopping.is_set() and time.monotonic() - run.started < ASSIST_SECONDS:
-            idle = _idle_workers(ctx)
+            idle = census(ctx.redis, ctx.queue.name).idle
             claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
                                            share=idle + 1)
             if more and idle:
@@ -264,7 +263,7 @@ def assist(queue_name: str) -> dict[str, Any]:
                 break
             _make(ctx, claimed, run)
         else:
-            if not _stopping.is_set() and _idle_workers(ctx):
+            if not _stopping.is_set() and census(ctx.redis, ctx.queue.name).idle:
                 _spawn_assist(ctx)
     finally:
         _figures.inc("tts_assist_jobs_total")
@@ -290,18 +289,6 @@ def _spawn_assist(ctx: _Bound) -> None:
         job_timeout=ASSIST_SECONDS + ctx.settings.job_timeout(ctx.settings.batch_size),
         description="assist: synthesize waiting chunks of any request",
     )
-
-
-def _idle_workers(ctx: _Bound) -> int:
-    """Live workers of the queue waiting for a job (RQ keeps each worker's state in its hash)."""
-    names = ctx.redis.smembers(WORKERS_BY_QUEUE_KEY % ctx.queue.name)
-    if not names:
-        return 0
-    with ctx.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hget(name, "state")
-        states = pipe.execute()
-    return sum(1 for state in states if state == b"idle")
 
 
 def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:

@@ -44,11 +44,10 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-from common import logs
 from common import audio, metrics, urls
 from work import process
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
-from common.settings import Settings, SettingsError, from_env
+from common.settings import Settings
 from common.errors import invalid
 from work.status import Outcome
 from common.keys import chunk_key, event_key, hooks_key, request_key
@@ -474,13 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Deliver webhook events (an rq worker on the webhook queue)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     args = parser.parse_args(argv)
-    try:
-        settings = from_env()
-    except SettingsError as exc:
-        logs.configure_logging()
-        logger.error("%s", exc)
+    settings = process.settings_from_env()
+    if settings is None:
         return 2
-    logs.configure_logging(settings.log_level, settings.log_format)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)

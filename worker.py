@@ -25,13 +25,12 @@ from rq.scheduler import RQScheduler
 
 import jobs
 
-from common import logs
 from work import process, queueing
 import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
 from engines.launcher import RestartPolicy, gpu_slots, launch
-from common.settings import Settings, SettingsError, from_env
+from common.settings import Settings
 from work.status import failure_words
 
 logger = logging.getLogger("worker")
@@ -166,13 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     # threads an int8 decode step took 44 ms against 23 ms (BENCHMARKS.md,
     # bench/cpu_engine.py). What hurts is more threads than free cores: give
     # each worker TTS_TORCH_THREADS = cores / workers.
-    try:
-        settings = from_env()
-    except SettingsError as exc:
-        logs.configure_logging()
-        logger.error("%s", exc)
+    settings = process.settings_from_env()
+    if settings is None:
         return 2
-    logs.configure_logging(settings.log_level, settings.log_format)
     if args.gpus is not None:
         if args.per_gpu < 1:
             parser.error("--per-gpu must be at least 1")

@@ -2,7 +2,8 @@
 
 Everything else, tests and benchmarks included, asks this module. RQ's own
 keys (`rq:*`) are RQ's. Ids inside keys are hex digests or queue names, so
-no key needs escaping.
+no key needs escaping. A function called with "" gives the prefix of its
+keys, which the Lua scripts that meet ids as they go are handed.
 
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
@@ -22,8 +23,10 @@ PREFIX = "tts"
 MODEL_KEY = f"{PREFIX}:model"
 VOICES_KEY = f"{PREFIX}:voices"
 METRICS_KEY = f"{PREFIX}:metrics"
-# The kinds of per-chunk key the pool keeps for each queue (pool_entry_key).
+# The kinds of per-chunk key the pool keeps for each queue (pool_entry_key), and
+# what their names start with (the claim script, which meets chunks as it scans, makes them itself).
 POOL_KINDS = ("task", "waiters", "claim", "failed")
+POOL_ENTRY_PREFIX = f"{PREFIX}:"
 
 
 def chunk_key(chunk_id: str) -> str:
@@ -48,7 +51,7 @@ def pool_key(queue: str) -> str:
 
 def pool_entry_key(kind: str, queue: str, chunk_id: str) -> str:
     """One of the pool's per-chunk keys: `kind` is one of POOL_KINDS."""
-    return f"{PREFIX}:{kind}:{queue}:{chunk_id}"
+    return f"{POOL_ENTRY_PREFIX}{kind}:{queue}:{chunk_id}"
 
 
 def events_channel(request_id: str) -> str:

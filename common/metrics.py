@@ -30,7 +30,6 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from redis import Redis
 from redis.exceptions import RedisError
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import logs
 from cache import is_well_formed_id
@@ -356,8 +355,8 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     return generate_latest(registry)
 
 
-def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
-    """Gauges read at scrape time: jobs of each rq Queue by state, live workers, and the synthesis queue's pool."""
+def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
+    """Gauges read at scrape time: jobs of each rq Queue by state, its `live` workers (by queue name), the synthesis pool."""
     queues = (synthesis, *others)
     jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
                              labels=["queue", "state"])
@@ -365,9 +364,6 @@ def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
                              "that needs it).", labels=["queue"])
     alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
     for queue in queues:
-        names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
-        # A dead worker's key expires; its membership lingers until RQ's next clean-up.
-        workers = int(queue.connection.exists(*names)) if names else 0
         for state, count in (
             ("queued", queue.count),
             ("started", queue.started_job_registry.count),
@@ -375,7 +371,7 @@ def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
             ("failed", queue.failed_job_registry.count),
         ):
             jobs.add_metric([queue.name, state], count)
-        alive.add_metric([queue.name], workers)
+        alive.add_metric([queue.name], live.get(queue.name, 0))
     pool.add_metric([synthesis.name], synthesis.connection.zcard(pool_key(synthesis.name)))
     return [jobs, pool, alive]
 

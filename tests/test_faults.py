@@ -91,10 +91,8 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
 
     private_redis.start()
     restarted = time.monotonic()
-    stack.wait_ready(timeout=60)
-    recovered_in = time.monotonic() - restarted
-    record_property("ready_again_after_restart_s", round(recovered_in, 2))
-    assert recovered_in < 30, f"took {recovered_in:.1f} s to be ready again"
+    stack.wait_ready(timeout=30)  # by itself, without a restart of any process
+    record_property("ready_again_after_restart_s", round(time.monotonic() - restarted, 2))
     _finish(stack, "Asked after the outage.")
     assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
     assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"

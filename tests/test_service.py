@@ -13,6 +13,7 @@ import httpx
 import pytest
 import soundfile
 from redis import Redis
+from starlette.testclient import TestClient
 
 from conftest import Stack, wait_for
 from common import keys
@@ -186,9 +187,10 @@ def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stac
         pytest.param({"text": "hi", "speaker": None}, 422, "speaker", id="speaker-null"),
     ],
 )
-def test_bad_input_is_a_clear_4xx(tone_stack: Stack, redis: Redis, body: Any, status: int, field: str | None) -> None:
+def test_bad_input_is_a_clear_4xx(web_client: Callable[..., TestClient], redis: Redis, body: Any, status: int,
+                                  field: str | None) -> None:
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(tone_stack.url + "/v1/tts", **kwargs)
+    r = web_client().post("/v1/tts", **kwargs)
     assert r.status_code == status, r.text
     answer = r.json()
     assert answer["detail"]
@@ -196,8 +198,8 @@ def test_bad_input_is_a_clear_4xx(tone_stack: Stack, redis: Redis, body: Any, st
     assert redis.llen("rq:queue:tts") == 0
 
 
-def test_oversized_body_is_413(tone_stack: Stack) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}')
+def test_oversized_body_is_413(web_client: Callable[..., TestClient]) -> None:
+    r = web_client().post("/v1/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}')
     assert r.status_code == 413 and r.json()["detail"]
 
 
@@ -210,8 +212,8 @@ def test_oversized_body_is_413(tone_stack: Stack) -> None:
         pytest.param("/nowhere", id="no-route"),
     ],
 )
-def test_unknown_is_404_json(tone_stack: Stack, path: str) -> None:
-    r = httpx.get(tone_stack.url + path)
+def test_unknown_is_404_json(web_client: Callable[..., TestClient], path: str) -> None:
+    r = web_client().get(path)
     assert r.status_code == 404 and r.json()["detail"]
 
 
@@ -220,14 +222,15 @@ def test_unknown_is_404_json(tone_stack: Stack, path: str) -> None:
     [pytest.param("?format=aiff", "format", id="format"), pytest.param("?wait=61", "wait", id="wait-range"),
      pytest.param("?wait=soon", "wait", id="wait-word")],
 )
-def test_bad_audio_query_is_422(tone_stack: Stack, query: str, field: str) -> None:
-    request_id = httpx.post(tone_stack.url + "/v1/tts", json={"text": "query checks"}).json()["id"]
-    r = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio{query}")
+def test_bad_audio_query_is_422(web_client: Callable[..., TestClient], query: str, field: str) -> None:
+    client = web_client()
+    request_id = client.post("/v1/tts", json={"text": "query checks"}).json()["id"]
+    r = client.get(f"/v1/tts/{request_id}/audio{query}")
     assert r.status_code == 422 and r.json()["field"] == field
 
 
-def test_page_is_served(tone_stack: Stack) -> None:
-    r = httpx.get(tone_stack.url + "/")
+def test_page_is_served(web_client: Callable[..., TestClient]) -> None:
+    r = web_client().get("/")
     assert r.status_code == 200 and "<textarea" in r.text and "/readyz" in r.text
 
 

@@ -11,7 +11,22 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from common import logs
+from common.settings import Settings, SettingsError, from_env
+
 logger = logging.getLogger(__name__)
+
+
+def settings_from_env() -> Settings | None:
+    """An rq process's Settings, its logging configured by them; None (the reason logged) when the environment is wrong."""
+    try:
+        settings = from_env()
+    except SettingsError as exc:
+        logs.configure_logging()
+        logger.error("%s", exc)
+        return None
+    logs.configure_logging(settings.log_level, settings.log_format)
+    return settings
 
 
 class StopAware:

@@ -9,12 +9,14 @@ wait here for Redis between outages.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from redis import Redis
-from rq import Queue, Retry
+from rq import Queue, Retry, Worker
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.worker import WorkerStatus
 from rq.serializers import JSONSerializer
 
 from cache import Spec, stored
@@ -146,3 +148,17 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> Non
     job = fetch(redis, request_id)
     if job is not None and job.get_status(refresh=False) in WAITING:
         job.cancel()
+
+
+@dataclass(frozen=True)
+class Census:
+    """The rq workers registered on a queue and alive now, and how many of them wait for a job."""
+
+    live: int
+    idle: int
+
+
+def census(redis: Redis, queue_name: str) -> Census:
+    """Count a queue's workers through RQ's own registry (a dead worker's key expires; RQ forgets it here)."""
+    found = Worker.all(queue=Queue(queue_name, connection=redis, serializer=SERIALIZER))
+    return Census(live=len(found), idle=sum(1 for w in found if w.get_state() == WorkerStatus.IDLE))
