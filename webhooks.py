@@ -108,9 +108,9 @@ def _target(url: str) -> _Target:
     return _Target(parts, parts.hostname, port)
 
 
-# IPv6 prefixes that carry an IPv4 address inside (RFC 6052 NAT64; RFC 6145's
-# IPv4-compatible form is the deprecated ::/96). A packet to one of them ends
-# up at that IPv4 address, so the IPv4 address is what is judged.
+# IPv6 prefixes that carry an IPv4 address inside (RFC 6052's NAT64, RFC 4291's
+# deprecated IPv4-compatible ::/96, SIIT). A packet to one of them ends up at
+# that IPv4 address, so the IPv4 address is what is judged.
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: the IPv4 sits where the prefix length puts it
 _COMPATIBLE = ipaddress.ip_network("::/96")
@@ -126,9 +126,9 @@ def _bits(value: int, start: int, count: int) -> int:
 def _wrapped(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
     """The IPv4 addresses an IPv6 address leads to: none unless it wraps one.
 
-    IPv4-mapped, IPv4-compatible (::a.b.c.d) and SIIT's ::ffff:0:a.b.c.d, NAT64 (64:ff9b::/96, and
-    64:ff9b:1::/48 at each place RFC 6052 allows, since its prefix length is
-    the operator's), 6to4 (2002::/16: bits 16-47) and Teredo (2001::/32: the
+    IPv4-mapped, IPv4-compatible (::a.b.c.d) and SIIT's ::ffff:0:a.b.c.d,
+    NAT64 (64:ff9b::/96, and 64:ff9b:1::/48 at each place RFC 6052 allows,
+    since its prefix length is the operator's), 6to4 (2002::/16: bits 16-47) and Teredo (2001::/32: the
     server, and the client, which is the last 32 bits inverted).
     """
     value = int(ip)
