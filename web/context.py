@@ -7,7 +7,6 @@ import hmac
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-import msgspec
 import redis.asyncio as aioredis
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -16,7 +15,6 @@ from starlette.requests import Request
 
 
 from common import metrics
-from web import openapi
 from work import queueing
 from cache import AudioCache
 from common.model import ModelInfo
@@ -46,17 +44,13 @@ class Context:
         # This process's figures; they reach Redis about once a second.
         self.metrics = metrics.Recorder()
         self._model: tuple[float, ModelInfo | None] = (0.0, None)
-        self._openapi: bytes | None = None
+        # The OpenAPI document as JSON, made by the first GET /openapi.json
+        # (service.py): settings never change in a process.
+        self.openapi_json: bytes | None = None
 
     async def close(self) -> None:
         await self.redis.aclose()
         self.sync_redis.close()
-
-    def openapi(self) -> bytes:
-        """The OpenAPI document of this deployment, JSON-encoded once per process: settings never change in one."""
-        if self._openapi is None:
-            self._openapi = msgspec.json.encode(openapi.schema(self.settings))
-        return self._openapi
 
     async def model(self) -> ModelInfo | None:
         """The model the workers published, re-read at most once a second."""
