@@ -125,6 +125,13 @@ def counter_field(name: str) -> str:
     return _field(name, "", {})
 
 
+def read_counter(redis: Redis, name: str) -> float:
+    """The service's total so far of unlabelled counter `name`, as every process has added it up in
+    METRICS_KEY (0 before the first flush); KeyError for a name that is not an unlabelled counter."""
+    raw = redis.hget(METRICS_KEY, counter_field(name))
+    return float(raw) if raw is not None else 0.0
+
+
 class Counter:
     """One labelled series of a counter, checked once (`Recorder.counter`); `inc` only adds in memory."""
 

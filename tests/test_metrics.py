@@ -65,6 +65,17 @@ def test_series_are_checked_once_and_typos_raise() -> None:
         recorder.counter("tts_no_such_total")
 
 
+def test_read_counter_gives_the_service_total_of_an_unlabelled_counter(redis: Redis) -> None:
+    assert metrics.read_counter(redis, "tts_chunks_needed_total") == 0.0  # nothing flushed yet
+    for amount in (3, 2):  # two processes flushing
+        recorder = metrics.Recorder()
+        recorder.inc("tts_chunks_needed_total", amount)
+        recorder.flush(redis)
+    assert metrics.read_counter(redis, "tts_chunks_needed_total") == 5.0
+    with pytest.raises(KeyError):
+        metrics.read_counter(redis, "tts_jobs_total")  # labelled
+
+
 def test_a_failed_flush_keeps_everything_for_the_next(redis: Redis) -> None:
     recorder = metrics.Recorder()
     recorder.inc("tts_jobs_total", 2, outcome="finished")
