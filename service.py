@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
@@ -109,7 +110,9 @@ async def _page(ctx: Context, request: Request) -> Response:
 
 async def _openapi(ctx: Context, request: Request) -> Response:
     """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
-    return JSONResponse(openapi.schema(ctx.settings))
+    if ctx.openapi_json is None:  # built once per process
+        ctx.openapi_json = msgspec.json.encode(openapi.schema(ctx.settings))
+    return Response(ctx.openapi_json, media_type="application/json")
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------

@@ -100,6 +100,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
     Metric("tts_time_to_first_chunk_seconds", "histogram",
            "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
+    # The worker launcher (worker.py --gpus): one GPU's worker failing, restarted, given up.
+    Metric("tts_worker_failures_total", "counter",
+           "Worker processes that exited non-zero (or on a signal the launcher did not send), by host and GPU.",
+           ("host", "gpu")),
+    Metric("tts_worker_restarts_total", "counter",
+           "Failed worker processes the launcher started again after a backoff, by host and GPU.", ("host", "gpu")),
+    Metric("tts_worker_gpus_given_up_total", "counter",
+           "GPUs whose worker kept failing and that the launcher gave up (not restarted until the launcher is), "
+           "by host and GPU.", ("host", "gpu")),
     # The webhooks process.
     Metric("tts_webhook_deliveries_total", "counter",
            "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "

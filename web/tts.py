@@ -112,8 +112,8 @@ async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
     total = len(spec.chunks)
     stored = _submitted(request_id, fmt, total, 0, "finished")
     stored.cached = True
-    saved = body.voice is not UNSET and body.voice not in voices.BUILTIN
-    voice = (body.voice, spec.speaker) if saved and spec.speaker is not None else None
+    saved = isinstance(body.voice, str) and body.voice not in voices.BUILTIN
+    voice = (body.voice, spec.speaker) if isinstance(body.voice, str) and saved and spec.speaker is not None else None
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 
