@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -86,10 +86,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
     ]
-    handlers: dict[Any, Any] = {
-        cls: _error for cls in (ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError,
-                                RedisConnectionError, RedisTimeoutError, Exception)
-    }
+    handlers: dict[Any, Any] = dict.fromkeys((ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError,
+                                              RedisConnectionError, RedisTimeoutError, Exception), _error)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

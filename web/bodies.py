@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from functools import cache
-from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, Union, get_args
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, get_args
 
 import msgspec
 import msgspec.inspect as mi
@@ -124,10 +124,10 @@ class TtsRequest(Body):
         | UnsetType = UNSET
 
 
-SpeechVoice = Union[
-    Annotated[int, Meta(ge=0, le=SEED_MAX)],
-    Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")],
-]
+SpeechVoice = (
+    Annotated[int, Meta(ge=0, le=SEED_MAX)]
+    | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
+)
 SpeechSpeed = Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")]
 TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
 

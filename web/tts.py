@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncGenerator, Mapping
 
 import msgspec
 from msgspec import UNSET
@@ -350,7 +350,7 @@ async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: st
     )
 
 
-async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
+async def start(relay: Relay, first_wait: float) -> AsyncGenerator[bytes, None] | None:
     """`relay`'s pieces with the first one already there; None (the relay closed) when it never came."""
     pieces = relay.pieces(first_wait)
     try:
@@ -362,7 +362,7 @@ async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
         await pieces.aclose()
         raise
 
-    async def resumed() -> AsyncIterator[bytes]:
+    async def resumed() -> AsyncGenerator[bytes, None]:
         try:
             yield first
             async for piece in pieces:
@@ -373,7 +373,7 @@ async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
     return resumed()
 
 
-async def encoded(pieces: AsyncIterator[bytes], fmt: str) -> AsyncIterator[bytes | None]:
+async def encoded(pieces: AsyncGenerator[bytes, None], fmt: str) -> AsyncGenerator[bytes | None, None]:
     """PCM16 `pieces` encoded as one `fmt` stream; None last when the relay was cut (see AudioStream)."""
     encoder = audio.StreamEncoder(fmt)
     try:
@@ -385,7 +385,7 @@ async def encoded(pieces: AsyncIterator[bytes], fmt: str) -> AsyncIterator[bytes
         yield None
         return
     finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
+        await pieces.aclose()
     tail = await run_in_threadpool(encoder.close)
     if tail:
         yield tail
@@ -401,6 +401,9 @@ class AudioStream(StreamingResponse):
     subscription is released at once.
     """
 
+    def __init__(self, content: AsyncGenerator[bytes | None, None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]  # None cuts the transfer (above)
+
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         iterator = self.body_iterator
@@ -411,4 +414,4 @@ class AudioStream(StreamingResponse):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
+            await iterator.aclose()  # type: ignore[attr-defined]  # an async generator (__init__)
