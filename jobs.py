@@ -268,7 +268,8 @@ def assist(queue_name: str) -> dict[str, Any]:
                 _spawn_assist(ctx)
     finally:
         _figures.inc("tts_assist_jobs_total")
-        _report(ctx, get_current_job().id if get_current_job() else "assist", "assisted", 0, 0, run)
+        job = get_current_job()
+        _report(ctx, job.id if job is not None else "assist", "assisted", 0, 0, run)
     return {"chunks_synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
             "model": ctx.model.id}
 

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError, OutOfMemoryError
@@ -22,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -85,10 +86,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
     ]
-    handlers: dict[Any, Any] = {
-        cls: _error for cls in (ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError, OutOfMemoryError,
-                                RedisConnectionError, RedisTimeoutError, Exception)
-    }
+    handlers: dict[Any, Any] = dict.fromkeys((ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError, OutOfMemoryError,
+                                              RedisConnectionError, RedisTimeoutError, Exception), _error)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -109,7 +108,9 @@ async def _page(ctx: Context, request: Request) -> Response:
 
 async def _openapi(ctx: Context, request: Request) -> Response:
     """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
-    return JSONResponse(openapi.schema(ctx.settings))
+    if ctx.openapi_json is None:  # built once per process
+        ctx.openapi_json = msgspec.json.encode(openapi.schema(ctx.settings))
+    return Response(ctx.openapi_json, media_type="application/json")
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------

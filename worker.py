@@ -29,7 +29,7 @@ from work import lifetime, process, queueing
 import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
-from engines.launcher import CPU, gpu_slots, launch
+from engines.launcher import CPU, RestartPolicy, gpu_slots, launch
 from common.errors import RedisFull
 from common.settings import Settings
 from work.status import failure_words
@@ -205,11 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         child_args = (["--burst"] if args.burst else []) + (
             ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
         restart = args.max_jobs is not None and not args.burst
+        policy = RestartPolicy(max_failures=settings.worker_max_failures, window=settings.worker_failure_window)
         if devices:
-            return launch(devices, args.per_gpu, child_args, restart=restart)
+            return launch(devices, args.per_gpu, child_args, restart=restart, policy=policy,
+                          redis=Redis.from_url(settings.redis_url, socket_timeout=5))
         if args.per_gpu > 1:
             logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
-            return launch([CPU], args.per_gpu, child_args, restart=restart)
+            return launch([CPU], args.per_gpu, child_args, restart=restart, policy=policy,
+                          redis=Redis.from_url(settings.redis_url, socket_timeout=5))
         logger.info("no GPU is visible: running one CPU worker")
     try:
         engine, info = load_engine(settings)

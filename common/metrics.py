@@ -103,6 +103,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("tts_redis_full_total", "counter",
            "Writes Redis refused because it was full (maxmemory under noeviction), by process: web (a 503), "
            "worker (a store retried or given up).", ("process",)),
+    # The worker launcher (worker.py --gpus): one GPU's worker failing, restarted, given up.
+    Metric("tts_worker_failures_total", "counter",
+           "Worker processes that exited non-zero (or on a signal the launcher did not send), by host and GPU.",
+           ("host", "gpu")),
+    Metric("tts_worker_restarts_total", "counter",
+           "Failed worker processes the launcher started again after a backoff, by host and GPU.", ("host", "gpu")),
+    Metric("tts_worker_gpus_given_up_total", "counter",
+           "GPUs whose worker kept failing and that the launcher gave up (not restarted until the launcher is), "
+           "by host and GPU.", ("host", "gpu")),
     # The webhooks process.
     Metric("tts_webhook_deliveries_total", "counter",
            "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "

@@ -119,6 +119,4 @@ def _shrunk(case: Any) -> bool:
 def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool:
     if type(failure).__name__ == "RejectedPositiveData" and _explained(case, response):
         return False
-    if type(failure).__name__ == "AcceptedNegativeData" and _shrunk(case):
-        return False
-    return True
+    return not (type(failure).__name__ == "AcceptedNegativeData" and _shrunk(case))

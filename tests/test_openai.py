@@ -196,7 +196,9 @@ def test_aac_decodes_to_the_stored_samples(client: OpenAI) -> None:
     with av.open(io.BytesIO(data), format="adts") as container:
         stream = container.streams.audio[0]
         assert (stream.codec_context.name, stream.codec_context.sample_rate) == ("aac", 24000)
-        decoded = sum(frame.samples for frame in container.decode(stream))
+        decoded = 0
+        for frame in container.decode(stream):
+            decoded += frame.samples
     # ADTS has no edit list: the decoder returns the encoder's priming (1024
     # samples) first, and the last frame is padded to a whole 1024.
     stored = len(pcm) // 2

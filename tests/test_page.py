@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -25,7 +25,7 @@ DEADLINE_MS = 60_000
 class Browser:
     """One headless Chromium page, with what it logged and asked for."""
 
-    def __init__(self, page: object) -> None:
+    def __init__(self, page: Any) -> None:
         self.page = page
         self.console: list[str] = []
         self.requests: list[str] = []

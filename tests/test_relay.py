@@ -110,8 +110,9 @@ def test_a_client_that_goes_away_lets_go_of_the_request(redis: Redis, redis_url:
         await pieces.__anext__()
         # Waiting for the second chunk: subscribed to the request's events.
         waiting = asyncio.create_task(pieces.__anext__())
-        await asyncio.sleep(0.2)
-        during = redis.pubsub_numsub(events_channel(REQUEST))[0][1]
+        deadline = time.monotonic() + 10
+        while (during := redis.pubsub_numsub(events_channel(REQUEST))[0][1]) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # polled: the relay subscribes on its own task
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from starlette.routing import Route, WebSocketRoute
 
 from web import openapi
@@ -109,3 +110,24 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
     (tmp_path / "schemathesis.log").write_text(run.stdout + run.stderr)
     print(f"schemathesis: {elapsed:.1f} s; {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}")
     assert run.returncode == 0, f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-12000:]}\n{run.stderr[-3000:]}"
+
+
+def test_the_document_is_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /openapi.json builds the document on the first request only (settings do not change in a process)."""
+    from starlette.testclient import TestClient
+
+    builds: list[Settings] = []
+    build = openapi.schema
+
+    def counted(settings: Settings) -> dict:
+        builds.append(settings)
+        return build(settings)
+
+    monkeypatch.setattr(openapi, "schema", counted)
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")  # the document needs no Redis
+    with TestClient(create_app(settings)) as client:
+        first, second = client.get("/openapi.json"), client.get("/openapi.json")
+    assert first.status_code == second.status_code == 200
+    assert first.headers["content-type"] == "application/json"
+    assert first.content == second.content and first.json() == build(settings)
+    assert builds == [settings]

@@ -36,7 +36,7 @@ def _next(ws: ClientConnection) -> dict:
 
 def _until_done(ws: ClientConnection) -> tuple[bytes, dict, list[dict]]:
     """The audio of the deltas up to speech.audio.done, the done event, and any error events on the way."""
-    audio, errors = b"", []
+    audio, errors = b"", list[dict]()
     while True:
         event = _next(ws)
         if event["type"] == "speech.audio.delta":

@@ -98,7 +98,7 @@ def test_joins_carry_the_pauses_of_their_punctuation(stack_factory: Callable[...
     parts = [redis.get(keys.chunk_key(cid)) for cid in layout["chunks"]]
     assert len(parts) >= 4
     assert layout["pauses"] == [250, 120] + [20] * (len(parts) - 3) + [0]
-    assert clip == b"".join(p + silence(ms) for p, ms in zip(parts, layout["pauses"]))
+    assert clip == b"".join(p + silence(ms) for p, ms in zip(parts, layout["pauses"]))  # type: ignore[misc]
 
 
 def test_stream_errors(tone_stack: Stack, stack_factory: Callable[..., Stack]) -> None:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from conftest import ROOT, Proc, _free_port, wait_for
+from conftest import ROOT, Proc, _free_port, serving, wait_for
 
 sys.path.insert(0, str(ROOT / "bench"))
 from procfile import command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
@@ -98,7 +98,7 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
 
         try:
             wait_for(lambda: answers("/healthz") == 200, 60, "the web line to answer /healthz", interval=0.1)
-            wait_for(lambda: answers("/readyz") == 200, 60, "a worker and its model", interval=0.1)
+            wait_for(lambda: serving(url), 60, "a worker and its model", interval=0.1)
         except AssertionError:
             pytest.fail(f"web:\n{web.output()[-3000:]}\nworker:\n{worker.output()[-3000:]}")
         made = httpx.post(url + "/v1/tts", json={"text": TEXT}, timeout=10)

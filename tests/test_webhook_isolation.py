@@ -13,7 +13,14 @@ import pytest
 
 import webhooks
 from conftest import Stack, wait_for
-from test_webhooks import Receiver, _stack, _submit, receiver  # noqa: F401 (the fixture)
+from test_webhooks import Receiver, _stack, _submit
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    made = Receiver()
+    yield made
+    made.stop()
 
 
 class DripReceiver:

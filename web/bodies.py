@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
-from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, Union, get_args
+from functools import cache
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, get_args
 
 import msgspec
 import msgspec.inspect as mi
@@ -124,10 +124,10 @@ class TtsRequest(Body):
         | UnsetType = UNSET
 
 
-SpeechVoice = Union[
-    Annotated[int, Meta(ge=0, le=SEED_MAX)],
-    Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")],
-]
+SpeechVoice = (
+    Annotated[int, Meta(ge=0, le=SEED_MAX)]
+    | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
+)
 SpeechSpeed = Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")]
 TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
 
@@ -260,12 +260,12 @@ async def read(request: Request, max_body: int) -> bytes:
     return bytes(data)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoder(cls: type[B]) -> msgspec.json.Decoder[B]:
     return msgspec.json.Decoder(cls)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _info(cls: type[Body]) -> mi.StructType:
     info = mi.type_info(cls)
     assert isinstance(info, mi.StructType)
@@ -334,9 +334,9 @@ def shown(name: str) -> str:
     return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _invalid(field: str, detail: str, cls: type[Body] | None = None) -> ApiError:
+def _invalid(field: str, detail: str, cls: type[msgspec.Struct] | None = None) -> ApiError:
     top = field.split(".")[0].split("[")[0]
-    status = cls.status_of.get(top, 422) if cls is not None else 422
+    status = cls.status_of.get(top, 422) if cls is not None and issubclass(cls, Body) else 422
     return ApiError(status, f"{field}: {detail}", field=field)
 
 
@@ -436,7 +436,8 @@ def _expected(t: mi.Type) -> str:
     if isinstance(t, mi.StructType):
         return "an object"
     if isinstance(t, mi.UnionType):
-        return " or ".join(_expected(m) for m in t.types if not isinstance(m, (mi.UnsetType, mi.NoneType)))
+        # msgspec.inspect leaves UNSET out of a union; None is left out here.
+        return " or ".join(_expected(m) for m in t.types if not isinstance(m, mi.NoneType))
     return "something else"
 
 
@@ -453,7 +454,7 @@ def _bounds(t: mi.IntType | mi.FloatType) -> str:
     return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _attrs(cls: type[Body]) -> dict[str, str]:
     """The class's attribute names by the names a body uses ("break" -> "break_")."""
     return {f.encode_name: f.name for f in _info(cls).fields}

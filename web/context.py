@@ -44,6 +44,9 @@ class Context:
         # This process's figures; they reach Redis about once a second.
         self.metrics = metrics.Recorder()
         self._model: tuple[float, ModelInfo | None] = (0.0, None)
+        # The OpenAPI document as JSON, made by the first GET /openapi.json
+        # (service.py): settings never change in a process.
+        self.openapi_json: bytes | None = None
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -97,7 +100,9 @@ class Context:
             window = int(time.time()) // 60
             name = rate_key(hashlib.sha256(key).hexdigest()[:16], window)
             async with self.redis.pipeline(transaction=True) as pipe:
-                count, _ = await pipe.incr(name).expire(name, 61).execute()
+                pipe.incr(name)
+                pipe.expire(name, 61)
+                count, _ = await pipe.execute()
             if count > limit:
                 retry = 60 - int(time.time()) % 60
                 raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",

@@ -347,10 +347,11 @@ def schema(settings: Settings) -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "operationId": "readyz",
-                "summary": "Readiness: Redis answers and a worker is registered",
+                "summary": "Readiness of this web process: Redis answers (workers are counted, 0 included)",
                 "responses": {
-                    "200": _json(_ref("Ready"), "Ready; names the model."),
-                    "503": _json(_ref("Ready"), "Not ready; `detail` says why.",
+                    "200": _json(_ref("Ready"), "Redis answers: stored audio is served and new work queued; "
+                                 "`workers` counts the registered workers, `model` names their model."),
+                    "503": _json(_ref("Ready"), "Redis does not answer; `detail` says so.",
                                  {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
                 },
             }
@@ -469,12 +470,13 @@ def _event_operation() -> dict[str, Any]:
         "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
         "backoff for about 10 minutes, then given up. Redirects are not followed.",
         "parameters": [
-            {"name": "X-TTS-Event-Id", "in": "header", **header("Unique per event, the same on every try: "
-                                                                "drop repeats by it.")},
-            {"name": "X-TTS-Timestamp", "in": "header", **header("Unix seconds of this try.")},
-            {"name": "X-TTS-Signature", "in": "header",
-             **header('"sha256=" and the hex HMAC-SHA256 of "<timestamp>.<raw body>" keyed with '
-                      "TTS_WEBHOOK_SECRET.")},
+            {"name": "webhook-id", "in": "header", **header("Unique per event, the same on every try: "
+                                                            "drop repeats by it.")},
+            {"name": "webhook-timestamp", "in": "header", **header("Unix seconds of this try.")},
+            {"name": "webhook-signature", "in": "header",
+             **header('Standard Webhooks: "v1," and the base64 HMAC-SHA256 of '
+                      '"<webhook-id>.<webhook-timestamp>.<raw body>", one per secret of TTS_WEBHOOK_SECRET, '
+                      "separated by spaces.")},
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
         "responses": {"2XX": {"description": "Received; any other answer is retried."}},

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 from common import audio
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
@@ -67,7 +67,7 @@ class Relay:
         """The model's audio tokens relayed so far (OpenAI's usage.output_tokens)."""
         return math.ceil(self.samples / SAMPLES_PER_TOKEN)
 
-    async def pieces(self, first_wait: float, idle_wait: float | None = None) -> AsyncIterator[bytes]:
+    async def pieces(self, first_wait: float, idle_wait: float | None = None) -> AsyncGenerator[bytes, None]:
         """PCM16 pieces in order until the request's audio is all relayed.
 
         Waits up to `first_wait` s for the first chunk and then up to
@@ -114,7 +114,7 @@ class Relay:
         self.ctx.metrics.observe("tts_playback_gap_seconds", self.worst_gap, route=self.route)
 
 
-async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> AsyncIterator[bytes]:
+async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> AsyncGenerator[bytes, None]:
     """One chunk's audio in pieces as they arrive; nothing if the job is over without it or `deadline` passes.
 
     Today the worker stores a chunk whole, so its one piece is the stored

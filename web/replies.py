@@ -192,7 +192,8 @@ class Ready(Reply):
     workers: Annotated[int, Meta(ge=0)]
     queue: str
     model: ReadyModel | None
-    detail: Annotated[str, Meta(description="What is not ready (503 only).")] | UnsetType = UNSET
+    detail: Annotated[str, Meta(description="What is missing: Redis (503), or a worker or a published model "
+                                          "(200: stored audio is served and new work is queued).")] | UnsetType = UNSET
 
 
 class Health(Reply):

@@ -18,7 +18,7 @@ import base64
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, MutableMapping
 
 import msgspec
 from msgspec import UNSET
@@ -111,7 +111,7 @@ class _Session:
 
     # -- receiving --------------------------------------------------------------------------
 
-    async def _take(self, message: dict[str, Any]) -> bool:
+    async def _take(self, message: MutableMapping[str, Any]) -> bool:
         """Handle one client message; True after input_text.end."""
         try:
             body = _decode(message)
@@ -232,7 +232,7 @@ def _event(event: msgspec.Struct) -> bytes:
     return msgspec.json.encode(event)
 
 
-def _decode(message: dict[str, Any]) -> bodies.Body:
+def _decode(message: MutableMapping[str, Any]) -> bodies.Body:
     """A client message as its declared body; ApiError naming what is wrong."""
     raw = message.get("text")
     if raw is None:

@@ -12,7 +12,7 @@ import base64
 import math
 import re
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
@@ -106,7 +106,7 @@ def event(payload: msgspec.Struct) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
-async def _events(pieces: AsyncIterator[bytes], fmt: str, spec: Spec, relay: Relay) -> AsyncIterator[bytes | None]:
+async def _events(pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, relay: Relay) -> AsyncGenerator[bytes | None, None]:
     """The SSE body: a delta per encoded piece, then done with usage; cut short (None) if the relay is."""
     whole: list[bytes] | None = [] if fmt == "flac" else None  # flac is encoded once, at the end
     async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):

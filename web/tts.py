@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncGenerator, Mapping
 
 import msgspec
 from msgspec import UNSET
@@ -114,8 +114,8 @@ async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
     total = len(spec.chunks)
     stored = _submitted(request_id, fmt, total, 0, "finished")
     stored.cached = True
-    saved = body.voice is not UNSET and body.voice not in voices.BUILTIN
-    voice = (body.voice, spec.speaker) if saved and spec.speaker is not None else None
+    saved = isinstance(body.voice, str) and body.voice not in voices.BUILTIN
+    voice = (body.voice, spec.speaker) if isinstance(body.voice, str) and saved and spec.speaker is not None else None
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 
@@ -358,7 +358,7 @@ async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: st
     )
 
 
-async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
+async def start(relay: Relay, first_wait: float) -> AsyncGenerator[bytes, None] | None:
     """`relay`'s pieces with the first one already there; None (the relay closed) when it never came."""
     pieces = relay.pieces(first_wait)
     try:
@@ -370,7 +370,7 @@ async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
         await pieces.aclose()
         raise
 
-    async def resumed() -> AsyncIterator[bytes]:
+    async def resumed() -> AsyncGenerator[bytes, None]:
         try:
             yield first
             async for piece in pieces:
@@ -381,7 +381,7 @@ async def start(relay: Relay, first_wait: float) -> AsyncIterator[bytes] | None:
     return resumed()
 
 
-async def encoded(pieces: AsyncIterator[bytes], fmt: str) -> AsyncIterator[bytes | None]:
+async def encoded(pieces: AsyncGenerator[bytes, None], fmt: str) -> AsyncGenerator[bytes | None, None]:
     """PCM16 `pieces` encoded as one `fmt` stream; None last when the relay was cut (see AudioStream)."""
     encoder = audio.StreamEncoder(fmt)
     try:
@@ -393,7 +393,7 @@ async def encoded(pieces: AsyncIterator[bytes], fmt: str) -> AsyncIterator[bytes
         yield None
         return
     finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
+        await pieces.aclose()
     tail = await run_in_threadpool(encoder.close)
     if tail:
         yield tail
@@ -409,6 +409,9 @@ class AudioStream(StreamingResponse):
     subscription is released at once.
     """
 
+    def __init__(self, content: AsyncGenerator[bytes | None, None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]  # None cuts the transfer (above)
+
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         iterator = self.body_iterator
@@ -419,4 +422,4 @@ class AudioStream(StreamingResponse):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
+            await iterator.aclose()  # type: ignore[attr-defined]  # an async generator (__init__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,7 +65,7 @@ def mix(embeddings: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarra
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _name(segment: str) -> str:
@@ -86,7 +86,8 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
     key = voice_key(model.id, seed)
 
     async def speaker() -> bytes | None:
-        return await ctx.redis.get(key)
+        value = await ctx.redis.get(key)
+        return value if isinstance(value, bytes) else None
 
     value = await speaker()
     if value is None:
@@ -233,6 +234,6 @@ async def listing(ctx: Context, request: Request) -> Response:
     voices = []
     for raw_name, raw in sorted(saved.items()):
         record = json.loads(raw)
-        voices.append(VoiceSummary(name=raw_name.decode(), description=record["description"],
+        voices.append(VoiceSummary(name=raw_name.decode() if isinstance(raw_name, bytes) else raw_name, description=record["description"],
                                    created=record["created"], updated=record["updated"]))
     return reply(VoiceList(voices=voices, builtin=sorted(BUILTIN)))

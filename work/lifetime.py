@@ -53,7 +53,9 @@ def restore(redis: Redis, request_id: str, spec: Spec) -> None:
     """Called by the worker as the request's job starts: the manifest back (as the job's arguments say), persistent."""
     # PERSIST is allowed in a full Redis; SET only when the manifest was lost.
     with redis.pipeline(transaction=False) as pipe:
-        pipe.persist(request_key(request_id)).persist(hooks_key(request_id)).exists(request_key(request_id))
+        pipe.persist(request_key(request_id))
+        pipe.persist(hooks_key(request_id))
+        pipe.exists(request_key(request_id))
         _, _, found = pipe.execute()
     if not found:
         redis.set(request_key(request_id), json.dumps(manifest(spec)))

@@ -104,7 +104,7 @@ def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any]
     job = fetch(redis, request_id)
     spec = None if job is None else lifetime.spec_of(job)
     # A finished job's audio may have gone with its manifest: that id is over ("submit it again").
-    if spec is None or job.get_status(refresh=False) == JobStatus.FINISHED:
+    if job is None or spec is None or job.get_status(refresh=False) == JobStatus.FINISHED:
         return None
     layout = manifest(spec)
     try:
