@@ -15,8 +15,9 @@ Scenarios, each run continuous and static back to back:
 - staggered: `--rows` one-chunk rows of 10-90 characters arriving
   `--gap-ms` apart: throughput (chunks/s) and time to first audio (arrival to
   the first stored piece; static: the chunk's whole audio) p50/p95;
-- short-behind-long: one request of 3x`--batch` long rows, then 4 short rows
-  arriving while it runs: time to first audio of the short ones, as a share
+- short-behind-long: one request of 3x`--batch` long rows, then 4 short
+  one-chunk requests arriving while it runs (the pool's fair order puts
+  their chunk 0 before the long request's later chunks): time to first audio of the short ones, as a share
   of one static batch's synthesis time;
 - full: `--batch` rows with the same text at once: tokens per second of the
   loop against one static call (the loop's bookkeeping).
@@ -65,8 +66,14 @@ class Outcome:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def drive(decoder: object, rows: list[tuple[str, object]], arrivals: list[float], continuous: bool) -> Outcome:
-    """Feed `rows` to `decoder` as they arrive (seconds after start), step it until every row is done."""
+def drive(decoder: object, rows: list[tuple[str, object]], arrivals: list[float], continuous: bool,
+          order: list[int] | None = None) -> Outcome:
+    """Feed `rows` to `decoder` as they arrive (seconds after start), step it until every row is done.
+
+    Waiting rows join in the pool's fair order: by `order` (a chunk's index in
+    its request; default 0 for all), then by arrival.
+    """
+    rank = dict(zip((k for k, _ in rows), order or [0] * len(rows)))
     import torch
 
     start = time.perf_counter()
@@ -81,6 +88,7 @@ def drive(decoder: object, rows: list[tuple[str, object]], arrivals: list[float]
                 at, row = pending.pop(0)
                 arrived[row[0]] = at
                 waiting.append(row)
+                waiting.sort(key=lambda r: rank[r[0]])
             free = decoder.capacity - len(decoder.keys())  # type: ignore[attr-defined]
             if waiting and free > 0 and (continuous or not decoder.keys()):  # type: ignore[attr-defined]
                 decoder.join(waiting[:free])  # type: ignore[attr-defined]
@@ -169,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         at = [batch_time * (0.3 + 0.5 * i) for i in range(4)]
         short_keys = [k for k, _ in short]
         for continuous in (True, False):
-            got[continuous] = drive(decoder(continuous), long + short, [0.0] * len(long) + at, continuous)
+            got[continuous] = drive(decoder(continuous), long + short, [0.0] * len(long) + at, continuous,
+                                    order=list(range(len(long))) + [0] * len(short))
             row("short behind long", "continuous" if continuous else "static", got[continuous], short_keys)
         c, s = got[True], got[False]
         ratios.append(f"short behind long: first audio of the short rows p95 = {c.ttfa(short_keys, 0.95) / batch_time:.2f}"
