@@ -3,8 +3,8 @@
 `StaticDecoder` is the static scheduler behind the Decoder interface: each
 step is one model call for every row joined since the last, and each row's
 audio comes as one piece (edge-trimmed and faded by `audio.finish`).
-`ClipDecoder` makes each row's clip when it joins and hands it out token by
-token, a piece every `stream_tokens` tokens: the tone engine's "loop", so
+`ClipDecoder` makes each row's clip when it joins and hands it out a piece
+of `stream_tokens` tokens per step: the tone engine's "loop", so
 that the queue, streaming and cancel paths of continuous scheduling run in
 fast tests without torch.
 
@@ -95,7 +95,12 @@ class _Clip:
 
 
 class ClipDecoder:
-    """Continuous scheduling for an engine that makes whole clips: each step is one token of every row."""
+    """Continuous scheduling for an engine that makes whole clips: each step hands out a piece of every row.
+
+    A step is `stream_tokens` tokens rather than one: the clip is made
+    already, and a step per token would only multiply the worker's Redis
+    round trips per chunk.
+    """
 
     def __init__(self, synthesize: Synthesize, capacity: int, stream_tokens: int) -> None:
         self.synthesize = synthesize
@@ -117,10 +122,8 @@ class ClipDecoder:
         out = [Piece(key, np.zeros(0, np.float32), 0, True, 0, error=error) for key, error in self._failed.items()]
         self._failed.clear()
         for key, clip in list(self._rows.items()):
-            clip.made = min(clip.tokens, clip.made + 1)
+            clip.made = min(clip.tokens, clip.made + self.stream_tokens)
             last = clip.made >= clip.tokens
-            if not last and clip.made - clip.sent < self.stream_tokens:
-                continue
             a, b = clip.sent * SAMPLES_PER_TOKEN, (len(clip.samples) if last else clip.made * SAMPLES_PER_TOKEN)
             out.append(Piece(key, clip.samples[a:b], clip.pieces, last, clip.made))
             clip.sent, clip.pieces = clip.made, clip.pieces + 1
