@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from splitter import pause_after
+from common.keys import chunk_key, request_key
 
 # Bump when anything that changes the sound for the same inputs changes
 # (splitting rules, how audio is trimmed or stored): old keys then miss.
@@ -20,8 +21,6 @@ SAMPLE_RATE = 24_000
 # plain concatenation.
 SAMPLE_WIDTH = 2
 
-PREFIX = "tts"
-MODEL_KEY = f"{PREFIX}:model"
 # A request or chunk id: 32 lowercase hex digits (the JSON schemas use the same pattern).
 ID_PATTERN = "^[0-9a-f]{32}$"
 _ID = re.compile(r"[0-9a-f]{32}")
@@ -179,27 +178,9 @@ class Spec:
         return cls(**values)
 
 
-def chunk_key(chunk_id: str) -> str:
-    return f"{PREFIX}:chunk:{chunk_id}"
 
 
-def request_key(request_id: str) -> str:
-    return f"{PREFIX}:req:{request_id}"
 
-
-def voice_key(model_id: str, seed: int) -> str:
-    """Where the speaker string of `seed` on model `model_id` is kept."""
-    return f"{PREFIX}:voice:{model_id}:{seed}"
-
-
-def pool_key(queue: str) -> str:
-    """The sorted set of chunks waiting for synthesis on `queue` (scheduler.py)."""
-    return f"{PREFIX}:pool:{queue}"
-
-
-def events_channel(request_id: str) -> str:
-    """Pub/sub channel on which the worker announces a request's progress."""
-    return f"{PREFIX}:events:{request_id}"
 
 
 def manifest(spec: Spec) -> dict[str, Any]:

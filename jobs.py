@@ -28,15 +28,15 @@ from redis.exceptions import RedisError
 from rq import Queue, get_current_job
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import audio
 from common import metrics
-from cache import MODEL_KEY, Spec, chunk_key, events_channel, stored, voice_key
-from work.queueing import cancel_key, queue, voice_job_id
+from cache import Spec, stored
+from work.queueing import census, queue, voice_job_id
 from work.scheduler import Pool
 from common.model import Decoder, Engine, ModelInfo, Piece
 from common.settings import Settings
+from common.keys import MODEL_KEY, assist_key, cancel_key, chunk_key, events_channel, voice_key
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ class ModelMismatch(RuntimeError):
 
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
-
-
-def assist_key(queue_name: str) -> str:
-    """Set while an assist job of `queue_name` waits to be taken (at most one waits at a time)."""
-    return f"tts:assist:{queue_name}"
 
 
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
@@ -348,15 +343,8 @@ def _spawn_assist(state: WorkerState) -> None:
 
 
 def _idle_workers(state: WorkerState) -> int:
-    """Live workers of the queue waiting for a job (RQ keeps each worker's state in its hash)."""
-    names = state.redis.smembers(WORKERS_BY_QUEUE_KEY % state.queue.name)
-    if not names:
-        return 0
-    with state.redis.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.hget(name, "state")
-        states = pipe.execute()
-    return sum(1 for s in states if s == b"idle")
+    """Live workers of the queue waiting for a job."""
+    return census(state.redis, state.queue.name).idle
 
 
 # -- the decode loop ------------------------------------------------------------

@@ -39,19 +39,17 @@ from urllib.parse import SplitResult, unquote, urlsplit
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-from common import logs
-from common import metrics
-from work import queueing
-from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH, chunk_key, request_key
-from common.settings import Settings, SettingsError, from_env
+from common import audio, metrics, urls
+from work import process
+from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
+from common.settings import Settings
 from common.errors import invalid
 from work.status import Outcome
+from common.keys import chunk_key, event_key, hooks_key, request_key
 
 logger = logging.getLogger("webhooks")
 
@@ -79,14 +77,6 @@ class DeliveryFailed(RuntimeError):
     """A try got no 2xx; the message names the target by scheme and host only."""
 
 
-def event_key(event_id: str) -> str:
-    """The hash of one event to deliver: its callback URL and body."""
-    return f"tts:webhook:{event_id}"
-
-
-def hooks_key(request_id: str) -> str:
-    """The hash of a request's pending callback URLs (URL -> audio format of the submission)."""
-    return f"tts:hooks:{request_id}"
 
 
 # -- checking a callback URL -----------------------------------------------------------
@@ -209,8 +199,8 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
         url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
             id=request_id, status=status,
-            audio_url=f"{base}/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
-            captions_url=f"{base}/v1/tts/{request_id}/captions",
+            audio_url=urls.audio_url(request_id, fmt, base),
+            captions_url=urls.captions_url(request_id, base),
             chunks_total=chunks_total, audio_seconds=seconds,
             **({"error": error or "synthesis failed"} if status == "failed" else {}),
         )
@@ -233,7 +223,7 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
                                      "status": status, "target": _shown(url), "outcome": "queued"}})
 
 
-def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[str, int, float]:
+def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[Outcome, int, float]:
     """The event's status, chunk count and (when finished) seconds of audio in the WAV."""
     raw = redis.get(request_key(request_id))
     layout = json.loads(raw) if raw is not None else {"chunks": [], "pauses": []}
@@ -246,7 +236,7 @@ def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[str, int
     stored = all(found[::2]) and bool(chunk_ids)
     if not stored:
         return ("failed" if error is not None else "canceled"), len(chunk_ids), 0.0
-    samples = sum(found[1::2]) // SAMPLE_WIDTH + sum(SAMPLE_RATE * ms // 1000 for ms in layout.get("pauses") or [])
+    samples = sum(found[1::2]) // SAMPLE_WIDTH + sum(audio.samples_of_ms(ms) for ms in layout.get("pauses") or [])
     return "finished", len(chunk_ids), round(samples / SAMPLE_RATE, 3)
 
 
@@ -414,13 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Deliver webhook events (an rq worker on the webhook queue)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     args = parser.parse_args(argv)
-    try:
-        settings = from_env()
-    except SettingsError as exc:
-        logs.configure_logging()
-        logger.error("%s", exc)
+    settings = process.settings_from_env()
+    if settings is None:
         return 2
-    logs.configure_logging(settings.log_level, settings.log_format)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)
@@ -429,27 +415,18 @@ def main(argv: list[str] | None = None) -> int:
     import webhooks
 
     webhooks.bind(settings, redis)
-    while True:
-        queueing.wait_for_redis(redis)
+
+    def make(generation: int) -> _DeliveryWorker:
         queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
-        worker = Worker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
-        try:
-            # The scheduler puts retries back on the queue once their delay is over.
-            worker.work(burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            # RQ's bookkeeping around a job raises when Redis goes away
-            # mid-delivery (as in the synthesis worker); the delivery is not
-            # lost: RQ re-queues it once its claim lapses. Wait for Redis.
-            logger.warning("lost Redis while the rq worker ran: %s", exc)
-            if worker._shutdown_requested_date is not None:
-                return 0
-            continue
-        if args.burst or worker._shutdown_requested_date is not None:
-            return 0
-        if queueing.redis_answers(redis):
-            logger.error("the rq worker stopped on an unexpected error (see above)")
-            return 1
-        logger.warning("lost Redis; waiting for it to come back")
+        return _DeliveryWorker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
+
+    # The scheduler puts retries back on the queue once their delay is over.
+    return process.serve(redis, make, finite=args.burst, burst=args.burst, with_scheduler=True,
+                         logging_level=logging.getLogger().level)
+
+
+class _DeliveryWorker(process.StopAware, Worker):
+    """RQ's forking worker, told apart from a crash when it stops on SIGTERM."""
 
 
 if __name__ == "__main__":

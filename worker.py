@@ -11,31 +11,26 @@ torch and ChatTTS.
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
 import os
 import socket
 import sys
 import threading
-import time
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
 
-from common import logs
-from work import queueing
+from work import process, queueing
 import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
 from engines.launcher import gpu_slots, launch
-from common.settings import Settings, SettingsError, from_env
+from common.settings import Settings
 from work.status import failure_words
 
 logger = logging.getLogger("worker")
@@ -43,7 +38,7 @@ logger = logging.getLogger("worker")
 REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
 
-class TTSWorker(SimpleWorker):
+class TTSWorker(process.StopAware, SimpleWorker):
     """RQ's non-forking worker, with heartbeats that outlive a long job's silence.
 
     A SimpleWorker runs the job on its main thread, so RQ's own heartbeats
@@ -173,13 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     # threads an int8 decode step took 44 ms against 23 ms (BENCHMARKS.md,
     # bench/cpu_engine.py). What hurts is more threads than free cores: give
     # each worker TTS_TORCH_THREADS = cores / workers.
-    try:
-        settings = from_env()
-    except SettingsError as exc:
-        logs.configure_logging()
-        logger.error("%s", exc)
+    settings = process.settings_from_env()
+    if settings is None:
         return 2
-    logs.configure_logging(settings.log_level, settings.log_format)
     if args.gpus is not None:
         if args.per_gpu < 1:
             parser.error("--per-gpu must be at least 1")
@@ -200,34 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     redis = Redis.from_url(settings.redis_url, health_check_interval=10)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     base_name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
-    # The model stays loaded across Redis outages: RQ's loop gives up on some
-    # connection errors, so a fresh rq worker is started once Redis answers.
-    for generation in itertools.count():
-        queueing.wait_for_redis(redis)
+
+    def make(generation: int) -> TTSWorker:
+        # After an outage, a fresh rq worker under a fresh name; the model stays loaded.
         state = jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
-        worker = TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER, name=name,
-                           settings=settings, state=state)
-        try:
-            worker.work(burst=args.burst, max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            # RQ's own bookkeeping around a job (recording its end, heartbeats)
-            # raises when Redis goes away mid-job. The job is not lost: RQ
-            # retries it once its claim lapses. Keep the model and wait.
-            logger.warning("lost Redis while the rq worker ran: %s", exc)
-            if worker._shutdown_requested_date is not None:
-                return 0
-            continue
-        # A SIGTERM/SIGINT sets the shutdown date, idle or busy.
-        if args.burst or args.max_jobs is not None or worker._shutdown_requested_date is not None:
-            return 0
-        if queueing.redis_answers(redis):
-            logger.error("the rq worker stopped on an unexpected error (see above)")
-            return 1
-        logger.warning("lost Redis; waiting for it to come back")
-    return 0
+        return TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
+                         name=name, settings=settings, state=state)
 
+    return process.serve(redis, make, finite=args.burst or args.max_jobs is not None, burst=args.burst,
+                         max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
 
 if __name__ == "__main__":
     code = main()

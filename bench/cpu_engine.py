@@ -23,10 +23,8 @@ quiet cores at the defaults.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,15 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import ROOT, bench_env, machine, spread  # noqa: E402
+from harness import (  # noqa: E402
+    ROOT, bench_env, engine_bench, machine, markdown_table, say, spread, write_random_model, write_section,
+)
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
 PARTS = ("gpt", "heads", "decoder", "vocos", "rest")
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def checkpoint(max_new_token: int) -> Path:
@@ -51,8 +47,7 @@ def checkpoint(max_new_token: int) -> Path:
     path = ROOT / ".cache" / f"full-model-{max_new_token}"
     if not (path / "model.json").exists():
         say(f"writing the full-size random checkpoint to {path}")
-        subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(path),
-                        "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        write_random_model(path, max_new_token)
     return path
 
 
@@ -60,18 +55,15 @@ def run(model: Path, tunings: list[str], threads: int, args: argparse.Namespace,
     """engine_bench.py once, as the worker runs it; `wait`: OMP_WAIT_POLICY, or "default" for libgomp's own."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.json"
-        cmd = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(model), "--device", "cpu",
-               "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes, "--chunks", str(args.chunks),
-               "--rounds", str(args.rounds), "--threads", str(threads), "--fidelity", "--profile", "--json", str(out)]
         say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
         env = bench_env() if wait == "default" else bench_env(OMP_WAIT_POLICY=wait)
         if wait == "default":
             env.pop("OMP_WAIT_POLICY", None)
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        print("\n".join(line for line in proc.stdout.splitlines()), flush=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"engine_bench.py failed:\n{proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
+        data, stdout = engine_bench(["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings),
+                                     "--batch-sizes", args.batch_sizes, "--chunks", str(args.chunks), "--rounds",
+                                     str(args.rounds), "--threads", str(threads), "--fidelity", "--profile"], out, env)
+        print(stdout, end="", flush=True)
+        return data
 
 
 def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> list[list[str]]:
@@ -99,16 +91,6 @@ def best(data: dict, size: int) -> str:
     labels = {r["tuning"] for r in data["runs"]} - {"float32"}
     return min(labels, key=lambda label: statistics.median(
         r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size))
-
-
-def replace_section(path: Path, text: str) -> None:
-    doc = path.read_text()
-    block = f"{CPU_BEGIN}\n\n{text}\n\n{CPU_END}"
-    if CPU_BEGIN in doc and CPU_END in doc:
-        doc = doc[: doc.index(CPU_BEGIN)] + block + doc[doc.index(CPU_END) + len(CPU_END):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(doc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     head = (["tuning", "threads", "OpenMP wait", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
             + [f"RTF batch {s} (vs float32)" for s in sizes]
             + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in table]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     text = "\n".join([
@@ -154,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds} round(s); {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
         f"load average {load_before} at start, {load_after} at end.",
         "",
-        *lines,
+        markdown_table(head, table),
     ])
     print()
     print(text)
     if args.write:
-        replace_section(args.write, text)
+        write_section(args.write, CPU_BEGIN, CPU_END, text)
         say(f"wrote the table into {args.write}")
     return 0
 

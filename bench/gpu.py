@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -48,8 +47,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
-    MIB, ROOT, BenchError, Cluster, Figure, Texts, bench_env, machine, make_spec, model_info, rss_bytes, run_jobs,
-    table, wait_for, write_tiny_model,
+    MIB, ROOT, BenchError, Cluster, Figure, Texts, engine_bench, machine, make_spec, model_info, rss_bytes, run_jobs,
+    say, table, wait_for, write_random_model, write_tiny_model,
 )
 from common.settings import Settings  # noqa: E402
 
@@ -60,10 +59,6 @@ from cache import stored  # noqa: E402
 
 # Seconds after which the rest of the run is cut short, to finish inside 10 minutes.
 LATE = 360
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 # Cross-request batching off and on (TTS_CROSS_BATCH): the worker part runs
@@ -264,26 +259,19 @@ def main(argv: list[str] | None = None) -> int:
                 model_dir = Path(args.model)
             elif gpu:
                 say(f"writing the full-size random checkpoint ({args.max_new_token} tokens per chunk)")
-                model_dir = cluster.tmp / "full-model"
-                subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(model_dir),
-                                "--max-new-token", str(args.max_new_token)], check=True, cwd=ROOT,
-                               stdout=subprocess.DEVNULL)
+                model_dir = write_random_model(cluster.tmp / "full-model", args.max_new_token)
             else:
                 say("writing the tiny checkpoint")
                 model_dir = write_tiny_model(cluster.tmp / "tiny-model")
 
             say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, tunings {', '.join(labels)}")
             out = cluster.tmp / "engine.json"
-            cmd = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), "--model", str(model_dir),
-                   "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds), "--tunings", ",".join(labels),
-                   "--fidelity", "--device", "cuda:0" if gpu else "cpu", "--json", str(out)]
+            cmd = ["--model", str(model_dir), "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds),
+                   "--tunings", ",".join(labels), "--fidelity", "--device", "cuda:0" if gpu else "cpu"]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
-            proc = subprocess.run(cmd, cwd=ROOT, env=bench_env(), capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-            print(proc.stdout, end="", flush=True)
-            engine = json.loads(out.read_text())
+            engine, stdout = engine_bench(cmd, out)
+            print(stdout, end="", flush=True)
             figures += engine_figures(engine, [int(s) for s in sizes.split(",")], labels, gpu)
 
             cluster.start_redis()

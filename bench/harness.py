@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import json
 import os
 import platform
 import random
@@ -30,14 +31,15 @@ if str(ROOT) not in sys.path:
 
 from redis import Redis  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY  # noqa: E402
+from rq.worker import Worker  # noqa: E402
 
 from common.model import ModelInfo  # noqa: E402
 
 from work import queueing  # noqa: E402
-from cache import MODEL_KEY, Spec, normalize  # noqa: E402
+from cache import Spec, normalize  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -53,6 +55,35 @@ WORDS = (
 
 class BenchError(RuntimeError):
     """A benchmark could not complete; the message says why."""
+
+
+def say(message: str) -> None:
+    """One progress line on stdout, stamped with the wall-clock time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM end the script like Ctrl-C does, through every `finally` (children stopped, logs kept)."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+def write_section(path: Path, begin: str, end: str, block: str) -> None:
+    """Put `block` between the markers `begin` and `end` of `path`, replacing what was there.
+
+    `block` holds no markers. A file without them gets the section at its end;
+    a missing file is created with a "# Benchmarks" heading.
+    """
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"{begin}\n\n{block}\n\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        path.write_text(head + section + rest.split(end, 1)[1])
+    else:
+        path.write_text(text.rstrip() + "\n\n" + section + "\n")
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -161,6 +192,7 @@ class Cluster:
     tmp: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tts-bench-")))
     procs: list[Proc] = field(default_factory=list)
     redis_url: str = ""
+    redis_proc: Proc | None = None
     spawned: int = 0
 
     def __enter__(self) -> Cluster:
@@ -196,11 +228,17 @@ class Cluster:
     def redis(self) -> Redis:
         return Redis.from_url(self.redis_url)
 
-    def start_redis(self) -> str:
-        """A private redis-server on a free port, keeping nothing on disk; its URL."""
-        port = free_port()
+    def start_redis(self, port: int = 0, aof: bool = False) -> str:
+        """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`.
+
+        Without `aof` it keeps nothing on disk; with it, every write goes to an
+        append-only file that a restart on the same port loads again (`redis_proc`
+        is the running server, for a caller that stops it).
+        """
+        port = port or free_port()
+        persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
         proc = self.spawn("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                                    "--save", "", "--appendonly", "no", "--dir", str(self.tmp)], dict(os.environ))
+                                    "--save", "", *persistence, "--dir", str(self.tmp)], dict(os.environ))
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
@@ -210,8 +248,9 @@ class Cluster:
             except Exception:
                 return False
 
-        wait_for(pings, 15, "the private redis-server to answer")
+        wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)")
         self.redis_url = url
+        self.redis_proc = proc
         return url
 
     def start_app(self, name: str, app: str, env: dict[str, str], app_dir: str = ".",
@@ -238,7 +277,7 @@ class Cluster:
         started = time.monotonic()
 
         def registered() -> bool:
-            names = {n.decode().split(":")[-1] for n in redis.smembers(WORKERS_BY_QUEUE_KEY % queue)}
+            names = {worker.name for worker in workers_of(redis, queue)}
             for proc in list(pending):
                 proc.check()
                 if any(is_worker_of(name, proc.pid) for name in names):
@@ -272,11 +311,51 @@ def model_info(redis: Redis) -> ModelInfo:
     return ModelInfo.from_json(raw)
 
 
+def workers_of(redis: Redis, queue: str) -> list[Worker]:
+    """The live rq workers registered on `queue`, from RQ's own registry."""
+    return Worker.all(queue=queueing.queue(redis, Settings(queue=queue)))
+
+
+def jobs_run(redis: Redis, queue: str) -> int:
+    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts.
+
+    Assist jobs of the chunk pool count too: they are jobs the workers ran.
+    """
+    return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
+
+
+def finished_job(redis: Redis, request_id: str, timeout: float = 30) -> Job:
+    """The request's job once RQ has recorded its end and result (they may lag the audio by a moment)."""
+
+    def finished() -> Job | None:
+        job = Job.fetch(request_id, connection=redis, serializer=queueing.SERIALIZER)
+        return job if job.ended_at is not None and job.return_value() is not None else None
+
+    return wait_for(finished, timeout, f"job {request_id} to be recorded as finished", interval=0.005)
+
+
 def write_tiny_model(directory: Path) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command."""
     subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(directory)], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
+
+
+def write_random_model(directory: Path, max_new_token: int) -> Path:
+    """A full-size ChatTTS with random weights (bench/random_checkpoint.py), each chunk capped at `max_new_token`."""
+    subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(directory),
+                    "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return directory
+
+
+def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """bench/engine_bench.py with `args` and `--json out`: its JSON and its stdout; BenchError when it fails."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_bench.py"), *args, "--json", str(out)],
+                          cwd=ROOT, env=env or bench_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text()), proc.stdout
 
 
 # -- texts ---------------------------------------------------------------------
@@ -414,6 +493,12 @@ def _digits(values: Sequence[float]) -> int:
     return 0 if big >= 100 else 1 if big >= 10 else 2 if big >= 1 else 3
 
 
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table: the header row, its rule, a line per row."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def table(figures: Sequence[Figure], markdown: bool) -> str:
     """The figures as one table: value, baseline, ratio as median [min–max] over runs."""
     head = ["#", "figure", "unit", "subject", "baseline", "ratio", "target", "met"]
@@ -429,9 +514,7 @@ def table(figures: Sequence[Figure], markdown: bool) -> str:
             "" if met is None else ("yes" if met else "NO"),
         ])
     if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
+        return markdown_table(head, rows)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])

@@ -44,7 +44,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
              "manylinux1_x86_64")
 # The modules `--verify` imports: the worker's whole import graph pulls in the rest.
 MODULES = ("ChatTTS", "vocos", "encodec", "vector_quantize_pytorch", "num2words", "cn2an", "rq", "redis",
-           "starlette", "soundfile", "engine", "worker")
+           "soundfile", "engines.chattts", "worker")
 # For marker evaluation: the device's interpreter, not this one.
 DEVICE_ENV = {"python_version": PYTHON_VERSION, "python_full_version": "3.12.3", "implementation_name": "cpython",
               "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",

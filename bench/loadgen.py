@@ -16,7 +16,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from harness import BenchError, percentile
 
@@ -88,6 +88,17 @@ class Connection:
             await self.close()
         return status, headers, body
 
+    async def ask(self, data: bytes, expect: tuple[int, ...] = (200,), timeout: float = 120) -> tuple[int, bytes]:
+        """`send`, for a benchmark: status and body; BenchError on a connection error or a status not in `expect`
+        (a benchmark of errors measures nothing)."""
+        try:
+            status, _, body = await self.send(data, timeout)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            raise BenchError(f"request to port {self.port} failed: {exc!r}") from exc
+        if status not in expect:
+            raise BenchError(f"port {self.port} answered {status}: {body[:300]!r}")
+        return status, body
+
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -141,13 +152,8 @@ async def run(port: int, next_request: Callable[[], bytes], connections: int, du
             while loop.time() < window[1]:
                 data = next_request()
                 t0 = loop.time()
-                try:
-                    status, _, body = await conn.send(data, timeout)
-                except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
-                    raise BenchError(f"request to port {port} failed: {exc!r}") from exc
+                status, body = await conn.ask(data, expect, timeout)
                 t1 = loop.time()
-                if status not in expect:
-                    raise BenchError(f"port {port} answered {status}: {body[:300]!r}")
                 result.statuses[status] += 1
                 if t0 >= window[0]:
                     result.latencies.append(t1 - t0)
@@ -179,12 +185,10 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
     past saturation, and the figure would be the client's queue).
     """
     loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
     idle: list[Connection] = []
     busy = 0
     result = LoadResult(seconds=duration, completed=0)
-    start = loop.time()
-    end = start + duration
+    end = loop.time() + duration
     tasks = []
 
     async def one_request(scheduled: float, data: bytes) -> None:
@@ -192,14 +196,10 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
         conn = idle.pop() if idle else Connection(port)
         busy += 1
         try:
-            status, _, body = await conn.send(data, timeout)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
-            raise BenchError(f"request to port {port} failed: {exc!r}") from exc
+            status, body = await conn.ask(data, expect, timeout)
         finally:
             busy -= 1
         done = loop.time()
-        if status not in expect:
-            raise BenchError(f"port {port} answered {status}: {body[:300]!r}")
         idle.append(conn)
         result.statuses[status] += 1
         result.latencies.append(done - scheduled)
@@ -207,13 +207,8 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
         if done <= end:
             result.completed += 1
 
-    arrival = start
     try:
-        while True:
-            arrival += rng.expovariate(rate)
-            if arrival >= end:
-                break
-            await asyncio.sleep(max(0.0, arrival - loop.time()))
+        async for arrival in arrivals(rate, duration, seed):
             if busy >= max_connections:
                 raise BenchError(f"{max_connections} requests in flight at {rate:.1f}/s: far past saturation")
             tasks.append(asyncio.ensure_future(one_request(arrival, next_request())))
@@ -226,6 +221,21 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
     return result
 
 
+async def arrivals(rate: float, duration: float, seed: int) -> AsyncIterator[float]:
+    """Poisson arrivals at `rate` per second for `duration` s from now: each one's scheduled (loop) time,
+    yielded when it is due, whatever the caller did with the last one."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    arrival = loop.time()
+    end = arrival + duration
+    while True:
+        arrival += rng.expovariate(rate)
+        if arrival >= end:
+            return
+        await asyncio.sleep(max(0.0, arrival - loop.time()))
+        yield arrival
+
+
 async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[str, str], bytes, float]:
     """Send one request on a new connection: status, headers, body, seconds taken."""
     conn = Connection(port)
@@ -233,5 +243,21 @@ async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[s
         t0 = time.perf_counter()
         status, headers, body = await conn.send(data, timeout)
         return status, headers, body, time.perf_counter() - t0
+    finally:
+        await conn.close()
+
+
+async def submit_and_fetch(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:
+    """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait.
+
+    Returns the audio's status, the seconds both took and the audio; BenchError on any other answer.
+    """
+    conn = Connection(port)
+    try:
+        t0 = time.perf_counter()
+        _, answer = await conn.ask(request("POST", "/v1/tts", body), (200, 202))
+        request_id = json.loads(answer)["id"]
+        status, audio = await conn.ask(request("GET", f"/v1/tts/{request_id}/audio?wait={wait}"))
+        return status, time.perf_counter() - t0, audio
     finally:
         await conn.close()

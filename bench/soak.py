@@ -48,13 +48,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procfile  # noqa: E402
 from harness import (  # noqa: E402
-    MIB, BenchError, Cluster, Proc, bench_env, free_port, is_worker_of, redis_server_binary, rss_bytes, wait_for,
-    write_tiny_model,
+    MIB, BenchError, Cluster, Proc, bench_env, is_worker_of, jobs_run, markdown_table, rss_bytes, say,
+    stop_on_sigterm, workers_of, write_section, write_tiny_model,
 )
 from traffic import (  # noqa: E402
     CALIBRATION_CLIENTS, CALIBRATION_SECONDS, MIX, Answer, Client, Record, calibrate, drain, drive,
@@ -64,8 +65,10 @@ from redis.exceptions import RedisError  # noqa: E402
 from rq.exceptions import NoSuchJobError  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
+from rq.worker import WorkerStatus  # noqa: E402
 
 from common.settings import Settings  # noqa: E402
+from common import keys  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
 END = "<!-- soak:end -->"
@@ -79,10 +82,6 @@ RESTARTS = 3
 RESTARTING = 20.0
 
 
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 @dataclass
 class Soak:
     """Everything one run starts, counts and samples."""
@@ -91,8 +90,6 @@ class Soak:
     minutes: float
     load: float
     max_jobs: int | None  # None: chosen after calibration, for about RESTARTS restarts per worker
-    redis_port: int = 0
-    redis_proc: Proc | None = None
     web: Proc | None = None
     web_port: int = 0
     workers: dict[int, Proc] = field(default_factory=dict)  # slot -> current process
@@ -106,12 +103,8 @@ class Soak:
     lives: dict[int, tuple[float, float]] = field(default_factory=dict)
     stopping: bool = False
 
-    @property
-    def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
-
     def redis(self) -> Redis:
-        return Redis.from_url(self.redis_url, socket_timeout=5)
+        return Redis.from_url(self.cluster.redis_url, socket_timeout=5)
 
 
 # -- processes -------------------------------------------------------------------
@@ -119,23 +112,7 @@ class Soak:
 
 def start_redis(s: Soak) -> None:
     """redis-server with AOF on, in the run's directory; the same port and files on a restart."""
-    data = s.cluster.tmp / "redis"
-    data.mkdir(exist_ok=True)
-    s.redis_port = s.redis_port or free_port()
-    s.redis_proc = s.cluster.spawn("redis", [
-        redis_server_binary(), "--port", str(s.redis_port), "--bind", "127.0.0.1", "--dir", str(data),
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""], dict(os.environ))
-
-    def pings() -> bool:
-        assert s.redis_proc is not None
-        s.redis_proc.check()
-        try:
-            return bool(Redis.from_url(s.redis_url, socket_connect_timeout=0.5).ping())
-        except RedisError:
-            return False
-
-    wait_for(pings, 30, "redis-server to answer (and load its AOF)")
-    s.cluster.redis_url = s.redis_url
+    s.cluster.start_redis(urlsplit(s.cluster.redis_url).port or 0, aof=True)
 
 
 def start_worker(s: Soak, slot: int) -> Proc:
@@ -143,7 +120,7 @@ def start_worker(s: Soak, slot: int) -> Proc:
     two workers started together do not reach theirs together)."""
     limit = [] if s.max_jobs is None else ["--max-jobs", str(s.max_jobs + slot * s.max_jobs // 2)]
     proc = s.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", *limit],
-                           bench_env(REDIS_URL=s.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"),
+                           bench_env(REDIS_URL=s.cluster.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"),
                                      TTS_TORCH_THREADS="1"))
     s.workers[slot] = proc
     return proc
@@ -164,13 +141,11 @@ async def supervise(s: Soak) -> None:
 
 def busy_worker(s: Soak) -> Proc | None:
     """A worker process that is running a job now, by RQ's worker records."""
-    redis = s.redis()
-    for key in redis.smembers(f"rq:workers:{QUEUE}"):
-        if redis.hget(key, "state") != b"busy":
+    for worker in workers_of(s.redis(), QUEUE):
+        if worker.get_state() != WorkerStatus.BUSY:
             continue
-        name = key.decode().split(":")[-1]
         for proc in s.workers.values():
-            if is_worker_of(name, proc.pid):
+            if is_worker_of(worker.name, proc.pid):
                 return proc
     return None
 
@@ -193,9 +168,9 @@ async def kill_a_busy_worker(s: Soak) -> str:
 async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
     """SIGTERM Redis (it syncs its AOF and exits), keep it down `down_for` s, start it on the same files."""
     loop = asyncio.get_running_loop()
-    assert s.redis_proc is not None
+    assert s.cluster.redis_proc is not None
     began = loop.time()
-    await asyncio.to_thread(s.cluster.stop, s.redis_proc)
+    await asyncio.to_thread(s.cluster.stop, s.cluster.redis_proc)
     await asyncio.sleep(down_for)
     await asyncio.to_thread(start_redis, s)
     s.outage = (began, loop.time())
@@ -203,20 +178,6 @@ async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
 
 
 # -- workers' jobs, samples and the report ------------------------------------------
-
-
-def jobs_run(s: Soak) -> int:
-    """Jobs the workers have run, by RQ's counts in their records (assist jobs of the scheduler included)."""
-    redis = s.redis()
-    total = 0
-    for key in redis.smembers(f"rq:workers:{QUEUE}"):
-        counts = redis.hmget(key, "successful_job_count", "failed_job_count")
-        total += sum(int(c) for c in counts if c)
-    return total
-
-
-
-
 
 
 def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
@@ -255,11 +216,11 @@ def track_lives(s: Soak) -> None:
 
 def audio_in_redis(redis: Redis) -> tuple[int, int]:
     """(chunk keys, bytes of chunk audio) stored under tts:chunk:*."""
-    keys = list(redis.scan_iter("tts:chunk:*", count=1000))
+    found = list(redis.scan_iter(keys.chunk_key("*"), count=1000))
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
+    for key in found:
         pipe.strlen(key)
-    return len(keys), sum(pipe.execute()) if keys else 0
+    return len(found), sum(pipe.execute()) if found else 0
 
 
 @dataclass
@@ -368,28 +329,17 @@ def lives_summary(lives: dict[int, tuple[float, float]]) -> str:
 
 
 def markdown(s: Soak, verdict: Verdict, started: str) -> str:
-    rows = ["| figure | value |", "| --- | --- |", *[f"| {k} | {v} |" for k, v in verdict.lines]]
-    trend = ["| at | web RSS (MiB) | worker RSS by slot (MiB) | Redis used_memory (MiB) |", "| --- | --- | --- | --- |"]
+    trend = []
     for r in s.samples:
         workers = ", ".join(f"{v:.0f}" + (" (starting)" if k in r["restarting"] else "")
                             for k, v in sorted(r["workers"].items()))
-        trend.append(f"| {r['label']} | {r['web']:.1f} | {workers} | {r['redis']:.1f} |")
+        trend.append([r["label"], f"{r['web']:.1f}", workers, f"{r['redis']:.1f}"])
     result = "passed" if not verdict.failures else "FAILED: " + "; ".join(verdict.failures)
     return "\n".join([
-        BEGIN, "",
         f"Generated by `bench/soak.py --minutes {s.minutes:g}` on {started} ({os.cpu_count()} cores, load average "
         f"at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}): **{result}**.", "",
-        *rows, "", *trend, "", END])
-
-
-def write_section(path: Path, block: str) -> None:
-    """Replace the soak's block of `path`, or add it at the end."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        path.write_text(head + block + rest.split(END, 1)[1])
-    else:
-        path.write_text(text.rstrip() + "\n\n" + block + "\n")
+        markdown_table(["figure", "value"], [[k, str(v)] for k, v in verdict.lines]), "",
+        markdown_table(["at", "web RSS (MiB)", "worker RSS by slot (MiB)", "Redis used_memory (MiB)"], trend)])
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -416,7 +366,7 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         new_rate = s.load * capacity
         rate = new_rate / MIX["new"]
         seconds = s.minutes * 60
-        per_request = await asyncio.to_thread(jobs_run, s) / len(s.record.stored)
+        per_request = await asyncio.to_thread(jobs_run, s.redis(), QUEUE) / len(s.record.stored)
         s.max_jobs = given_max_jobs or max(10, int(new_rate * seconds * per_request / 2 / RESTARTS))
         say(f"capacity {capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {rate:.2f} arrivals/s "
             f"({new_rate:.2f} new/s) for {seconds:.0f} s; restarting the workers with --max-jobs {s.max_jobs}")
@@ -467,10 +417,6 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         await client.close()
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
@@ -481,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_on_sigterm()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster = Cluster()
     s = Soak(cluster=cluster, minutes=args.minutes, load=args.load, max_jobs=args.max_jobs)
@@ -498,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(block)
     if args.write:
-        write_section(Path(args.write), block)
+        write_section(Path(args.write), BEGIN, END, block)
         print(f"wrote {args.write}")
     for failure in verdict.failures:
         print(f"soak: {failure}", file=sys.stderr)

@@ -141,18 +141,11 @@ async def calibrate(client: Client, seconds: float = CALIBRATION_SECONDS,
 
 async def drive(client: Client, rate: float, seconds: float, seed: int) -> int:
     """Open loop: arrivals at `rate`/s (Poisson) for `seconds`, each of a kind drawn from MIX; arrivals made."""
-    rng = random.Random(seed)
+    rng = random.Random(seed + 1)  # the kinds and repeats; the arrival times have their own
     kinds, weights = list(MIX), list(MIX.values())
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    arrival = loop.time()
     tasks: set[asyncio.Task[None]] = set()
     made = 0
-    while True:
-        arrival += rng.expovariate(rate)
-        if arrival >= end:
-            break
-        await asyncio.sleep(max(0.0, arrival - loop.time()))
+    async for _ in loadgen.arrivals(rate, seconds, seed):
         kind = rng.choices(kinds, weights)[0]
         job = client.new_request(client.record.texts.mixed()) if kind == "new" else client.repeat(kind, rng)
         task = asyncio.ensure_future(job)

@@ -31,35 +31,20 @@ is 0 whenever every job finished, whatever the growth.
 from __future__ import annotations
 
 import argparse
-import os
-import random
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from redis import Redis  # noqa: E402
-from rq import Queue  # noqa: E402
-from rq.exceptions import InvalidJobOperation  # noqa: E402
-from rq.job import Job, JobStatus  # noqa: E402
+from harness import (  # noqa: E402
+    MIB, BenchError, Cluster, Texts, make_spec, model_info, rss_bytes, run_jobs, stop_on_sigterm,
+    write_tiny_model,
+)
 
-from common.model import ModelInfo  # noqa: E402
-
-from work import queueing  # noqa: E402
-from cache import MODEL_KEY, Spec, normalize  # noqa: E402
-from common.settings import Settings, from_env  # noqa: E402
-from splitter import split  # noqa: E402
-
-# Shared with the other benchmarks (bench/harness.py).
-from harness import MIB, WORDS, BenchError, free_port, rss_bytes, wait_for  # noqa: E402
+from common.settings import Settings  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -67,146 +52,6 @@ class Sample:
     jobs_done: int
     rss_bytes: int
     elapsed: float
-
-
-def sentence(rng: random.Random, max_chars: int) -> str:
-    """A sentence of more than max_chars/2 characters, so the splitter gives it a chunk of its own."""
-    low = max_chars // 2 + 10
-    target = rng.randint(low, max_chars - 12)
-    words = [rng.choice(WORDS).capitalize()]
-    while len(" ".join(words)) < target:
-        words.append(rng.choice(WORDS))
-        if len(words) % 7 == 0:
-            words[-1] += ","
-    return " ".join(words).rstrip(",") + rng.choice(".!?")
-
-
-def make_texts(count: int, max_chars: int, seed: int) -> list[str]:
-    """`count` distinct texts of 1-3 sentences; no sentence appears twice in the whole set."""
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    texts = []
-    while len(texts) < count:
-        sentences = []
-        for _ in range(rng.randint(1, 3)):
-            s = sentence(rng, max_chars)
-            while s in seen:
-                s = sentence(rng, max_chars)
-            seen.add(s)
-            sentences.append(s)
-        texts.append(" ".join(sentences))
-    return texts
-
-
-def make_spec(text: str, settings: Settings, model_id: str) -> Spec:
-    """The Spec the web process would build for {"text": text} (tts.spec_of, default settings)."""
-    chunks = tuple(split(normalize(text), settings.chunk_chars))
-    return Spec(chunks=chunks, model=model_id, seed=settings.default_seed)
-
-
-class Proc:
-    """A child process with its output in a log file."""
-
-    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], cwd: Path, log: Path) -> None:
-        self.name = name
-        self.log = log
-        self._out = log.open("wb")
-        self.popen = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def stop(self, timeout: float = 30) -> None:
-        """SIGTERM, wait; SIGKILL if it has not exited after `timeout` s."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                print(f"{self.name} (pid {self.pid}) ignored SIGTERM for {timeout:.0f} s; killing it", file=sys.stderr)
-                self.popen.kill()
-                self.popen.wait(10)
-        self._out.close()
-
-
-def start_redis(tmp: Path) -> tuple[Proc, str]:
-    server = shutil.which("redis-server")
-    if server is None:
-        raise BenchError("redis-server is not on PATH")
-    port = free_port()
-    proc = Proc(
-        "redis-server",
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        dict(os.environ), tmp, tmp / "redis.log",
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-
-    def pings() -> bool:
-        if not proc.alive():
-            raise BenchError(f"redis-server exited:\n{proc.tail()}")
-        try:
-            return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
-        except Exception:
-            return False
-
-    try:
-        wait_for(pings, 15, "the private redis-server to answer")
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, url
-
-
-def worker_env(redis_url: str, model_dir: Path, batch_size: int) -> dict[str, str]:
-    """The environment of the worker: ours, minus inherited TTS_* settings (TTS_DEVICE aside)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_") or k == "TTS_DEVICE"}
-    env.update(
-        REDIS_URL=redis_url,
-        TTS_MODEL_PATH=str(model_dir),
-        TTS_TORCH_THREADS="1",
-        TTS_BATCH_SIZE=str(batch_size),
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def run_batch(q: Queue, settings: Settings, specs: Sequence[Spec], worker: Proc, timeout: float) -> None:
-    """Submit `specs` as the web does and wait until every job has finished."""
-    submitted: list[Job] = []
-    for spec in specs:
-        job = queueing.submit(q, spec, settings)
-        if job.get_status(refresh=False) == JobStatus.FINISHED:
-            raise BenchError(f"request {job.id} was already done: the texts are not distinct")
-        submitted.append(job)
-    pending = list(submitted)
-
-    def all_finished() -> bool:
-        if not worker.alive():
-            raise BenchError(f"the worker exited with status {worker.popen.returncode}:\n{worker.tail()}")
-        still = []
-        for job in pending:
-            try:
-                status = job.get_status(refresh=True)
-            except InvalidJobOperation:
-                raise BenchError(f"job {job.id} vanished from Redis") from None
-            if status == JobStatus.FINISHED:
-                continue
-            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-                result = job.latest_result()
-                detail = result.exc_string if result is not None else "(no result)"
-                raise BenchError(f"job {job.id} ended {status}:\n{detail}\nworker log:\n{worker.tail()}")
-            still.append(job)
-        pending[:] = still
-        return not pending
-
-    wait_for(all_finished, timeout, f"{len(specs)} jobs to finish", interval=0.2)
 
 
 def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -223,23 +68,19 @@ def report(samples: Sequence[Sample], chunks: int, warmup: int) -> None:
         print(f"{s.jobs_done:>10}  {s.rss_bytes / MIB:>9.1f}  {(s.rss_bytes - first.rss_bytes) / MIB:>+9.1f}"
               f"  {s.elapsed:>9.1f}")
     last = samples[-1]
-    jobs_run = last.jobs_done - first.jobs_done
+    measured = last.jobs_done - first.jobs_done
     seconds = last.elapsed - first.elapsed
     print()
-    if jobs_run <= 0:
+    if measured <= 0:
         print("no jobs after the baseline: nothing to compare")
         return
-    growth = (last.rss_bytes - first.rss_bytes) / MIB / jobs_run * 100
+    growth = (last.rss_bytes - first.rss_bytes) / MIB / measured * 100
     slope = least_squares_slope([s.jobs_done for s in samples], [s.rss_bytes / MIB for s in samples]) * 100
     print(f"baseline: RSS after {warmup} warm-up jobs = {first.rss_bytes / MIB:.1f} MiB")
     print(f"growth per 100 jobs: {growth:+.2f} MiB (end points), {slope:+.2f} MiB (least-squares slope); "
           f"ratio last/first = {last.rss_bytes / first.rss_bytes:.3f}")
-    print(f"throughput: {jobs_run / seconds:.2f} jobs/s, {chunks / seconds:.2f} chunks/s "
-          f"({jobs_run} jobs, {chunks} chunks in {seconds:.1f} s)")
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    print(f"throughput: {measured / seconds:.2f} jobs/s, {chunks / seconds:.2f} chunks/s "
+          f"({measured} jobs, {chunks} chunks in {seconds:.1f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,47 +97,30 @@ def main(argv: list[str] | None = None) -> int:
 
     # A plain `kill` would end the script without its `finally`; make it one
     # more way out that stops the worker and Redis, like Ctrl-C.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    stop_on_sigterm()
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="worker-rss-"))
-    redis_proc: Proc | None = None
-    worker: Proc | None = None
     try:
-        model_dir = tmp / "tiny-model"
-        subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(model_dir)], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        redis_proc, url = start_redis(tmp)
-        env = worker_env(url, model_dir, args.batch_size)
-        settings = from_env(env)
-        worker = Proc("worker", [sys.executable, "worker.py"], env, ROOT, tmp / "worker.log")
-        redis = Redis.from_url(url)
-
-        def model_published() -> bytes | None:
-            if not worker.alive():
-                raise BenchError(f"the worker exited with status {worker.popen.returncode}:\n{worker.tail()}")
-            return redis.get(MODEL_KEY)
-
-        model = ModelInfo.from_json(wait_for(model_published, 180, "the worker to publish its model", 0.2))
-        print(f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "
-              f"loaded in {time.monotonic() - started:.1f} s (tiny={model.tiny})")
-
-        texts = make_texts(args.warmup + args.jobs, settings.chunk_chars, args.seed)
-        specs = [make_spec(t, settings, model.id) for t in texts]
-        for text, spec in zip(texts, specs):
-            if not 1 <= len(spec.chunks) <= 3:
-                raise BenchError(f"{text!r} split into {len(spec.chunks)} chunks; expected 1-3")
-        q = queueing.queue(redis, settings)
-
-        if args.warmup:
-            run_batch(q, settings, specs[: args.warmup], worker, args.timeout)
-        measured = specs[args.warmup :]
-        samples = [Sample(0, rss_bytes(worker.pid), time.monotonic())]
-        print(f"warm-up: {args.warmup} jobs; baseline RSS {samples[0].rss_bytes / MIB:.1f} MiB")
-        for start in range(0, len(measured), args.every):
-            batch = measured[start : start + args.every]
-            run_batch(q, settings, batch, worker, args.timeout)
-            samples.append(Sample(start + len(batch), rss_bytes(worker.pid), time.monotonic()))
-            print(f"  {samples[-1].jobs_done} jobs: RSS {samples[-1].rss_bytes / MIB:.1f} MiB", flush=True)
+        with Cluster() as c:
+            model_dir = write_tiny_model(c.tmp / "tiny-model")
+            c.start_redis()
+            worker = c.start_worker("worker", {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": "1",
+                                               "TTS_BATCH_SIZE": str(args.batch_size)})
+            c.wait_workers([worker], Settings().queue, timeout=180)
+            model = model_info(c.redis())
+            print(f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "
+                  f"loaded in {time.monotonic() - started:.1f} s (tiny={model.tiny})")
+            texts = Texts(seed=args.seed)
+            specs = [make_spec(texts.mixed(), model.id) for _ in range(args.warmup + args.jobs)]
+            if args.warmup:
+                run_jobs(c.redis(), Settings(), specs[: args.warmup], args.timeout, workers=[worker])
+            measured = specs[args.warmup :]
+            samples = [Sample(0, rss_bytes(worker.pid), time.monotonic())]
+            print(f"warm-up: {args.warmup} jobs; baseline RSS {samples[0].rss_bytes / MIB:.1f} MiB")
+            for start in range(0, len(measured), args.every):
+                batch = measured[start : start + args.every]
+                run_jobs(c.redis(), Settings(), batch, args.timeout, workers=[worker])
+                samples.append(Sample(start + len(batch), rss_bytes(worker.pid), time.monotonic()))
+                print(f"  {samples[-1].jobs_done} jobs: RSS {samples[-1].rss_bytes / MIB:.1f} MiB", flush=True)
         t0 = samples[0].elapsed
         samples = [Sample(s.jobs_done, s.rss_bytes, s.elapsed - t0) for s in samples]
         report(samples, sum(len(s.chunks) for s in measured), args.warmup)
@@ -305,13 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"worker_rss: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if worker is not None:
-            worker.stop()
-        if redis_proc is not None:
-            redis_proc.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

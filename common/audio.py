@@ -87,9 +87,14 @@ def fade_edges(samples: np.ndarray, head: bool, tail: bool) -> np.ndarray:
     return x
 
 
+def samples_of_ms(ms: int) -> int:
+    """Whole samples in `ms` milliseconds at SAMPLE_RATE (rounded down, as every pause is cut)."""
+    return SAMPLE_RATE * ms // 1000
+
+
 def silence(ms: int) -> bytes:
     """`ms` milliseconds of PCM16 silence."""
-    return bytes(SAMPLE_WIDTH * (SAMPLE_RATE * ms // 1000))
+    return bytes(SAMPLE_WIDTH * samples_of_ms(ms))
 
 
 def join(chunks: Sequence[bytes], pauses_ms: Sequence[int] | None = None) -> bytes:

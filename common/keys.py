@@ -1,17 +1,102 @@
-"""Redis key and channel names (the part this branch adds; main collects the rest here)."""
+"""Every Redis key and pub/sub channel the service uses, named in one place (as RQ's own `rq/keys.py`).
+
+Everything else, tests and benchmarks included, asks this module. RQ's own
+keys (`rq:*`) are RQ's. Ids inside keys are hex digests or queue names, so
+no key needs escaping. A function called with "" gives the prefix of its
+keys, which the Lua scripts that meet ids as they go are handed.
+
+Layout (prefix `tts`):
+- `tts:model`: the ModelInfo the workers publish (JSON);
+- `tts:chunk:C`: a chunk's PCM16 audio; `tts:req:R`: a request's manifest;
+- `tts:pieces:C`: the PCM16 pieces of chunk C in order, stored while it decodes (a list);
+- `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash);
+- `tts:events:R`: the channel a request's progress is announced on;
+- `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
+- `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/scheduler.py);
+- `tts:assist:Q`: set while an assist job of Q waits;
+- `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
+- `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W.
+"""
 
 from __future__ import annotations
 
 PREFIX = "tts"
+MODEL_KEY = f"{PREFIX}:model"
+VOICES_KEY = f"{PREFIX}:voices"
+METRICS_KEY = f"{PREFIX}:metrics"
+# The kinds of per-chunk key the pool keeps for each queue (pool_entry_key), and
+# what their names start with (the claim script, which meets chunks as it scans, makes them itself).
+POOL_KINDS = ("task", "waiters", "claim", "failed")
+POOL_ENTRY_PREFIX = f"{PREFIX}:"
+
+
+def chunk_key(chunk_id: str) -> str:
+    """A chunk's PCM16 audio, once made."""
+    return f"{PREFIX}:chunk:{chunk_id}"
 
 
 def pieces_key(chunk_id: str) -> str:
     """A Redis list: the PCM16 pieces of chunk `chunk_id` in order, stored while it decodes.
 
-    Joined, they are byte for byte the chunk's stored audio (`tts:chunk:<id>`).
+    Joined, they are byte for byte the chunk's stored audio (`chunk_key`).
     A chunk that is made again (its worker died, or was stopped) starts its
-    list again: the list is deleted when a worker takes the chunk, and each
-    piece is announced on the events channel of every request waiting for it
-    as {"event": "piece", "chunk": <chunk id>, "n": <index in the list>}.
+    list again: piece 0 replaces the list. Each piece is announced on the
+    events channel of every request waiting for the chunk as
+    {"event": "piece", "chunk": <chunk id>, "n": <index in the list>}.
     """
     return f"{PREFIX}:pieces:{chunk_id}"
+
+
+def request_key(request_id: str) -> str:
+    """A request's manifest: its chunks, pauses, texts and settings (JSON)."""
+    return f"{PREFIX}:req:{request_id}"
+
+
+def voice_key(model_id: str, seed: int) -> str:
+    """Where the speaker string of `seed` on model `model_id` is kept."""
+    return f"{PREFIX}:voice:{model_id}:{seed}"
+
+
+def pool_key(queue: str) -> str:
+    """The sorted set of chunks waiting for synthesis on `queue` (work/scheduler.py)."""
+    return f"{PREFIX}:pool:{queue}"
+
+
+def pool_entry_key(kind: str, queue: str, chunk_id: str) -> str:
+    """One of the pool's per-chunk keys: `kind` is one of POOL_KINDS."""
+    return f"{POOL_ENTRY_PREFIX}{kind}:{queue}:{chunk_id}"
+
+
+def events_channel(request_id: str) -> str:
+    """Pub/sub channel on which the worker announces a request's progress."""
+    return f"{PREFIX}:events:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    """Set while `request_id` is canceled; a running job checks it between batches."""
+    return f"{PREFIX}:cancel:{request_id}"
+
+
+def lock_key(job_id: str) -> str:
+    """The lock held while a job under `job_id` is replaced or enqueued."""
+    return f"{PREFIX}:lock:{job_id}"
+
+
+def assist_key(queue_name: str) -> str:
+    """Set while an assist job of `queue_name` waits to be taken (at most one waits at a time)."""
+    return f"{PREFIX}:assist:{queue_name}"
+
+
+def hooks_key(request_id: str) -> str:
+    """The callback URLs registered for a request (hash: url -> format)."""
+    return f"{PREFIX}:hooks:{request_id}"
+
+
+def event_key(event_id: str) -> str:
+    """One webhook event waiting for delivery."""
+    return f"{PREFIX}:webhook:{event_id}"
+
+
+def rate_key(token_digest: str, window: int) -> str:
+    """Requests made with one API key (by digest) in rate-limit window `window`."""
+    return f"{PREFIX}:rate:{token_digest}:{window}"

@@ -30,14 +30,13 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from redis import Redis
 from redis.exceptions import RedisError
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from common import logs
-from cache import is_well_formed_id, pool_key
+from cache import is_well_formed_id
+from common.keys import METRICS_KEY, pool_key
 
 logger = logging.getLogger(__name__)
 
-METRICS_KEY = "tts:metrics"
 # The text format every Prometheus reads (what prometheus_client itself
 # answers a scraper that asks for nothing newer); all names here are legacy-safe.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -115,6 +114,13 @@ def counter_field(name: str) -> str:
     if METRICS[name].kind != "counter" or METRICS[name].labels:
         raise KeyError(f"{name} is not an unlabelled counter")
     return _field(name, "", {})
+
+
+def read_counter(redis: Redis, name: str) -> float:
+    """The service's total so far of unlabelled counter `name`, as every process has added it up in
+    METRICS_KEY (0 before the first flush); KeyError for a name that is not an unlabelled counter."""
+    raw = redis.hget(METRICS_KEY, counter_field(name))
+    return float(raw) if raw is not None else 0.0
 
 
 class Counter:
@@ -347,8 +353,8 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     return generate_latest(registry)
 
 
-def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
-    """Gauges read at scrape time: jobs of each rq Queue by state, live workers, and the synthesis queue's pool."""
+def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
+    """Gauges read at scrape time: jobs of each rq Queue by state, its `live` workers (by queue name), the synthesis pool."""
     queues = (synthesis, *others)
     jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
                              labels=["queue", "state"])
@@ -356,9 +362,6 @@ def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
                              "that needs it).", labels=["queue"])
     alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
     for queue in queues:
-        names = queue.connection.smembers(WORKERS_BY_QUEUE_KEY % queue.name)
-        # A dead worker's key expires; its membership lingers until RQ's next clean-up.
-        workers = int(queue.connection.exists(*names)) if names else 0
         for state, count in (
             ("queued", queue.count),
             ("started", queue.started_job_registry.count),
@@ -366,7 +369,7 @@ def queue_gauges(synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
             ("failed", queue.failed_job_registry.count),
         ):
             jobs.add_metric([queue.name, state], count)
-        alive.add_metric([queue.name], workers)
+        alive.add_metric([queue.name], live.get(queue.name, 0))
     pool.add_metric([synthesis.name], synthesis.connection.zcard(pool_key(synthesis.name)))
     return [jobs, pool, alive]
 

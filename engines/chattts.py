@@ -12,15 +12,14 @@ import json
 import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from common import speakers
 from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
 from engines.decoders import StaticDecoder
 from engines import spoken
-from cache import SAMPLE_RATE, Spec
+from cache import Spec
 from common.settings import Settings
 from engines.config import ModelUnavailable, chattts_config, identity
 

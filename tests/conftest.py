@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 from redis import Redis
+from starlette.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -223,6 +224,38 @@ def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
     stack.start_worker()
     stack.wait_ready()
     return stack
+
+
+# The model a web process sees published when no worker runs (web_client): the tone engine's shape.
+WEB_MODEL = {"id": "test-model", "name": "tone", "tiny": True, "engine": "tone", "device": "cpu", "speaker_dim": 16}
+
+
+@pytest.fixture
+def web_client(redis: Redis, redis_url: str) -> Iterator[Callable[..., TestClient]]:
+    """Make the web app in-process (Starlette's TestClient, lifespan included) on the test's clean database.
+
+    No uvicorn and no worker: for what the web process decides alone (validation,
+    routing, answers from what Redis holds). A model is published as a worker
+    would; `env` adds settings (`TTS_*` names).
+    """
+    import json
+
+    import service
+    from common.keys import MODEL_KEY
+    from common.settings import from_env
+
+    made: list[TestClient] = []
+    redis.set(MODEL_KEY, json.dumps(WEB_MODEL))
+
+    def make(**env: str) -> TestClient:
+        client = TestClient(service.create_app(from_env({"REDIS_URL": redis_url, **env})))
+        client.__enter__()
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.__exit__(None, None, None)
 
 
 @pytest.fixture

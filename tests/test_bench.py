@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from redis import Redis
@@ -20,7 +21,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import loadgen  # noqa: E402
 import procfile  # noqa: E402
 import wrk  # noqa: E402
-from harness import BenchError, Cluster, Figure, interleaved, percentile, spread, table  # noqa: E402
+from harness import BenchError, Cluster, Figure, interleaved, percentile, spread, table, write_section  # noqa: E402
+from scenarios import Bench, Comparison, Plan, Reading, Scenario, perform  # noqa: E402
 
 
 def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median() -> None:
@@ -49,6 +51,67 @@ def test_percentile_and_interleaving() -> None:
     assert percentile([1, 2, 3, 4, 5], 50) == 3
     assert percentile([1, 2], 99) == pytest.approx(1.99)
     assert list(interleaved(2, "a", "b")) == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
+
+
+class TwoParts(Scenario):
+    """A scenario as run.py's are written, measuring nothing but its own calls."""
+
+    number = "9"
+    title = "a test"
+    needs_stack = False
+
+    def setup(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.torn_down = False
+
+    def comparisons(self) -> Iterator[Comparison]:
+        pair = [Figure("9", "rate", "req/s"), Figure("9", "only the subject's", "x")]
+        yield Comparison(pair, self.measure, rounds=2, sides=("base", "new"))
+        # A later comparison may use what an earlier one measured.
+        yield Comparison([Figure("9", f"after {len(pair[0].values)} runs", "ms")],
+                         lambda side, r: [(10.0 + r, 5.0)], rounds=2)
+
+    def measure(self, side: str, round_: int) -> list[Reading]:
+        self.calls.append((side, round_))
+        return [100.0 * round_ + (1 if side == "new" else 0), None if side == "base" else 7.0]
+
+    def teardown(self) -> None:
+        self.torn_down = True
+
+
+class Failing(TwoParts):
+    def measure(self, side: str, round_: int) -> list[Reading]:
+        raise BenchError("boom")
+
+
+def test_a_scenario_measures_one_side_at_a_time_into_its_columns_and_always_tears_down() -> None:
+    with Cluster() as cluster:
+        b = Bench(plan=Plan.make(quick=True), cluster=cluster, model_dir=cluster.tmp, batch=8)
+        scenario = TwoParts(b)
+        perform(scenario)
+        assert scenario.calls == [("base", 0), ("new", 0), ("new", 1), ("base", 1)]  # A B, B A
+        rate, subject_only, after = b.figures
+        assert (rate.values, rate.baseline) == ([1.0, 101.0], [0.0, 100.0])
+        assert (subject_only.values, subject_only.baseline) == ([7.0, 7.0], [])
+        assert after.name == "after 2 runs" and (after.values, after.baseline) == ([10.0, 11.0], [5.0, 5.0])
+        assert scenario.torn_down
+
+        failing = Failing(b)
+        with pytest.raises(BenchError, match="boom"):
+            perform(failing)
+        assert failing.torn_down
+
+
+def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    write_section(doc, "<!-- a:begin -->", "<!-- a:end -->", "first")
+    assert doc.read_text() == "# Benchmarks\n\n<!-- a:begin -->\n\nfirst\n\n<!-- a:end -->\n"
+    doc.write_text("intro\n\n" + doc.read_text() + "\nnotes by hand\n")
+    write_section(doc, "<!-- b:begin -->", "<!-- b:end -->", "other")
+    write_section(doc, "<!-- a:begin -->", "<!-- a:end -->", "second")
+    text = doc.read_text()
+    assert "first" not in text and text.count("second") == 1 and "notes by hand" in text
+    assert text.startswith("intro\n\n# Benchmarks") and text.endswith("<!-- b:begin -->\n\nother\n\n<!-- b:end -->\n")
 
 
 def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> None:

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis import Redis
 
-from cache import AudioCache, Spec, chunk_key, is_well_formed_id, manifest, normalize, request_key
+from cache import AudioCache, Spec, is_well_formed_id, manifest, normalize
+from common.keys import chunk_key, request_key
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 from redis import Redis
 
 from web import captions
-from cache import chunk_key, request_key
 from conftest import Stack, wait_for
+from common.keys import chunk_key, request_key
 
 RATE = 24_000
 TEXT = ("Captions follow the audio. Each chunk gets one cue, at its exact samples; the pauses stay outside. "

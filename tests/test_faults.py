@@ -17,6 +17,7 @@ from rq.job import Job
 
 from conftest import Stack, _free_port, _pings, wait_for
 from work.queueing import SERIALIZER
+from common import keys
 
 
 class RedisServer:
@@ -90,10 +91,8 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
 
     private_redis.start()
     restarted = time.monotonic()
-    stack.wait_ready(timeout=60)
-    recovered_in = time.monotonic() - restarted
-    record_property("ready_again_after_restart_s", round(recovered_in, 2))
-    assert recovered_in < 30, f"took {recovered_in:.1f} s to be ready again"
+    stack.wait_ready(timeout=30)  # by itself, without a restart of any process
+    record_property("ready_again_after_restart_s", round(time.monotonic() - restarted, 2))
     _finish(stack, "Asked after the outage.")
     assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
     assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"
@@ -124,7 +123,7 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(private_red
 
         def cut_off() -> None:
             # Every client holds a subscription on the request's channel; then Redis goes away.
-            wait_for(lambda: redis.pubsub_numsub(f"tts:events:{body['id']}")[0][1] >= clients, 30,
+            wait_for(lambda: redis.pubsub_numsub(keys.events_channel(body['id']))[0][1] >= clients, 30,
                      f"{clients} waiting clients")
             private_redis.stop()
 
@@ -256,4 +255,4 @@ def test_api_keys_and_rate_limit(stack_factory: Callable[..., Stack], redis: Red
     assert other.status_code == 202
     assert key not in web.output()
     assert not any(key.encode() in k for k in redis.keys("*"))
-    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys("tts:*") if redis.type(k) == b"string")
+    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys(f"{keys.PREFIX}:*") if redis.type(k) == b"string")

@@ -19,12 +19,13 @@ from starlette.routing import Route
 
 from common import metrics
 from conftest import _free_port
+from common import keys
 
 ID = "0123456789abcdef0123456789abcdef"
 
 
 def samples(redis: Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = metrics.render(redis.hgetall(metrics.METRICS_KEY)).decode()
+    text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -61,6 +62,17 @@ def test_series_are_checked_once_and_typos_raise() -> None:
         recorder.histogram("tts_http_requests_total", route="/", method="GET", status="200")  # a counter
     with pytest.raises(KeyError):
         recorder.counter("tts_no_such_total")
+
+
+def test_read_counter_gives_the_service_total_of_an_unlabelled_counter(redis: Redis) -> None:
+    assert metrics.read_counter(redis, "tts_chunks_needed_total") == 0.0  # nothing flushed yet
+    for amount in (3, 2):  # two processes flushing
+        recorder = metrics.Recorder()
+        recorder.inc("tts_chunks_needed_total", amount)
+        recorder.flush(redis)
+    assert metrics.read_counter(redis, "tts_chunks_needed_total") == 5.0
+    with pytest.raises(KeyError):
+        metrics.read_counter(redis, "tts_jobs_total")  # labelled
 
 
 def test_a_failed_flush_keeps_everything_for_the_next(redis: Redis) -> None:

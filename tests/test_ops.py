@@ -25,10 +25,12 @@ from rq import Queue
 from rq.job import Job
 
 from common import metrics
-from cache import chunk_key, events_channel, request_key, stored
+from cache import stored
 from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
 from work.queueing import SERIALIZER
 from common.settings import SettingsError, from_env
+from common.keys import chunk_key, events_channel, request_key
+from common import keys
 
 KEY = "ops-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -142,10 +144,10 @@ def test_recorder_refuses_unknown_series_and_renders_what_redis_holds(redis: Red
     other = metrics.Recorder()  # another process, same Redis
     other.inc("tts_jobs_total", outcome="finished")
     other.flush(redis)
-    redis.hset(metrics.METRICS_KEY, "not json", 1)  # written by something else: skipped
+    redis.hset(keys.METRICS_KEY, "not json", 1)  # written by something else: skipped
 
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(metrics.render(redis.hgetall(metrics.METRICS_KEY)).decode())
+               for f in text_string_to_metric_families(metrics.render(redis.hgetall(keys.METRICS_KEY)).decode())
                for s in f.samples}
     assert value(samples, "tts_jobs_total", outcome="finished") == 4
     assert value(samples, "tts_time_to_first_chunk_seconds_count") == 3

@@ -18,11 +18,13 @@ from redis import Redis
 from common import audio
 from common import metrics
 from common.model import ModelInfo
-from cache import Spec, chunk_key, manifest, request_key
+from cache import Spec, manifest
 from conftest import Proc, Stack, wait_for
 from work.scheduler import Pool
 from splitter import split
 from test_ops import log_events, scrape, value
+from common.keys import chunk_key, request_key
+from common import keys
 
 MODEL = "m0"
 
@@ -122,7 +124,7 @@ def test_a_chunk_two_requests_need_is_one_task_made_once(pool: Pool, redis: Redi
     assert set(firsts) == {"a", "b"} and all(0 <= s < 60 for s in firsts.values())
     assert pool.size() == 0
     assert pool.claim("w", 8, 10_000, cross=True) == ([], False)
-    needed = redis.hget(metrics.METRICS_KEY, metrics.counter_field("tts_chunks_needed_total"))
+    needed = redis.hget(keys.METRICS_KEY, metrics.counter_field("tts_chunks_needed_total"))
     assert float(needed) == 3
 
 
@@ -133,7 +135,7 @@ def test_a_lapsed_lease_is_taken_by_another_worker(pool: Pool, redis: Redis) -> 
     assert pool.claim("live", 4, 10_000, cross=True) == ([], False)
     assert pool.renew("live", [claimed[0].chunk_id], 10_000) == 0  # not its lease to renew
     # Lease gone (as 300 ms after a death): the chunk is open again.
-    redis.delete(f"tts:claim:q:{claimed[0].chunk_id}")
+    redis.delete(keys.pool_entry_key("claim", "q", claimed[0].chunk_id))
     again, _ = pool.claim("live", 4, 10_000, cross=True)
     assert [c.chunk_id for c in again] == [claimed[0].chunk_id]
     assert pool.renew("live", [claimed[0].chunk_id], 10_000) == 1
@@ -158,14 +160,14 @@ def test_withdrawing_one_request_keeps_the_chunks_another_still_needs(pool: Pool
     pool.withdraw("a", a.chunk_ids())
     claimed, _ = pool.claim("w", 8, 10_000, cross=True)
     assert sorted(texts(claimed)) == ["Only in b.", "Shared sentence."]
-    assert not redis.exists(f"tts:task:q:{a.chunk_ids()[1]}")
+    assert not redis.exists(keys.pool_entry_key("task", "q", a.chunk_ids()[1]))
 
 
 def test_a_failed_chunk_is_marked_for_its_requests_and_leaves_the_pool(pool: Pool, redis: Redis) -> None:
     a = request("Bad chunk.", "Good chunk.")
     pool.register("a", a)
     sub = redis.pubsub(ignore_subscribe_messages=True)
-    sub.subscribe("tts:events:a")
+    sub.subscribe(keys.events_channel("a"))
     claimed, _ = pool.claim("w", 1, 10_000, cross=True)
     pool.fail("w", [claimed[0].chunk_id], "ValueError")
     assert pool.failures(a.chunk_ids()) == {a.chunk_ids()[0]: "ValueError"}
@@ -267,7 +269,7 @@ def test_thirty_overlapping_requests_on_two_workers_make_each_chunk_once_with_th
     stack.start_web()
     workers = [stack.start_worker(), stack.start_worker()]
     wait_for(lambda: stack.wait_ready()["workers"] == 2, 60, "two workers")
-    model = json.loads(redis.get("tts:model"))["id"]
+    model = json.loads(redis.get(keys.MODEL_KEY))["id"]
     bodies = overlapping_bodies(30)
     answers = submit_all(stack, bodies)
     tone = ToneEngine()
@@ -342,7 +344,7 @@ def test_every_request_finishes_when_a_worker_is_killed_mid_batch(stack_factory:
 
     def victim() -> Proc | None:
         # A worker holding a lease right now is in the middle of a model call.
-        for key in redis.scan_iter("tts:claim:*"):
+        for key in redis.scan_iter(keys.pool_entry_key("claim", "*", "*")):
             token = (redis.get(key) or b"").decode()
             for w in workers:
                 if f":{w.pid}:" in token:
@@ -351,7 +353,7 @@ def test_every_request_finishes_when_a_worker_is_killed_mid_batch(stack_factory:
 
     killed = wait_for(victim, 120, "a worker in the middle of a batch", interval=0.005)
     assert isinstance(killed, Proc)
-    held = [k for k in redis.scan_iter("tts:claim:*") if f":{killed.pid}:".encode() in (redis.get(k) or b"")]
+    held = [k for k in redis.scan_iter(keys.pool_entry_key("claim", "*", "*")) if f":{killed.pid}:".encode() in (redis.get(k) or b"")]
     killed.stop(signal.SIGKILL)
     for answer in answers:
         wav = wait_audio(stack, answer["id"], 180)
@@ -375,13 +377,13 @@ def test_canceling_one_of_two_requests_that_share_a_chunk_keeps_the_chunk_for_th
     assert shared_id == json.loads(redis.get(request_key(short["id"])))["chunks"][-1]
     assert httpx.delete(f"{stack.url}/v1/tts/{long['id']}").status_code == 204
     # The long request's own chunks left the pool; the shared one stays for the short request.
-    waiting = {m.decode().split(":")[1] for m in redis.zrange("tts:pool:tts", 0, -1)}
+    waiting = {m.decode().split(":")[1] for m in redis.zrange(keys.pool_key("tts"), 0, -1)}
     assert shared_id in waiting and len(waiting) == 2
     stack.start_worker()
     wav = wait_audio(stack, short["id"], 120)
     assert pcm_of(wav) == joined_from_store(redis, short["id"])[0]
     assert httpx.get(f"{stack.url}/v1/tts/{long['id']}").json()["status"] == "canceled"
-    assert redis.zcard("tts:pool:tts") == 0
+    assert redis.zcard(keys.pool_key("tts")) == 0
 
 
 def test_a_long_request_spreads_over_two_workers(stack_factory: Callable[..., Stack], tiny_model: Path,
@@ -433,4 +435,4 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
     bad.refresh()
     assert bad.get_status() == "scheduled" and bad.retries_left == 1
     assert Pool(redis, "tts", 60).failures([fine, unsayable]) == {unsayable: "ValueError"}
-    assert redis.zcard("tts:pool:tts") == 0  # withdrawn until the retry puts it back
+    assert redis.zcard(keys.pool_key("tts")) == 0  # withdrawn until the retry puts it back

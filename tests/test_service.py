@@ -13,8 +13,10 @@ import httpx
 import pytest
 import soundfile
 from redis import Redis
+from starlette.testclient import TestClient
 
 from conftest import Stack, wait_for
+from common import keys
 
 TEXT = "Hello from the tone engine. This is the second sentence."
 
@@ -176,9 +178,10 @@ def test_readyz_without_worker_is_503(stack_factory: Callable[..., Stack]) -> No
         pytest.param({"text": "hi", "speaker": None}, 422, "speaker", id="speaker-null"),
     ],
 )
-def test_bad_input_is_a_clear_4xx(tone_stack: Stack, redis: Redis, body: Any, status: int, field: str | None) -> None:
+def test_bad_input_is_a_clear_4xx(web_client: Callable[..., TestClient], redis: Redis, body: Any, status: int,
+                                  field: str | None) -> None:
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
-    r = httpx.post(tone_stack.url + "/v1/tts", **kwargs)
+    r = web_client().post("/v1/tts", **kwargs)
     assert r.status_code == status, r.text
     answer = r.json()
     assert answer["detail"]
@@ -186,8 +189,8 @@ def test_bad_input_is_a_clear_4xx(tone_stack: Stack, redis: Redis, body: Any, st
     assert redis.llen("rq:queue:tts") == 0
 
 
-def test_oversized_body_is_413(tone_stack: Stack) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}')
+def test_oversized_body_is_413(web_client: Callable[..., TestClient]) -> None:
+    r = web_client().post("/v1/tts", content=b'{"text": "' + b"a" * 70_000 + b'"}')
     assert r.status_code == 413 and r.json()["detail"]
 
 
@@ -200,8 +203,8 @@ def test_oversized_body_is_413(tone_stack: Stack) -> None:
         pytest.param("/nowhere", id="no-route"),
     ],
 )
-def test_unknown_is_404_json(tone_stack: Stack, path: str) -> None:
-    r = httpx.get(tone_stack.url + path)
+def test_unknown_is_404_json(web_client: Callable[..., TestClient], path: str) -> None:
+    r = web_client().get(path)
     assert r.status_code == 404 and r.json()["detail"]
 
 
@@ -210,14 +213,15 @@ def test_unknown_is_404_json(tone_stack: Stack, path: str) -> None:
     [pytest.param("?format=aiff", "format", id="format"), pytest.param("?wait=61", "wait", id="wait-range"),
      pytest.param("?wait=soon", "wait", id="wait-word")],
 )
-def test_bad_audio_query_is_422(tone_stack: Stack, query: str, field: str) -> None:
-    request_id = httpx.post(tone_stack.url + "/v1/tts", json={"text": "query checks"}).json()["id"]
-    r = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio{query}")
+def test_bad_audio_query_is_422(web_client: Callable[..., TestClient], query: str, field: str) -> None:
+    client = web_client()
+    request_id = client.post("/v1/tts", json={"text": "query checks"}).json()["id"]
+    r = client.get(f"/v1/tts/{request_id}/audio{query}")
     assert r.status_code == 422 and r.json()["field"] == field
 
 
-def test_page_is_served(tone_stack: Stack) -> None:
-    r = httpx.get(tone_stack.url + "/")
+def test_page_is_served(web_client: Callable[..., TestClient]) -> None:
+    r = web_client().get("/")
     assert r.status_code == 200 and "<textarea" in r.text and "/readyz" in r.text
 
 
@@ -277,43 +281,12 @@ def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, cont
     assert abs(info.duration - expected.duration) < 0.06
 
 
-def test_encoded_audio_cache_is_bounded_and_keeps_the_recently_used() -> None:
-    from web.tts import EncodedCache
-
-    cache = EncodedCache(max_bytes=100)
-    for n in range(5):
-        cache.put((f"id{n}", "mp3"), bytes(20))
-    assert cache.get(("id0", "mp3")) is not None  # now the most recently used
-    cache.put(("id5", "mp3"), bytes(20))  # over 100 bytes: the least recently used goes
-    assert cache.get(("id1", "mp3")) is None
-    assert cache.get(("id0", "mp3")) is not None and cache.get(("id5", "mp3")) is not None
-    assert sum(len(cache.get((f"id{n}", "mp3")) or b"") for n in range(6)) <= 100
-    cache.put(("big", "wav"), bytes(26))  # over a quarter of the budget: never kept
-    assert cache.get(("big", "wav")) is None
-    off = EncodedCache(max_bytes=0)
-    off.put(("id", "wav"), b"x")
-    assert off.get(("id", "wav")) is None
-
-
-def test_encoded_audio_is_rechecked_against_redis_after_a_while() -> None:
-    from web.tts import EncodedCache
-
-    cache = EncodedCache(max_bytes=100, recheck=0.05)
-    assert not cache.recent(("id", "wav"))  # not held: never recent
-    cache.put(("id", "wav"), b"RIFF")
-    assert cache.recent(("id", "wav"))
-    wait_for(lambda: not cache.recent(("id", "wav")), 5, "the item to be due for a recheck", interval=0.01)
-    assert cache.get(("id", "wav")) == b"RIFF"  # still held, only due for a look at Redis
-    cache.confirm(("id", "wav"))
-    assert cache.recent(("id", "wav"))
-
-
 def test_audio_of_an_expired_id_is_404_again_within_a_second(tone_stack: Stack, redis: Redis) -> None:
     """A web process answers hot audio from memory, but not once Redis has let the id go."""
     body = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Soon to be forgotten."}).json()
     first = httpx.get(tone_stack.url + body["audio_url"], params={"wait": 30}, timeout=40)
     assert first.status_code == 200
     assert httpx.get(tone_stack.url + body["audio_url"]).content == first.content  # from the process's cache
-    redis.delete(f"tts:req:{body['id']}")  # what expiry or eviction does
+    redis.delete(keys.request_key(body['id']))  # what expiry or eviction does
     wait_for(lambda: httpx.get(tone_stack.url + body["audio_url"]).status_code == 404, 3,
              "the expired id to be answered 404", interval=0.05)

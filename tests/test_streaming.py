@@ -16,6 +16,7 @@ from redis import Redis
 
 from common.audio import silence, wav_stream_header
 from conftest import Stack, wait_for
+from common import keys
 
 # Sentences and clauses: the joins get their pauses.
 TEXT = " ".join(f"Sentence number {n} is here, with a clause." for n in range(1, 13))
@@ -93,8 +94,8 @@ def test_joins_carry_the_pauses_of_their_punctuation(stack_factory: Callable[...
     text = "One sentence ends here. Two clauses, here" + " and" * 12 + " three"
     request_id = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()["id"]
     clip = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30").content[44:]
-    layout = json.loads(redis.get(f"tts:req:{request_id}"))
-    parts = [redis.get(f"tts:chunk:{cid}") for cid in layout["chunks"]]
+    layout = json.loads(redis.get(keys.request_key(request_id)))
+    parts = [redis.get(keys.chunk_key(cid)) for cid in layout["chunks"]]
     assert len(parts) >= 4
     assert layout["pauses"] == [250, 120] + [20] * (len(parts) - 3) + [0]
     assert clip == b"".join(p + silence(ms) for p, ms in zip(parts, layout["pauses"]))

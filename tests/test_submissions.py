@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import time
 from typing import Any, Iterator
 
@@ -22,12 +21,13 @@ from starlette.testclient import TestClient
 from common import metrics
 import service
 from web import tts
-from cache import MODEL_KEY, SAMPLE_WIDTH, Spec, chunk_key, request_key
+from cache import SAMPLE_WIDTH, Spec
 from conftest import wait_for
 from common.model import ModelInfo
 from common.settings import from_env
-from web.submissions import Submission, Submissions
 from common.speakers import encode_speaker
+from common.keys import MODEL_KEY, chunk_key, request_key
+from common import keys
 
 MODEL = ModelInfo(id="test-model", name="tone", tiny=True, engine="tone", device="cpu", speaker_dim=4)
 BODY = json.dumps({"text": "Asked for again and again."}).encode()
@@ -77,7 +77,7 @@ def _remember_calls(client: TestClient) -> list[str]:
 
 def _cache_counts(client: TestClient, redis: Redis) -> dict[str, float]:
     client.app.state.context.metrics.flush(redis)  # type: ignore[attr-defined]
-    text = metrics.render(redis.hgetall(metrics.METRICS_KEY)).decode()
+    text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
     return {s.labels["result"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
             if s.name == "tts_cache_requests_total"}
 
@@ -169,38 +169,6 @@ def test_a_refused_body_is_refused_again(client: TestClient) -> None:
     assert answers[0].json()["field"] == "text"
 
 
-def test_submissions_are_bounded_by_bytes_and_keep_the_recently_used() -> None:
-    def made(n: int) -> Submission:
-        return Submission(f"{n:032x}", Spec(chunks=("x" * 10,), model="m"), "wav", b"{}")
-
-    def key(n: int) -> tuple[str, bytes]:
-        return ("m", f"body{n:02d}".encode())
-
-    one = made(0).size(key(0)[1])
-    memory = Submissions(max_bytes=16 * one, recheck=1.0)
-    for n in range(16):
-        memory.put(key(n), made(n))
-    assert len(memory) == 16
-    assert memory.get(key(0)) is not None  # now the most recently used
-    memory.put(key(16), made(16))  # over the budget: the least recently used goes
-    assert len(memory) == 16 and memory.get(key(1)) is None
-    assert memory.get(key(0)) is not None and memory.get(key(16)) is not None
-    memory.put(key(16), made(17))  # put again: replaced, not counted twice
-    assert len(memory) == 16 and memory.get(key(16)).request_id == f"{17:032x}"  # type: ignore[union-attr]
-    memory.drop(key(16))
-    assert memory.get(key(16)) is None and len(memory) == 15
-    small = Submissions(max_bytes=16 * one - 1, recheck=1.0)
-    small.put(key(0), made(0))  # over a sixteenth of the budget: never kept
-    assert len(small) == 0
-
-
-def test_a_submission_is_fresh_only_for_the_recheck_interval() -> None:
-    memory = Submissions(max_bytes=1 << 20, recheck=0.05)
-    item = Submission("0" * 32, Spec(chunks=("x",), model="m"), "wav", b"{}")
-    assert item.confirmed == -math.inf and not memory.fresh(item)
-    item.confirmed = time.monotonic()
-    assert memory.fresh(item)
-    wait_for(lambda: not memory.fresh(item), 5, "the item to be due for a look at Redis", interval=0.01)
 
 
 def test_a_job_that_finishes_between_the_two_looks_of_a_status_is_reported_finished(

@@ -12,6 +12,7 @@ from redis import Redis
 from web import voices
 from conftest import Stack
 from common.speakers import decode_speaker, encode_speaker
+from common import keys
 
 
 @pytest.mark.parametrize(
@@ -169,4 +170,4 @@ def test_saved_voices_are_bounded_by_the_setting_and_never_expire(stack: Stack, 
     full = _put(stack, "four", {"seed": 4})
     assert full.status_code == 422 and full.json()["field"] == "name" and "3" in full.json()["detail"], full.text
     assert _put(stack, "two", {"seed": 9}).status_code == 200  # replacing is not adding
-    assert redis.ttl(voices.VOICES_KEY) == -1
+    assert redis.ttl(keys.VOICES_KEY) == -1

@@ -21,6 +21,7 @@ from redis import Redis
 
 import webhooks
 from conftest import Stack, wait_for
+from common import keys
 
 SECRET = "webhook-secret-0123456789"
 DELAYS = "2,1"  # two retries (RQ schedules to the whole second): three tries in all
@@ -245,7 +246,7 @@ def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redi
     for url in REFUSED_URLS:
         r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": url})
         assert r.status_code == 422 and r.json()["field"] == "callback_url", (url, r.text)
-    assert redis.llen("rq:queue:tts") == 0 and not redis.keys("tts:hooks:*")
+    assert redis.llen("rq:queue:tts") == 0 and not redis.keys(keys.hooks_key("*"))
 
 
 @pytest.mark.parametrize(

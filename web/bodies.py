@@ -31,7 +31,6 @@ from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 
 from common import audio
-from cache import ID_PATTERN
 from common.errors import ApiError
 
 B = TypeVar("B", bound="Body")

@@ -19,6 +19,7 @@ from web import validation
 from web.replies import Captions, Cue
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
 from web.context import Context
+from common import audio
 from common.errors import ApiError
 
 FORMATS = ("vtt", "srt", "json")
@@ -42,7 +43,7 @@ def spans(texts: Sequence[str], sizes: Sequence[int], pauses_ms: Sequence[int]) 
         end = at + size // SAMPLE_WIDTH
         out.append(Span(at, end, text))
         # audio.silence: the same whole number of samples for the pause.
-        at = end + SAMPLE_RATE * (pauses_ms[i] if i < len(pauses_ms) else 0) // 1000
+        at = end + audio.samples_of_ms(pauses_ms[i] if i < len(pauses_ms) else 0)
     return out
 
 
@@ -96,7 +97,7 @@ async def captions(ctx: Context, request: Request) -> Response:
         return await tts.not_ready(ctx, request_id, layout)
     pauses = layout.get("pauses") or []
     cues = spans(layout["texts"], [s or 0 for s in sizes], pauses)
-    total = cues[-1].end + SAMPLE_RATE * (pauses[-1] if pauses else 0) // 1000
+    total = cues[-1].end + audio.samples_of_ms(pauses[-1] if pauses else 0)
     if fmt == "json":
         body = as_json(request_id, cues, total)
     else:

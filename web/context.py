@@ -16,11 +16,12 @@ from starlette.requests import Request
 
 from common import metrics
 from work import queueing
-from cache import MODEL_KEY, AudioCache, events_channel
+from cache import AudioCache
 from common.model import ModelInfo
 from common.settings import Settings
 from work.status import OVER
 from common.errors import ApiError
+from common.keys import MODEL_KEY, events_channel, rate_key
 
 T = TypeVar("T")
 
@@ -85,7 +86,7 @@ class Context:
         limit = self.settings.rate_limit
         if limit:
             window = int(time.time()) // 60
-            name = f"tts:rate:{hashlib.sha256(given_bytes).hexdigest()[:16]}:{window}"
+            name = rate_key(hashlib.sha256(given_bytes).hexdigest()[:16], window)
             async with self.redis.pipeline(transaction=True) as pipe:
                 count, _ = await pipe.incr(name).expire(name, 61).execute()
             if count > limit:

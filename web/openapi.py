@@ -18,6 +18,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from common import audio
+from cache import ID_PATTERN
 from web import bodies
 from web import captions
 from web import replies
@@ -109,7 +110,7 @@ def _headers() -> dict[str, Any]:
         "ETag": header("The audio's id and format; send it back in If-None-Match.", pattern='^"[0-9a-f]{32}\\.[a-z0-9]+"$'),
         "Cache-Control": header("Audio never changes under its URL."),
         "Content-Disposition": header("A file name for the download."),
-        "X-Request-Id": header("The /v1/tts id of the same request.", pattern=bodies.ID_PATTERN),
+        "X-Request-Id": header("The /v1/tts id of the same request.", pattern=ID_PATTERN),
         "WWW-Authenticate": header("Bearer."),
     }
 

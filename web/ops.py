@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+from prometheus_client.core import GaugeMetricFamily
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -15,6 +15,7 @@ from common import metrics
 from work import queueing
 from web.replies import Health, Ready, ReadyModel, reply
 from web.context import Context
+from common import keys
 
 
 async def healthz(ctx: Context, request: Request) -> Response:
@@ -28,10 +29,7 @@ async def readyz(ctx: Context, request: Request) -> Response:
     model = None
     try:
         await ctx.redis.ping()
-        names = await ctx.redis.smembers(WORKERS_BY_QUEUE_KEY % ctx.settings.queue)
-        # Members are worker keys; a dead worker's key expires, its
-        # membership lingers until RQ's next clean-up.
-        workers = int(await ctx.redis.exists(*names)) if names else 0
+        workers = (await run_in_threadpool(queueing.census, ctx.sync_redis, ctx.settings.queue)).live
         model = await ctx.model()
     except (RedisConnectionError, RedisTimeoutError, OSError):
         problems.append(f"Redis at {safe_url(ctx.settings.redis_url)} does not answer")
@@ -56,10 +54,14 @@ async def readyz(ctx: Context, request: Request) -> Response:
 async def prometheus(ctx: Context, request: Request) -> Response:
     """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
     await ctx.metrics.aflush(ctx.redis)
-    stored = await ctx.redis.hgetall(metrics.METRICS_KEY)
+    stored = await ctx.redis.hgetall(keys.METRICS_KEY)
     hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=queueing.SERIALIZER)
-    gauges = await run_in_threadpool(metrics.queue_gauges, ctx.queue, hooks)
-    return Response(metrics.render(stored, gauges), media_type=metrics.CONTENT_TYPE)
+
+    def gauges() -> list[GaugeMetricFamily]:
+        live = {q.name: queueing.census(q.connection, q.name).live for q in (ctx.queue, hooks)}
+        return metrics.queue_gauges(live, ctx.queue, hooks)
+
+    return Response(metrics.render(stored, await run_in_threadpool(gauges)), media_type=metrics.CONTENT_TYPE)
 
 
 def safe_url(url: str) -> str:

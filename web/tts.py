@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
 from typing import Any, AsyncIterator, Mapping
 
 import msgspec
@@ -29,9 +28,11 @@ from cache import Spec, is_well_formed_id, manifest
 from web.context import Context, Listener
 from common.settings import Settings
 from splitter import split
-from web.submissions import Submission, Submissions
-from work.status import STATUS, failure
+from web.lru import BoundedLRU
+from web.submissions import Submission
+from work.status import State, failure, state_of
 from common.errors import ApiError
+from common import keys, urls
 
 logger = logging.getLogger("service")
 
@@ -68,7 +69,8 @@ class SubmitRoute:
 
     def __init__(self, settings: Settings) -> None:
         # Below the TTL, so that audio renewed at one look cannot expire before the next.
-        self.recent = Submissions(SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2))
+        self.recent: BoundedLRU[tuple[str, bytes], Submission] = BoundedLRU(
+            SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2), largest_share=16)
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         raw = await bodies.read(request, ctx.settings.max_body)
@@ -77,14 +79,14 @@ class SubmitRoute:
         if known is not None and known.voice is not None \
                 and await voices.saved_speaker(ctx, known.voice[0]) != known.voice[1]:
             known = None  # the saved voice was replaced or deleted: work the body out again
-        if known is not None and self.recent.fresh(known):
+        if known is not None and self.recent.recent((known.spec.model, raw)):
             metrics.record_lookup(ctx.metrics, len(known.spec.chunks), 0)
             return _json(known.stored_answer)
         callback = None
         if known is None:
             known, callback = await _work_out(ctx, raw)
             if callback is None:
-                self.recent.put((known.spec.model, raw), known)
+                self.recent.put((known.spec.model, raw), known, known.size(raw))
         request_id = known.request_id
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
@@ -95,9 +97,9 @@ class SubmitRoute:
         if job is None:
             if callback is not None:
                 await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
-            known.confirmed = max(known.confirmed, looked)
+            self.recent.confirm((known.spec.model, raw), looked)
             return _json(known.stored_answer)
-        status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
+        status = state_of(job.get_status(refresh=False))
         answer = _submitted(request_id, known.fmt, len(known.spec.chunks), len(missing), status)
         return reply(answer, status=202, headers={"Location": answer.status_url})
 
@@ -117,13 +119,13 @@ async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 
-def _submitted(request_id: str, fmt: str, total: int, missing: int, status: str) -> TtsSubmitted:
+def _submitted(request_id: str, fmt: str, total: int, missing: int, status: State) -> TtsSubmitted:
     return TtsSubmitted(
         id=request_id,
-        status=status,  # type: ignore[arg-type]
-        status_url=f"/v1/tts/{request_id}",
-        audio_url=f"/v1/tts/{request_id}/audio" + ("" if fmt == "wav" else f"?format={fmt}"),
-        captions_url=f"/v1/tts/{request_id}/captions",
+        status=status,
+        status_url=urls.status_url(request_id),
+        audio_url=urls.audio_url(request_id, fmt),
+        captions_url=urls.captions_url(request_id),
         progress=Progress(chunks_done=total - missing, chunks_total=total),
     )
 
@@ -150,7 +152,7 @@ async def speech(ctx: Context, request: Request) -> Response:
         await not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
         raise ApiError(504, f"the audio was not ready within {ctx.settings.speech_wait} s; "
                             f"it is still being made: GET /v1/tts/{request_id}/audio",
-                       headers={"Location": f"/v1/tts/{request_id}"})
+                       headers={"Location": urls.status_url(request_id)})
     data = await run_in_threadpool(audio.encode, pcm, body.response_format)
     return Response(data, media_type=audio.FORMATS[body.response_format][0], headers={"X-Request-Id": request_id})
 
@@ -222,12 +224,12 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
     if not missing:
         return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await ctx.redis.exists(queueing.cancel_key(request_id)):
+    if await ctx.redis.exists(keys.cancel_key(request_id)):
         return TtsStatus(id=request_id, status="canceled", progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:
         raise not_found(request_id)
-    status = STATUS.get(job.get_status(refresh=False) or "queued", "queued")
+    status = state_of(job.get_status(refresh=False))
     if status == "finished":
         if not await ctx.cache.missing(chunk_ids):
             # It finished between the look at the audio and the look at the job.
@@ -235,7 +237,7 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
                              progress=Progress(chunks_done=total, chunks_total=total))
         # The job ran, but some of its audio has since expired or been evicted.
         raise not_found(request_id)
-    answer = TtsStatus(id=request_id, status=status, progress=progress)  # type: ignore[arg-type]
+    answer = TtsStatus(id=request_id, status=status, progress=progress)
     if status == "queued":
         position = await run_in_threadpool(job.get_position)
         if position is not None:
@@ -295,56 +297,16 @@ async def wait_stored(ctx: Context, request_id: str, chunk_ids: list[str], deadl
     await ctx.wait(request_id, stored, deadline)
 
 
-class EncodedCache:
-    """A small in-process LRU of encoded audio, bounded by total bytes.
-
-    Encoding mp3/ogg costs far more than reading PCM from Redis; a hot item
-    is encoded once per web process. Safe because an id's audio never changes.
-    Each item also remembers when its manifest was last seen in Redis
-    (`put`, `confirm`), so that `recent` items skip that read.
-    """
-
-    def __init__(self, max_bytes: int, recheck: float = ENCODED_RECHECK) -> None:
-        self.max_bytes = max_bytes
-        self.recheck = recheck
-        self._items: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()
-        self._size = 0
-
-    def get(self, key: tuple[str, str]) -> bytes | None:
-        item = self._items.get(key)
-        if item is None:
-            return None
-        self._items.move_to_end(key)
-        return item[0]
-
-    def recent(self, key: tuple[str, str]) -> bool:
-        """True when `key` is held and its manifest was seen in Redis less than `recheck` s ago."""
-        item = self._items.get(key)
-        return item is not None and time.monotonic() - item[1] < self.recheck
-
-    def confirm(self, key: tuple[str, str]) -> None:
-        """Record that `key`'s manifest was seen in Redis just now (nothing when `key` is not held)."""
-        item = self._items.get(key)
-        if item is not None:
-            self._items[key] = (item[0], time.monotonic())
-
-    def put(self, key: tuple[str, str], data: bytes) -> None:
-        if len(data) > self.max_bytes // 4 or key in self._items:
-            return  # one item may not evict most of the others
-        self._items[key] = (data, time.monotonic())
-        self._size += len(data)
-        while self._size > self.max_bytes:
-            _, (old, _) = self._items.popitem(last=False)
-            self._size -= len(old)
-
-
 class AudioRoute:
     """GET /v1/tts/{id}/audio, with this process's cache of encoded audio."""
 
     __name__ = "audio"
 
     def __init__(self, settings: Settings) -> None:
-        self.encoded = EncodedCache(settings.encoded_cache_mb * 1024 * 1024)
+        # Encoding mp3/ogg costs far more than reading PCM from Redis: a hot
+        # item is encoded once per process. Safe, since an id's audio never changes.
+        self.encoded: BoundedLRU[tuple[str, str], bytes] = BoundedLRU(
+            settings.encoded_cache_mb * 1024 * 1024, ENCODED_RECHECK, largest_share=4)
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         request_id = request.path_params["id"]
@@ -373,7 +335,7 @@ class AudioRoute:
                 pcm = await whole_clip(ctx, layout)
             if pcm is not None:
                 data = await run_in_threadpool(audio.encode, pcm, fmt)
-                self.encoded.put(key, data)
+                self.encoded.put(key, data, len(data), confirmed=time.monotonic())
         if data is not None:
             return Response(data, media_type=audio.FORMATS[fmt][0], headers=immutable(request_id, fmt))
         assert layout is not None

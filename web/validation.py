@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping
 
 import numpy as np
 
 from common import audio
 from cache import normalize
-from common.errors import ApiError, invalid
+from common.errors import invalid
 from common.speakers import decode_speaker
 
 

@@ -25,12 +25,13 @@ from starlette.responses import Response
 from web import bodies
 from work import queueing
 from web import validation
-from common import speakers
+from common.speakers import encode_speaker
 from web.bodies import MixPart, VoiceRequest
 from web.replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
-from cache import normalize, voice_key
+from cache import normalize
 from web.context import Context
 from common.errors import ApiError, invalid
+from common.keys import VOICES_KEY, voice_key
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
 # were picked once and must never change, or cached audio changes voice).
@@ -38,7 +39,6 @@ BUILTIN = {
     "alloy": 1001, "ash": 1002, "ballad": 1003, "coral": 1004, "echo": 1005, "fable": 1006, "onyx": 1007,
     "nova": 1008, "sage": 1009, "shimmer": 1010, "verse": 1011, "marin": 1012, "cedar": 1013,
 }
-VOICES_KEY = "tts:voices"
 _NAME = re.compile(bodies.NAME_PATTERN)
 # Saves one voice unless the registry is full; keeps the first save's `created`.
 # KEYS[1] the registry; ARGV name, record (JSON), limit. Returns {1 replaced | 0 new | -1 full, record}.
@@ -164,7 +164,7 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
     if len({e.size for e in embeddings}) > 1:
         raise invalid("mix", "its voices' embeddings differ in size (speaker strings of different models?)")
     mixed = mix(embeddings, [part.weight for part in parts])
-    return speakers.encode_speaker(mixed)
+    return encode_speaker(mixed)
 
 
 def _record(name: str, raw: dict[str, Any]) -> SavedVoice:

@@ -9,20 +9,21 @@ wait here for Redis between outages.
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, Retry
+from rq import Queue, Retry, Worker
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.worker import WorkerStatus
 from rq.serializers import JSONSerializer
 
 from cache import Spec, stored
 from work.scheduler import Pool
 from common.settings import Settings
+from work.status import ACTIVE, WAITING
+from common.keys import cancel_key, lock_key
 
 logger = logging.getLogger(__name__)
 
@@ -30,33 +31,11 @@ SERIALIZER = JSONSerializer
 # The job functions (jobs.py), by the path RQ records for them.
 SYNTHESIZE = "jobs.synthesize"
 VOICE = "jobs.voice"
-_ACTIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED, JobStatus.SCHEDULED)
 
 
 class QueueFull(RuntimeError):
     """The queue is deeper than the configured limit; nothing was enqueued."""
 
-
-def cancel_key(request_id: str) -> str:
-    """Set while a request is canceled; the running job checks it before each batch."""
-    return f"tts:cancel:{request_id}"
-
-
-def redis_answers(redis: Redis) -> bool:
-    """True when Redis answers a PING; False on a connection error or timeout."""
-    try:
-        return bool(redis.ping())
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        return False
-
-
-def wait_for_redis(redis: Redis) -> None:
-    """Block until Redis answers, retrying with backoff up to 10 s (the rq processes' loops between outages)."""
-    delay = 0.5
-    while not redis_answers(redis):
-        logger.warning("Redis does not answer; retrying in %.1f s", delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:
@@ -142,17 +121,17 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
         except QueueFull:
             # A full queue refuses new work, not callers joining work in flight.
             job = fetch(redis, job_id)
-            if job is not None and job.get_status(refresh=False) in _ACTIVE:
+            if job is not None and job.get_status(refresh=False) in ACTIVE:
                 return job
             raise
         except DuplicateJobError:
             job = fetch(redis, job_id)
             status = None if job is None else job.get_status(refresh=False)
-            if job is not None and (status in _ACTIVE or (status == JobStatus.FINISHED and done and done())):
+            if job is not None and (status in ACTIVE or (status == JobStatus.FINISHED and done and done())):
                 return job
-            with redis.lock(f"tts:lock:{job_id}", timeout=10, blocking_timeout=5):
+            with redis.lock(lock_key(job_id), timeout=10, blocking_timeout=5):
                 job = fetch(redis, job_id)
-                if job is not None and job.get_status(refresh=False) not in _ACTIVE:
+                if job is not None and job.get_status(refresh=False) not in ACTIVE:
                     job.delete()
     raise RuntimeError(f"could not enqueue job {job_id}")
 
@@ -167,6 +146,19 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> Non
     redis.set(cancel_key(request_id), 1, ex=ttl)
     Pool(redis, q.name, ttl).withdraw(request_id, chunk_ids)
     job = fetch(redis, request_id)
-    if job is not None and job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.DEFERRED,
-                                                              JobStatus.SCHEDULED):
+    if job is not None and job.get_status(refresh=False) in WAITING:
         job.cancel()
+
+
+@dataclass(frozen=True)
+class Census:
+    """The rq workers registered on a queue and alive now, and how many of them wait for a job."""
+
+    live: int
+    idle: int
+
+
+def census(redis: Redis, queue_name: str) -> Census:
+    """Count a queue's workers through RQ's own registry (a dead worker's key expires; RQ forgets it here)."""
+    found = Worker.all(queue=Queue(queue_name, connection=redis, serializer=SERIALIZER))
+    return Census(live=len(found), idle=sum(1 for w in found if w.get_state() == WorkerStatus.IDLE))

@@ -35,8 +35,9 @@ from typing import Any, Iterable, Sequence
 from redis import Redis
 
 from common import metrics
-from cache import PREFIX, Spec, pool_key
-from common.keys import pieces_key
+from cache import Spec
+from common.keys import chunk_key, events_channel, pieces_key, pool_entry_key, pool_key
+from common import keys
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -46,25 +47,26 @@ SLOT = 10**10
 SCAN_LIMIT = 2000
 
 _REGISTER = """
-local p, q, r, ttl, counters, needed = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local slot = tonumber(ARGV[7])
+-- KEYS: pool, counters, then (chunk, task, waiters) per chunk; ARGV: request, ttl, counter field, slot,
+-- then (chunk id, index, batch, spec) per chunk.
+local pool, counters = KEYS[1], KEYS[2]
+local r, ttl, needed, slot = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
-local pool = p .. ':pool:' .. q
 local new = 0
-for i = 8, #ARGV, 4 do
-  local cid = ARGV[i]
-  if redis.call('EXISTS', p .. ':chunk:' .. cid) == 0 then
-    local task = p .. ':task:' .. q .. ':' .. cid
+for c = 0, (#KEYS - 2) / 3 - 1 do
+  local chunk, task, w = KEYS[3 + 3 * c], KEYS[4 + 3 * c], KEYS[5 + 3 * c]
+  local a = 5 + 4 * c
+  local cid = ARGV[a]
+  if redis.call('EXISTS', chunk) == 0 then
     if redis.call('EXISTS', task) == 0 then
-      redis.call('HSET', task, 'batch', ARGV[i + 2], 'spec', ARGV[i + 3])
+      redis.call('HSET', task, 'batch', ARGV[a + 2], 'spec', ARGV[a + 3])
       new = new + 1
     end
     redis.call('EXPIRE', task, ttl)
-    local w = p .. ':waiters:' .. q .. ':' .. cid
     redis.call('SADD', w, r)
     redis.call('EXPIRE', w, ttl)
-    local score = tonumber(ARGV[i + 1]) * slot + now
+    local score = tonumber(ARGV[a + 1]) * slot + now
     redis.call('ZADD', pool, 'NX', string.format('%.0f', score), r .. ':' .. cid)
   end
 end
@@ -76,8 +78,7 @@ return new
 # wake every request waiting on it. Returns, for each waiter whose chunk 0
 # this was, the request id and the milliseconds since it arrived.
 _FORGET = """
-local function forget(p, q, pool, cid, slot, now)
-  local w = p .. ':waiters:' .. q .. ':' .. cid
+local function forget(pool, w, task, cid, events, slot, now)
   local firsts = {}
   for _, r in ipairs(redis.call('SMEMBERS', w)) do
     local member = r .. ':' .. cid
@@ -90,9 +91,9 @@ local function forget(p, q, pool, cid, slot, now)
       end
       redis.call('ZREM', pool, member)
     end
-    redis.call('PUBLISH', p .. ':events:' .. r, '{"event":"chunk"}')
+    redis.call('PUBLISH', events .. r, '{"event":"chunk"}')
   end
-  redis.call('DEL', w, p .. ':task:' .. q .. ':' .. cid)
+  redis.call('DEL', w, task)
   return firsts
 end
 """
@@ -102,18 +103,20 @@ local p, q = ARGV[1], ARGV[2]
 local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local share = tonumber(ARGV[10])
-local pool = p .. ':pool:' .. q
+local pool, events, chunks = ARGV[11], ARGV[12], ARGV[13]
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local out, taken, stale, orphans = {}, {}, {}, {}
 local batch, only, more, rows = nil, nil, 0, 0
 
-local function key(kind, cid) return p .. ':' .. kind .. ':' .. q .. ':' .. cid end
+-- Which chunks the scan meets is not known in advance, so their keys are made here from
+-- the prefixes keys.py gives (ARGV): this script cannot run on Redis Cluster.
+local function key(kind, cid) return p .. kind .. ':' .. q .. ':' .. cid end
 
 -- The task of an unclaimed chunk that still needs making, or nil.
 local function open(member, cid)
   if redis.call('EXISTS', key('claim', cid)) == 1 then return nil end
-  if redis.call('EXISTS', p .. ':chunk:' .. cid) == 1 then stale[#stale + 1] = cid; return nil end
+  if redis.call('EXISTS', chunks .. cid) == 1 then stale[#stale + 1] = cid; return nil end
   local task = redis.call('HMGET', key('task', cid), 'batch', 'spec')
   if not task[1] then orphans[#orphans + 1] = member; return nil end
   return task
@@ -143,7 +146,7 @@ if share > 1 then
     for _, member in ipairs(members) do
       local cid = string.sub(member, string.find(member, ':', 1, true) + 1)
       if not counted[cid] and redis.call('EXISTS', key('claim', cid)) == 0
-          and redis.call('EXISTS', p .. ':chunk:' .. cid) == 0 then
+          and redis.call('EXISTS', chunks .. cid) == 0 then
         counted[cid] = true
         open_rows = open_rows + 1
       end
@@ -154,7 +157,7 @@ if share > 1 then
 end
 
 if own ~= '' then
-  for i = 11, #ARGV do
+  for i = 14, #ARGV do
     local cid = ARGV[i]
     if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
       local task = open(own .. ':' .. cid, cid)
@@ -191,78 +194,74 @@ while start < limit and (rows < n or more == 0) do
   start = start + 100
 end
 
-for _, cid in ipairs(stale) do forget(p, q, pool, cid, slot, now) end
+for _, cid in ipairs(stale) do forget(pool, key('waiters', cid), key('task', cid), cid, events, slot, now) end
 for _, member in ipairs(orphans) do redis.call('ZREM', pool, member) end
 out[#out + 1] = tostring(more)
 return out
 """
 
 _COMPLETE = _FORGET + """
-local p, q, token, slot = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local pool = p .. ':pool:' .. q
+-- KEYS: pool, then (waiters, task, claim) per chunk; ARGV: token, slot, events prefix, then the chunk ids.
+local pool, token, slot, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local firsts = {}
-for i = 5, #ARGV do
-  local cid = ARGV[i]
-  for _, v in ipairs(forget(p, q, pool, cid, slot, now)) do firsts[#firsts + 1] = v end
-  local claim = p .. ':claim:' .. q .. ':' .. cid
+for c = 0, #ARGV - 4 do
+  local w, task, claim = KEYS[2 + 3 * c], KEYS[3 + 3 * c], KEYS[4 + 3 * c]
+  for _, v in ipairs(forget(pool, w, task, ARGV[4 + c], events, slot, now)) do firsts[#firsts + 1] = v end
   if redis.call('GET', claim) == token then redis.call('DEL', claim) end
 end
 return firsts
 """
 
 _FAIL = _FORGET + """
-local p, q, token, slot, reason, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local pool = p .. ':pool:' .. q
-for i = 7, #ARGV do
-  local cid = ARGV[i]
+-- KEYS: pool, then (failed, waiters, task, claim) per chunk; ARGV: token, slot, reason, ttl, events prefix,
+-- then the chunk ids.
+local pool, token, slot, reason, ttl, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+for c = 0, #ARGV - 6 do
+  local failed, w, task, claim = KEYS[2 + 4 * c], KEYS[3 + 4 * c], KEYS[4 + 4 * c], KEYS[5 + 4 * c]
   -- The mark first: the waiters woken below must find it.
-  redis.call('SET', p .. ':failed:' .. q .. ':' .. cid, reason, 'EX', ttl)
-  forget(p, q, pool, cid, slot, 0)
-  local claim = p .. ':claim:' .. q .. ':' .. cid
+  redis.call('SET', failed, reason, 'EX', ttl)
+  forget(pool, w, task, ARGV[6 + c], events, slot, 0)
   if redis.call('GET', claim) == token then redis.call('DEL', claim) end
 end
 return 1
 """
 
 _RENEW = """
-local p, q, token, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- KEYS: the claims; ARGV: token, lease (ms).
 local kept = 0
-for i = 5, #ARGV do
-  local claim = p .. ':claim:' .. q .. ':' .. ARGV[i]
-  if redis.call('GET', claim) == token then redis.call('PEXPIRE', claim, lease); kept = kept + 1 end
+for _, claim in ipairs(KEYS) do
+  if redis.call('GET', claim) == ARGV[1] then redis.call('PEXPIRE', claim, ARGV[2]); kept = kept + 1 end
 end
 return kept
 """
 
 _RELEASE = """
-local p, q, token = ARGV[1], ARGV[2], ARGV[3]
-for i = 4, #ARGV do
-  local claim = p .. ':claim:' .. q .. ':' .. ARGV[i]
-  if redis.call('GET', claim) == token then redis.call('DEL', claim) end
+-- KEYS: the claims; ARGV: token.
+for _, claim in ipairs(KEYS) do
+  if redis.call('GET', claim) == ARGV[1] then redis.call('DEL', claim) end
 end
 return 1
 """
 
 _WITHDRAW = """
-local p, q, r = ARGV[1], ARGV[2], ARGV[3]
-local pool = p .. ':pool:' .. q
-for i = 4, #ARGV do
-  local cid = ARGV[i]
-  redis.call('ZREM', pool, r .. ':' .. cid)
-  local w = p .. ':waiters:' .. q .. ':' .. cid
+-- KEYS: pool, then (waiters, task) per chunk; ARGV: request, then the chunk ids.
+local pool, r = KEYS[1], ARGV[1]
+for c = 0, #ARGV - 2 do
+  local w, task = KEYS[2 + 2 * c], KEYS[3 + 2 * c]
+  redis.call('ZREM', pool, r .. ':' .. ARGV[2 + c])
   redis.call('SREM', w, r)
   -- Nobody else needs it: it leaves the pool (a claim in progress still
   -- finishes and stores it, harmlessly).
-  if redis.call('SCARD', w) == 0 then redis.call('DEL', w, p .. ':task:' .. q .. ':' .. cid) end
+  if redis.call('SCARD', w) == 0 then redis.call('DEL', w, task) end
 end
 return 1
 """
 
 
-# KEYS: the chunk's pieces list, its claim, its waiters; ARGV: prefix, chunk id,
-# piece index, PCM16 bytes, TTL, the claiming token. Piece 0 starts the list
+# KEYS: the chunk's pieces list, its claim, its waiters; ARGV: the events
+# channels' prefix, chunk id, piece index, PCM16 bytes, TTL, the claiming token. Piece 0 starts the list
 # again (a chunk made anew after a worker died or stopped). Only the lease
 # holder appends, so a worker that lost its lease cannot interleave pieces.
 _PIECE = """
@@ -272,7 +271,7 @@ local n = redis.call('RPUSH', KEYS[1], ARGV[4]) - 1
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 local news = '{"event":"piece","chunk":"' .. ARGV[2] .. '","n":' .. n .. '}'
 for _, r in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  redis.call('PUBLISH', ARGV[1] .. ':events:' .. r, news)
+  redis.call('PUBLISH', ARGV[1] .. r, news)
 end
 return n
 """
@@ -308,8 +307,9 @@ class Pool:
         self._withdraw = redis.register_script(_WITHDRAW)
         self._piece = redis.register_script(_PIECE)
 
-    def _args(self, *rest: Any) -> list[Any]:
-        return [PREFIX, self.queue, *rest]
+    def _keys(self, chunk_ids: Sequence[str], *kinds: str) -> list[str]:
+        """The pool's key, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
+        return [pool_key(self.queue), *(self._key(kind, cid) for cid in chunk_ids for kind in kinds)]
 
     def register(self, request_id: str, spec: Spec) -> int:
         """Put every chunk of `spec` whose audio is not stored in the pool, for `request_id`.
@@ -319,6 +319,7 @@ class Pool:
         `tts_chunks_needed_total` metric).
         """
         args: list[Any] = []
+        script_keys = [pool_key(self.queue), keys.METRICS_KEY]
         seen: set[str] = set()
         batch = spec.batch_key()
         for index, chunk_id in enumerate(spec.chunk_ids()):
@@ -327,9 +328,10 @@ class Pool:
             seen.add(chunk_id)
             row = spec.row(index).to_json()
             args += [chunk_id, index, batch, json.dumps(row, ensure_ascii=False, separators=(",", ":"))]
+            script_keys += [chunk_key(chunk_id), self._key("task", chunk_id), self._key("waiters", chunk_id)]
         if not args:
             return 0
-        return int(self._register(args=self._args(request_id, self.ttl, metrics.METRICS_KEY, self.needed_field, SLOT, *args)))
+        return int(self._register(keys=script_keys, args=[request_id, self.ttl, self.needed_field, SLOT, *args]))
 
     def claim(self, token: str, size: int, lease_ms: int, cross: bool, own: str | None = None,
               own_chunks: Sequence[str] = (), share: int = 1) -> tuple[list[Claimed], bool]:
@@ -342,8 +344,9 @@ class Pool:
         Returns the claimed chunks and whether open work was left in the pool
         for another worker.
         """
-        reply = self._claim(args=self._args(size, lease_ms, token, "1" if cross else "0", SCAN_LIMIT, SLOT,
-                                            own or "", max(1, share), *own_chunks))
+        reply = self._claim(args=[keys.POOL_ENTRY_PREFIX, self.queue, size, lease_ms, token,
+                                  "1" if cross else "0", SCAN_LIMIT, SLOT, own or "", max(1, share),
+                                  pool_key(self.queue), events_channel(""), chunk_key(""), *own_chunks])
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
         claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
         return claimed, more == "1"
@@ -352,7 +355,7 @@ class Pool:
         """Extend this worker's leases on `chunk_ids`; returns how many it still held."""
         if not chunk_ids:
             return 0
-        return int(self._renew(args=self._args(token, lease_ms, *chunk_ids)))
+        return int(self._renew(keys=[self._key("claim", cid) for cid in chunk_ids], args=[token, lease_ms]))
 
     def complete(self, token: str, chunk_ids: Sequence[str]) -> list[tuple[str, float]]:
         """Take chunks whose audio is now stored out of the pool and wake their requests.
@@ -363,24 +366,26 @@ class Pool:
         if not chunk_ids:
             return []
         flat = [x.decode() if isinstance(x, bytes) else x for x in
-                self._complete(args=self._args(token, SLOT, *chunk_ids))]
+                self._complete(keys=self._keys(chunk_ids, "waiters", "task", "claim"),
+                               args=[token, SLOT, events_channel(""), *chunk_ids])]
         return [(flat[i], float(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
 
     def fail(self, token: str, chunk_ids: Sequence[str], reason: str, ttl: int = 600) -> None:
         """Mark chunks that the model could not make: their requests fail (and may retry)."""
         if chunk_ids:
-            self._fail(args=self._args(token, SLOT, reason, ttl, *chunk_ids))
+            self._fail(keys=self._keys(chunk_ids, "failed", "waiters", "task", "claim"),
+                       args=[token, SLOT, reason, ttl, events_channel(""), *chunk_ids])
 
     def release(self, token: str, chunk_ids: Sequence[str]) -> None:
         """Give up this worker's leases: the chunks are open again at once."""
         if chunk_ids:
-            self._release(args=self._args(token, *chunk_ids))
+            self._release(keys=[self._key("claim", cid) for cid in chunk_ids], args=[token])
 
     def withdraw(self, request_id: str, chunk_ids: Iterable[str]) -> None:
         """`request_id` no longer waits for `chunk_ids`; chunks nobody else waits for leave the pool."""
         ids = list(dict.fromkeys(chunk_ids))
         if ids:
-            self._withdraw(args=self._args(request_id, *ids))
+            self._withdraw(keys=self._keys(ids, "waiters", "task"), args=[request_id, *ids])
 
     def piece(self, token: str, chunk_id: str, index: int, pcm: bytes) -> int:
         """Store the next piece of a chunk this worker is making and tell every request waiting for it.
@@ -391,7 +396,7 @@ class Pool:
         when this worker no longer holds the chunk's lease.
         """
         keys = [pieces_key(chunk_id), self._key("claim", chunk_id), self._key("waiters", chunk_id)]
-        return int(self._piece(keys=keys, args=[PREFIX, chunk_id, index, pcm, self.ttl, token]))
+        return int(self._piece(keys=keys, args=[events_channel(""), chunk_id, index, pcm, self.ttl, token]))
 
     def live(self, token: str, chunk_ids: Sequence[str]) -> list[bool]:
         """For each chunk: does some request still need it, and does this worker still hold its lease?
@@ -426,4 +431,4 @@ class Pool:
         return int(self.redis.zcard(pool_key(self.queue)))
 
     def _key(self, kind: str, chunk_id: str) -> str:
-        return f"{PREFIX}:{kind}:{self.queue}:{chunk_id}"
+        return pool_entry_key(kind, self.queue, chunk_id)

@@ -10,8 +10,8 @@ State = Literal["queued", "started", "finished", "failed", "canceled"]
 # The states a request ends in (its webhook event says which).
 Outcome = Literal["finished", "failed", "canceled"]
 
-# RQ status -> the API's status words.
-STATUS = {
+# RQ's job states (rq.job.JobStatus values) -> the API's words.
+_STATES: dict[str, State] = {
     "queued": "queued",
     "deferred": "queued",
     "scheduled": "queued",
@@ -21,8 +21,15 @@ STATUS = {
     "stopped": "canceled",
     "canceled": "canceled",
 }
-# RQ states after which a job does nothing more.
-OVER = ("finished", "failed", "stopped", "canceled")
+# RQ states of a job that has not run yet, of one that will still do something, and of one that is over.
+WAITING = frozenset({"queued", "deferred", "scheduled"})
+ACTIVE = WAITING | {"started"}
+OVER = frozenset({"finished", "failed", "stopped", "canceled"})
+
+
+def state_of(rq_status: str | None) -> State:
+    """The API's word for an RQ job status (an unknown or missing one reads as queued)."""
+    return _STATES.get(rq_status or "queued", "queued")
 # Safe words for a failed job, by exception class; anything else is generic.
 FAILURES = {
     "ModelMismatch": "the workers changed model after this request was queued; submit it again",

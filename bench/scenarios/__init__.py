@@ -1,0 +1,194 @@
+"""What a scenario of `bench/run.py` is: setup, comparisons measured one side at a time, teardown.
+
+A scenario (one module here, one number in the table) subclasses `Scenario`:
+`setup` starts and stores what it needs, `comparisons` yields its
+`Comparison`s in table order, `teardown` stops what `setup` started (also
+after an error). A comparison is a few figures and a `measure(side, round)`
+that runs ONE side once; `perform` decides the order (baseline and subject
+alternate, A B, B A, ...), puts each value in its column and prints one line
+per comparison. Everything a scenario shares with the others (the stack's
+ports and workers, the texts, the plan) is on `Bench`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar, Iterator, Sequence, Union
+
+from harness import BenchError, Cluster, Figure, Proc, Texts, interleaved, model_info, say, wait_for
+
+from common.metrics import read_counter
+
+# What one run of one side gives a figure: a value for the side's column;
+# (value, baseline) when the run measures both (a wait and the batch time it
+# is judged against); None when the figure has nothing from this side.
+Reading = Union[float, tuple[float, float], None]
+# The figure of a scenario that `counts_chunks`: chunks the workers made per chunk the pool needed.
+MADE, NEEDED = "tts_chunks_synthesized_total", "tts_chunks_needed_total"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of everything: the quick mode is a smoke test, the full one the measurement."""
+
+    rounds: int
+    hit_seconds: float
+    overhead_requests: int
+    mixed_seconds: float
+    open_seconds: float
+    mixed_connections: int
+    dedupe_clients: int
+    scaling_jobs: int
+    batch_chunks: int
+    footprint_starts: int
+    burst_requests: int
+    long_chunks: int
+    first_chunk_requests: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(rounds=1, hit_seconds=1.0, overhead_requests=5, mixed_seconds=5.0, open_seconds=5.0,
+                       mixed_connections=8, dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1,
+                       burst_requests=16, long_chunks=16, first_chunk_requests=6)
+        return cls(rounds=3, hit_seconds=1.5, overhead_requests=12, mixed_seconds=10.0, open_seconds=15.0,
+                   mixed_connections=8, dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3,
+                   burst_requests=16, long_chunks=16, first_chunk_requests=12)
+
+
+@dataclass
+class Bench:
+    """What the scenarios of one run share: the plan, the processes, the figures and notes so far."""
+
+    plan: Plan
+    cluster: Cluster
+    model_dir: Path
+    batch: int  # TTS_BATCH_SIZE of every worker
+    full_model: bool = False  # scenario 7 also starts a worker on full-size random weights
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
+    # The stack (run.start_stack): web, bare app, naive server, the main worker on queue "tts".
+    web_port: int = 0
+    bare_port: int = 0
+    naive_port: int = 0
+    worker: Proc | None = None
+    # Scenario 8's own workers: name -> (queue, its workers).
+    sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
+
+    @property
+    def main(self) -> tuple[str, list[Proc]]:
+        """The main worker's queue and the worker: the subject of scenarios 6 and 8."""
+        return "tts", [self.worker] if self.worker else []
+
+    def model_id(self) -> str:
+        """The id of the model the workers published (what a Spec is keyed for)."""
+        return model_info(self.cluster.redis()).id
+
+    def model_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says)."""
+        return {"TTS_MODEL_PATH": str(self.model_dir), "TTS_BATCH_SIZE": str(self.batch), "TTS_TORCH_THREADS": "1",
+                **extra}
+
+
+@dataclass
+class Comparison:
+    """Figures measured together: `measure(side, round)` runs one side once and gives a Reading per figure.
+
+    With two `sides`, the first is the baseline: its readings go in the
+    baseline column, the second's in the subject's. With one side, every
+    reading is a value. Either way a (value, baseline) pair fills both
+    columns, and None leaves the figure out of that run. `rounds` runs of
+    each side, alternating A B, B A, ... so that drift cancels.
+    """
+
+    figures: Sequence[Figure]
+    measure: Callable[[str, int], Sequence[Reading]]
+    rounds: int
+    sides: tuple[str, ...] = ("subject",)
+
+
+class Scenario:
+    """One numbered scenario of the table; subclasses set `number` and `title` and write `comparisons`."""
+
+    number: ClassVar[str]
+    title: ClassVar[str]
+    # True: it talks to the stack (run.start_stack), which then starts before it.
+    needs_stack: ClassVar[bool] = True
+    # True: a figure follows of chunks the workers made per chunk the pool needed during the scenario.
+    counts_chunks: ClassVar[bool] = False
+
+    def __init__(self, b: Bench) -> None:
+        self.b = b
+
+    def setup(self) -> None:
+        """Start and store what the comparisons need."""
+
+    def comparisons(self) -> Iterator[Comparison]:
+        """The comparisons in table order; a later one may use what an earlier one measured."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        """Stop what `setup` started; runs after an error too, even one in `setup` itself."""
+
+
+def perform(scenario: Scenario) -> None:
+    """Run `scenario`: setup, every comparison side by side, teardown; its figures go to the Bench."""
+    b = scenario.b
+    before = None
+    if scenario.counts_chunks:
+        redis = b.cluster.redis()
+        before = (read_counter(redis, MADE), read_counter(redis, NEEDED))
+    say(f"{scenario.number} {scenario.title}")
+    try:
+        scenario.setup()
+        for comparison in scenario.comparisons():
+            b.figures += comparison.figures
+            for round_, side in interleaved(comparison.rounds, *comparison.sides):
+                _record(comparison, side, comparison.measure(side, round_))
+            say("  " + "; ".join(_summary(f) for f in comparison.figures))
+    finally:
+        scenario.teardown()
+    if before is not None:
+        b.figures.append(_made_once(b, scenario.number, *before))
+
+
+def _record(comparison: Comparison, side: str, readings: Sequence[Reading]) -> None:
+    """Put the readings of one run of `side` in their figures' columns."""
+    if len(readings) != len(comparison.figures):
+        raise BenchError(f"{len(readings)} readings for {len(comparison.figures)} figures: "
+                         + ", ".join(f.name for f in comparison.figures))
+    of_baseline = len(comparison.sides) == 2 and side == comparison.sides[0]
+    for figure, reading in zip(comparison.figures, readings):
+        if isinstance(reading, tuple):
+            figure.values.append(reading[0])
+            figure.baseline.append(reading[1])
+        elif reading is not None:
+            (figure.baseline if of_baseline else figure.values).append(reading)
+
+
+def _summary(figure: Figure) -> str:
+    vs = f" vs {statistics.median(figure.baseline):.4g}" if figure.baseline else ""
+    return f"{figure.name}: {statistics.median(figure.values):.4g}{vs} {figure.unit}" if figure.values else figure.name
+
+
+def _made_once(b: Bench, number: str, made_before: float, needed_before: float) -> Figure:
+    """Chunks the workers synthesized per chunk the pool was asked for since the counts before the scenario."""
+    redis = b.cluster.redis()
+
+    def counts() -> tuple[float, float]:
+        return read_counter(redis, MADE) - made_before, read_counter(redis, NEEDED) - needed_before
+
+    def settled() -> tuple[float, float] | None:
+        made, needed = counts()
+        return (made, needed) if needed > 0 and made >= needed else None
+
+    try:
+        made, needed = wait_for(settled, 30, "the workers to count the chunks they made", interval=0.1)
+    except BenchError:
+        made, needed = counts()
+    return Figure(number, f"chunks synthesized per chunk needed ({made:.0f} / {needed:.0f})", "x",
+                  values=[made / needed if needed else float("nan")], target=("exactly 1.0", lambda v: v == 1.0))

@@ -1,0 +1,103 @@
+"""3. Mixed load (65 % repeats) against the naive in-process server: closed loop, then open loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from typing import Any, Callable, Iterator
+
+import loadgen
+from harness import BenchError, Figure, percentile
+from scenarios import Comparison, Reading, Scenario
+
+REPEATS = 0.65
+SIDES = ("naive", "subject")
+
+
+class Mixed(Scenario):
+    number = "3"
+    title = ("mixed load: 65% repeats vs the naive in-process server; closed loop, then open loop at 70% of the "
+             "naive server's throughput")
+    counts_chunks = True
+
+    def setup(self) -> None:
+        b = self.b
+        self.pool = [b.texts.mixed() for _ in range(10)]
+        self.ports = {"subject": b.web_port, "naive": b.naive_port}
+        self.sent: dict[str, list[float]] = {side: [] for side in SIDES}
+        self.pooled: dict[str, list[float]] = {side: [] for side in SIDES}
+
+        async def seed() -> None:
+            await asyncio.gather(*(_speech(b.web_port, text) for text in self.pool))
+
+        asyncio.run(seed())
+
+    def comparisons(self) -> Iterator[Comparison]:
+        plan = self.b.plan
+        conns = plan.mixed_connections
+        closed = [Figure("3", f"mixed, closed loop, {conns} conn: throughput (vs naive)", "req/s",
+                         target=(">= 5x", lambda r: r >= 5)),
+                  Figure("3", f"mixed, closed loop, {conns} conn: p50 latency (vs naive)", "ms"),
+                  Figure("3", f"mixed, closed loop, {conns} conn: p99 latency (vs naive)", "ms")]
+        yield Comparison(closed, self.closed_loop, plan.rounds, SIDES)
+        self.rate = 0.7 * statistics.median(closed[0].baseline)
+        yield Comparison([Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p50 latency (vs naive)", "ms"),
+                          Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p99 latency (vs naive)", "ms")],
+                         self.open_loop, plan.rounds, SIDES)
+        # One run holds some 50 requests, so its p99 is about its slowest one; all runs together say more.
+        pooled = Figure("3", f"mixed, open loop: p99 latency of all runs' {len(self.pooled['subject'])} requests "
+                             "(vs naive)", "ms", target=("<= 0.5x ('far below')", lambda r: r <= 0.5))
+        yield Comparison([pooled], lambda side, _: [percentile(self.pooled[side], 99) * 1000], 1, SIDES)
+        self.b.notes.append(
+            f"3: share of repeats actually sent: subject {self.sent['subject'][-1]:.2f}, naive "
+            f"{self.sent['naive'][-1]:.2f} (last run); texts of 1-3 chunks; POST /v1/audio/speech (WAV) to both. "
+            "The subject is the web process and one worker (1 torch thread), the naive server one process with the "
+            "same model and threads. Closed loop: each connection sends its next request when the last is answered, "
+            "so new requests queue up to the number of connections on both sides and p99 is that queue. Open loop: "
+            "Poisson arrivals at 70% of the naive server's closed-loop throughput, latency from the scheduled "
+            "arrival.")
+
+    def closed_loop(self, side: str, round_: int) -> list[Reading]:
+        plan = self.b.plan
+        res = loadgen.run_sync(self.ports[side], self.requests(1000 + round_, side), plan.mixed_connections,
+                               plan.mixed_seconds, warmup=0.5)
+        return [res.rps, res.p(50), res.p(99)]
+
+    def open_loop(self, side: str, round_: int) -> list[Reading]:
+        # The same seed on both sides: the same arrival times, the same repeats and new texts' lengths.
+        res = asyncio.run(loadgen.run_open(self.ports[side], self.requests(2000 + round_, side), self.rate,
+                                           self.b.plan.open_seconds, seed=round_))
+        self.pooled[side] += res.latencies
+        return [res.p(50), res.p(99)]
+
+    def requests(self, seed: int, side: str) -> Callable[[], bytes]:
+        """65% repeats of texts asked before (the seeded pool and this run's), 35% new texts."""
+        rng = random.Random(seed)
+        texts = list(self.pool)
+        counts = [0, 0]
+
+        def next_request() -> bytes:
+            if rng.random() < REPEATS:
+                text = rng.choice(texts)
+                counts[0] += 1
+            else:
+                text = self.b.texts.mixed()
+                texts.append(text)
+                counts[1] += 1
+            self.sent[side].append(counts[0] / sum(counts))
+            return loadgen.request("POST", "/v1/audio/speech", speech_body(text))
+
+        return next_request
+
+
+def speech_body(text: str) -> dict[str, Any]:
+    return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
+
+
+async def _speech(port: int, text: str) -> bytes:
+    data = loadgen.request("POST", "/v1/audio/speech", speech_body(text))
+    status, _, body, _ = await loadgen.one(port, data, timeout=600)
+    if status != 200:
+        raise BenchError(f"POST /v1/audio/speech answered {status}: {body[:300]!r}")
+    return body

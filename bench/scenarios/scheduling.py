@@ -1,0 +1,152 @@
+"""8. Scheduling: cross-request batching on vs off, one request on 2 workers vs 1, time to first chunk."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from typing import Any, Iterator
+
+from harness import BenchError, Figure, make_spec, percentile, run_jobs, wait_for
+
+from cache import stored
+from common.keys import events_channel, pool_key
+from common.settings import Settings
+from scenarios import Comparison, Reading, Scenario
+from work import queueing
+
+# Short requests arrive this often (s) while the long request runs.
+SHORT_EVERY = 0.05
+
+
+class Scheduling(Scenario):
+    """The main worker (cross-request batching on) against scenario 8's own workers (run.start_stack): one with
+    TTS_CROSS_BATCH=false, and a pair on one queue."""
+
+    number = "8"
+    title = ("scheduling: bursts on one worker with cross-request batching on vs off; a long request on 2 workers "
+             "vs 1; first chunks of short requests behind a long one")
+    counts_chunks = True
+
+    def setup(self) -> None:
+        b = self.b
+        self.redis = b.cluster.redis()
+        self.model_id = b.model_id()
+        self.workers = {"on": b.main, "one": b.main, "off": b.sched["off"], "two": b.sched["two"]}
+        # Five full calls of the main worker, at least 40 chunks.
+        self.long_chunks = max(40, 5 * b.batch)
+        # Requests the mixed load left in flight would share the cores with what is measured here.
+        wait_for(lambda: all(self.idle(queue) for queue, _ in self.workers.values()), 300,
+                 "the queues to drain before scenario 8", interval=0.1)
+
+    def comparisons(self) -> Iterator[Comparison]:
+        plan = self.b.plan
+        for chunks, target in (((1, 1), (">= 2.5x", lambda r: r >= 2.5)), ((1, 3), None)):
+            size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
+            yield Comparison([Figure("8", f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
+                                          "cross-request batching on (vs off)", "req/s", target=target)],
+                             lambda side, _, chunks=chunks: [self.burst(side, chunks)], plan.rounds, ("off", "on"))
+        yield Comparison([Figure("8", f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)",
+                                 "s", target=("<= 0.6x", lambda r: r <= 0.6))],
+                         lambda side, _: [self.spread(side)], plan.rounds, ("one", "two"))
+        first = Figure("8", f"time to first chunk of a short request while a {self.long_chunks}-chunk request "
+                            "runs, p95 (vs one batch's time)", "ms", target=("<= 2x", lambda r: r <= 2))
+        yield Comparison([first], lambda side, _: [self.first_chunks()], plan.rounds)
+
+    def burst(self, side: str, chunks: tuple[int, int]) -> Reading:
+        """Requests per second of a burst of new requests of `chunks` (low, high) on the workers of `side`."""
+        specs = [make_spec(self.b.texts.mixed(*chunks), self.model_id) for _ in range(self.b.plan.burst_requests)]
+        return len(specs) / self.run(side, specs)
+
+    def spread(self, side: str) -> Reading:
+        """Seconds one long request takes on the workers of `side`."""
+        return self.run(side, [make_spec(self.b.texts.text(self.b.plan.long_chunks), self.model_id)])
+
+    def run(self, side: str, specs: list[Any]) -> float:
+        queue, procs = self.workers[side]
+        started = time.monotonic()
+        run_jobs(self.redis, Settings(queue=queue), specs, timeout=600, workers=procs)
+        return time.monotonic() - started
+
+    def idle(self, queue: str) -> bool:
+        """True when `queue` has no job waiting or running and nothing in its pool."""
+        q = queueing.queue(self.redis, Settings(queue=queue))
+        return q.count == 0 and q.started_job_registry.count == 0 and not self.redis.zcard(pool_key(queue))
+
+    def first_chunks(self) -> Reading:
+        """p95 ms from submission to first stored chunk of short requests sent one every SHORT_EVERY s while a
+        long request runs on the main worker, and one batch's ms meanwhile.
+
+        One batch's time is the median interval between the long request's
+        progress events (one per model call that holds its chunks, and every
+        call does while it runs): what a request waits for per batch, model
+        and storing included.
+        """
+        long_spec = make_spec(self.b.texts.text(self.long_chunks), self.model_id)
+        progress = self.redis.pubsub(ignore_subscribe_messages=True)
+        progress.subscribe(events_channel(long_spec.request_id()))
+        ticks: list[float] = []
+        listening = threading.Event()
+        listening.set()
+
+        def listen() -> None:
+            # Timed as they arrive: a message read later would carry the wrong time.
+            while listening.is_set():
+                message = progress.get_message(timeout=0.1)
+                if message is not None and json.loads(message["data"]).get("event") == "progress":
+                    ticks.append(time.monotonic())
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        try:
+            waits = self.time_shorts(long_spec)
+        finally:
+            listening.clear()
+            listener.join()
+            progress.close()
+        gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
+        if not gaps:
+            raise BenchError("no batch of the long request was seen")
+        return percentile(waits, 95) * 1000, statistics.median(gaps) * 1000
+
+    def time_shorts(self, long_spec: Any) -> list[float]:
+        """Submit the long request, then the short ones; each short one's seconds to its first stored chunk."""
+        redis, settings = self.redis, Settings(queue="tts")
+        q = queueing.queue(redis, settings)
+        count = self.b.plan.first_chunk_requests
+        long = queueing.submit(q, long_spec, settings)
+        wait_for(lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk",
+                 interval=0.005)
+        shorts: list[tuple[float, str]] = []
+        waits: dict[int, float] = {}
+        lock = threading.Lock()
+
+        def all_heard() -> bool:
+            with lock:
+                pending = [(i, sent, first) for i, (sent, first) in enumerate(shorts) if i not in waits]
+            found = stored(redis, [first for _, _, first in pending]) if pending else []
+            now = time.monotonic()
+            for (i, sent, _), hit in zip(pending, found):
+                if hit:
+                    waits[i] = now - sent
+            return len(waits) == count
+
+        # Heard while they are still being sent: the poller runs beside the sender.
+        poller = threading.Thread(target=wait_for, args=(all_heard, 120, "every short request's first chunk", 0.002),
+                                  daemon=True)
+        poller.start()
+        for _ in range(count):
+            spec = make_spec(self.b.texts.text(1), self.model_id)
+            with lock:
+                shorts.append((time.monotonic(), spec.chunk_ids()[0]))
+            queueing.submit(q, spec, settings)
+            time.sleep(SHORT_EVERY)
+        poller.join(130)
+        if len(waits) < len(shorts):
+            raise BenchError("not every short request's first chunk was stored within 120 s")
+        if long.get_status(refresh=True) == "finished":
+            raise BenchError(f"the {self.long_chunks}-chunk request ended before the short ones were heard: "
+                             "make it longer")
+        wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
+        return list(waits.values())
