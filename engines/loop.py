@@ -182,7 +182,9 @@ class ChatTTSLoop:
         torch = self.torch
         out: list[Piece] = []
         for row in self._ended:
-            out.append(self._piece(row))
+            piece = self._piece(row)
+            if piece is not None:  # always, for an ended row
+                out.append(piece)
         self._ended.clear()
         if not self._rows:
             return out
