@@ -4,35 +4,53 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TINY := .cache/tiny-model
 
-.PHONY: install run test tiny-model clean
+.PHONY: install run test lint lock tiny-model clean
 
-install: $(VENV)/.installed
+# pyproject.toml declares the project and its groups; `make lock` turns it
+# into the requirements*.txt locks (every distribution pinned, with hashes),
+# which are what gets installed, hashes required. `make run` installs what
+# running needs (requirements-run.txt: web and worker), `make test` and
+# `make install` the test set on top (requirements-test.txt).
+install: $(VENV)/.test
 
-# requirements.txt: web and dashboard (what a PaaS builds); requirements-worker.txt:
-# that plus the model stack; requirements-test.txt: that plus the tests' tools.
-$(VENV)/.installed: requirements.txt requirements-worker.txt requirements-test.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-test.txt
+$(VENV)/.run: requirements-run.txt
+	$(call venv_install,requirements-run.txt)
+	touch $@
+
+$(VENV)/.test: requirements-test.txt
+	$(call venv_install,requirements-test.txt)
+	touch $(VENV)/.run $@
+
+define venv_install
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --require-hashes -r $(1)
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
 	rm -f $(VENV)/lib/python3*/site-packages/torchaudio/lib/*.so
-	touch $@
+endef
+
+lock: $(VENV)/.test
+	scripts/lock $(BIN)/uv
 
 # Web and worker from the Procfile (honcho), on $REDIS_URL or a private Redis.
 # Without real weights (no TTS_MODEL_PATH, hub unreachable) the worker says
 # so and runs on the tiny random checkpoint.
-run: install
+run: $(VENV)/.run
 	@url=$$(scripts/redis-url $(BIN)/python) && \
 	echo "Redis: $$url" && \
 	REDIS_URL=$$url TTS_FALLBACK_MODEL_PATH=$(TINY) PATH=$(abspath $(BIN)):$$PATH exec $(BIN)/honcho start --port $${PORT:-8000}
 
-test: install
+# ruff (lint; `ruff format --check` once the tree is formatted) and mypy, as pyproject.toml sets them.
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: $(VENV)/.test lint
 	@url=$$(scripts/redis-url $(BIN)/python) && \
 	REDIS_URL=$$url $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-tiny-model: install
+tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)
 
 clean:
@@ -44,7 +62,7 @@ clean:
 # into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
 # worker on full-size random weights. On a GPU machine: bench/gpu.sh.
 .PHONY: bench wrk soak
-bench: install wrk
+bench: $(VENV)/.test wrk
 	$(BIN)/python bench/run.py --write BENCHMARKS.md
 
 # wrk (a C HTTP load generator, Debian's package) drives the cache-hit
@@ -62,5 +80,5 @@ wrk:
 # A bounded soak (bench/soak.py): mixed load at about 70% of capacity for
 # SOAK_MINUTES (10) while workers restart on --max-jobs, one is SIGKILLed and
 # Redis (AOF on) restarts once; writes its section of BENCHMARKS.md.
-soak: install
+soak: $(VENV)/.test
 	$(BIN)/python bench/soak.py --minutes $${SOAK_MINUTES:-10} --write BENCHMARKS.md

@@ -66,7 +66,7 @@ def _digest(payload: Any) -> str:
 # Stands for a chunk's text while the rest of its identity is encoded once (`_text_digests`).
 _MARK = "\x00text\x00"
 # How json.dumps(..., ensure_ascii=False) writes a string.
-_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_string = json.encoder.encode_basestring
 
 
 def _text_digests(identity: Mapping[str, Any], texts: Sequence[str]) -> list[str]:

@@ -319,7 +319,7 @@ def assist(queue_name: str) -> dict[str, Any]:
         _hand_over(state, run)
         state.figures.inc("tts_assist_jobs_total")
         job = get_current_job()
-        _report(state, job.id if job else "assist", "assisted", 0, 0, run)
+        _report(state, job.id if job is not None else "assist", "assisted", 0, 0, run)
     return {"chunks_synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
             "model": state.model.id}
 

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxConnectionsError
@@ -22,8 +23,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from web import captions
 from common import logs
@@ -31,9 +33,11 @@ from common import metrics
 from web import openapi
 from web import ops
 from work import queueing
+from web import session
+from web import speech
 from web import tts
 from web import voices
-from web.replies import Error, reply
+from web.replies import Error, Failure, openai_error, reply
 from web.context import Context
 from common.settings import Settings, from_env
 from common.errors import ApiError
@@ -62,6 +66,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
         return Route(path, endpoint, methods=methods, name=getattr(handler, "__name__", path))
 
+    async def _speech_socket(websocket: WebSocket) -> None:
+        # It checks the API key itself: a refused key is told why, then closed with 1008.
+        await session.serve(ctx, websocket, failure)
+
     routes = [
         route("/", _page, ["GET"]),
         route("/openapi.json", _openapi, ["GET"]),
@@ -73,20 +81,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),
         route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),
         route("/v1/tts/{id}/captions", captions.captions, ["GET"]),
-        route("/v1/audio/speech", tts.speech, ["POST"]),
+        route(speech.ROUTE, speech.speech, ["POST"]),
+        WebSocketRoute(session.ROUTE, _speech_socket, name="speech_socket"),
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
     ]
-    handlers: dict[Any, Any] = {
-        ApiError: _api_error,
-        HTTPException: _http_error,
-        queueing.QueueFull: _queue_full,
-        # A full pool is no outage (Starlette picks the most specific class).
-        MaxConnectionsError: _too_many_waiting,
-        RedisConnectionError: _redis_down,
-        RedisTimeoutError: _redis_down,
-        Exception: _internal,
-    }
+    handlers: dict[Any, Any] = dict.fromkeys((ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError,
+                                              RedisConnectionError, RedisTimeoutError, Exception), _error)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -107,38 +108,47 @@ async def _page(ctx: Context, request: Request) -> Response:
 
 async def _openapi(ctx: Context, request: Request) -> Response:
     """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
-    return JSONResponse(openapi.schema(ctx.settings))
+    if ctx.openapi_json is None:  # built once per process
+        ctx.openapi_json = msgspec.json.encode(openapi.schema(ctx.settings))
+    return Response(ctx.openapi_json, media_type="application/json")
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------
 
-
-async def _api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return reply(Error(detail=exc.detail, field=UNSET if exc.field is None else exc.field), exc.status, exc.headers)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    detail = {404: "no such endpoint", 405: f"{request.method} is not allowed here"}.get(exc.status_code, exc.detail)
-    return reply(Error(detail=detail), exc.status_code, exc.headers)
+# Routes whose errors have OpenAI's shape ({"error": {message, type, param,
+# code}}), so OpenAI clients show them; every other route answers {detail, field}.
+OPENAI_ROUTES = frozenset(openapi.OPENAI_PATHS)
 
 
-async def _queue_full(request: Request, exc: Exception) -> Response:
-    return reply(Error(detail=f"the service is busy ({exc}); try again later"), 429, {"Retry-After": "30"})
+def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
+    """What an exception raised while serving means for the client: the one mapping of errors.
+
+    HTTP answers (`_error`) and the WebSocket's error events (session.py) both use it.
+    """
+    if isinstance(exc, ApiError):
+        return Failure(exc.status, exc.detail, exc.field, exc.headers)
+    if isinstance(exc, HTTPException):
+        detail = {404: "no such endpoint", 405: f"{method} is not allowed here"}.get(exc.status_code, exc.detail)
+        return Failure(exc.status_code, detail, headers=exc.headers or {})
+    if isinstance(exc, queueing.QueueFull):
+        return Failure(429, f"the service is busy ({exc}); try again later", headers={"Retry-After": "30"},
+                       code="queue_full")
+    # A full pool is no outage (checked before the ConnectionError it is).
+    if isinstance(exc, MaxConnectionsError):
+        logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
+        return Failure(503, "too many clients are waiting on this server; try again shortly",
+                       headers={"Retry-After": "5"})
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        logger.warning("Redis unavailable: %s", exc)
+        return Failure(503, "the service's Redis is unavailable; try again shortly", headers={"Retry-After": "5"})
+    logger.error("unhandled error on %s", where, exc_info=exc)
+    return Failure(500, "internal error")
 
 
-async def _too_many_waiting(request: Request, exc: Exception) -> Response:
-    logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
-    return reply(Error(detail="too many clients are waiting on this server; try again shortly"), 503,
-                 {"Retry-After": "5"})
-
-
-async def _redis_down(request: Request, exc: Exception) -> Response:
-    logger.warning("Redis unavailable: %s", exc)
-    return reply(Error(detail="the service's Redis is unavailable; try again shortly"), 503, {"Retry-After": "5"})
-
-
-async def _internal(request: Request, exc: Exception) -> Response:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return reply(Error(detail="internal error"), 500)
+async def _error(request: Request, exc: Exception) -> Response:
+    """An error answer in the shape of the route asked."""
+    known = failure(exc, request.method, f"{request.method} {request.url.path}")
+    if request.url.path in OPENAI_ROUTES:
+        return reply(openai_error(known.status, known.detail, known.field, known.code), known.status, known.headers)
+    body = Error(detail=known.detail, field=UNSET if known.field is None else known.field)
+    return reply(body, known.status, known.headers)

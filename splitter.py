@@ -85,6 +85,17 @@ def split(text: str, max_chars: int = 180) -> list[str]:
     return chunks
 
 
+def complete_until(text: str) -> int:
+    """How much of `text`, still being written, is complete sentences: the end of its last sentence
+    end that more (non-space) text follows, or 0.
+
+    A sentence end at the very end of `text` does not count: what comes next
+    may still change it ("3." may become "3.5", "Dr" a "Dr." with more after).
+    """
+    ends = [end for end in _sentence_ends(text) if text[end:].strip()]
+    return max(ends, default=0)
+
+
 # Silence after a chunk, by how it ends: a sentence, a clause, or a cut
 # made only for length (which must not sound like a pause at all).
 PAUSE_MS = {"sentence": 250, "clause": 120, "cut": 20}

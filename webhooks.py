@@ -10,8 +10,9 @@ their own (`event_key`), so the job, which rq-dashboard shows, names only
 the event. A synthesis worker only touches Redis: the
 webhooks process does the HTTP. A delivery that gets no 2xx within TIMEOUT
 seconds is retried after each of `settings.webhook_retry_delays`, then given
-up. Each try is signed anew (the timestamp is the try's), with the same
-event id, so a receiver can drop repeats.
+up. Each try is signed anew as Standard Webhooks says (webhook-id,
+webhook-timestamp: the try's, webhook-signature: one `v1,` signature per
+secret), with the same event id, so a receiver can drop repeats.
 
 Never imports torch; never logs a callback URL beyond its scheme and host,
 nor a signature.
@@ -107,11 +108,67 @@ def _target(url: str) -> _Target:
     return _Target(parts, parts.hostname, port)
 
 
+# IPv6 prefixes that carry an IPv4 address inside (RFC 6052's NAT64, RFC 4291's
+# deprecated IPv4-compatible ::/96, SIIT). A packet to one of them ends up at
+# that IPv4 address, so the IPv4 address is what is judged.
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: the IPv4 sits where the prefix length puts it
+_COMPATIBLE = ipaddress.ip_network("::/96")
+_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765's SIIT form, ::ffff:0:a.b.c.d
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+
+
+def _bits(value: int, start: int, count: int) -> int:
+    """`count` bits of a 128-bit `value` starting at bit `start` (0 = the most significant)."""
+    return (value >> (128 - start - count)) & ((1 << count) - 1)
+
+
+def _wrapped(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address leads to: none unless it wraps one.
+
+    IPv4-mapped, IPv4-compatible (::a.b.c.d) and SIIT's ::ffff:0:a.b.c.d,
+    NAT64 (64:ff9b::/96, and 64:ff9b:1::/48 at each place RFC 6052 allows,
+    since its prefix length is the operator's), 6to4 (2002::/16: bits 16-47) and Teredo (2001::/32: the
+    server, and the client, which is the last 32 bits inverted).
+    """
+    value = int(ip)
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)
+    if ip in _NAT64 or ip in _COMPATIBLE or ip in _TRANSLATED:
+        return [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if ip in _NAT64_LOCAL:
+        # Prefix lengths /48, /56, /64 and /96 (bits 64-71 are always zero, so
+        # skipped). Which one a gateway uses is its operator's choice, so every
+        # reading is judged, except those in 0.0.0.0/8, which no gateway
+        # forwards to: they are what the zero bits of a longer prefix read as
+        # (64:ff9b:1::8.8.8.8 reads 0.0.0.0 at /48 and 0.0.0.8 at /64), and
+        # judging them would refuse every callback on such a network.
+        readings = [ipaddress.IPv4Address(v) for v in (
+            _bits(value, 48, 16) << 16 | _bits(value, 72, 16),
+            _bits(value, 56, 8) << 24 | _bits(value, 72, 24),
+            _bits(value, 72, 32),
+            value & 0xFFFFFFFF,
+        )]
+        return [v4 for v4 in readings if v4 not in _THIS_NETWORK] or [ipaddress.IPv4Address(0)]
+    return []
+
+
 def _refused(address: str) -> bool:
-    """True for an address no callback may reach: loopback, private, link-local, multicast, metadata, reserved."""
+    """True for an address no callback may reach: loopback, private, link-local, multicast, metadata, reserved.
+
+    An IPv6 address that wraps IPv4 addresses (see `_wrapped`) is judged by
+    them: refused when any of them is.
+    """
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    inner = _wrapped(ip) if isinstance(ip, ipaddress.IPv6Address) else []
+    return any(_refused_ip(v4) for v4 in inner) if inner else _refused_ip(ip)
+
+
+def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return not ip.is_global or ip.is_multicast or ip in _METADATA
 
 
@@ -142,7 +199,7 @@ async def check(url: str, settings: Settings) -> str:
             try:
                 infos = await asyncio.wait_for(
                     loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5)
-            except (OSError, UnicodeError, asyncio.TimeoutError):
+            except (TimeoutError, OSError, UnicodeError):
                 raise ValueError("has a host that does not resolve") from None
             _check_addresses(infos)
     except ValueError as exc:
@@ -166,7 +223,9 @@ def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> boo
     cannot make it fire twice. Returns whether this call fired it.
     """
     with redis.pipeline(transaction=True) as pipe:
-        fmt, removed = pipe.hget(hooks_key(request_id), url).hdel(hooks_key(request_id), url).execute()
+        pipe.hget(hooks_key(request_id), url)
+        pipe.hdel(hooks_key(request_id), url)
+        fmt, removed = pipe.execute()
     if not removed:
         return False
     _enqueue_events(redis, request_id, {url.encode(): fmt}, settings, None)
@@ -183,7 +242,9 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     is the webhooks process's.
     """
     with redis.pipeline(transaction=True) as pipe:
-        hooks, _ = pipe.hgetall(hooks_key(request_id)).delete(hooks_key(request_id)).execute()
+        pipe.hgetall(hooks_key(request_id))
+        pipe.delete(hooks_key(request_id))
+        hooks, _ = pipe.execute()
     if hooks:
         _enqueue_events(redis, request_id, hooks, settings, error)
     return len(hooks)
@@ -266,10 +327,15 @@ def bind(settings: Settings, redis: Redis) -> None:
     _bound = _Bound(settings, redis)
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The X-TTS-Signature value: HMAC-SHA256 over "<timestamp>.<body>"."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return f"sha256={digest}"
+def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> str:
+    """The webhook-signature header (Standard Webhooks): `v1,<base64 HMAC-SHA256 of "id.timestamp.body">` per key.
+
+    One signature per key, separated by spaces, so a receiver holding any one
+    of the secrets verifies the event while they are rotated.
+    """
+    signed = f"{event_id}.{timestamp}.".encode() + body
+    return " ".join("v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+                    for key in keys)
 
 
 def deliver(event_id: str) -> dict[str, Any]:
@@ -285,7 +351,9 @@ def deliver(event_id: str) -> dict[str, Any]:
     if not stored:
         logger.warning("webhook %s given up: the event has expired", event_id)
         return {"delivered": False, "expired": True}
-    url, data = stored[b"url"].decode(), stored[b"body"]
+    url, data = stored[b"url"], stored[b"body"]
+    assert isinstance(url, bytes) and isinstance(data, bytes)  # the client does not decode responses
+    url = url.decode()
     job = get_current_job()
     last_try = job is None or not job.retries_left
     target = _target(url)
@@ -305,8 +373,9 @@ def deliver(event_id: str) -> dict[str, Any]:
             except (OSError, UnicodeError) as exc:
                 raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
         timestamp = str(int(time.time()))
-        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-TTS-Event-Id": event_id,
-                   "X-TTS-Timestamp": timestamp, "X-TTS-Signature": sign(settings.webhook_secret, timestamp, data)}
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "webhook-id": event_id,
+                   "webhook-timestamp": timestamp,
+                   "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data)}
         if target.parts.username is not None:
             pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
             headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()

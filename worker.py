@@ -29,7 +29,7 @@ from work import process, queueing
 import webhooks
 from engines.config import ModelUnavailable
 from engines.loading import load_engine
-from engines.launcher import gpu_slots, launch
+from engines.launcher import RestartPolicy, gpu_slots, launch
 from common.settings import Settings
 from work.status import failure_words
 
@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         if devices:
             child_args = (["--burst"] if args.burst else []) + (
                 ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
-            return launch(devices, args.per_gpu, child_args, restart=args.max_jobs is not None and not args.burst)
+            policy = RestartPolicy(max_failures=settings.worker_max_failures, window=settings.worker_failure_window)
+            return launch(devices, args.per_gpu, child_args, restart=args.max_jobs is not None and not args.burst,
+                          policy=policy, redis=Redis.from_url(settings.redis_url, socket_timeout=5))
         logger.info("no GPU is visible: running one CPU worker")
     try:
         engine, info = load_engine(settings)

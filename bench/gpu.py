@@ -41,7 +41,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -203,7 +203,7 @@ def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int
                 done = run_jobs(redis, settings, specs, timeout=600, workers=procs, queues=queues[:n])
                 seconds = time.monotonic() - t0
                 rate[n].append(sum(len(s.chunks) for s in specs) / seconds)
-                audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)
+                audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)  # type: ignore[misc]
                 say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, "
                     f"{audio[n][-1]:.2f} s of audio per second")
         first = workers[0]
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(figures, markdown=False))
     target = None if args.no_write else (args.write or ("BENCHMARKS.md" if gpu else None))
     if target:
-        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         report = "\n".join([f"### `bench/gpu.sh` on {name}, {when}", "", head, "", table(figures, markdown=True)])
         append_report(ROOT / target, report)
         say(f"appended the table to {target}")

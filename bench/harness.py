@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from redis import Redis  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
-from rq.worker import Worker  # noqa: E402
+from rq.worker import BaseWorker, Worker  # noqa: E402
 
 from common.model import ModelInfo  # noqa: E402
 
@@ -263,7 +263,8 @@ class Cluster:
         args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1",
                 "--port", str(port), "--no-access-log", "--log-level", "warning"]
         proc = self.spawn(name, args, bench_env(REDIS_URL=self.redis_url, **env))
-        wait_for(lambda: proc.check() or http_ok(port, "/healthz"), timeout, f"{name} to answer /healthz")
+        wait_for(lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
+                 timeout, f"{name} to answer /healthz")
         return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
@@ -311,7 +312,7 @@ def model_info(redis: Redis) -> ModelInfo:
     return ModelInfo.from_json(raw)
 
 
-def workers_of(redis: Redis, queue: str) -> list[Worker]:
+def workers_of(redis: Redis, queue: str) -> list[BaseWorker]:
     """The live rq workers registered on `queue`, from RQ's own registry."""
     return Worker.all(queue=queueing.queue(redis, Settings(queue=queue)))
 
@@ -394,8 +395,9 @@ class Texts:
         return self.text(self.rng.randint(low, high))
 
 
-def make_spec(text: str, model_id: str, settings: Settings = Settings()) -> Spec:
+def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:
     """The Spec the web process builds for {"text": text} with default settings."""
+    settings = settings or Settings()
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
 
 

@@ -43,5 +43,6 @@ def start_web(cluster: Cluster, name: str, app: str = "service:create_app", app_
     port = free_port()
     args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
     proc = cluster.spawn(name, args, bench_env(REDIS_URL=cluster.redis_url, **dict(env or {})))
-    wait_for(lambda: proc.check() or http_ok(port, "/healthz"), timeout, f"{name} to answer /healthz")
+    wait_for(lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
+             timeout, f"{name} to answer /healthz")
     return proc, port

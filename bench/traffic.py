@@ -73,7 +73,7 @@ class Client:
         sent = self.loop.time()
         try:
             status, _, body = await conn.send(data, timeout)
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             self.record.answers.append(Answer(kind, sent, self.loop.time(), None, repr(exc)[:200]))
             await conn.close()
             return None, b""

@@ -22,7 +22,15 @@ FORMATS: dict[str, tuple[str, str | None, str | None]] = {
     # headerless PCM16 at 24 kHz (OpenAI's "pcm" is exactly what we store).
     "opus": ("audio/opus", "OGG", "OPUS"),
     "pcm": ("audio/pcm", None, None),
+    # AAC-LC in ADTS frames (OpenAI's "aac"), through PyAV's FFmpeg: libsndfile has no AAC.
+    "aac": ("audio/aac", None, None),
 }
+# AAC's encoder delay: a decoder of an ADTS stream (which has no edit list to
+# say so) returns this many samples of priming before the audio, and pads the
+# end to a whole frame of AAC_FRAME samples.
+AAC_FRAME = 1024
+AAC_PRIMING = 1024
+AAC_BIT_RATE = 64_000
 # What GET /v1/tts/{id}/audio offers (API.md); the OpenAI route has its own list.
 TTS_FORMATS = ("wav", "flac", "mp3", "ogg")
 
@@ -124,6 +132,9 @@ def encode(pcm: bytes, fmt: str) -> bytes:
         return out.getvalue()
     if fmt == "pcm":
         return pcm
+    if fmt == "aac":
+        encoder = _Aac()
+        return encoder.feed(pcm) + encoder.close()
     import soundfile  # only for the compressed formats
 
     _, container, subtype = FORMATS[fmt]
@@ -140,7 +151,8 @@ class StreamEncoder:
     buffer a frame); `close()` returns the rest. WAV gets a header whose sizes
     say "unknown" (0xFFFFFFFF), which players and soundfile accept for a
     stream; mp3 and ogg are encoded frames from one encoder, so the pieces
-    form one valid file. Header fix-ups that libsndfile writes on close over
+    form one valid file; aac is ADTS frames (each carries its own header).
+    Header fix-ups that libsndfile writes on close over
     bytes already sent are dropped: a stream cannot take them back.
     """
 
@@ -149,7 +161,9 @@ class StreamEncoder:
         self._started = False
         self._sink: _Sink | None = None
         self._file: Any = None
-        if fmt not in ("wav", "pcm"):
+        if fmt == "aac":
+            self._file = _Aac()
+        elif fmt not in ("wav", "pcm"):
             import soundfile
 
             _, container, subtype = FORMATS[fmt]
@@ -163,6 +177,8 @@ class StreamEncoder:
                 head = wav_stream_header()
             self._started = True
             return head + pcm
+        if isinstance(self._file, _Aac):
+            return self._file.feed(pcm)
         self._file.write(np.frombuffer(pcm, dtype="<i2"))
         assert self._sink is not None
         return self._sink.drain()
@@ -170,9 +186,44 @@ class StreamEncoder:
     def close(self) -> bytes:
         if self._file is None:
             return b"" if self._started or self.fmt != "wav" else wav_stream_header()
+        if isinstance(self._file, _Aac):
+            tail = self._file.close()
+            self._file = None
+            return tail
         self._file.close()
         self._file = None
         assert self._sink is not None
+        return self._sink.drain()
+
+
+class _Aac:
+    """An AAC-LC encoder writing ADTS frames, fed PCM16 of any length (PyAV regroups it into 1024-sample frames)."""
+
+    def __init__(self) -> None:
+        import av  # only for aac: the other formats never load FFmpeg
+
+        self._av = av
+        self._sink = _Sink()
+        self._container = av.open(self._sink, "w", format="adts")
+        self._stream = self._container.add_stream("aac", rate=SAMPLE_RATE, layout="mono")
+        self._stream.bit_rate = AAC_BIT_RATE
+        self._pts = 0
+
+    def feed(self, pcm: bytes) -> bytes:
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if samples.size:
+            frame = self._av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate = SAMPLE_RATE
+            frame.pts = self._pts
+            self._pts += samples.size
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        return self._sink.drain()
+
+    def close(self) -> bytes:
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
         return self._sink.drain()
 
 

@@ -68,7 +68,7 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-class LoopPassHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class LoopPassHandler(logging.StreamHandler):
     """A StreamHandler that writes the request lines of one event loop pass with one write.
 
     A web process logs a line per request, and a `write` (a system call) per

@@ -47,8 +47,11 @@ FIRST_CHUNK_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 # Synthesis seconds per audio second: below 1 is faster than real time.
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Seconds a player that started on a stream's first piece would wait for a later one (0: it never starved).
+GAP_BUCKETS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 # Bucket bounds as Prometheus writes them ("0.005", "1.0"), computed once.
-_LE = {le: floatToGoString(le) for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS, *BATCH_BUCKETS)}
+_LE = {le: floatToGoString(le)
+       for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS, *BATCH_BUCKETS, *GAP_BUCKETS)}
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,13 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("tts_http_request_duration_seconds", "histogram",
            "Seconds from request to the end of the response (includes ?wait= holds).", ("route", "method"),
            LATENCY_BUCKETS),
+    Metric("tts_time_to_first_audio_seconds", "histogram",
+           "Streamed answers: seconds from the request to its first audio leaving the relay, by route.", ("route",),
+           LATENCY_BUCKETS),
+    Metric("tts_playback_gap_seconds", "histogram",
+           "Streamed answers: each stream's worst gap, how long after the audio already sent would have finished "
+           "playing its next piece arrived (0: a player starting on the first piece never starved), by route.",
+           ("route",), GAP_BUCKETS),
     Metric("tts_cache_requests_total", "counter",
            "Submitted requests: hit = every chunk's audio was already stored (no job), miss = queued or joined.",
            ("result",)),
@@ -90,6 +100,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
     Metric("tts_time_to_first_chunk_seconds", "histogram",
            "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
+    # The worker launcher (worker.py --gpus): one GPU's worker failing, restarted, given up.
+    Metric("tts_worker_failures_total", "counter",
+           "Worker processes that exited non-zero (or on a signal the launcher did not send), by host and GPU.",
+           ("host", "gpu")),
+    Metric("tts_worker_restarts_total", "counter",
+           "Failed worker processes the launcher started again after a backoff, by host and GPU.", ("host", "gpu")),
+    Metric("tts_worker_gpus_given_up_total", "counter",
+           "GPUs whose worker kept failing and that the launcher gave up (not restarted until the launcher is), "
+           "by host and GPU.", ("host", "gpu")),
     # The webhooks process.
     Metric("tts_webhook_deliveries_total", "counter",
            "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "

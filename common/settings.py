@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, TypeVar
@@ -78,17 +80,31 @@ class Settings:
     # Where clients reach the service (https://tts.example.com); webhook
     # events then carry absolute URLs. None: paths.
     public_url: str | None = None
-    # HMAC-SHA256 key that signs webhook events; None: callback_url is refused.
+    # Standard Webhooks secrets (`whsec_<base64>`, space-separated: each signs,
+    # for rotation), as given; None: callback_url is refused. `webhook_keys`
+    # has their decoded HMAC keys.
     webhook_secret: str | None = field(default=None, repr=False)
     # Deliver to loopback, private, link-local and metadata addresses (tests, private networks).
     webhook_allow_private: bool = False
     # Seconds between a failed delivery and its next try; the event is given up after the last.
     webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+    # The launcher (worker.py --gpus) gives a GPU up when its worker failed
+    # this many times within worker_failure_window seconds; before that it
+    # restarts it after 1, 2, 4 … 60 s.
+    worker_max_failures: int = 5
+    worker_failure_window: int = 600
 
     @property
     def webhook_queue(self) -> str:
         """The RQ queue of webhook deliveries (the Procfile's `webhooks` process works it)."""
         return f"{self.queue}-webhooks"
+
+    @property
+    def webhook_keys(self) -> tuple[bytes, ...]:
+        """The HMAC-SHA256 keys of TTS_WEBHOOK_SECRET's secrets, in the order given; empty when unset."""
+        if self.webhook_secret is None:
+            return ()
+        return tuple(_webhook_key(s) for s in self.webhook_secret.split())
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -224,9 +240,15 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         public_url=_parse(env, "TTS_PUBLIC_URL", d.public_url, _public_url,
                           "an absolute http:// or https:// URL without query or fragment"),
         webhook_secret=_parse(env, "TTS_WEBHOOK_SECRET", d.webhook_secret, _secret,
-                              "a key of at least 16 printable characters, without spaces", secret=True),
+                              "Standard Webhooks secrets: whsec_ and the base64 of 16-64 random bytes, several "
+                              "separated by spaces to rotate (make one: python -c \"import base64, os; "
+                              "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\")", secret=True),
         webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool,
                                      "true or false"),
+        worker_max_failures=_parse(env, "TTS_WORKER_MAX_FAILURES", d.worker_max_failures, _int_in(1, 1000),
+                                   "a whole number 1-1000"),
+        worker_failure_window=_parse(env, "TTS_WORKER_FAILURE_WINDOW", d.worker_failure_window, _int_in(1),
+                                     "seconds, at least 1"),
         webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
                                     "1-20 comma-separated whole numbers of seconds, each 1-3600"),
     )
@@ -259,10 +281,30 @@ def _public_url(raw: str) -> str:
     return raw.rstrip("/")
 
 
+WEBHOOK_SECRET_PREFIX = "whsec_"
+
+
+def _webhook_key(secret: str) -> bytes:
+    """The HMAC key of one `whsec_<base64>` secret; ValueError unless it is one of 16-64 bytes."""
+    if not secret.startswith(WEBHOOK_SECRET_PREFIX):
+        raise ValueError("prefix")
+    try:
+        key = base64.b64decode(secret[len(WEBHOOK_SECRET_PREFIX):], validate=True)
+    except binascii.Error:
+        raise ValueError("base64") from None
+    # Standard Webhooks asks for 24-64 bytes; fewer than 16 can be guessed.
+    if not 16 <= len(key) <= 64:
+        raise ValueError("length")
+    return key
+
+
 def _secret(raw: str) -> str:
-    if len(raw) < 16 or not raw.isprintable() or " " in raw:
-        raise ValueError("secret")
-    return raw
+    secrets = raw.split()
+    if not 1 <= len(secrets) <= 10:
+        raise ValueError("count")
+    for secret in secrets:
+        _webhook_key(secret)
+    return " ".join(secrets)
 
 
 def _delays(raw: str) -> tuple[int, ...]:

@@ -67,7 +67,7 @@ class ChatTTSEngine:
         self.max_new_token = max_new_token
         chat.speaker.apply = _apply_speakers(chat.speaker.apply)
 
-    @lru_cache(maxsize=256)
+    @lru_cache(maxsize=256)  # noqa: B019 (one engine per process, alive as long as the process)
     def _speaker(self, seed: int | None, speaker: str | None) -> Any:
         import torch
 
@@ -250,7 +250,7 @@ def _resolve_model_path(settings: Settings, chat: Any) -> Path:
 
 def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
     """Load ChatTTS as `settings` say and warm it up. Raises ModelUnavailable."""
-    ChatTTS = _import_chattts()
+    ChatTTS = _import_chattts()  # noqa: N806 (the package's own name)
     import torch
 
     from engines import tuning

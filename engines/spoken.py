@@ -61,7 +61,9 @@ def speak(text: str) -> str:
     for match in _COMBINED.finditer(text):
         kind = match.lastgroup or ""
         chinese = _is_chinese(text, match.start(), match.end())
-        words = _READERS[kind](_PATTERNS_BY_NAME[kind].fullmatch(match.group()), chinese, text[: match.start()])
+        parts = _PATTERNS_BY_NAME[kind].fullmatch(match.group())
+        assert parts is not None  # the combined pattern matched this kind's alternative
+        words = _READERS[kind](parts, chinese, text[: match.start()])
         out.append(text[last : match.start()])
         out.append(_spaced(words, text, match.start(), match.end(), chinese))
         last = match.end()

@@ -106,6 +106,8 @@ class CastingLlama(torch.nn.Module):
     hidden states it gets back to float32 itself.
     """
 
+    _forward: Any  # set past nn.Module's registry, in __init__
+
     def __init__(self, inner: torch.nn.Module, dtype: torch.dtype, forward: Any = None) -> None:
         super().__init__()
         self.inner = inner

@@ -174,12 +174,10 @@ class Stack:
         return proc.output()
 
     def wait_ready(self, timeout: float = 120) -> dict:
-        def ready() -> dict | None:
-            r = httpx.get(self.url + "/readyz")
-            return r.json() if r.status_code == 200 else None
-
+        """/readyz's body once a worker is registered and has published its model."""
         try:
-            return wait_for(ready, timeout, "/readyz to say ready", interval=0.2)  # type: ignore[return-value]
+            return wait_for(lambda: serving(self.url), timeout, "/readyz to count a worker and name its model",
+                            interval=0.2)  # type: ignore[return-value]
         except AssertionError:
             logs = "\n".join(p.output()[-3000:] for p in self.procs)
             raise AssertionError(f"stack not ready; logs:\n{logs}") from None
@@ -199,6 +197,16 @@ class Stack:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+
+
+def serving(url: str) -> dict | None:
+    """/readyz's body when the service at `url` is ready and a worker serves a model; else None."""
+    try:
+        r = httpx.get(url + "/readyz", timeout=5)
+    except httpx.HTTPError:
+        return None
+    body = r.json() if r.status_code == 200 else None
+    return body if body is not None and body["workers"] > 0 and body["model"] is not None else None
 
 
 @pytest.fixture

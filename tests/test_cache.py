@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -130,7 +131,7 @@ def test_chunk_ids_are_those_of_encoding_the_whole_identity_per_chunk(spec: Spec
 
 def test_ids_are_pinned() -> None:
     """Ids name stored audio: a change that alters them must bump KEY_VERSION (these were made at version 2)."""
-    specs = [p.values[0] for p in IDENTITY_TABLE[:3]]
+    specs: list[Any] = [p.values[0] for p in IDENTITY_TABLE[:3]]
     assert [(s.chunk_ids(), s.request_id()) for s in specs] == [
         (["9b90276c860e0471ae4908a670e43e8f"], "1beb988c9aaeb78cd1014e0a67be68f4"),
         (["1bf619b86bfabf19d0f9aa1d464209bd", "f9dd3539f93951e1b34356bb73dc2a4a"], "3f145d0a9d40b7c5cec30afe8c142254"),

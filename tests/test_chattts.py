@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import httpx
 import numpy as np
@@ -248,7 +248,7 @@ def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path,
 
     engine.chat._infer_code = spy_infer
     engine.chat.speaker.apply = spy_apply
-    sampling = dict(model=info.id, temperature=0.5, top_p=0.8, top_k=30)
+    sampling: dict[str, Any] = {"model": info.id, "temperature": 0.5, "top_p": 0.8, "top_k": 30}
     mixed = [
         Spec(chunks=("The first request speaks here.",), seed=42, speed=7, **sampling),
         Spec(chunks=("A second request in another voice.",), seed=7, speed=3, **sampling),

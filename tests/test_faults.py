@@ -15,7 +15,7 @@ import pytest
 from redis import Redis
 from rq.job import Job
 
-from conftest import Stack, _free_port, _pings, wait_for
+from conftest import Stack, _free_port, _pings, serving, wait_for
 from work.queueing import SERIALIZER
 from common import keys
 
@@ -206,7 +206,7 @@ def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, p
     # who it is and which model it serves.
     Redis.from_url(private_redis.url).flushall()
     stack = outage_stack
-    wait_for(lambda: httpx.get(stack.url + "/readyz").status_code == 200, 40, "the worker to re-register")
+    wait_for(lambda: serving(stack.url), 40, "the worker to re-register")
     _finish(stack, "After an empty restart.")
 
 

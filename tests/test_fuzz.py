@@ -154,6 +154,19 @@ def check_error_shape(r: httpx.Response) -> dict[str, Any]:
     return answer
 
 
+def check_openai_error_shape(r: httpx.Response) -> dict[str, Any]:
+    """As check_error_shape, for OpenAI's {"error": {message, type, param, code}}; the answer as {detail, field}."""
+    assert r.status_code < 500, f"{r.status_code}: {r.text[:500]}"
+    if r.status_code < 400:
+        return {}
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["type"] == "invalid_request_error" and isinstance(error["message"], str) and error["message"].strip()
+    assert error["param"] is None or isinstance(error["param"], str), error
+    return {"detail": error["message"], **({} if error["param"] is None else {"field": error["param"]})}
+
+
 def job_count(redis: Redis) -> int:
     return sum(1 for _ in redis.scan_iter("rq:job:*", count=1000))
 
@@ -477,7 +490,7 @@ def test_openai_speech_bodies_never_fail(tone_stack: Stack, redis: Redis) -> Non
             r = client.post("/v1/audio/speech", content=raw,
                             headers={"content-type": "application/json"})
             event(f"speech answered {r.status_code}")
-            answer = check_error_shape(r)
+            answer = check_openai_error_shape(r)
             if r.status_code >= 400:
                 assert job_count(redis) == before, "a refused request enqueued a job"
                 if r.status_code == 422 and not isinstance(body, dict):

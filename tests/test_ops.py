@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,7 +26,7 @@ from rq.job import Job
 
 from common import metrics
 from cache import stored
-from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
+from conftest import ROOT, Proc, Stack, _free_port, _pings, serving, wait_for
 from work.queueing import SERIALIZER
 from common.settings import SettingsError, from_env
 from common.keys import chunk_key, events_channel, request_key
@@ -187,7 +187,7 @@ def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable
     chunk_ids = json.loads(redis.get(request_key(request_id)))["chunks"]
     n = len(chunk_ids)
     assert n >= 2
-    audio_seconds = sum(len(redis.get(chunk_key(c))) // 2 for c in chunk_ids) / 24000
+    audio_seconds = sum(len(redis.get(chunk_key(c))) // 2 for c in chunk_ids) / 24000  # type: ignore[misc]
     expected = [
         ("tts_http_requests_total", {"route": "/v1/tts", "method": "POST", "status": "202"}, 1),
         ("tts_http_requests_total", {"route": "/v1/tts", "method": "POST", "status": "200"}, 1),
@@ -284,7 +284,7 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     # It finished the batch in hand and no more (batches are one chunk here).
     per_batch = stopped[0]["model_seconds"] / made_by_first
     record_property("seconds_per_batch", round(per_batch, 2))
-    requeued_at = datetime.strptime(stopped[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    requeued_at = datetime.strptime(stopped[0]["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     record_property("sigterm_to_requeue_s", round(requeued_at.timestamp() - signalled_at, 2))
     record_property("requeue_to_exit_s", round(signalled_at + exited_in - requeued_at.timestamp(), 2))
     assert exited_in < 2 * per_batch + 10, f"{exited_in:.1f} s to stop, batches take {per_batch:.1f} s"
@@ -300,7 +300,7 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     assert isinstance(audio, httpx.Response)
     assert all(stored(redis, chunk_ids))
     data, rate = soundfile.read(io.BytesIO(audio.content), dtype="int16")
-    assert len(data) >= sum(len(redis.get(chunk_key(c))) // 2 for c in chunk_ids)
+    assert len(data) >= sum(len(redis.get(chunk_key(c))) // 2 for c in chunk_ids)  # type: ignore[misc]
     wait_for(lambda: job.get_status() == "finished", 30, "the job to record its result")
     result = job.return_value()
     # The second worker made exactly the chunks the first had not.
@@ -425,14 +425,8 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
     honcho = Proc([sys.executable, "-m", "honcho", "start"], env, tmp_path / "honcho.log")
     web, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
     try:
-        def ready() -> bool:
-            try:
-                return httpx.get(web + "/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
         try:
-            wait_for(ready, 120, "web and worker under honcho", interval=0.3)
+            wait_for(lambda: serving(web), 120, "web and worker under honcho", interval=0.3)
         except AssertionError:
             pytest.fail(honcho.output()[-4000:])
         body = httpx.post(web + "/v1/tts", json={"text": TEXT}).json()

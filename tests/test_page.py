@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
@@ -25,7 +25,7 @@ DEADLINE_MS = 60_000
 class Browser:
     """One headless Chromium page, with what it logged and asked for."""
 
-    def __init__(self, page: object) -> None:
+    def __init__(self, page: Any) -> None:
         self.page = page
         self.console: list[str] = []
         self.requests: list[str] = []
@@ -190,3 +190,32 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
     page.click("#save-voice")  # type: ignore[attr-defined]
     page.wait_for_function("() => document.getElementById('error').textContent !== ''")  # type: ignore[attr-defined]
     assert _state(page)["message"].startswith("name: must be a voice name"), _state(page)
+
+
+def test_speak_as_i_type_starts_playing_on_the_first_finished_sentence(
+        browser: Browser, tone_stack: Stack, tmp_path: Path) -> None:
+    page = browser.page
+    page.fill("#text", "")  # type: ignore[attr-defined]
+    page.fill("#seed", "5")  # type: ignore[attr-defined]
+    page.check("#live")  # type: ignore[attr-defined]
+    page.wait_for_function("() => window.live.socket && window.live.socket.readyState === 1")  # type: ignore[attr-defined]
+    page.type("#text", "The first sentence is typed. And the second", delay=5)  # type: ignore[attr-defined]
+    try:
+        # Nothing flushed, Generate not pressed: the finished sentence is already playing.
+        page.wait_for_function(  # type: ignore[attr-defined]
+            "() => window.live.deltas > 0 && window.live.audio.state === 'running' && window.live.audio.currentTime > 0",
+            timeout=DEADLINE_MS)
+    finally:
+        page.screenshot(path=str(tmp_path / "page-live.png"), full_page=True)  # type: ignore[attr-defined]
+    first = page.evaluate("() => ({done: window.live.done, until: window.live.until})")  # type: ignore[attr-defined]
+    assert first["done"] == 0 and first["until"] > 0, first
+    # The sentence's audio is the ordinary request's, stored under its id.
+    stored = httpx.post(tone_stack.url + "/v1/tts", json={"text": "The first sentence is typed.", "seed": 5})
+    assert stored.status_code == 200, stored.text  # answered from the store: the page's session made it
+    page.type("#text", " one ends here.", delay=5)  # type: ignore[attr-defined]
+    page.click("#go")  # type: ignore[attr-defined]
+    page.wait_for_function("() => window.live.done === 1", timeout=DEADLINE_MS)  # type: ignore[attr-defined]
+    state = page.evaluate("() => ({errors: window.live.errors, until: window.live.until})")  # type: ignore[attr-defined]
+    assert state["errors"] == [] and state["until"] > first["until"], state
+    assert _state(page)["message"] == ""
+    assert not [line for line in browser.console if line.startswith("error")], browser.console

@@ -56,7 +56,7 @@ def test_every_endpoint_has_a_curl_example() -> None:
 
 def test_readme_curl_examples_run_against_the_service(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
     # A webhook secret, as the callback example needs; its example.com receiver is never called here.
-    tone_stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET="readme-secret-0123456789",
+    tone_stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET="whsec_cmVhZG1lLXNlY3JldC0wMTIzNDU2Nzg5YWJj",
                                TTS_WEBHOOK_ALLOW_PRIVATE="true")
     tone_stack.start_web()
     tone_stack.start_worker()

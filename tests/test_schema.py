@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import httpx
-from starlette.routing import Route
+import pytest
+from starlette.routing import Route, WebSocketRoute
 
 from web import openapi
 from common import speakers
@@ -35,6 +36,26 @@ def test_every_route_is_described_and_nothing_else() -> None:
     routes = {(route.path, method) for route in app.routes if isinstance(route, Route)
               for method in route.methods or () if method != "HEAD"}
     assert routes == _operations(Settings())
+
+
+def test_the_websocket_is_described_with_its_messages() -> None:
+    app = create_app(Settings())
+    sockets = {route.path for route in app.routes if isinstance(route, WebSocketRoute)}
+    doc = openapi.schema(Settings())
+    assert set(doc[openapi.WEBSOCKETS]) == sockets == {"/v1/audio/speech/websocket"}
+    described = doc[openapi.WEBSOCKETS]["/v1/audio/speech/websocket"]
+    schemas = doc["components"]["schemas"]
+    names = [ref["$ref"].rsplit("/", 1)[-1] for side in ("client", "server") for ref in described[side]["oneOf"]]
+    assert all(name in schemas for name in names), names
+    # Declared once: the tags the session dispatches on are the schemas' `type` constants.
+    assert {schemas[n]["properties"]["type"]["enum"][0] for n in names} == {
+        "session.update", "input_text.append", "input_text.flush", "input_text.end", "session.created",
+        "session.updated", "speech.audio.delta", "speech.audio.done", "error"}
+    speech = doc["paths"]["/v1/audio/speech"]["post"]
+    assert set(speech["responses"]["200"]["content"]) >= {"audio/aac", "text/event-stream"}
+    assert speech["responses"]["422"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/OpenAIError"}
+    assert schemas["SpeechRequest"]["properties"]["stream_format"]["enum"] == ["audio", "sse"]
 
 
 def test_api_keys_make_every_operation_but_the_public_ones_need_a_bearer_key() -> None:
@@ -76,8 +97,10 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
         "--checks", "all", "--exclude-checks", EXCLUDED_CHECKS,
         "--max-examples", str(MAX_EXAMPLES),
         "--workers", "2",
-        # The audio route may hold a request up to 60 s (?wait), the speech route up to TTS_SPEECH_WAIT.
-        "--request-timeout", "130",
+        # The audio route may hold a request up to 60 s (?wait), the speech route up to TTS_SPEECH_WAIT,
+        # and a stream lasts as long as its synthesis: schemathesis's default 10 s cap on a
+        # response's time does not apply to them.
+        "--request-timeout", "130", "--max-response-time", "130",
         "--report", "junit", "--report-dir", str(tmp_path / "report"),
     ]
     started = time.monotonic()
@@ -87,3 +110,24 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
     (tmp_path / "schemathesis.log").write_text(run.stdout + run.stderr)
     print(f"schemathesis: {elapsed:.1f} s; {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}")
     assert run.returncode == 0, f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-12000:]}\n{run.stderr[-3000:]}"
+
+
+def test_the_document_is_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /openapi.json builds the document on the first request only (settings do not change in a process)."""
+    from starlette.testclient import TestClient
+
+    builds: list[Settings] = []
+    build = openapi.schema
+
+    def counted(settings: Settings) -> dict:
+        builds.append(settings)
+        return build(settings)
+
+    monkeypatch.setattr(openapi, "schema", counted)
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")  # the document needs no Redis
+    with TestClient(create_app(settings)) as client:
+        first, second = client.get("/openapi.json"), client.get("/openapi.json")
+    assert first.status_code == second.status_code == 200
+    assert first.headers["content-type"] == "application/json"
+    assert first.content == second.content and first.json() == build(settings)
+    assert builds == [settings]

@@ -143,14 +143,23 @@ def test_readyz_names_the_model_and_counts_workers(tone_stack: Stack) -> None:
     assert httpx.get(tone_stack.url + "/healthz").status_code == 200
 
 
-def test_readyz_without_worker_is_503(stack_factory: Callable[..., Stack]) -> None:
+def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stack]) -> None:
+    """API v1.2: readiness is the web process's own; no worker is reported in the body, not as a 503."""
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     r = httpx.get(stack.url + "/readyz")
-    assert r.status_code == 503 and "worker" in r.json()["detail"]
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ready" and body["workers"] == 0 and body["model"] is None
+    assert "no worker" in body["detail"] and "retry-after" not in r.headers
     # No model published yet: submissions are refused clearly, not lost.
     r = httpx.post(stack.url + "/v1/tts", json={"text": "too early"})
     assert r.status_code == 503 and "retry-after" in r.headers
+    # A worker comes and goes (burst): it published its model, and the web process serves on without one.
+    stack.run_worker_burst()
+    r = httpx.get(stack.url + "/readyz")
+    assert r.status_code == 200 and r.json()["workers"] == 0 and r.json()["model"]["name"] == "tone"
+    assert httpx.post(stack.url + "/v1/tts", json={"text": "queued for later"}).status_code == 202
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from common.settings import Settings, SettingsError, from_env
@@ -48,13 +50,23 @@ def test_bad_value_names_the_variable(name: str, value: str) -> None:
     assert "expected" in str(info.value)
 
 
+WHSEC = "whsec_" + base64.b64encode(b"k" * 24).decode()
+WHSEC_NEXT = "whsec_" + base64.b64encode(b"n" * 32).decode()
+
+
 def test_v11_values_are_read() -> None:
-    s = from_env({"TTS_MAX_VOICES": "5", "TTS_PUBLIC_URL": "https://tts.example.com/", "TTS_WEBHOOK_SECRET": "s" * 16,
+    s = from_env({"TTS_MAX_VOICES": "5", "TTS_PUBLIC_URL": "https://tts.example.com/", "TTS_WEBHOOK_SECRET": WHSEC,
                   "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,2,3"})
     assert (s.max_voices, s.public_url, s.webhook_allow_private) == (5, "https://tts.example.com", True)
-    assert s.webhook_secret == "s" * 16 and s.webhook_retry_delays == (1, 2, 3)
+    assert s.webhook_secret == WHSEC and s.webhook_keys == (b"k" * 24,) and s.webhook_retry_delays == (1, 2, 3)
     assert s.webhook_queue == "tts-webhooks"
-    assert "s" * 16 not in repr(s)
+    assert WHSEC not in repr(s)
+    assert Settings().webhook_keys == ()
+
+
+def test_several_webhook_secrets_rotate() -> None:
+    s = from_env({"TTS_WEBHOOK_SECRET": f"  {WHSEC_NEXT}   {WHSEC} "})
+    assert s.webhook_secret == f"{WHSEC_NEXT} {WHSEC}" and s.webhook_keys == (b"n" * 32, b"k" * 24)
     assert sum(Settings().webhook_retry_delays) / 60 > 9  # about ten minutes of retries by default
 
 
@@ -65,9 +77,17 @@ def test_v11_values_are_read() -> None:
         pytest.param("TTS_PUBLIC_URL", "tts.example.com", id="public-url-relative"),
         pytest.param("TTS_PUBLIC_URL", "https://tts.example.com/?a=1", id="public-url-query"),
         pytest.param("TTS_WEBHOOK_SECRET", "short", id="secret-short"),
+        pytest.param("TTS_WEBHOOK_SECRET", "s" * 40, id="secret-without-whsec-prefix"),
+        pytest.param("TTS_WEBHOOK_SECRET", "whsec_not*base64*at-all!!", id="secret-not-base64"),
+        pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 8).decode(), id="secret-8-bytes"),
+        pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 65).decode(), id="secret-65-bytes"),
+        pytest.param("TTS_WEBHOOK_SECRET", WHSEC + " whsec_" + base64.b64encode(b"k" * 8).decode(),
+                     id="rotation-with-one-bad-secret"),
         pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
+        pytest.param("TTS_WORKER_MAX_FAILURES", "0", id="worker-max-failures-zero"),
+        pytest.param("TTS_WORKER_FAILURE_WINDOW", "soon", id="worker-failure-window-word"),
     ],
 )
 def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
@@ -75,7 +95,7 @@ def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
         from_env({name: value})
     assert name in str(info.value) and "expected" in str(info.value)
     if name == "TTS_WEBHOOK_SECRET":
-        assert value not in str(info.value)
+        assert value not in str(info.value) and "whsec_" in str(info.value)
 
 
 @pytest.mark.parametrize(("env", "expected"), [

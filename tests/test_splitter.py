@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitter import MIN_MAX_CHARS, split
+from splitter import MIN_MAX_CHARS, complete_until, split
 
 TAG = re.compile(r"\[[a-zA-Z_0-9]+\]")
 
@@ -201,3 +201,28 @@ def test_split_invariants(text: str, max_chars: int) -> None:
             assert not _inside_word(text, pos)
         pos = found + len(chunk)
     assert pos == len(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "complete"),
+    [pytest.param("Hello world. Ho", "Hello world.", id="end-then-text"),
+     pytest.param("Hello world.", "", id="end-at-the-end-may-change"),
+     pytest.param("Hello world. ", "", id="only-space-after"),
+     pytest.param("Pi is 3.", "", id="a-number-may-go-on"),
+     pytest.param("Pi is 3.5 here. And", "Pi is 3.5 here.", id="decimal-is-no-end"),
+     pytest.param("A! B? C", "A! B?", id="last-complete-end"),
+     pytest.param("Line one\nline", "Line one", id="newline"),
+     pytest.param("你好。我们", "你好。", id="cjk"),
+     pytest.param('"Quoted." Next', '"Quoted."', id="closing-quote"),
+     pytest.param("No end yet, only a clause", "", id="no-sentence-end")],
+)
+def test_complete_until_is_the_text_before_the_last_sentence_end_more_text_follows(text: str, complete: str) -> None:
+    assert text[:complete_until(text)] == complete
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_texts())
+def test_complete_until_never_takes_the_last_words(text: str) -> None:
+    # Text after the cut is always left: the last sentence may still be being written.
+    cut = complete_until(text)
+    assert 0 <= cut <= len(text) and (cut == 0 or text[cut:].strip())

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import io
 import json
 import threading
@@ -17,13 +15,18 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
+import standardwebhooks
 from redis import Redis
 
 import webhooks
+from common.settings import from_env
 from conftest import Stack, wait_for
 from common import keys
+from datetime import UTC
 
-SECRET = "webhook-secret-0123456789"
+SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
+# What a receiver holds: the secret, in Standard Webhooks' own verifier.
+VERIFIER = standardwebhooks.Webhook(SECRET)
 DELAYS = "2,1"  # two retries (RQ schedules to the whole second): three tries in all
 
 
@@ -84,8 +87,8 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _stack(stack_factory: Callable[..., Stack], worker: bool = True, **env: str) -> Stack:
-    stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_SECRET=SECRET, TTS_WEBHOOK_ALLOW_PRIVATE="true",
-                          TTS_WEBHOOK_RETRY_DELAYS=DELAYS, **env)
+    stack = stack_factory(**{"TTS_ENGINE": "tone", "TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+                             "TTS_WEBHOOK_RETRY_DELAYS": DELAYS, **env})
     stack.start_web()
     stack.start_webhooks()
     if worker:
@@ -105,16 +108,15 @@ def _submit(stack: Stack, text: str, callback: str | None, status: int | tuple[i
     return r.json()
 
 
-def _verify(call: dict[str, Any]) -> dict[str, Any]:
-    """The event of a call, after checking its headers and signature as a receiver would."""
+def _verify(call: dict[str, Any], verifier: standardwebhooks.Webhook = VERIFIER) -> dict[str, Any]:
+    """The event of a call, after checking its headers and signature as a receiver would (Standard Webhooks)."""
     headers = {k.lower(): v for k, v in call["headers"].items()}
     assert headers["content-type"] == "application/json"
-    timestamp = headers["x-tts-timestamp"]
-    assert abs(int(timestamp) - time.time()) < 120
-    expected = hmac.new(SECRET.encode(), timestamp.encode() + b"." + call["body"], hashlib.sha256).hexdigest()
-    assert hmac.compare_digest(headers["x-tts-signature"], f"sha256={expected}")
-    assert len(headers["x-tts-event-id"]) >= 16
-    return json.loads(call["body"])
+    assert not [k for k in headers if k.startswith("x-tts-")]
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 120
+    assert len(headers["webhook-id"]) >= 16
+    event: dict[str, Any] = verifier.verify(call["body"], call["headers"])
+    return event
 
 
 def _scrape(stack: Stack, name: str, **labels: str) -> float:
@@ -148,6 +150,49 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert len(receiver.at("/again")) == 1 and len(receiver.at("/done")) == 1
 
 
+def test_rotated_secrets_each_sign_and_the_id_is_signed(stack_factory: Callable[..., Stack],
+                                                        receiver: Receiver) -> None:
+    """Two secrets in TTS_WEBHOOK_SECRET: a receiver holding either verifies; a changed id or body does not."""
+    new = "whsec_" + base64.b64encode(b"the-next-secret-of-32-bytes-long").decode()
+    stack = _stack(stack_factory, TTS_WEBHOOK_SECRET=f"{new} {SECRET}")
+    submitted = _submit(stack, "Rotate the keys.", receiver.url + "/rotated")
+    call = receiver.wait("/rotated", 1)[0]
+    assert len(call["headers"]["webhook-signature"].split(" ")) == 2
+    for verifier in (VERIFIER, standardwebhooks.Webhook(new)):
+        assert _verify(call, verifier)["id"] == submitted["id"]
+    assert _readme_receiver(new)(call["body"], call["headers"])["id"] == submitted["id"]
+    stranger = standardwebhooks.Webhook("whsec_" + base64.b64encode(b"x" * 32).decode())
+    replayed = {**call["headers"], "webhook-id": "0" * 32}  # a replay under a new id fails dedupe-proofing
+    tampered = call["body"].replace(b'"finished"', b'"canceled"')
+    for body, headers, verifier in ((call["body"], call["headers"], stranger), (call["body"], replayed, VERIFIER),
+                                    (tampered, call["headers"], VERIFIER)):
+        with pytest.raises(standardwebhooks.WebhookVerificationError):
+            verifier.verify(body, headers)
+
+
+def _readme_receiver(secret: str) -> Callable[[bytes, dict], dict]:
+    """The README's receiver (section Webhooks, its python block), run as written with TTS_WEBHOOK_SECRET=secret."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("\n## Webhooks\n"):]
+    code = section[section.index("```python\n") + 10:section.index("\n```", section.index("```python\n"))]
+    assert len([line for line in code.splitlines() if line.strip()]) == 5
+    namespace: dict[str, Any] = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TTS_WEBHOOK_SECRET", secret)
+        exec(compile(code, "README.md", "exec"), namespace)
+    return namespace["event"]  # type: ignore[no-any-return]
+
+
+def test_sign_matches_the_reference_implementation() -> None:
+    body = b'{"id":"x","status":"finished"}'
+    keys = (b"a" * 24, b"b" * 32)
+    header = webhooks.sign(keys, "evt_1", "1796135224", body)
+    from datetime import datetime
+
+    at = datetime.fromtimestamp(1796135224, tz=UTC)
+    assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
+
+
 def test_each_repeat_with_a_callback_url_gets_its_event(stack_factory: Callable[..., Stack],
                                                        receiver: Receiver) -> None:
     """The web process answers repeats of a stored body from memory; a callback_url still registers and fires."""
@@ -174,8 +219,8 @@ def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack]
         assert _verify(receiver.wait(path, 1)[0])["status"] == "finished"
     time.sleep(1)
     assert len(receiver.at("/x")) == 1 and len(receiver.at("/y")) == 1
-    assert {c["headers"]["X-TTS-Event-Id"] for c in receiver.calls} == {
-        receiver.at("/x")[0]["headers"]["X-TTS-Event-Id"], receiver.at("/y")[0]["headers"]["X-TTS-Event-Id"]}
+    assert {c["headers"]["webhook-id"] for c in receiver.calls} == {
+        receiver.at("/x")[0]["headers"]["webhook-id"], receiver.at("/y")[0]["headers"]["webhook-id"]}
 
 
 def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factory: Callable[..., Stack],
@@ -189,14 +234,14 @@ def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factor
     _submit(stack, "Redirects are not followed.", receiver.url + "/moved")
     first, second = receiver.wait("/flaky", 2)
     assert [_verify(c)["status"] for c in (first, second)] == ["finished", "finished"]
-    assert first["headers"]["X-TTS-Event-Id"] == second["headers"]["X-TTS-Event-Id"]
+    assert first["headers"]["webhook-id"] == second["headers"]["webhook-id"]
     assert first["body"] == second["body"]
     assert second["at"] - first["at"] >= 1.0  # the backoff (2 s, to the whole second)
     # Every try fails: one try and two retries, then it is given up.
     tries = receiver.wait("/down", 3)
     receiver.wait("/moved", 3)
     wait_for(lambda: _scrape(stack, "tts_webhook_deliveries_total", result="given_up") == 2, 20, "two give-ups")
-    assert len({c["headers"]["X-TTS-Event-Id"] for c in tries}) == 1
+    assert len({c["headers"]["webhook-id"] for c in tries}) == 1
     assert receiver.at("/landed") == []
     assert _scrape(stack, "tts_webhook_deliveries_total", result="delivered") == 1
     assert _scrape(stack, "tts_webhook_deliveries_total", result="failed") == 5  # 1 + 2 + 2 tries retried
@@ -236,6 +281,9 @@ REFUSED_URLS = [
     "http://192.168.0.10/", "https://169.254.169.254/latest/meta-data/", "http://[::ffff:127.0.0.1]/",
     "http://224.0.0.1/", "http://0.0.0.0/", "ftp://example.com/", "/relative/path", "http://example.com:99999/",
     "http://exa mple.com/", "http://no-such-host.invalid/",
+    # IPv6 wrappings of refused IPv4 addresses (API v1.2).
+    "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:7f00:1::1]/", "http://[::a9fe:a9fe]/",
+    "http://[2001:0:808:808::80ff:fffe]/", "http://[64:ff9b:1:a9fe:a9:fe00::]/",
 ]
 
 
@@ -264,10 +312,51 @@ def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redi
         pytest.param("239.1.1.1", True, id="multicast"),
         pytest.param("93.184.215.14", False, id="public-v4"),
         pytest.param("2606:4700::1111", False, id="public-v6"),
+        # IPv6 addresses that wrap an IPv4 address are judged by it.
+        pytest.param("::ffff:169.254.169.254", True, id="mapped-metadata"),
+        pytest.param("::ffff:8.8.8.8", False, id="mapped-public"),
+        pytest.param("::ffff:a00:1", True, id="mapped-private-hex"),
+        pytest.param("::ffff:0:a00:1", True, id="siit-translated-private"),
+        pytest.param("::ffff:0:808:808", False, id="siit-translated-public"),
+        pytest.param("::a9fe:a9fe", True, id="compatible-metadata"),
+        pytest.param("::127.0.0.1", True, id="compatible-loopback"),
+        pytest.param("::8.8.8.8", False, id="compatible-public"),
+        pytest.param("::", True, id="unspecified"),
+        pytest.param("64:ff9b::a9fe:a9fe", True, id="nat64-metadata"),
+        pytest.param("64:ff9b::10.0.0.1", True, id="nat64-private-dotted"),
+        pytest.param("64:ff9b::a83f:8110", True, id="nat64-azure-wire-server"),
+        pytest.param("64:ff9b::808:808", False, id="nat64-public"),
+        pytest.param("64:ff9b:1::a9fe:a9fe", True, id="nat64-local-96-metadata"),
+        pytest.param("64:ff9b:1:a9fe:a9:fe00::", True, id="nat64-local-48-metadata"),
+        pytest.param("64:ff9b:1:7f:0:1:808:808", True, id="nat64-local-56-loopback"),
+        pytest.param("64:ff9b:1:0:a:a00:108:808", True, id="nat64-local-64-private"),
+        pytest.param("64:ff9b:1::808:808", False, id="nat64-local-96-public"),
+        pytest.param("2002:a9fe:a9fe::1", True, id="6to4-metadata"),
+        pytest.param("2002:c0a8:1::5", True, id="6to4-private"),
+        pytest.param("2002:808:808::1", False, id="6to4-public"),
+        # Teredo: server 8.8.8.8; the client is the last 32 bits inverted.
+        pytest.param("2001:0:808:808::80ff:fffe", True, id="teredo-client-loopback"),
+        pytest.param("2001:0:808:808::5601:5601", True, id="teredo-client-metadata"),
+        pytest.param("2001:0:a00:1::f7f7:f7f7", True, id="teredo-server-private"),
+        pytest.param("2001:0:808:808::f7f7:f7f7", False, id="teredo-public"),
     ],
 )
 def test_address_rules(address: str, refused: bool) -> None:
     assert webhooks._refused(address) is refused
+
+
+def test_a_wrapped_address_is_refused_again_at_delivery(redis: Redis, receiver: Receiver) -> None:
+    """A callback host checked at submission that now resolves to a NAT64 wrapping of loopback is not called."""
+    port = receiver.url.rsplit(":", 1)[1]
+    webhooks.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET}), redis)
+    for host in ("[64:ff9b::7f00:1]", "[::ffff:127.0.0.1]", "[2002:7f00:1::]", "[::127.0.0.1]"):
+        redis.hset(webhooks.event_key("e1"), mapping={"url": f"http://{host}:{port}/late", "body": b"{}"})
+        assert webhooks.deliver("e1") == {"delivered": False, "refused": True}, host
+    assert receiver.at("/late") == []
+    webhooks.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true"}), redis)
+    redis.hset(webhooks.event_key("e2"), mapping={"url": f"http://127.0.0.1:{port}/late", "body": b"{}"})
+    assert webhooks.deliver("e2")["delivered"] is True  # the same receiver, reached when allowed
+    assert len(receiver.at("/late")) == 1
 
 
 def test_without_a_secret_callback_urls_are_refused(stack_factory: Callable[..., Stack], receiver: Receiver) -> None:
@@ -286,7 +375,7 @@ def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_fa
     call = receiver.wait("/hook/s3cr3t-path", 1)[0]
     _verify(call)
     assert call["headers"]["Authorization"] == "Basic " + base64.b64encode(b"hook-user:hook-pass").decode()
-    signature = call["headers"]["X-TTS-Signature"].split("=", 1)[1]
+    signature = call["headers"]["webhook-signature"].split(",", 1)[1]
     hooks = next(p for p in stack.procs if "webhooks" in p.log.name)
     wait_for(lambda: "delivered" in hooks.output(), 10, "the delivery's log line")
     for proc in stack.procs:

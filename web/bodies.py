@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, TypeVar, get_args
 
 import msgspec
@@ -43,7 +43,7 @@ SPEAKER_MAX = 8192
 # base16384 (pybase16384): characters from U+4E00-U+8DFF, then one of
 # U+3D01-U+3D06 saying how many bytes the last character holds.
 _SPEAKER = "[\u4e00-\u8dff]+[\u3d01-\u3d06]?"
-SpeechFormat = Literal["mp3", "opus", "flac", "wav", "pcm"]
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 SPEECH_FORMATS: tuple[str, ...] = get_args(SpeechFormat)
 
 
@@ -124,6 +124,14 @@ class TtsRequest(Body):
         | UnsetType = UNSET
 
 
+SpeechVoice = (
+    Annotated[int, Meta(ge=0, le=SEED_MAX)]
+    | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
+)
+SpeechSpeed = Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")]
+TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
+
+
 class VoiceRef(Body):
     """OpenAI's voice object."""
 
@@ -137,20 +145,79 @@ class SpeechRequest(Body):
 
     input: Annotated[Text, Meta(description="What to say.")]
     model: Annotated[str, Meta(description="Accepted and ignored: one model serves a deployment.")] | UnsetType = UNSET
-    voice: Annotated[
-        Annotated[int, Meta(ge=0, le=SEED_MAX)]
-        | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
-        | VoiceRef,
-        Meta(title="a voice name, a seed or a ChatTTS speaker string",
-             description="A built-in (OpenAI) or saved voice name (any letter case), a seed (a number, or a string "
-                         "of digits), or a ChatTTS speaker string.")] = "alloy"
+    voice: Annotated[SpeechVoice | VoiceRef, Meta(
+        title="a voice name, a seed or a ChatTTS speaker string",
+        description="A built-in (OpenAI) or saved voice name (any letter case), a seed (a number, or a string "
+                    "of digits), or a ChatTTS speaker string.")] = "alloy"
     response_format: Annotated[SpeechFormat, Meta(
         title=f"one of {', '.join(SPEECH_FORMATS)}", description="pcm: raw PCM16, 24 kHz, mono. Others are 400.")] \
         = "mp3"
-    speed: Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale "
-                                                              "(1.0 -> 5).")] = 1.0
+    speed: SpeechSpeed = 1.0
     instructions: Annotated[str, Meta(description="Accepted and ignored.")] | UnsetType = UNSET
-    stream_format: Literal["audio"] = "audio"
+    stream_format: Annotated[Literal["audio", "sse"], Meta(
+        description="audio: the audio bytes as they are made (chunked transfer; a wav header of unknown length; "
+                    "flac comes whole). sse: text/event-stream of speech.audio.delta events (base64 of the next "
+                    "bytes in response_format), then one speech.audio.done with usage.")] = "audio"
+
+
+SessionFormat = Literal["pcm", "wav", "mp3", "opus", "aac"]
+
+
+class Session(Body):
+    """The settings of a WebSocket session (WS /v1/audio/speech/websocket): what each spoken piece is made with."""
+
+    voice: Annotated[SpeechVoice, Meta(title="a voice name, a seed or a ChatTTS speaker string",
+                                       description="As POST /v1/audio/speech's.")] = "alloy"
+    speed: SpeechSpeed = 1.0
+    response_format: SessionFormat = "pcm"
+    temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
+    top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
+    top_k: TopK = 20
+
+
+class SessionPatch(Body):
+    """session.update's `session`: any subset of Session's fields (`seed` sets the voice to that seed)."""
+
+    voice: SpeechVoice | UnsetType = UNSET
+    seed: Seed | UnsetType = UNSET
+    speed: SpeechSpeed | UnsetType = UNSET
+    response_format: SessionFormat | UnsetType = UNSET
+    temperature: Unit | UnsetType = UNSET
+    top_p: Unit | UnsetType = UNSET
+    top_k: TopK | UnsetType = UNSET
+
+
+class SessionUpdate(Body):
+    """WebSocket message: change the session's settings (any subset), before or between generations."""
+
+    type: Literal["session.update"]
+    session: SessionPatch
+
+
+class TextAppend(Body):
+    """WebSocket message: more text; each sentence is spoken once the text after its end begins."""
+
+    type: Literal["input_text.append"]
+    text: str
+
+
+class TextFlush(Body):
+    """WebSocket message: speak what is left and end the generation (speech.audio.done follows its audio)."""
+
+    type: Literal["input_text.flush"]
+
+
+class TextEnd(Body):
+    """WebSocket message: as input_text.flush, then the server closes the socket (1000) after the last audio."""
+
+    type: Literal["input_text.end"]
+
+
+# The messages a WebSocket session takes, by their `type`.
+MESSAGES: dict[str, type[Body]] = {
+    "session.update": SessionUpdate, "input_text.append": TextAppend,
+    "input_text.flush": TextFlush, "input_text.end": TextEnd,
+}
 
 
 class MixPart(Body):
@@ -193,12 +260,12 @@ async def read(request: Request, max_body: int) -> bytes:
     return bytes(data)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoder(cls: type[B]) -> msgspec.json.Decoder[B]:
     return msgspec.json.Decoder(cls)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _info(cls: type[Body]) -> mi.StructType:
     info = mi.type_info(cls)
     assert isinstance(info, mi.StructType)
@@ -267,9 +334,9 @@ def shown(name: str) -> str:
     return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _invalid(field: str, detail: str, cls: type[Body] | None = None) -> ApiError:
+def _invalid(field: str, detail: str, cls: type[msgspec.Struct] | None = None) -> ApiError:
     top = field.split(".")[0].split("[")[0]
-    status = cls.status_of.get(top, 422) if cls is not None else 422
+    status = cls.status_of.get(top, 422) if cls is not None and issubclass(cls, Body) else 422
     return ApiError(status, f"{field}: {detail}", field=field)
 
 
@@ -369,7 +436,8 @@ def _expected(t: mi.Type) -> str:
     if isinstance(t, mi.StructType):
         return "an object"
     if isinstance(t, mi.UnionType):
-        return " or ".join(_expected(m) for m in t.types if not isinstance(m, (mi.UnsetType, mi.NoneType)))
+        # msgspec.inspect leaves UNSET out of a union; None is left out here.
+        return " or ".join(_expected(m) for m in t.types if not isinstance(m, mi.NoneType))
     return "something else"
 
 
@@ -386,7 +454,7 @@ def _bounds(t: mi.IntType | mi.FloatType) -> str:
     return ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _attrs(cls: type[Body]) -> dict[str, str]:
     """The class's attribute names by the names a body uses ("break" -> "break_")."""
     return {f.encode_name: f.name for f in _info(cls).fields}

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 
 
 from common import metrics
@@ -44,6 +44,9 @@ class Context:
         # This process's figures; they reach Redis about once a second.
         self.metrics = metrics.Recorder()
         self._model: tuple[float, ModelInfo | None] = (0.0, None)
+        # The OpenAPI document as JSON, made by the first GET /openapi.json
+        # (service.py): settings never change in a process.
+        self.openapi_json: bytes | None = None
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -66,16 +69,20 @@ class Context:
                            headers={"Retry-After": "5"})
         return model
 
-    async def guard(self, request: Request) -> None:
-        """401 without a configured API key; 429 past the key's rate limit.
+    async def guard(self, request: HTTPConnection, query: bool = False) -> bytes:
+        """401 without a configured API key; 429 past the key's rate limit. Returns the key given.
 
+        The key is read from `Authorization: Bearer <key>`, or, with `query`
+        (WebSockets, whose browser API cannot set headers), from `?api_key=`.
         Keys are compared in constant time against every configured key, and
         only their hash reaches Redis.
         """
         keys = self.settings.api_keys
         if not keys:
-            return
+            return b""
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if query and not scheme and "api_key" in request.query_params:
+            scheme, given = "bearer", request.query_params["api_key"]
         given_bytes = given.strip().encode()
         matched = False
         for key in keys:
@@ -83,12 +90,19 @@ class Context:
         if scheme.lower() != "bearer" or not matched:
             raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
                            headers={"WWW-Authenticate": "Bearer"})
+        await self.count(given_bytes)
+        return given_bytes
+
+    async def count(self, key: bytes) -> None:
+        """Count one request of API key `key` (b"": no keys configured); 429 past the rate limit."""
         limit = self.settings.rate_limit
-        if limit:
+        if limit and key:
             window = int(time.time()) // 60
-            name = rate_key(hashlib.sha256(given_bytes).hexdigest()[:16], window)
+            name = rate_key(hashlib.sha256(key).hexdigest()[:16], window)
             async with self.redis.pipeline(transaction=True) as pipe:
-                count, _ = await pipe.incr(name).expire(name, 61).execute()
+                pipe.incr(name)
+                pipe.expire(name, 61)
+                count, _ = await pipe.execute()
             if count > limit:
                 retry = 60 - int(time.time()) % 60
                 raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",

@@ -26,7 +26,7 @@ class BoundedLRU(Generic[K, V]):
         self.recheck = recheck
         self.largest_share = largest_share
         # key -> [value, size in bytes, time.monotonic() of the last confirmation]
-        self._items: OrderedDict[K, list] = OrderedDict()  # type: ignore[type-arg]
+        self._items: OrderedDict[K, list] = OrderedDict()
         self._size = 0
 
     def __len__(self) -> int:

@@ -25,7 +25,7 @@ from web import replies
 import webhooks
 from common.settings import Settings
 
-VERSION = "1.1"
+VERSION = "1.2"
 _JSON = "application/json"
 # The Content-Types of what each audio route serves.
 _TTS_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in audio.TTS_FORMATS})
@@ -36,8 +36,14 @@ PUBLIC = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
 SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.Error, bodies.TtsRequest, replies.TtsSubmitted, replies.TtsStatus, bodies.SpeechRequest,
     bodies.VoiceRequest, replies.SeedVoice, replies.SavedVoice, replies.VoiceList, replies.Captions,
-    webhooks.WebhookEvent, replies.Ready, replies.Health,
+    webhooks.WebhookEvent, replies.Ready, replies.Health, replies.OpenAIError, replies.Delta, replies.Done,
+    *bodies.MESSAGES.values(), replies.SessionCreated, replies.SessionUpdated, replies.ErrorEvent,
 )
+# OpenAPI has no WebSockets: they are described under this extension, their messages in the components.
+WEBSOCKETS = "x-websockets"
+SPEECH_SOCKET = "/v1/audio/speech/websocket"
+# Paths whose errors have OpenAI's shape (service.OPENAI_ROUTES).
+OPENAI_PATHS = ("/v1/audio/speech",)
 
 
 def components(settings: Settings) -> dict[str, Any]:
@@ -266,8 +272,7 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "summary": "OpenAI-compatible: the audio itself",
                 "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("SpeechRequest")}}},
                 "responses": {
-                    "200": _binary(_SPEECH_MEDIA, "The audio.",
-                                   {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}),
+                    "200": _speech_answer(),
                     "409": _error("The request was canceled while it waited."),
                     "500": _error("Synthesis failed; the message is safe to show."),
                     "504": _error(f"Not ready within {settings.speech_wait} s; it goes on: poll Location.",
@@ -342,10 +347,11 @@ def schema(settings: Settings) -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "operationId": "readyz",
-                "summary": "Readiness: Redis answers and a worker is registered",
+                "summary": "Readiness of this web process: Redis answers (workers are counted, 0 included)",
                 "responses": {
-                    "200": _json(_ref("Ready"), "Ready; names the model."),
-                    "503": _json(_ref("Ready"), "Not ready; `detail` says why.",
+                    "200": _json(_ref("Ready"), "Redis answers: stored audio is served and new work queued; "
+                                 "`workers` counts the registered workers, `model` names their model."),
+                    "503": _json(_ref("Ready"), "Redis does not answer; `detail` says so.",
                                  {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
                 },
             }
@@ -380,12 +386,15 @@ def schema(settings: Settings) -> dict[str, Any]:
             "title": "ChatTTS service",
             "version": VERSION,
             "description": "Speech synthesis jobs: submit text, poll, fetch the audio and its captions; save "
-            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}.',
+            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}, except on the '
+            'OpenAI-compatible route, which answers OpenAI\'s {"error": {message, type, param, code}}.',
         },
         "paths": paths,
+        WEBSOCKETS: {SPEECH_SOCKET: _speech_socket()},
         "webhooks": {"requestOver": {"post": _event_operation()}},
         "components": {"schemas": components(settings), "headers": _headers()},
     }
+    _openai_errors(paths)
     if settings.api_keys:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in paths.items():
@@ -399,7 +408,55 @@ def schema(settings: Settings) -> dict[str, Any]:
                 if settings.rate_limit:
                     operation["responses"].setdefault(
                         "429", _error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After"))
+        _openai_errors(paths)
     return doc
+
+
+def _speech_socket() -> dict[str, Any]:
+    """WS /v1/audio/speech/websocket: JSON text frames each way."""
+    return {
+        "summary": "Text in as it is written, audio out as it is made (OpenAI-style events)",
+        "description": "Each sentence is spoken as soon as more text follows its end, as an ordinary request "
+                       "(keyed, stored, shared). A bad message gets an error event and the session goes on; "
+                       "input_text.end closes with 1000 after the last audio. With API keys: Authorization: "
+                       "Bearer or ?api_key=, else an error event and close 1008.",
+        "client": {"oneOf": [_ref(cls.__name__) for cls in bodies.MESSAGES.values()]},
+        "server": {"oneOf": [_ref(name) for name in
+                             ("SessionCreated", "SessionUpdated", "Delta", "Done", "ErrorEvent")]},
+    }
+
+
+def _openai_errors(paths: dict[str, Any]) -> None:
+    """The error answers of OPENAI_PATHS in OpenAI's shape."""
+    for path in OPENAI_PATHS:
+        for operation in paths[path].values():
+            responses = operation["responses"]
+            for status, answer in responses.items():
+                content = answer.get("content", {}).get(_JSON)
+                if content is not None and content["schema"] == _ref("Error"):
+                    # A copy: the same answers are shared with the other routes.
+                    responses[status] = {**answer, "content": {_JSON: {"schema": _ref("OpenAIError")}}}
+
+
+def _speech_answer() -> dict[str, Any]:
+    """POST /v1/audio/speech's 200: the audio as it is made, or server-sent events (stream_format)."""
+    answer = _binary(_SPEECH_MEDIA, "stream_format audio: the audio bytes as they are made (chunked transfer; "
+                                     "a stored request comes whole, with its length; flac always whole).",
+                     {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}})
+    answer["description"] += (" stream_format sse: text/event-stream, each event `data: <JSON>` and a blank line: "
+                              "speech.audio.delta events (Delta: base64 of the next bytes in "
+                              "response_format) in order, then one speech.audio.done (Done, with usage). "
+                              "A stream whose synthesis fails midway ends without its last chunk (an "
+                              "incomplete transfer).")
+    # Each event, as OpenAPI 3.2 describes a stream's items (a 3.1 `schema` of
+    # an event stream is read per event): its `data` is JSON of Delta or Done.
+    answer["content"]["text/event-stream"] = {"schema": {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": {"type": "string", "contentMediaType": _JSON,
+                                "contentSchema": {"oneOf": [_ref("Delta"), _ref("Done")]}}},
+    }}
+    return answer
 
 
 def _event_operation() -> dict[str, Any]:
@@ -413,12 +470,13 @@ def _event_operation() -> dict[str, Any]:
         "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
         "backoff for about 10 minutes, then given up. Redirects are not followed.",
         "parameters": [
-            {"name": "X-TTS-Event-Id", "in": "header", **header("Unique per event, the same on every try: "
-                                                                "drop repeats by it.")},
-            {"name": "X-TTS-Timestamp", "in": "header", **header("Unix seconds of this try.")},
-            {"name": "X-TTS-Signature", "in": "header",
-             **header('"sha256=" and the hex HMAC-SHA256 of "<timestamp>.<raw body>" keyed with '
-                      "TTS_WEBHOOK_SECRET.")},
+            {"name": "webhook-id", "in": "header", **header("Unique per event, the same on every try: "
+                                                            "drop repeats by it.")},
+            {"name": "webhook-timestamp", "in": "header", **header("Unix seconds of this try.")},
+            {"name": "webhook-signature", "in": "header",
+             **header('Standard Webhooks: "v1," and the base64 HMAC-SHA256 of '
+                      '"<webhook-id>.<webhook-timestamp>.<raw body>", one per secret of TTS_WEBHOOK_SECRET, '
+                      "separated by spaces.")},
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
         "responses": {"2XX": {"description": "Received; any other answer is retried."}},

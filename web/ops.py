@@ -23,8 +23,13 @@ async def healthz(ctx: Context, request: Request) -> Response:
 
 
 async def readyz(ctx: Context, request: Request) -> Response:
-    """200 when Redis answers, a worker is registered and a model is published; else 503 saying which."""
-    problems = []
+    """The readiness of this web process: 200 when Redis answers, 503 only when it does not.
+
+    A web process without any worker still serves stored audio and queues new
+    work, so it stays in a load balancer's rotation while workers restart:
+    the body says how many workers are registered (0 included) and which
+    model they publish, and `detail` what is missing.
+    """
     workers = 0
     model = None
     try:
@@ -32,22 +37,23 @@ async def readyz(ctx: Context, request: Request) -> Response:
         workers = (await run_in_threadpool(queueing.census, ctx.sync_redis, ctx.settings.queue)).live
         model = await ctx.model()
     except (RedisConnectionError, RedisTimeoutError, OSError):
-        problems.append(f"Redis at {safe_url(ctx.settings.redis_url)} does not answer")
-    else:
-        if workers == 0:
-            problems.append(f"no worker is registered on queue {ctx.settings.queue!r}")
-        if model is None:
-            problems.append("no worker has published a model yet")
+        body = Ready(status="not ready", workers=0, queue=ctx.settings.queue, model=None,
+                     detail=f"Redis at {safe_url(ctx.settings.redis_url)} does not answer")
+        return reply(body, status=503, headers={"Retry-After": "5"})
+    missing = []
+    if workers == 0:
+        missing.append(f"no worker is registered on queue {ctx.settings.queue!r}: new work waits in the queue")
+    if model is None:
+        missing.append("no worker has published a model yet: submissions are 503 until one has")
     body = Ready(
-        status="not ready" if problems else "ready",
+        status="ready",
         workers=workers,
         queue=ctx.settings.queue,
         model=None if model is None else ReadyModel(name=model.name, id=model.id, tiny=model.tiny,
                                                     device=model.device),
     )
-    if problems:
-        body.detail = "; ".join(problems)
-        return reply(body, status=503, headers={"Retry-After": "5"})
+    if missing:
+        body.detail = "; ".join(missing)
     return reply(body)
 
 

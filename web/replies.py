@@ -6,6 +6,8 @@ schemas from the same declarations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Annotated, Literal, Mapping
 
 import msgspec
@@ -13,7 +15,7 @@ from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import Response
 
 from cache import ID_PATTERN
-from web.bodies import NAME_PATTERN, Seed
+from web.bodies import NAME_PATTERN, Seed, Session
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -28,6 +30,83 @@ class Error(Reply):
 
     detail: Annotated[str, Meta(min_length=1)]
     field: str | UnsetType = UNSET
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An error as the client is told it: HTTP status, words, the field at fault, headers, a short code."""
+
+    status: int
+    detail: str
+    field: str | None = None
+    headers: Mapping[str, str] = dataclass_field(default_factory=dict)
+    code: str | None = None
+
+
+class OpenAIErrorDetail(Reply):
+    """OpenAI's error object, so that its clients show our words and the field at fault."""
+
+    message: Annotated[str, Meta(min_length=1)]
+    type: Literal["invalid_request_error", "server_error"]
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(Reply):
+    """Every error of the OpenAI-compatible routes (POST /v1/audio/speech and its WebSocket)."""
+
+    error: OpenAIErrorDetail
+
+
+# Short codes for OpenAI clients that branch on them; other statuses have none.
+_CODES = {401: "invalid_api_key", 404: "not_found", 409: "canceled", 413: "body_too_large",
+          429: "rate_limit_exceeded", 503: "unavailable", 504: "timeout"}
+
+
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    """The OpenAI error body for an HTTP `status`: invalid_request_error for 4xx, server_error for 5xx."""
+    return OpenAIError(error=OpenAIErrorDetail(
+        message=message, type="server_error" if status >= 500 else "invalid_request_error",
+        param=param, code=code if code is not None else _CODES.get(status)))
+
+
+class Usage(Reply):
+    """OpenAI's usage of a speech: the model's text tokens in (estimated: speech.input_tokens), audio tokens out."""
+
+    input_tokens: Annotated[int, Meta(ge=0)]
+    output_tokens: Annotated[int, Meta(ge=0, description="Audio tokens: one per 512 samples (21.3 ms) of speech.")]
+    total_tokens: Annotated[int, Meta(ge=0)]
+
+
+class Delta(Reply, tag_field="type", tag="speech.audio.delta"):
+    """A server-sent event (and WebSocket message): the next audio."""
+
+    audio: Annotated[str, Meta(description="Base64 of the next bytes of the audio, in response_format.",
+                               extra_json_schema={"contentEncoding": "base64"})]
+
+
+class Done(Reply, tag_field="type", tag="speech.audio.done"):
+    """The last event of a speech (or of a WebSocket generation)."""
+
+    usage: Usage
+
+
+class SessionCreated(Reply, tag_field="type", tag="session.created"):
+    """WebSocket: the session's settings in force, sent on open."""
+
+    session: Session
+
+
+class SessionUpdated(Reply, tag_field="type", tag="session.updated"):
+    """WebSocket: the session's settings after a session.update."""
+
+    session: Session
+
+
+class ErrorEvent(Reply, tag_field="type", tag="error"):
+    """WebSocket: a message was refused, or a piece could not be spoken; the session goes on."""
+
+    error: OpenAIErrorDetail
 
 
 class Progress(Reply):
@@ -113,7 +192,8 @@ class Ready(Reply):
     workers: Annotated[int, Meta(ge=0)]
     queue: str
     model: ReadyModel | None
-    detail: Annotated[str, Meta(description="What is not ready (503 only).")] | UnsetType = UNSET
+    detail: Annotated[str, Meta(description="What is missing: Redis (503), or a worker or a published model "
+                                          "(200: stored audio is served and new work is queued).")] | UnsetType = UNSET
 
 
 class Health(Reply):

@@ -1,11 +1,10 @@
-"""The synthesis routes: submit (POST /v1/tts, OpenAI's POST /v1/audio/speech), status, cancel, and the audio."""
+"""The synthesis routes: submit (POST /v1/tts), status, cancel, and the audio (whole or streamed)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncGenerator, Mapping
 
 import msgspec
 from msgspec import UNSET
@@ -22,10 +21,11 @@ from work import queueing
 from web import validation
 from web import voices
 import webhooks
-from web.bodies import SpeechRequest, TtsRequest
+from web.bodies import TtsRequest
 from web.replies import Progress, TtsStatus, TtsSubmitted, reply
-from cache import Spec, is_well_formed_id, manifest
-from web.context import Context, Listener
+from cache import Spec, is_well_formed_id
+from web.context import Context
+from web.relay import Cut, Relay
 from common.settings import Settings
 from splitter import split
 from web.lru import BoundedLRU
@@ -43,8 +43,6 @@ STREAM_FIRST_WAIT = 60.0
 ENCODED_RECHECK = 1.0
 # Megabytes of recent submissions each web process remembers (submissions.py).
 SUBMISSIONS_MB = 16
-# The OpenAI route names these of our fields by its own.
-_SPEECH_NAMES = {"text": "input", "voice": "voice", "speaker": "voice", "seed": "voice"}
 
 
 def not_found(request_id: str) -> ApiError:
@@ -93,7 +91,7 @@ class SubmitRoute:
             await webhooks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl)
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
-        missing, job = await _ensure(ctx, known.spec, request_id)
+        missing, job = await ensure(ctx, known.spec, request_id)
         if job is None:
             if callback is not None:
                 await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
@@ -114,8 +112,8 @@ async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
     total = len(spec.chunks)
     stored = _submitted(request_id, fmt, total, 0, "finished")
     stored.cached = True
-    saved = body.voice is not UNSET and body.voice not in voices.BUILTIN
-    voice = (body.voice, spec.speaker) if saved and spec.speaker is not None else None
+    saved = isinstance(body.voice, str) and body.voice not in voices.BUILTIN
+    voice = (body.voice, spec.speaker) if isinstance(body.voice, str) and saved and spec.speaker is not None else None
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 
@@ -133,28 +131,6 @@ def _submitted(request_id: str, fmt: str, total: int, missing: int, status: Stat
 def _json(data: bytes) -> Response:
     """A 200 JSON answer of encoded bytes: what `reply` sends."""
     return Response(data, media_type="application/json")
-
-
-async def speech(ctx: Context, request: Request) -> Response:
-    """OpenAI's POST /v1/audio/speech: the same queue, cache and dedupe, answered with the audio itself."""
-    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), SpeechRequest)
-    # 1.0 -> 5; 0.25 and 4.0 are the ends of ChatTTS's 1-9.
-    speed = max(1, min(9, round(5 + 4 * math.log(body.speed, 4))))
-    tts = TtsRequest(text=body.input, speed=speed, **voices.speech_choice(body.voice))
-    spec = await spec_of(ctx, tts, _SPEECH_NAMES)
-    request_id = spec.request_id()
-    _, job = await _ensure(ctx, spec, request_id)
-    layout = manifest(spec)
-    if job is not None:
-        await wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
-    pcm = await whole_clip(ctx, layout)
-    if pcm is None:
-        await not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
-        raise ApiError(504, f"the audio was not ready within {ctx.settings.speech_wait} s; "
-                            f"it is still being made: GET /v1/tts/{request_id}/audio",
-                       headers={"Location": urls.status_url(request_id)})
-    data = await run_in_threadpool(audio.encode, pcm, body.response_format)
-    return Response(data, media_type=audio.FORMATS[body.response_format][0], headers={"X-Request-Id": request_id})
 
 
 async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None) -> Spec:
@@ -187,7 +163,7 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
     )
 
 
-async def _ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], Job | None]:
+async def ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], Job | None]:
     """Make sure the request's audio is stored or on its way.
 
     Returns the indexes of chunks not stored yet, and the job making them
@@ -352,53 +328,17 @@ def immutable(request_id: str, suffix: str) -> dict[str, str]:
 
 
 async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: float) -> Response:
-    """The audio as it is made: a chunked 200 whose first bytes are the first stored chunk.
+    """The audio as it is made (relay.py): a chunked 200 whose first bytes are the first piece.
 
-    Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first chunk
-    so that a job failing early still gets a proper error status. After
-    that, each chunk (and its pause) goes out as soon as the worker
-    announces it; a job that fails or is canceled mid-stream ends the
-    response without its final chunk, so the client sees a truncated
-    transfer, not a short clip passed off as whole.
+    Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first piece
+    so that a job failing early still gets a proper error status.
     """
-    chunk_ids: list[str] = layout["chunks"]
-    pauses: list[int] = layout.get("pauses") or [0] * len(chunk_ids)
-    first_wait = max(wait, STREAM_FIRST_WAIT)
-    listener = await ctx.listen(request_id)
-    try:
-        first = await _next_chunk(ctx, listener, chunk_ids[0], time.monotonic() + first_wait)
-    except BaseException:
-        await listener.close()
-        raise
-    if first is None:
-        await listener.close()
+    relay = Relay(ctx, request_id, layout, "/v1/tts/{id}/audio")
+    started = await start(relay, max(wait, STREAM_FIRST_WAIT))
+    if started is None:
         return await not_ready(ctx, request_id, layout)
-    # A long job may stall for its retries' backoff; give up only when
-    # no chunk arrives for longer than a whole job may take.
-    idle_limit = ctx.settings.job_timeout(len(chunk_ids)) + 60
-
-    async def body() -> AsyncIterator[bytes | None]:
-        encoder = audio.StreamEncoder(fmt)
-        try:
-            pcm: bytes | None = first
-            for index, cid in enumerate(chunk_ids):
-                if index > 0:
-                    pcm = await _next_chunk(ctx, listener, cid, time.monotonic() + idle_limit)
-                if pcm is None:
-                    logger.info("stream of %s cut short: the job stopped before chunk %d", request_id, index)
-                    yield None
-                    return
-                out = await run_in_threadpool(encoder.feed, pcm + audio.silence(pauses[index]))
-                if out:
-                    yield out
-            tail = await run_in_threadpool(encoder.close)
-            if tail:
-                yield tail
-        finally:
-            await listener.close()
-
-    return _AudioStream(
-        body(),
+    return AudioStream(
+        encoded(started, fmt),
         media_type=audio.FORMATS[fmt][0],
         headers={
             # Not the final file (a streamed WAV's header cannot know the
@@ -410,16 +350,48 @@ async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: st
     )
 
 
-async def _next_chunk(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> bytes | None:
-    """The chunk's audio once stored; None if the job is over without it or `deadline` passes."""
+async def start(relay: Relay, first_wait: float) -> AsyncGenerator[bytes, None] | None:
+    """`relay`'s pieces with the first one already there; None (the relay closed) when it never came."""
+    pieces = relay.pieces(first_wait)
+    try:
+        first = await pieces.__anext__()
+    except (Cut, StopAsyncIteration):
+        await pieces.aclose()
+        return None
+    except BaseException:
+        await pieces.aclose()
+        raise
 
-    async def stored() -> bytes | None:
-        return (await ctx.cache.chunks([chunk_id]))[0]
+    async def resumed() -> AsyncGenerator[bytes, None]:
+        try:
+            yield first
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
 
-    return await listener.until(stored, deadline)
+    return resumed()
 
 
-class _AudioStream(StreamingResponse):
+async def encoded(pieces: AsyncGenerator[bytes, None], fmt: str) -> AsyncGenerator[bytes | None, None]:
+    """PCM16 `pieces` encoded as one `fmt` stream; None last when the relay was cut (see AudioStream)."""
+    encoder = audio.StreamEncoder(fmt)
+    try:
+        async for pcm in pieces:
+            out = await run_in_threadpool(encoder.feed, pcm)
+            if out:
+                yield out
+    except Cut:
+        yield None
+        return
+    finally:
+        await pieces.aclose()
+    tail = await run_in_threadpool(encoder.close)
+    if tail:
+        yield tail
+
+
+class AudioStream(StreamingResponse):
     """A streamed response whose body iterator may yield None to cut the transfer short.
 
     The final (empty) body message is then never sent, so the server closes
@@ -428,6 +400,9 @@ class _AudioStream(StreamingResponse):
     always closed, also when the client goes away, so its Redis
     subscription is released at once.
     """
+
+    def __init__(self, content: AsyncGenerator[bytes | None, None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]  # None cuts the transfer (above)
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -439,4 +414,4 @@ class _AudioStream(StreamingResponse):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            await iterator.aclose()  # type: ignore[attr-defined]
+            await iterator.aclose()  # type: ignore[attr-defined]  # an async generator (__init__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any, Sequence
 
 import numpy as np
@@ -65,7 +65,7 @@ def mix(embeddings: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarra
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _name(segment: str) -> str:
@@ -86,7 +86,8 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
     key = voice_key(model.id, seed)
 
     async def speaker() -> bytes | None:
-        return await ctx.redis.get(key)
+        value = await ctx.redis.get(key)
+        return value if isinstance(value, bytes) else None
 
     value = await speaker()
     if value is None:
@@ -159,8 +160,9 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
         return speaker
     assert body.mix is not UNSET
     parts = body.mix
-    speakers = [await _part_speaker(ctx, model, part, f"mix[{i}].voice") for i, part in enumerate(parts)]
-    embeddings = [validation.check_speaker(s, model.speaker_dim, f"mix[{i}].voice") for i, s in enumerate(speakers)]
+    # Not named `speakers`: that is the codec module.
+    strings = [await _part_speaker(ctx, model, part, f"mix[{i}].voice") for i, part in enumerate(parts)]
+    embeddings = [validation.check_speaker(s, model.speaker_dim, f"mix[{i}].voice") for i, s in enumerate(strings)]
     if len({e.size for e in embeddings}) > 1:
         raise invalid("mix", "its voices' embeddings differ in size (speaker strings of different models?)")
     mixed = mix(embeddings, [part.weight for part in parts])
@@ -232,6 +234,6 @@ async def listing(ctx: Context, request: Request) -> Response:
     voices = []
     for raw_name, raw in sorted(saved.items()):
         record = json.loads(raw)
-        voices.append(VoiceSummary(name=raw_name.decode(), description=record["description"],
+        voices.append(VoiceSummary(name=raw_name.decode() if isinstance(raw_name, bytes) else raw_name, description=record["description"],
                                    created=record["created"], updated=record["updated"]))
     return reply(VoiceList(voices=voices, builtin=sorted(BUILTIN)))

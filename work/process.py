@@ -42,7 +42,7 @@ class StopAware:
 class _Worker(Protocol):
     stop_requested: bool
 
-    def work(self, **kwargs: Any) -> bool: ...
+    def work(self, *args: Any, **kwargs: Any) -> bool: ...
 
 
 def redis_answers(redis: Redis) -> bool:

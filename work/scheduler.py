@@ -419,7 +419,7 @@ class Pool:
         if not chunk_ids:
             return {}
         values = self.redis.mget([self._key("failed", cid) for cid in chunk_ids])
-        return {cid: v.decode() for cid, v in zip(chunk_ids, values) if v is not None}
+        return {cid: v.decode() if isinstance(v, bytes) else v for cid, v in zip(chunk_ids, values) if v is not None}
 
     def forgive(self, chunk_ids: Sequence[str]) -> None:
         """Clear failure marks, so that a retried request tries its chunks again."""

@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Sequence, Union
+from typing import Callable, ClassVar, Iterator, Sequence
 
 from harness import BenchError, Cluster, Figure, Proc, Texts, interleaved, model_info, say, wait_for
 
@@ -25,7 +25,7 @@ from common.metrics import read_counter
 # What one run of one side gives a figure: a value for the side's column;
 # (value, baseline) when the run measures both (a wait and the batch time it
 # is judged against); None when the figure has nothing from this side.
-Reading = Union[float, tuple[float, float], None]
+Reading = float | tuple[float, float] | None
 # The figure of a scenario that `counts_chunks`: chunks the workers made per chunk the pool needed.
 MADE, NEEDED = "tts_chunks_synthesized_total", "tts_chunks_needed_total"
 

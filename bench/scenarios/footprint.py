@@ -44,7 +44,7 @@ class Footprint(Scenario):
         seconds = time.monotonic() - started
         asyncio.run(_requests(port, loadgen.request("GET", "/healthz"), 200))
         torch = (1.0 if maps_torch(proc.pid) else 0.0) if side == "web" else None  # only the web process is judged
-        readings = [rss_bytes(proc.pid) / MIB, seconds, torch]
+        readings: list[Reading] = [rss_bytes(proc.pid) / MIB, seconds, torch]
         self.b.cluster.stop(proc)
         return readings
 

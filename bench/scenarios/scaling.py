@@ -52,7 +52,8 @@ class Scaling(Scenario):
             if spins(pool):
                 self.start(*pool)
                 yield Comparison([Figure("6", f"worker throughput, {pool[0]} (vs {MAIN})", "chunks/s")],
-                                 lambda side, r, name=pool[0]: [(self.rate(name), rates[MAIN][r])], rounds)
+                                 lambda side, r, name=pool[0]: [(self.rate(name), rates[MAIN][r])],  # type: ignore[misc]
+                                 rounds)
                 self.stop([pool[0]])
 
     def rotation(self, round_: int, rates: dict[str, list[float]]) -> list[Reading]:

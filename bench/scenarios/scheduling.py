@@ -46,7 +46,8 @@ class Scheduling(Scenario):
             size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
             yield Comparison([Figure("8", f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
                                           "cross-request batching on (vs off)", "req/s", target=target)],
-                             lambda side, _, chunks=chunks: [self.burst(side, chunks)], plan.rounds, ("off", "on"))
+                             lambda side, _, chunks=chunks: [self.burst(side, chunks)],  # type: ignore[misc]
+                             plan.rounds, ("off", "on"))
         yield Comparison([Figure("8", f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)",
                                  "s", target=("<= 0.6x", lambda r: r <= 0.6))],
                          lambda side, _: [self.spread(side)], plan.rounds, ("one", "two"))

@@ -1,0 +1,126 @@
+"""The worker launcher (`worker.py --gpus`): one GPU's failing worker is restarted with backoff, then given up,
+while the other GPUs' workers go on serving; real child processes, figures read from the web's /metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import Proc, Stack, wait_for
+from engines.launcher import RestartPolicy
+
+# A stand-in for worker.py: it notes each start, then fails or serves by the GPU it was given.
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    gpu = os.environ["CUDA_VISIBLE_DEVICES"]
+    log = Path(sys.argv[1]) / f"gpu{gpu}.starts"
+    with log.open("a") as out:
+        out.write(f"{os.getpid()} {time.monotonic()}\\n")
+    starts = len(log.read_text().splitlines())
+    if gpu == "0":
+        sys.exit(3)  # out of memory, every time
+    if gpu == "1" and starts <= 2:
+        sys.exit(4)  # fails twice, then serves
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # as an rq worker stops
+    while True:
+        signal.pause()
+""")
+
+
+def _launcher(tmp_path: Path, redis_url: str, devices: list[str], policy: str) -> Proc:
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    code = (
+        "import sys\n"
+        "from redis import Redis\n"
+        "from common import logs\n"
+        "from engines.launcher import RestartPolicy, launch\n"
+        "logs.configure_logging('INFO', 'text')\n"
+        f"raise SystemExit(launch({devices!r}, 1, [{str(tmp_path)!r}], policy=RestartPolicy({policy}), "
+        f"redis=Redis.from_url({redis_url!r}), command=[sys.executable, {str(child)!r}]))\n"
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return Proc([sys.executable, "-c", code], env, tmp_path / "launcher.log")
+
+
+def _starts(tmp_path: Path, gpu: str) -> list[tuple[int, float]]:
+    path = tmp_path / f"gpu{gpu}.starts"
+    if not path.exists():
+        return []
+    return [(int(pid), float(at)) for pid, at in (line.split() for line in path.read_text().splitlines())]
+
+
+def _figure(url: str, name: str, gpu: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and s.labels.get("gpu") == gpu)
+
+
+def test_a_failing_gpu_is_restarted_then_given_up_while_the_others_serve(
+        stack_factory: Callable[..., Stack], redis_url: str, tmp_path: Path) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    launcher = _launcher(tmp_path, redis_url, ["0", "1", "2"],
+                         "max_failures=3, window=60, first_delay=0.3, max_delay=5")
+    try:
+        wait_for(lambda: "GPU 0 is given up" in launcher.output(), 30, "GPU 0 to be given up", interval=0.1)
+        # GPU 0: three starts, each after a longer wait (0.3 s, then 0.6 s), then none.
+        zero = _starts(tmp_path, "0")
+        assert len(zero) == 3, launcher.output()
+        gaps = [b[1] - a[1] for a, b in zip(zero, zero[1:])]
+        assert gaps[0] >= 0.3 and gaps[1] >= 0.6, gaps
+        # GPU 1 failed twice and was restarted into service; GPU 2 was never touched.
+        wait_for(lambda: len(_starts(tmp_path, "1")) == 3, 10, "GPU 1's third start")
+        (serving_one, _), = _starts(tmp_path, "1")[2:]
+        (serving_two, _), = _starts(tmp_path, "2")
+        for pid in (serving_one, serving_two):
+            assert Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/status").read_text().find("zombie") < 0
+        assert launcher.popen.poll() is None  # the launcher goes on with GPUs 1 and 2
+
+        # What the web's /metrics shows, whichever web process is scraped.
+        wait_for(lambda: _figure(stack.url, "tts_worker_gpus_given_up_total", "0") == 1, 10, "the give-up figure")
+        assert _figure(stack.url, "tts_worker_failures_total", "0") == 3
+        assert _figure(stack.url, "tts_worker_restarts_total", "0") == 2
+        assert _figure(stack.url, "tts_worker_failures_total", "1") == 2
+        assert _figure(stack.url, "tts_worker_restarts_total", "1") == 2
+        assert _figure(stack.url, "tts_worker_gpus_given_up_total", "1") == 0
+        assert _figure(stack.url, "tts_worker_failures_total", "2") == 0
+        assert len(_starts(tmp_path, "0")) == 3  # given up for good
+
+        launcher.popen.send_signal(signal.SIGTERM)
+        launcher.popen.wait(20)
+        assert launcher.popen.returncode == 0, launcher.output()
+        assert not Path(f"/proc/{serving_one}").exists() and not Path(f"/proc/{serving_two}").exists()
+    finally:
+        launcher.stop()
+
+
+def test_the_launcher_exits_with_the_failure_once_every_gpu_is_given_up(redis_url: str, tmp_path: Path) -> None:
+    launcher = _launcher(tmp_path, redis_url, ["0"], "max_failures=2, window=60, first_delay=0.1, max_delay=1")
+    try:
+        launcher.popen.wait(30)
+        assert launcher.popen.returncode == 3, launcher.output()
+        assert len(_starts(tmp_path, "0")) == 2
+    finally:
+        launcher.stop()
+
+
+@pytest.mark.parametrize(("failures", "delay"), [
+    pytest.param(1, 1.0, id="first"),
+    pytest.param(2, 2.0, id="second-doubles"),
+    pytest.param(4, 8.0, id="fourth"),
+    pytest.param(12, 60.0, id="capped"),
+])
+def test_backoff_doubles_up_to_its_cap(failures: int, delay: float) -> None:
+    assert RestartPolicy().backoff(failures) == delay

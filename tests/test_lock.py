@@ -1,0 +1,73 @@
+"""pyproject.toml and its locks agree: every declared pin is what each lock of its tier installs, every locked
+distribution carries hashes, the CPU locks hold torch's CPU build, and make installs with hashes required."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+
+import pytest
+
+from conftest import ROOT
+
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# Which groups each lock holds (scripts/lock makes them so).
+LOCKS = {
+    "requirements.txt": ("web",),
+    "requirements-worker.txt": ("web", "worker"),
+    "requirements-run.txt": ("web", "worker"),
+    "requirements-test.txt": ("web", "worker", "test"),
+}
+
+
+def _name(raw: str) -> str:
+    return re.sub(r"[-_.]+", "-", raw).lower()
+
+
+def declared(group: str) -> dict[str, str]:
+    specs = PROJECT["dependencies"] if group == "web" else PROJECT["optional-dependencies"][group]
+    pins = {}
+    for spec in specs:
+        name, version = spec.split("==")
+        pins[_name(name)] = version
+    return pins
+
+
+def locked(lock: str) -> dict[str, tuple[str, int]]:
+    """name -> (version, number of hashes) of every distribution in `lock`."""
+    text = (ROOT / lock).read_text()
+    found = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", text):
+        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", block)
+        if head:
+            found[_name(head.group(1))] = (head.group(2), block.count("--hash=sha256:"))
+    return found
+
+
+@pytest.mark.parametrize("lock", list(LOCKS))
+def test_every_declared_pin_is_locked_with_hashes(lock: str) -> None:
+    got = locked(lock)
+    assert got and all(hashes for _, hashes in got.values()), f"{lock}: a distribution without hashes"
+    for group in LOCKS[lock]:
+        for name, version in declared(group).items():
+            assert name in got, f"{lock} lacks {name} of the {group} group: run make lock"
+            # torch's CPU build is 2.13.0+cpu, which ==2.13.0 accepts (a local version label).
+            assert got[name][0].split("+")[0] == version, f"{lock}: {name} {got[name][0]}, declared {version}"
+    if "worker" not in LOCKS[lock]:
+        assert not {"torch", "chattts", "transformers"} & set(got), f"{lock} must not hold the model stack"
+
+
+def test_the_cpu_locks_hold_torchs_cpu_build_and_the_gpu_lock_pypis() -> None:
+    for lock in ("requirements-run.txt", "requirements-test.txt"):
+        got = locked(lock)
+        assert got["torch"][0] == "2.13.0+cpu" and not [n for n in got if n.startswith("nvidia-")], lock
+    got = locked("requirements-worker.txt")
+    assert got["torch"][0] == "2.13.0" and [n for n in got if n.startswith("nvidia-")]
+
+
+def test_make_installs_the_locks_with_hashes_required() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert "pip install -q --require-hashes -r $(1)" in makefile
+    assert "$(call venv_install,requirements-run.txt)" in makefile  # make run: no test tools
+    assert "$(call venv_install,requirements-test.txt)" in makefile
+    assert re.search(r"^test: .*\blint\b", makefile, re.M)

@@ -1,0 +1,227 @@
+"""WS /v1/audio/speech/websocket end to end: the websockets client against real uvicorn, an rq tone worker and Redis."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+from redis import Redis
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from common import keys
+from conftest import ROOT, Stack, wait_for
+
+KEY = "a-session-key-0123456789"
+
+
+def _ws_url(stack: Stack, query: str = "") -> str:
+    return stack.url.replace("http://", "ws://") + "/v1/audio/speech/websocket" + query
+
+
+def _send(ws: ClientConnection, **message: Any) -> None:
+    ws.send(json.dumps(message))
+
+
+def _next(ws: ClientConnection) -> dict:
+    return json.loads(ws.recv(timeout=60))
+
+
+def _until_done(ws: ClientConnection) -> tuple[bytes, dict, list[dict]]:
+    """The audio of the deltas up to speech.audio.done, the done event, and any error events on the way."""
+    audio, errors = b"", list[dict]()
+    while True:
+        event = _next(ws)
+        if event["type"] == "speech.audio.delta":
+            audio += base64.b64decode(event["audio"])
+        elif event["type"] == "speech.audio.done":
+            return audio, event, errors
+        elif event["type"] == "error":
+            errors.append(event)
+        else:
+            raise AssertionError(f"unexpected event {event}")
+
+
+@pytest.fixture
+def session(tone_stack: Stack) -> Iterator[ClientConnection]:
+    with connect(_ws_url(tone_stack), open_timeout=30) as ws:
+        created = _next(ws)
+        assert created["type"] == "session.created" and created["session"]["response_format"] == "pcm"
+        yield ws
+
+
+def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
+        session: ClientConnection, tone_stack: Stack, redis: Redis) -> None:
+    _send(session, type="input_text.append", text="The first sentence is here")
+    _send(session, type="input_text.append", text=". And the next one beg")
+    first = _next(session)  # nothing flushed: the complete sentence alone is spoken
+    assert first["type"] == "speech.audio.delta" and base64.b64decode(first["audio"])
+    _send(session, type="input_text.append", text="ins here.")
+    _send(session, type="input_text.flush")
+    rest, done, errors = _until_done(session)
+    assert not errors
+    audio = base64.b64decode(first["audio"]) + rest
+    # Two ordinary requests, stored and keyed like POST /v1/tts: the session's audio is theirs,
+    # joined with the pause a sentence end gets.
+    ids = [httpx.post(tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
+           for text in ("The first sentence is here.", "And the next one begins here.")]
+    stored = [httpx.get(f"{tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
+    assert audio == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
+    usage = done["usage"]
+    assert usage["output_tokens"] == sum(-(-len(s) // 2 // 512) for s in stored)
+    assert usage["input_tokens"] == 13 and usage["total_tokens"] == 13 + usage["output_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("frame", "param"),
+    [pytest.param("not json", None, id="not-json"),
+     pytest.param(b"\x00binary", "type", id="binary"),
+     pytest.param(json.dumps({"type": "speak"}), "type", id="unknown-type"),
+     pytest.param(json.dumps({"text": "x"}), "type", id="no-type"),
+     pytest.param(json.dumps({"type": "input_text.append"}), "text", id="missing-text"),
+     pytest.param(json.dumps({"type": "session.update", "session": {"speed": 9}}), "session.speed", id="speed"),
+     pytest.param(json.dumps({"type": "session.update", "session": {"response_format": "flac"}}),
+                  "session.response_format", id="format"),
+     pytest.param(json.dumps({"type": "session.update", "session": {"voice": "nobody"}}), None, id="voice-later"),
+     pytest.param(json.dumps({"type": "input_text.flush", "extra": 1}), "extra", id="unknown-field")],
+)
+def test_a_bad_message_gets_an_error_event_and_the_session_goes_on(
+        session: ClientConnection, frame: str | bytes, param: str | None) -> None:
+    session.send(frame)
+    if param is None and "nobody" in str(frame):
+        # A voice is resolved when a piece is spoken: the update is taken, the piece refused.
+        assert _next(session)["type"] == "session.updated"
+        _send(session, type="input_text.append", text="Who speaks?")
+        _send(session, type="input_text.flush")
+        audio, done, errors = _until_done(session)
+        assert audio == b"" and errors[0]["error"]["param"] == "session.voice"
+        _send(session, type="session.update", session={"voice": "alloy"})
+        assert _next(session)["type"] == "session.updated"
+    else:
+        error = _next(session)
+        assert error["type"] == "error", error
+        assert error["error"]["type"] == "invalid_request_error" and error["error"]["param"] == param
+        assert error["error"]["message"]
+    _send(session, type="session.update", session={"speed": 2.0, "response_format": "wav"})
+    updated = _next(session)
+    assert updated["type"] == "session.updated" and updated["session"]["speed"] == 2.0
+    _send(session, type="input_text.append", text="Still here.")
+    _send(session, type="input_text.flush")
+    audio, done, errors = _until_done(session)
+    assert not errors and audio[:4] == b"RIFF" and len(audio) > 44 and done["usage"]["output_tokens"] > 0
+
+
+def test_update_mid_generation_and_over_long_text_are_refused(tone_stack: Stack) -> None:
+    with connect(_ws_url(tone_stack)) as ws:
+        _next(ws)
+        _send(ws, type="input_text.append", text="Half a sentence")
+        _send(ws, type="session.update", session={"speed": 2})
+        refused = _next(ws)
+        assert refused["type"] == "error" and refused["error"]["param"] == "session"
+        _send(ws, type="input_text.append", text="x" * 5001)
+        too_long = _next(ws)
+        assert too_long["type"] == "error" and too_long["error"]["param"] == "text"
+        _send(ws, type="input_text.flush")
+        audio, done, errors = _until_done(ws)
+        assert audio and not errors
+
+
+def test_end_speaks_the_rest_then_closes_1000(session: ClientConnection) -> None:
+    _send(session, type="input_text.append", text="Goodbye for now")
+    _send(session, type="input_text.end")
+    audio, done, errors = _until_done(session)
+    assert audio and not errors and done["usage"]["output_tokens"] > 0
+    with pytest.raises(ConnectionClosed) as closed:
+        session.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+
+def test_api_keys_by_header_or_query_and_1008_without(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEY)
+    stack.start_web()
+    for query, headers in [("", {}), ("?api_key=wrong-key-0123456789", {}),
+                           ("", {"Authorization": "Bearer wrong-key-0123456789"})]:
+        with connect(_ws_url(stack, query), additional_headers=headers) as ws:
+            error = _next(ws)
+            assert error["type"] == "error" and error["error"]["code"] == "invalid_api_key"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    for query, headers in [(f"?api_key={KEY}", {}), ("", {"Authorization": f"Bearer {KEY}"})]:
+        with connect(_ws_url(stack, query), additional_headers=headers) as ws:
+            assert _next(ws)["type"] == "session.created"
+
+
+def test_rate_limit_and_a_full_queue_are_error_events(stack_factory: Callable[..., Stack]) -> None:
+    # No worker: the first piece waits in the queue, the second finds it full.
+    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEY, TTS_RATE_LIMIT="3", TTS_MAX_QUEUE="1")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model, then leaves the queue alone
+    with connect(_ws_url(stack, f"?api_key={KEY}")) as ws:  # the handshake counts one request
+        assert _next(ws)["type"] == "session.created"
+        # Each append completes one sentence, so each is submitted as it arrives.
+        for text in ("One is queued. Two", " finds the queue full. Three", " is over the limit. End"):
+            _send(ws, type="input_text.append", text=text)
+        codes = [_next(ws)["error"]["code"] for _ in range(2)]
+        assert codes == ["queue_full", "rate_limit_exceeded"]
+        _send(ws, type="session.update", session={"speed": 1.5})
+        # The session goes on (the queued piece keeps the generation open).
+        assert _next(ws)["error"]["param"] == "session"
+
+
+def test_a_repeat_is_answered_from_the_store(tone_stack: Stack, redis: Redis) -> None:
+    text = "This sentence is spoken twice."
+    heard = []
+    for _ in range(2):
+        with connect(_ws_url(tone_stack)) as ws:
+            _next(ws)
+            _send(ws, type="input_text.append", text=text)
+            _send(ws, type="input_text.end")
+            audio, done, errors = _until_done(ws)
+            assert audio and not errors
+            heard.append(audio)
+        if len(heard) == 1:
+            jobs = sorted(redis.keys("rq:job:*"))
+    assert heard[0] == heard[1]
+    assert sorted(redis.keys("rq:job:*")) == jobs  # no new job: the store answered
+
+
+def test_the_readme_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text()
+    (client,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S) if "/websocket" in b]
+    assert len(client.strip().splitlines()) <= 12
+    script = client.replace("localhost:8000", tone_stack.url.removeprefix("http://"))
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    pcm = (tmp_path / "live.pcm").read_bytes()
+    # Two sentences, two ordinary requests: both stored, and what the client wrote is their audio.
+    ids = [httpx.post(tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
+           for t in ("Spoken while it is written.", "Each sentence at once.")]
+    assert [i["status"] for i in ids] == ["finished", "finished"]
+    stored = [httpx.get(tone_stack.url + i["audio_url"]).content[44:] for i in ids]
+    assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
+
+
+def test_a_client_that_goes_away_leaves_the_request_to_finish(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker runs now, so the piece waits in the queue
+    with connect(_ws_url(stack)) as ws:
+        _next(ws)
+        _send(ws, type="input_text.append", text="Nobody will hear this. Gone")
+        # The piece is a request now, and the session's relay waits on its events.
+        request_id = wait_for(lambda: [k.decode().rsplit(":", 1)[-1] for k in redis.keys(keys.request_key("*"))],
+                              10, "the piece's request")[0]
+        wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 1, 10, "the relay")
+    # Gone: the relay lets go at once; the request is still queued, and a worker finishes it for the store.
+    wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 0, 10, "the relay to let go")
+    stack.start_worker()
+    done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30")
+    assert done.status_code == 200 and len(done.content) > 44

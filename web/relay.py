@@ -1,0 +1,129 @@
+"""One place that relays a request's audio as it is made: PCM16 pieces in order, for every streaming route.
+
+Every streaming answer (`GET /v1/tts/{id}/audio?stream=true`, `POST
+/v1/audio/speech`, the WebSocket) consumes `Relay.pieces`. Today a piece is
+one stored chunk followed by its pause; when the worker publishes sub-chunk
+pieces, only `_chunk_pieces` changes: it will yield a chunk's pieces as they
+are announced instead of the whole chunk once stored. What is relayed is
+what is stored: the pieces joined are `audio.join` of the stored chunks.
+
+A consumer that stops early (its client went away) closes the generator:
+the Redis subscription is released at once, and the job is left to finish
+for everyone else who asked for the same audio.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, AsyncGenerator
+
+from common import audio
+from cache import SAMPLE_RATE, SAMPLE_WIDTH
+from web.context import Context, Listener
+
+logger = logging.getLogger("service")
+
+# Audio tokens per second of ChatTTS's decoder output, as OpenAI's usage
+# counts them: one token per 512 samples at 24 kHz.
+SAMPLES_PER_TOKEN = 512
+
+
+class Cut(Exception):
+    """The job stopped (failed, was canceled, or went silent past the deadline) before chunk `index` arrived."""
+
+    def __init__(self, request_id: str, index: int) -> None:
+        super().__init__(f"the audio of {request_id} stopped before chunk {index}")
+        self.request_id = request_id
+        self.index = index
+
+
+class Relay:
+    """The audio of one request, relayed piece by piece, and what the relay measured.
+
+    `route` labels the metrics: time to first audio (from `started`, a
+    `time.monotonic()` the route took when its request arrived) and the
+    stream's worst playback gap (how long after the audio already relayed
+    would have finished playing the next piece arrived; 0 when it never
+    starved a player that started on the first piece).
+    """
+
+    def __init__(self, ctx: Context, request_id: str, layout: dict[str, Any], route: str,
+                 started: float | None = None) -> None:
+        self.ctx = ctx
+        self.request_id = request_id
+        self.chunk_ids: list[str] = layout["chunks"]
+        self.pauses: list[int] = layout.get("pauses") or [0] * len(self.chunk_ids)
+        self.route = route
+        self.started = time.monotonic() if started is None else started
+        self.first_audio: float | None = None  # seconds from `started` to the first piece
+        self.worst_gap = 0.0
+        self.samples = 0  # of model audio relayed (pauses not counted)
+        self._played_until = 0.0  # monotonic time at which the audio relayed so far ends playing
+
+    @property
+    def audio_tokens(self) -> int:
+        """The model's audio tokens relayed so far (OpenAI's usage.output_tokens)."""
+        return math.ceil(self.samples / SAMPLES_PER_TOKEN)
+
+    async def pieces(self, first_wait: float, idle_wait: float | None = None) -> AsyncGenerator[bytes, None]:
+        """PCM16 pieces in order until the request's audio is all relayed.
+
+        Waits up to `first_wait` s for the first chunk and then up to
+        `idle_wait` s (default: as long as the whole job may take, plus a
+        minute, since a job may stall for its retries' backoff) for each
+        next one. Raises Cut when the job is over without a chunk or a wait
+        runs out; pieces already yielded stay valid.
+        """
+        idle = self.ctx.settings.job_timeout(len(self.chunk_ids)) + 60 if idle_wait is None else idle_wait
+        listener = await self.ctx.listen(self.request_id)
+        try:
+            for index, chunk_id in enumerate(self.chunk_ids):
+                deadline = time.monotonic() + (first_wait if index == 0 else idle)
+                got = False
+                async for pcm in _chunk_pieces(self.ctx, listener, chunk_id, deadline):
+                    got = True
+                    if pcm:
+                        self.samples += len(pcm) // SAMPLE_WIDTH
+                        self._arrived(len(pcm))
+                        yield pcm
+                if not got:
+                    logger.info("relay of %s cut short: the job stopped before chunk %d", self.request_id, index)
+                    raise Cut(self.request_id, index)
+                pause = audio.silence(self.pauses[index])
+                if pause:
+                    self._arrived(len(pause))
+                    yield pause
+        finally:
+            await listener.close()
+            self._record()
+
+    def _arrived(self, size: int) -> None:
+        now = time.monotonic()
+        if self.first_audio is None:
+            self.first_audio = now - self.started
+            self._played_until = now
+        self.worst_gap = max(self.worst_gap, now - self._played_until)
+        self._played_until = max(self._played_until, now) + size / (SAMPLE_WIDTH * SAMPLE_RATE)
+
+    def _record(self) -> None:
+        if self.first_audio is None:
+            return
+        self.ctx.metrics.observe("tts_time_to_first_audio_seconds", self.first_audio, route=self.route)
+        self.ctx.metrics.observe("tts_playback_gap_seconds", self.worst_gap, route=self.route)
+
+
+async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> AsyncGenerator[bytes, None]:
+    """One chunk's audio in pieces as they arrive; nothing if the job is over without it or `deadline` passes.
+
+    Today the worker stores a chunk whole, so its one piece is the stored
+    chunk (possibly empty: a silent chunk, yielded so the caller counts it).
+    """
+
+    async def stored() -> bytes | None:
+        return (await ctx.cache.chunks([chunk_id]))[0]
+
+    pcm = await listener.until(stored, deadline)
+    if pcm is not None:
+        yield pcm
