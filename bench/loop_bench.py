@@ -35,6 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -65,7 +66,7 @@ class Outcome:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def drive(decoder: object, rows: list[tuple[str, object]], arrivals: list[float], continuous: bool,
+def drive(decoder: Any, rows: list[tuple[str, Any]], arrivals: list[float], continuous: bool,
           order: list[int] | None = None) -> Outcome:
     """Feed `rows` to `decoder` as they arrive (seconds after start), step it until every row is done.
 
@@ -77,26 +78,26 @@ def drive(decoder: object, rows: list[tuple[str, object]], arrivals: list[float]
 
     start = time.perf_counter()
     pending = list(zip(arrivals, rows))
-    waiting: list[tuple[str, object]] = []
+    waiting: list[tuple[str, Any]] = []
     arrived: dict[str, float] = {}
     out = Outcome(0.0, 0, 0)
     with torch.inference_mode():
-        while pending or waiting or decoder.keys():  # type: ignore[attr-defined]
+        while pending or waiting or decoder.keys():
             now = time.perf_counter() - start
             while pending and pending[0][0] <= now:
                 at, row = pending.pop(0)
                 arrived[row[0]] = at
                 waiting.append(row)
                 waiting.sort(key=lambda r: rank[r[0]])
-            free = decoder.capacity - len(decoder.keys())  # type: ignore[attr-defined]
-            if waiting and free > 0 and (continuous or not decoder.keys()):  # type: ignore[attr-defined]
-                decoder.join(waiting[:free])  # type: ignore[attr-defined]
+            free = decoder.capacity - len(decoder.keys())
+            if waiting and free > 0 and (continuous or not decoder.keys()):
+                decoder.join(waiting[:free])
                 waiting = waiting[free:]
-            if not decoder.keys():  # type: ignore[attr-defined]
+            if not decoder.keys():
                 if pending:
                     time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - start)))
                 continue
-            for piece in decoder.step():  # type: ignore[attr-defined]
+            for piece in decoder.step():
                 at = time.perf_counter() - start
                 out.first_audio.setdefault(piece.key, at - arrived[piece.key])
                 if piece.last:
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or tiny_uncapped(Path(tmp))
         engine, info = load_chattts(from_env({"TTS_MODEL_PATH": str(model), "TTS_TORCH_THREADS": str(args.threads)}))
 
-        def decoder(continuous: bool) -> object:
+        def decoder(continuous: bool) -> Any:
             return engine.decoder(args.batch, args.stream_tokens, continuous)
 
         def spec(text: str, seed: int) -> Spec:

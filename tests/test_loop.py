@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -45,11 +45,16 @@ def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTS
     return loop
 
 
+def _rec(loop: ChatTTSLoop) -> dict[str, tuple[Any, list[Any]]]:
+    assert loop.record is not None
+    return loop.record
+
+
 def _alone(engine: ChatTTSEngine, key: str, spec: Spec) -> torch.Tensor:
     loop = _loop(engine)
     with torch.inference_mode():
         decode_all(loop, [(key, spec)])
-    return loop.record[key][0]
+    return _rec(loop)[key][0]
 
 
 def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
@@ -70,7 +75,7 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(engine: tuple[ChatT
     loop = _loop(eng)
     with torch.inference_mode():
         decode_all(loop, [("c0", spec)])
-        codes, hiddens = loop.record["c0"]
+        codes, hiddens = _rec(loop)["c0"]
         params = _upstream_params(eng, spec, row_seed(spec, "c0"))
         chat.context.set(False)
         normed = chat.normalizer(TEXTS[0], True, True, None)
@@ -107,7 +112,8 @@ def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(engine: tup
     generator is its own, so its codes are those it makes alone. The identity share is recorded (float32,
     CPU: every row so far; the batch's matmuls may round differently from a batch of one elsewhere)."""
     eng, info = engine
-    settings = [dict(temperature=0.3), dict(temperature=0.7, top_k=5), dict(top_p=0.9), dict(temperature=0.1)]
+    settings: list[dict[str, Any]] = [{"temperature": 0.3}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.9},
+                                      {"temperature": 0.1}]
     specs = {f"k{i}": Spec(chunks=(text,), model=info.id, seed=i, **settings[i % 4]) for i, text in enumerate(TEXTS)}
     alone = {key: _alone(eng, key, spec) for key, spec in specs.items()}
     loop = _loop(eng)
@@ -123,7 +129,7 @@ def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(engine: tup
                 loop.join(waiting[:free])
                 waiting = waiting[free:]
             loop.step()
-    same = [key for key in specs if torch.equal(alone[key], loop.record[key][0])]
+    same = [key for key in specs if torch.equal(alone[key], _rec(loop)[key][0])]
     record_property("identical_share", f"{len(same)}/{len(specs)}")
     assert max(len(rows) for rows in loop.steps) == 4, "the loop ran full"
     assert len(same) >= len(specs) - 1, f"identical alone and joined: {same}"
@@ -146,7 +152,7 @@ def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tu
     # One prefill per row, then forwards of all three rows together.
     assert forwards[:3] == [1, 1, 1] and forwards[3] == 3
     assert loop.steps[0] == ["a", "b", "c"]
-    codes = {key: loop.record[key][0] for key, _ in rows}
+    codes = {key: _rec(loop)[key][0] for key, _ in rows}
     assert not torch.equal(codes["a"][:8], codes["b"][:8]), "each row samples with its own settings"
     for key, spec in rows:
         assert torch.equal(codes[key], _alone(eng, key, spec))
@@ -158,7 +164,7 @@ def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any
     loop = _loop(eng, stream=8)
     with torch.inference_mode():
         pieces = decode_all(loop, [("j", Spec(chunks=(TEXTS[6],), model=info.id, seed=9))])["j"]
-        hiddens = loop.record["j"][1]
+        hiddens = _rec(loop)["j"][1]
         whole = audio.fade_edges(loop.decode(hiddens, 0, len(hiddens), last=True), True, True)
     joined = np.concatenate([p.samples for p in pieces])
     assert len(pieces) >= 3 and [p.index for p in pieces] == list(range(len(pieces))) and pieces[-1].last
@@ -203,7 +209,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(engine: tuple[ChatTTSEn
     for job, spec in zip(submitted, specs):
         assert job.get_status(refresh=True) == "finished"
         for cid in spec.chunk_ids():
-            pieces = redis.lrange(pieces_key(cid), 0, -1)
+            pieces = cast(list[bytes], redis.lrange(pieces_key(cid), 0, -1))
             assert len(pieces) >= 2 and b"".join(pieces) == redis.get(chunk_key(cid))
             announced = [e["n"] for e in news if e.get("event") == "piece" and e["chunk"] == cid]
             assert announced == list(range(len(pieces)))

@@ -13,6 +13,7 @@ for everyone else who asked for the same audio.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -126,15 +127,17 @@ async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadlin
     """
     sent_bytes = 0
     sent_pieces = 0
-    while True:
-        async def news() -> tuple[bytes | None, list[bytes]] | None:
-            async with ctx.redis.pipeline(transaction=False) as pipe:
-                pipe.get(chunk_key(chunk_id))
-                pipe.lrange(pieces_key(chunk_id), sent_pieces, -1)
-                whole, fresh = await pipe.execute()
-            return (whole, fresh) if whole is not None or fresh else None
 
-        got = await listener.until(news, deadline)
+    async def news(start: int) -> tuple[bytes | None, list[bytes]] | None:
+        """The stored chunk and the pieces from `start` on, when either is there."""
+        async with ctx.redis.pipeline(transaction=False) as pipe:
+            pipe.get(chunk_key(chunk_id))
+            pipe.lrange(pieces_key(chunk_id), start, -1)
+            whole, fresh = await pipe.execute()
+        return (whole, fresh) if whole is not None or fresh else None
+
+    while True:
+        got = await listener.until(functools.partial(news, sent_pieces), deadline)
         if got is None:
             return
         whole, fresh = got
