@@ -262,11 +262,6 @@ class AudioCache:
         return list(await self.redis.mget([chunk_key(cid) for cid in chunk_ids]))
 
 
-def store_chunk(redis: Any, chunk_id: str, pcm: bytes, ttl: int) -> None:
-    """Write one chunk's PCM16 audio (sync client, worker side)."""
-    redis.set(chunk_key(chunk_id), pcm, ex=ttl)
-
-
 def stored(redis: Any, chunk_ids: Iterable[str]) -> list[bool]:
     """Which of `chunk_ids` have audio stored (sync client, worker side)."""
     pipe = redis.pipeline(transaction=False)

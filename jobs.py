@@ -1,6 +1,13 @@
 """The jobs RQ runs: a request's synthesis, help with the pool (assist), voice export.
 
-How they are enqueued and found again is queueing.py's.
+A worker process keeps one decode loop (`WorkerState.decoder`, see
+common/model.Decoder and README "Scheduling") across the RQ jobs it runs.
+Whichever job runs steps it: after every step, rows that ended leave (their
+audio is stored and completed in the pool) and free slots are filled from
+the pool at once. A job returns when its own request's chunks are all
+stored; rows still in the loop then wait for the worker's next job, or, when
+the queue is empty, the job finishes them first. How jobs are enqueued and
+found again is queueing.py's.
 """
 
 from __future__ import annotations
@@ -13,9 +20,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from redis import Redis
+from redis.client import PubSub
 from redis.exceptions import OutOfMemoryError, RedisError
 from rq import Queue, get_current_job
 from rq.job import Job
@@ -25,13 +33,15 @@ from common import audio
 from common import metrics
 from cache import Spec, stored
 from work.queueing import census, queue, voice_job_id
-from work.scheduler import Claimed, Pool
-from common.model import SAMPLES_PER_TOKEN, Engine, ModelInfo
+from work.scheduler import Pool
+from common.model import Decoder, Engine, ModelInfo, Piece
 from common.errors import RedisFull
 from common.settings import Settings
 from common.keys import MODEL_KEY, assist_key, cancel_key, chunk_key, events_channel, voice_key
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
 
 class ModelMismatch(RuntimeError):
     """The job was keyed for another model than the one this worker runs."""
@@ -39,7 +49,6 @@ class ModelMismatch(RuntimeError):
 
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
-
 
 
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
@@ -51,34 +60,20 @@ ASSIST_SECONDS = 30
 # A request job whose chunks are all in other workers' hands re-checks this
 # often even without news (a worker that died says nothing).
 IDLE_CHECK = 1.0
-
-# Set by the worker's SIGTERM handler; read by the running job between batches.
-_stopping = threading.Event()
-_interrupted: set[str] = set()
-# This process's figures, added to Redis after each job run (see metrics.py).
-_figures = metrics.Recorder()
-
-
-def stop_after_batch() -> None:
-    """Make the running job, if any, return before its next batch: the worker is shutting down.
-
-    The job then reports itself through `take_interrupted`, and the worker puts
-    it back at the front of the queue; the audio it stored stays, so whoever
-    runs it next synthesizes only the rest.
-    """
-    _stopping.set()
-
-
-def take_interrupted(request_id: str) -> bool:
-    """True, once, when this process's last run of `request_id`'s job stopped early for a shutdown."""
-    if request_id in _interrupted:
-        _interrupted.discard(request_id)
-        return True
-    return False
+# A loop with free slots that found the pool empty asks it again after this
+# many steps (or at once when a row ends): a claim scans the pool, and asking
+# at every step of a busy loop would cost more than a step of the tiny model.
+CLAIM_EVERY = 4
 
 
 @dataclass
-class _Bound:
+class WorkerState:
+    """What the jobs of one worker process share: the model, the pool, the decode loop, the shutdown flag.
+
+    Made once by `bind`; the worker (worker.py) holds it and tells it about
+    signals and heartbeats, the jobs find it with `_state()`.
+    """
+
     engine: Engine
     model: ModelInfo
     settings: Settings
@@ -87,44 +82,59 @@ class _Bound:
     queue: Queue
     # Names this process's leases in the pool.
     token: str
-    # Chunks whose leases this process holds now (renewed by the heartbeat).
-    held: set[str] = field(default_factory=set)
+    decoder: Decoder
+    # Chunk id -> the PCM16 pieces stored so far, for each row in the decoder.
+    making: dict[str, list[bytes]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    interrupted: set[str] = field(default_factory=set)
+    # This process's figures, added to Redis after each job run (see metrics.py).
+    figures: metrics.Recorder = field(default_factory=metrics.Recorder)
+    # Steps since the last claim that found nothing (see CLAIM_EVERY).
+    idle_steps: int = CLAIM_EVERY
+
+    def stop_after_step(self) -> None:
+        """Make the running job, if any, return before its next step: the worker is shutting down.
+
+        Rows in the loop go back to the pool; the job reports itself through
+        `take_interrupted`, and the worker puts it back at the front of the
+        queue; the audio stored stays, so whoever runs it next makes only the rest.
+        """
+        self.stopping.set()
+
+    def take_interrupted(self, request_id: str) -> bool:
+        """True, once, when this process's last run of `request_id`'s job stopped early for a shutdown."""
+        if request_id in self.interrupted:
+            self.interrupted.discard(request_id)
+            return True
+        return False
+
+    def announce(self) -> None:
+        """Publish the model under MODEL_KEY (again, after Redis lost it), so the web side keys requests for it."""
+        self.redis.set(MODEL_KEY, self.model.to_json())
+
+    def renew_leases(self) -> None:
+        """Extend the leases on the chunks in the loop (the worker's heartbeat calls it)."""
+        with self.lock:
+            held = list(self.making)
+        self.pool.renew(self.token, held, LEASE_MS)
 
 
-_bound: _Bound | None = None
+_bound: WorkerState | None = None
 
 
-def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> None:
-    """Give the jobs of this process their model (called once by the worker).
-
-    Also publishes `model` under MODEL_KEY, so the web side keys new requests
-    for it.
-    """
+def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> WorkerState:
+    """Give the jobs of this process their model and decode loop (called once by the worker); publishes the model."""
     global _bound
     token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    _bound = _Bound(engine, model, settings, redis, Pool(redis, settings.queue, settings.result_ttl),
-                    queue(redis, settings), token)
-    redis.set(MODEL_KEY, model.to_json())
+    decoder = engine.decoder(settings.batch_size, settings.stream_tokens, settings.scheduling == "continuous")
+    _bound = WorkerState(engine, model, settings, redis, Pool(redis, settings.queue, settings.result_ttl),
+                         queue(redis, settings), token, decoder)
+    _bound.announce()
+    return _bound
 
 
-def announce() -> None:
-    """Publish the bound model again (after Redis lost it). No-op when unbound."""
-    if _bound is not None:
-        _bound.redis.set(MODEL_KEY, _bound.model.to_json())
-
-
-def renew_leases() -> None:
-    """Extend the leases on the chunks this process is synthesizing (the worker's heartbeat calls it)."""
-    ctx = _bound
-    if ctx is None:
-        return
-    with ctx.lock:
-        held = list(ctx.held)
-    ctx.pool.renew(ctx.token, held, LEASE_MS)
-
-
-def _context() -> _Bound:
+def _state() -> WorkerState:
     if _bound is None:
         raise RuntimeError("no model is bound in this process; run jobs with worker.py")
     return _bound
@@ -137,253 +147,391 @@ class _Run:
     started: float = field(default_factory=time.monotonic)
     model_seconds: float = 0.0
     audio_seconds: float = 0.0
-    # Chunk id -> tokens generated, for every chunk this run made (of any request).
+    # Chunk id -> tokens generated, for every chunk this run finished (of any request).
     tokens: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Request:
+    """One request's job run: its chunks, which are still missing, and its news channel."""
+
+    id: str
+    spec: Spec
+    job: Job | None
+    chunk_ids: list[str]
+    todo: list[str]
+    missing: list[str]
+    cached: int
+    events: PubSub
+    limit: float | None
+
+
+# -- the request's job ----------------------------------------------------------
 
 
 def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     """RQ job of one request: returns once the audio of every chunk of the request is stored.
 
-    Every chunk not stored is in the queue's pool (scheduler.py). The job
-    fills each model call from the pool, its own earliest open chunk first
-    and the rest in fair order from any request, up to `settings.batch_size`
-    rows (`settings.cross_batch` false: its own chunks only). When all its
-    remaining chunks are in other workers' hands it waits for them. After each
-    batch the audio is in Redis, `job.meta["progress"]` is updated and an
-    event is published on the request's channel, so a crash loses at most one
-    batch. Returns a small JSON-able summary (never audio: RQ's JSON
-    serializer would drop bytes).
+    Every chunk not stored is in the queue's pool (scheduler.py). While any
+    is missing, the job steps the worker's decode loop, filling free slots
+    from the pool: its own earliest open chunk first and the rest in fair
+    order from any request (`settings.cross_batch` false: a claim takes one
+    request's chunks). Each piece of audio is stored and announced as it is
+    made, each finished chunk stored whole, `job.meta["progress"]` updated
+    and an event published, so a crash loses at most the chunks in the loop.
+    When all its remaining chunks are in other workers' hands it waits for
+    them. Returns a small JSON-able summary (never audio).
 
     Raises ModelMismatch, ChunkFailed (a chunk the model could not make) or
     JobTimeoutException; RQ retries them.
     """
-    ctx = _context()
-    spec = Spec.from_json(spec_json)
-    if spec.model != ctx.model.id:
-        raise ModelMismatch(f"request was keyed for model {spec.model}, this worker runs {ctx.model.id}; submit it again")
+    state = _state()
+    request = _open(state, Spec.from_json(spec_json))
+    run = _Run()
+    outcome = "failed"
+    try:
+        _progress(state, request)
+        while request.missing:
+            stop = _stop_reason(state, request, run)
+            if stop is not None:
+                outcome = stop
+                return _summary(state, request, run, **{stop: True})
+            if not _advance(state, run, request) and request.events.get_message(timeout=IDLE_CHECK) is None:
+                # A second without news: put back any chunk the pool lost
+                # (a Redis that restarted empty); a no-op otherwise.
+                state.pool.register(request.id, request.spec)
+            _refresh(state, request)
+        outcome = "finished"
+    except Exception as exc:
+        if isinstance(exc, JobTimeoutException):
+            _release_all(state)
+        _abandon(state, request)
+        raise
+    finally:
+        if outcome != "requeued":
+            _hand_over(state, run)
+        request.events.close()
+        _report(state, request.id, outcome, len(request.chunk_ids), request.cached, run)
+    _event(state, request.id, "finished")
+    return _summary(state, request, run)
+
+
+def _open(state: WorkerState, spec: Spec) -> _Request:
+    """The request's run: checks its model, finds its missing chunks, subscribes to its news."""
+    if spec.model != state.model.id:
+        raise ModelMismatch(f"request was keyed for model {spec.model}, this worker runs {state.model.id}; "
+                            "submit it again")
     job = get_current_job()
     request_id = job.id if job is not None else spec.request_id()
     chunk_ids = spec.chunk_ids()
-    total = len(chunk_ids)
     # A chunk repeated within the request is synthesized once.
     unique = list(dict.fromkeys(chunk_ids))
-    todo = [cid for cid, hit in zip(unique, stored(ctx.redis, unique)) if not hit]
+    todo = [cid for cid, hit in zip(unique, stored(state.redis, unique)) if not hit]
     # A retry tries chunks that failed before once more.
-    ctx.pool.forgive(todo)
-    missing = list(todo)
-    cached = _done(chunk_ids, missing)
+    state.pool.forgive(todo)
+    events = state.redis.pubsub(ignore_subscribe_messages=True)
+    if todo:
+        # Subscribed before the first check, so no news is missed between a check and a wait.
+        events.subscribe(events_channel(request_id))
+        state.pool.register(request_id, spec)
     # RQ's SIGALRM can be swallowed by a bare `except:` inside the model's
-    # code; checking between batches keeps the limit whatever happens.
+    # code; checking between steps keeps the limit whatever happens.
     limit = job.timeout if job is not None and job.timeout and job.timeout > 0 else None
-    run = _Run()
-    outcome = "failed"
-    events = ctx.redis.pubsub(ignore_subscribe_messages=True)
-    try:
-        if missing:
-            # Subscribed before the first check, so no news is missed between a check and a wait.
-            events.subscribe(events_channel(request_id))
-            ctx.pool.register(request_id, spec)
-        _progress(ctx, job, request_id, cached, total)
-        while missing:
-            if ctx.redis.exists(cancel_key(request_id)):
-                logger.info("job %s canceled with %d chunk(s) to go", request_id, len(missing))
-                ctx.pool.withdraw(request_id, missing)
-                _event(ctx, request_id, "canceled")
-                outcome = "canceled"
-                return {"chunks_total": total, "chunks_synthesized": len(todo) - len(missing), "canceled": True,
-                        "model": ctx.model.id}
-            if _stopping.is_set():
-                logger.info("job %s stops with %d chunk(s) to go: the worker is shutting down", request_id,
-                            len(missing))
-                _interrupted.add(request_id)
-                outcome = "requeued"
-                return {"chunks_total": total, "chunks_synthesized": len(todo) - len(missing), "interrupted": True,
-                        "model": ctx.model.id}
-            if limit is not None and time.monotonic() - run.started > limit:
-                raise JobTimeoutException(f"job ran past its {limit} s time limit")
-            failed = ctx.pool.failures(missing)
-            if failed:
-                raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
-            idle = census(ctx.redis, ctx.queue.name).idle
-            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
-                                           own=request_id, own_chunks=missing, share=idle + 1)
-            if more and idle:
-                _spawn_assist(ctx)
-            if claimed:
-                _make(ctx, claimed, run)
-            elif events.get_message(timeout=IDLE_CHECK) is None:
-                # A second without news: put back any chunk the pool lost
-                # (a Redis that restarted empty); a no-op otherwise.
-                ctx.pool.register(request_id, spec)
-            left = [cid for cid, hit in zip(missing, stored(ctx.redis, missing)) if not hit]
-            if len(left) != len(missing):
-                missing = left
-                _progress(ctx, job, request_id, _done(chunk_ids, missing), total)
-        outcome = "finished"
-    except Exception:
-        # Its chunks leave the pool unless another request needs them; a
-        # retry puts them back.
-        ctx.pool.withdraw(request_id, unique)
-        _event(ctx, request_id, "failed")
-        raise
-    finally:
-        events.close()
-        _report(ctx, request_id, outcome, total, cached, run)
-    _event(ctx, request_id, "finished")
-    return {
-        "chunks_total": total,
-        "chunks_synthesized": len(todo),
+    return _Request(request_id, spec, job, chunk_ids, todo, list(todo), _done(chunk_ids, todo), events, limit)
+
+
+def _stop_reason(state: WorkerState, request: _Request, run: _Run) -> str | None:
+    """"canceled" or "requeued" when the job must stop now; raises past its time limit or on a failed chunk."""
+    if state.redis.exists(cancel_key(request.id)):
+        logger.info("job %s canceled with %d chunk(s) to go", request.id, len(request.missing))
+        state.pool.withdraw(request.id, request.missing)
+        _event(state, request.id, "canceled")
+        return "canceled"
+    if state.stopping.is_set():
+        logger.info("job %s stops with %d chunk(s) to go: the worker is shutting down", request.id,
+                    len(request.missing))
+        _release_all(state)
+        state.interrupted.add(request.id)
+        return "requeued"
+    if request.limit is not None and time.monotonic() - run.started > request.limit:
+        raise JobTimeoutException(f"job ran past its {request.limit} s time limit")
+    failed = state.pool.failures(request.missing)
+    if failed:
+        raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
+    return None
+
+
+def _refresh(state: WorkerState, request: _Request) -> None:
+    """Drop the chunks stored since the last look from `missing`; report progress if any were."""
+    left = [cid for cid, hit in zip(request.missing, stored(state.redis, request.missing)) if not hit]
+    if len(left) != len(request.missing):
+        request.missing = left
+        _progress(state, request)
+
+
+def _abandon(state: WorkerState, request: _Request) -> None:
+    """The job failed: its chunks leave the pool unless another request needs them (a retry puts them back).
+
+    Those in the loop stay and are finished, as a model call in progress
+    was before: the retry finds them stored.
+    """
+    in_loop = set(state.decoder.keys())
+    state.pool.withdraw(request.id, [cid for cid in dict.fromkeys(request.chunk_ids) if cid not in in_loop])
+    _event(state, request.id, "failed")
+
+
+def _summary(state: WorkerState, request: _Request, run: _Run, **flags: bool) -> dict[str, Any]:
+    made = len(request.todo) - len(request.missing)
+    summary: dict[str, Any] = {"chunks_total": len(request.chunk_ids), "chunks_synthesized": made,
+                               "model": state.model.id, **flags}
+    if not flags:
         # Per chunk of the request, in order: tokens generated by this job run
         # (None for a chunk that was stored already or made by another worker).
-        "tokens": [run.tokens.get(cid) for cid in chunk_ids],
-        "audio_seconds": round(run.audio_seconds, 3),
-        "synthesis_seconds": round(time.monotonic() - run.started, 3),
-        "model": ctx.model.id,
-    }
+        summary.update(tokens=[run.tokens.get(cid) for cid in request.chunk_ids],
+                       audio_seconds=round(run.audio_seconds, 3),
+                       synthesis_seconds=round(time.monotonic() - run.started, 3))
+    return summary
+
+
+# -- help with the pool -----------------------------------------------------------
 
 
 def assist(queue_name: str) -> dict[str, Any]:
     """RQ job that lends this worker to the pool: a request's chunks spread over every free worker.
 
     Enqueued (at the front, one waiting at a time) by a worker that left
-    open chunks in the pool while the queue itself was empty. Takes batches in
-    fair order until the pool has nothing open, ASSIST_SECONDS pass, or the
-    worker is stopping; hands on to a new assist job if work is left.
+    open chunks in the pool while the queue itself was empty. Steps the loop,
+    filling it from the pool in fair order, until the loop and the pool are
+    empty, ASSIST_SECONDS pass, or the worker is stopping; hands on to a new
+    assist job if work is left.
     """
-    ctx = _context()
-    ctx.redis.delete(assist_key(queue_name))
+    state = _state()
+    state.redis.delete(assist_key(queue_name))
     run = _Run()
     try:
-        while not _stopping.is_set() and time.monotonic() - run.started < ASSIST_SECONDS:
-            idle = census(ctx.redis, ctx.queue.name).idle
-            claimed, more = ctx.pool.claim(ctx.token, ctx.settings.batch_size, LEASE_MS, ctx.settings.cross_batch,
-                                           share=idle + 1)
-            if more and idle:
-                _spawn_assist(ctx)
-            if not claimed:
+        while not state.stopping.is_set() and time.monotonic() - run.started < ASSIST_SECONDS:
+            if not _advance(state, run, None):
                 break
-            _make(ctx, claimed, run)
         else:
-            if not _stopping.is_set() and census(ctx.redis, ctx.queue.name).idle:
-                _spawn_assist(ctx)
+            if not state.stopping.is_set() and _idle_workers(state):
+                _spawn_assist(state)
+        if state.stopping.is_set():
+            _release_all(state)
     finally:
-        _figures.inc("tts_assist_jobs_total")
+        _hand_over(state, run)
+        state.figures.inc("tts_assist_jobs_total")
         job = get_current_job()
-        _report(ctx, job.id if job is not None else "assist", "assisted", 0, 0, run)
+        _report(state, job.id if job is not None else "assist", "assisted", 0, 0, run)
     return {"chunks_synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
-            "model": ctx.model.id}
+            "model": state.model.id}
 
 
-def _spawn_assist(ctx: _Bound) -> None:
+def _spawn_assist(state: WorkerState) -> None:
     """Ask an idle worker of the queue for help with the pool (the caller saw one).
 
     Not when the queue already holds work for it: a request job waiting in
     the queue drains the pool as well as an assist job would, and one
     waiting assist job is enough.
     """
-    if ctx.queue.count > 0:
+    if state.queue.count > 0:
         return
-    if not ctx.redis.set(assist_key(ctx.queue.name), 1, nx=True, ex=ASSIST_SECONDS):
+    if not state.redis.set(assist_key(state.queue.name), 1, nx=True, ex=ASSIST_SECONDS):
         return
-    ctx.queue.enqueue(
-        assist, ctx.queue.name, at_front=True, result_ttl=0, failure_ttl=ctx.settings.result_ttl,
-        job_timeout=ASSIST_SECONDS + ctx.settings.job_timeout(ctx.settings.batch_size),
+    state.queue.enqueue(
+        assist, state.queue.name, at_front=True, result_ttl=0, failure_ttl=state.settings.result_ttl,
+        job_timeout=ASSIST_SECONDS + state.settings.job_timeout(state.settings.batch_size),
         description="assist: synthesize waiting chunks of any request",
     )
 
 
-def _make(ctx: _Bound, claimed: Sequence[Claimed], run: _Run) -> None:
-    """Synthesize and store the claimed chunks in one model call, and take them out of the pool.
+def _idle_workers(state: WorkerState) -> int:
+    """Live workers of the queue waiting for a job."""
+    return census(state.redis, state.queue.name).idle
 
-    A call that fails is split into one call per row, so one bad chunk
-    cannot fail its batch mates; a row that fails alone is marked failed
-    (its requests fail, and retry). Leases not completed are released, also
-    when the job is stopped by a time limit or a second SIGTERM.
-    """
-    ids = [c.chunk_id for c in claimed]
-    with ctx.lock:
-        ctx.held.update(ids)
+
+# -- the decode loop ------------------------------------------------------------
+
+
+def _advance(state: WorkerState, run: _Run, request: _Request | None) -> bool:
+    """Fill the loop's free slots from the pool, then step it once. False when the loop was empty."""
+    free = state.decoder.capacity - len(state.decoder.keys())
+    if free > 0 and (state.idle_steps >= CLAIM_EVERY or not state.decoder.keys()):
+        _fill(state, free, request)
+    if not state.decoder.keys():
+        return False
+    _step(state, run)
+    return True
+
+
+def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
+    """Claim up to `free` open chunks and join them to the loop (prefilled together)."""
+    idle = _idle_workers(state)
+    own = request.id if request is not None else None
+    claimed, more = state.pool.claim(state.token, free, LEASE_MS, state.settings.cross_batch, own=own,
+                                     own_chunks=request.missing if request is not None else (), share=idle + 1)
+    if more and idle:
+        _spawn_assist(state)
+    state.idle_steps = 0 if claimed else 1
+    wrong = [c.chunk_id for c in claimed if c.row.model != state.model.id]
+    if wrong:
+        state.pool.fail(state.token, wrong, "ModelMismatch")
+        claimed = [c for c in claimed if c.row.model == state.model.id]
+    if not claimed:
+        return
+    with state.lock:
+        for c in claimed:
+            state.making[c.chunk_id] = []
     try:
-        wrong = [c.chunk_id for c in claimed if c.row.model != ctx.model.id]
-        if wrong:
-            ctx.pool.fail(ctx.token, wrong, "ModelMismatch")
-            claimed = [c for c in claimed if c.row.model == ctx.model.id]
-            if not claimed:
-                return
-        began = time.monotonic()
-        try:
-            wavs = ctx.engine.synthesize([c.row for c in claimed])
-            if len(wavs) != len(claimed):
-                raise RuntimeError(f"engine returned {len(wavs)} clips for {len(claimed)} rows")
-        except JobTimeoutException:
-            raise
-        except Exception as exc:
-            if len(claimed) > 1:
-                logger.warning("a batch of %d rows failed (%s); making them one by one", len(claimed),
-                               type(exc).__name__)
-                for one in claimed:
-                    _make(ctx, [one], run)
-                return
-            logger.exception("chunk %s failed", claimed[0].chunk_id)
-            ctx.pool.fail(ctx.token, [claimed[0].chunk_id], type(exc).__name__)
-            return
-        seconds = time.monotonic() - began
-        run.model_seconds += seconds
-        made = 0.0
-        pcms: dict[str, bytes] = {}
-        for c, wav in zip(claimed, wavs):
-            pcm = pcms[c.chunk_id] = audio.to_pcm16(audio.finish(wav))
-            made += audio.duration(pcm)
-            run.tokens[c.chunk_id] = (len(wav) + SAMPLES_PER_TOKEN // 2) // SAMPLES_PER_TOKEN
-        _store(ctx, pcms)
-        run.audio_seconds += made
-        for _, waited in ctx.pool.complete(ctx.token, [c.chunk_id for c in claimed]):
-            _figures.observe("tts_time_to_first_chunk_seconds", waited)
-        _figures.inc("tts_chunks_synthesized_total", len(claimed))
-        _figures.observe("tts_batch_rows", len(claimed))
-        if made > 0:
-            _figures.observe("tts_real_time_factor", seconds / made)
-    finally:
-        with ctx.lock:
-            ctx.held.difference_update(ids)
-        # Whatever was not completed or failed is open again at once.
-        ctx.pool.release(ctx.token, ids)
+        state.decoder.join([(c.chunk_id, c.row) for c in claimed])
+    except BaseException:
+        _release_all(state)
+        raise
+    state.figures.observe("tts_batch_rows", len(claimed))
 
 
-def _store(ctx: _Bound, pcms: dict[str, bytes]) -> None:
-    """Write chunk audio. While Redis is full (OOM under noeviction) retry with backoff for up to
-    `settings.redis_full_wait` s, then raise RedisFull (the job fails with "Redis is full")."""
-    deadline = time.monotonic() + ctx.settings.redis_full_wait
+def _step(state: WorkerState, run: _Run) -> None:
+    """One step of the loop: store the pieces it made, finish the rows that ended, drop the rows nobody needs."""
+    began = time.monotonic()
+    try:
+        pieces = state.decoder.step()
+    except JobTimeoutException:
+        _release_all(state)
+        raise
+    except Exception as exc:
+        # A step is one forward of every row: its failure names no row.
+        keys = state.decoder.keys()
+        logger.exception("a step of %d row(s) failed", len(keys))
+        _reset(state)
+        state.pool.fail(state.token, keys, type(exc).__name__)
+        return
+    run.model_seconds += time.monotonic() - began
+    ended = [piece for piece in pieces if _store(state, piece)]
+    if ended:
+        _complete(state, run, ended)
+        state.idle_steps = CLAIM_EVERY
+    else:
+        state.idle_steps += 1
+    _drop_unneeded(state)
+
+
+def _store(state: WorkerState, piece: Piece) -> bool:
+    """Store one piece and announce it; True when it was its row's last (and the row succeeded)."""
+    cid = piece.key
+    if piece.error is not None:
+        _forget(state, [cid])
+        state.pool.fail(state.token, [cid], piece.error)
+        return False
+    pcm = audio.to_pcm16(piece.samples)
+    if _while_full(state, lambda: state.pool.piece(state.token, cid, piece.index, pcm)) < 0:
+        # The lease went to another worker (this one stalled past it): theirs now.
+        state.decoder.leave([cid])
+        _forget(state, [cid])
+        return False
+    with state.lock:
+        state.making[cid].append(pcm)
+    return piece.last
+
+
+def _complete(state: WorkerState, run: _Run, ended: Sequence[Piece]) -> None:
+    """Store each ended row's chunk (its pieces joined) and take it out of the pool."""
+    made = 0.0
+    with state.lock:
+        whole = {p.key: b"".join(state.making.pop(p.key)) for p in ended}
+    for piece in ended:
+        made += audio.duration(whole[piece.key])
+        run.tokens[piece.key] = piece.tokens
+
+    def write() -> None:
+        with state.redis.pipeline(transaction=False) as pipe:
+            for key, pcm in whole.items():
+                pipe.set(chunk_key(key), pcm, ex=state.settings.result_ttl)
+            pipe.execute()
+
+    _while_full(state, write)
+    run.audio_seconds += made
+    for _, waited in state.pool.complete(state.token, list(whole)):
+        state.figures.observe("tts_time_to_first_chunk_seconds", waited)
+    state.figures.inc("tts_chunks_synthesized_total", len(ended))
+
+
+def _while_full(state: WorkerState, write: Callable[[], T]) -> T:
+    """`write()`, tried again with backoff while Redis is full (OOM under noeviction) for up to
+    `settings.redis_full_wait` s; then RedisFull (the job fails with "Redis is full")."""
+    deadline = time.monotonic() + state.settings.redis_full_wait
     delay = 0.5
     while True:
         try:
-            with ctx.redis.pipeline(transaction=False) as pipe:
-                for cid, pcm in pcms.items():
-                    pipe.set(chunk_key(cid), pcm, ex=ctx.settings.result_ttl)
-                pipe.execute()
-            return
+            return write()
         except OutOfMemoryError as exc:
-            _figures.inc("tts_redis_full_total", process="worker")
+            state.figures.inc("tts_redis_full_total", process="worker")
             if time.monotonic() + delay > deadline:
-                raise RedisFull(f"Redis is full: it refused {len(pcms)} chunk(s) of audio for "
-                                f"{ctx.settings.redis_full_wait} s") from exc
-            logger.warning("Redis is full: storing %d chunk(s) again in %.1f s", len(pcms), delay)
+                raise RedisFull(f"Redis is full: it refused the audio for {state.settings.redis_full_wait} s") from exc
+            logger.warning("Redis is full: storing audio again in %.1f s", delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
-def _report(ctx: _Bound, job_id: str, outcome: str, total: int, cached: int, run: _Run) -> None:
+def _drop_unneeded(state: WorkerState) -> None:
+    """Rows whose requests were all canceled, or whose lease another worker took, leave the loop now."""
+    keys = state.decoder.keys()
+    gone = [cid for cid, live in zip(keys, state.pool.live(state.token, keys)) if not live]
+    if gone:
+        logger.info("%d row(s) leave the loop: no request needs them any more", len(gone))
+        state.decoder.leave(gone)
+        _forget(state, gone)
+        state.pool.release(state.token, gone)
+
+
+def _hand_over(state: WorkerState, run: _Run) -> None:
+    """At a job's end: rows left in the loop wait for the worker's next job, or are finished now if none waits."""
+    try:
+        while state.decoder.keys() and not state.stopping.is_set() and state.queue.count == 0:
+            _step(state, run)
+        if state.stopping.is_set():
+            _release_all(state)
+    except JobTimeoutException:
+        _release_all(state)
+        raise
+
+
+def _release_all(state: WorkerState) -> None:
+    """Every row leaves the loop and goes back to the pool, open at once (shutdown, time limit, failure)."""
+    keys = state.decoder.keys()
+    _reset(state)
+    state.pool.release(state.token, keys)
+
+
+def _reset(state: WorkerState) -> None:
+    """A fresh, empty decoder (the old one may have stopped mid-step)."""
+    keys = state.decoder.keys()
+    s = state.settings
+    state.decoder = state.engine.decoder(s.batch_size, s.stream_tokens, s.scheduling == "continuous")
+    _forget(state, keys)
+
+
+def _forget(state: WorkerState, chunk_ids: Sequence[str]) -> None:
+    with state.lock:
+        for cid in chunk_ids:
+            state.making.pop(cid, None)
+
+
+# -- reporting ------------------------------------------------------------------
+
+
+def _report(state: WorkerState, job_id: str, outcome: str, total: int, cached: int, run: _Run) -> None:
     """One log line and this worker's figures for one job run; never the text."""
     event = {"event": "job", "id": job_id, "status": outcome, "chunks": total, "cached": cached,
              "synthesized": len(run.tokens), "seconds": round(time.monotonic() - run.started, 3),
              "model_seconds": round(run.model_seconds, 3), "audio_seconds": round(run.audio_seconds, 3)}
     logger.info("job %s %s", job_id, outcome, extra={"event": event})
     if outcome != "assisted":
-        _figures.inc("tts_jobs_total", outcome=outcome)
-    _figures.inc("tts_synthesis_seconds_total", run.model_seconds)
-    _figures.inc("tts_audio_seconds_total", run.audio_seconds)
+        state.figures.inc("tts_jobs_total", outcome=outcome)
+    state.figures.inc("tts_synthesis_seconds_total", run.model_seconds)
+    state.figures.inc("tts_audio_seconds_total", run.audio_seconds)
+    if run.audio_seconds > 0:
+        state.figures.observe("tts_real_time_factor", run.model_seconds / run.audio_seconds)
     try:
-        _figures.flush(ctx.redis)
+        state.figures.flush(state.redis)
     except (RedisError, OSError) as exc:
         logger.warning("metrics kept until after the next job: Redis said %s", exc)
 
@@ -394,30 +542,32 @@ def _done(chunk_ids: Sequence[str], missing: Sequence[str]) -> int:
     return sum(1 for cid in chunk_ids if cid not in pending)
 
 
-def _progress(ctx: _Bound, job: Job | None, request_id: str, done: int, total: int) -> None:
-    progress = {"chunks_done": done, "chunks_total": total}
-    if job is not None:
-        job.meta["progress"] = progress
-        job.save_meta()
-    _event(ctx, request_id, "progress", **progress)
+def _progress(state: WorkerState, request: _Request) -> None:
+    progress = {"chunks_done": _done(request.chunk_ids, request.missing), "chunks_total": len(request.chunk_ids)}
+    if request.job is not None:
+        request.job.meta["progress"] = progress
+        request.job.save_meta()
+    _event(state, request.id, "progress", **progress)
 
 
-def _event(ctx: _Bound, request_id: str, name: str, **fields: Any) -> None:
+def _event(state: WorkerState, request_id: str, name: str, **fields: Any) -> None:
     """Announce on the request's channel (the web side's `wait` wakes on it)."""
-    ctx.redis.publish(events_channel(request_id), json.dumps({"event": name, **fields}))
+    state.redis.publish(events_channel(request_id), json.dumps({"event": name, **fields}))
+
+
+# -- voices ---------------------------------------------------------------------
 
 
 def voice(seed: int, model_id: str) -> dict[str, Any]:
     """RQ job: store the speaker string of `seed` on this worker's model under `voice_key`."""
-    if _bound is None:
-        raise RuntimeError("no model is bound in this process; run jobs with worker.py")
-    ctx = _bound
-    if model_id != ctx.model.id:
-        raise ModelMismatch(f"voice asked for model {model_id}, this worker runs {ctx.model.id}; ask again")
-    bank = ctx.engine
+    state = _state()
+    if model_id != state.model.id:
+        raise ModelMismatch(f"voice asked for model {model_id}, this worker runs {state.model.id}; ask again")
+    bank = state.engine
     if not hasattr(bank, "speaker"):
-        raise RuntimeError(f"engine {ctx.model.engine} cannot export voices")
+        raise RuntimeError(f"engine {state.model.engine} cannot export voices")
     speaker = bank.speaker(seed)
-    ctx.redis.set(voice_key(model_id, seed), speaker, ex=ctx.settings.result_ttl)
-    _event(ctx, voice_job_id(model_id, seed), "finished")
+    state.redis.set(voice_key(model_id, seed), speaker, ex=state.settings.result_ttl)
+    _event(state, voice_job_id(model_id, seed), "finished")
+    _hand_over(state, _Run())
     return {"seed": seed, "model": model_id, "chars": len(speaker)}

@@ -62,25 +62,28 @@ class TTSWorker(process.StopAware, SimpleWorker):
     # that maintenance passes come often.
     WORKER_TTL = 20
 
-    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, state: jobs.WorkerState, **kwargs: Any) -> None:
         kwargs.setdefault("worker_ttl", self.WORKER_TTL)
         kwargs.setdefault("maintenance_interval", self.MAINTENANCE_EVERY)
         # A job's description quotes its text, which stays out of the logs.
         kwargs.setdefault("log_job_description", False)
         super().__init__(*args, **kwargs)
         self.settings = settings
+        # The jobs' shared state in this process (model, decode loop); RQ's Worker has its own `state`.
+        self.shared = state
         # Runs for a failure in a job and for a job abandoned by a dead worker alike.
         self.push_exc_handler(self._failed)
 
     def request_stop(self, signum: int, frame: Any) -> None:
         # RQ's warm shutdown waits for the whole job, which can take minutes:
-        # a deploy would kill it. The job stops after its current batch
-        # instead, and is put back (handle_job_success below).
-        jobs.stop_after_batch()
+        # a deploy would kill it. The job stops after the loop's current step
+        # instead, its rows go back to the pool, and the job is put back
+        # (handle_job_success below).
+        self.shared.stop_after_step()
         super().request_stop(signum, frame)
 
     def handle_job_success(self, job: Any, queue: Any, started_job_registry: Any) -> None:
-        if not jobs.take_interrupted(job.id):
+        if not self.shared.take_interrupted(job.id):
             super().handle_job_success(job, queue, started_job_registry)
             # WEBHOOK HOOK 1 of 2: the request's job ended finished or canceled.
             self._request_over(job, None)
@@ -142,7 +145,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
         # A Redis that restarted empty has forgotten this worker and the model
         # it serves: say both again (idempotent, two commands).
         worker_registration.register(self)
-        jobs.announce()
+        self.shared.announce()
         super().run_maintenance_tasks()
         scheduler = RQScheduler(self.queues, connection=self.connection, serializer=self.serializer)
         scheduler.acquire_locks()
@@ -160,7 +163,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
             while not done.wait(self.HEARTBEAT_EVERY):
                 try:
                     self.maintain_heartbeats(job)
-                    jobs.renew_leases()
+                    self.shared.renew_leases()
                 except Exception:  # a missed beat is retried; never kill the job for it
                     logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
 
@@ -225,11 +228,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def make(generation: int) -> TTSWorker:
         # After an outage, a fresh rq worker under a fresh name; the model stays loaded.
-        jobs.bind(engine, info, settings, redis)
+        state = jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
         return TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
-                         name=name, settings=settings)
+                         name=name, settings=settings, state=state)
 
     return process.serve(redis, make, finite=args.burst or args.max_jobs is not None, burst=args.burst,
                          max_jobs=args.max_jobs, logging_level=logging.getLogger().level)

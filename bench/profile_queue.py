@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 handler.setStream(log)
         engine, info = load_engine(settings)
         redis = c.redis()
-        jobs.bind(engine, info, settings, redis)
+        state = jobs.bind(engine, info, settings, redis)
         app = service.create_app(settings)
         texts = Texts(seed=int(time.time()))
         bodies = [json.dumps({"text": texts.text(1)}).encode() for _ in range(args.jobs)]
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
         post = asyncio.run(submit_all())
         rq_worker = worker.TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
-                                     settings=settings)
+                                     settings=settings, state=state)
         queued = queueing.queue(redis, settings).count
         redis.config_resetstat()
         prof = cProfile.Profile()

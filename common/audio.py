@@ -76,6 +76,25 @@ def finish(samples: np.ndarray) -> np.ndarray:
     return x
 
 
+def fade_edges(samples: np.ndarray, head: bool, tail: bool) -> np.ndarray:
+    """`samples` with `finish`'s raised-cosine fade on the start (`head`) and/or the end (`tail`).
+
+    What a chunk made in pieces gets instead of `finish`: its first piece
+    fades in and its last fades out, so the joined pieces start and end at
+    zero like a finished chunk. (Edge trimming needs the whole chunk's peak,
+    so streamed chunks keep their edge silence.)
+    """
+    x = np.array(samples, dtype=np.float32)
+    n = min(int(FADE * SAMPLE_RATE), x.size // 2 if head and tail else x.size)
+    if n > 0:
+        ramp = (0.5 - 0.5 * np.cos(np.linspace(0.0, np.pi, n, dtype=np.float32))).astype(np.float32)
+        if head:
+            x[:n] *= ramp
+        if tail:
+            x[-n:] *= ramp[::-1]
+    return x
+
+
 def samples_of_ms(ms: int) -> int:
     """Whole samples in `ms` milliseconds at SAMPLE_RATE (rounded down, as every pause is cut)."""
     return SAMPLE_RATE * ms // 1000

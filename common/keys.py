@@ -8,6 +8,7 @@ keys, which the Lua scripts that meet ids as they go are handed.
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
 - `tts:chunk:C`: a chunk's PCM16 audio; `tts:req:R`: a request's manifest;
+- `tts:pieces:C`: the PCM16 pieces of chunk C in order, stored while it decodes (a list);
 - `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash);
 - `tts:events:R`: the channel a request's progress is announced on;
 - `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
@@ -33,6 +34,18 @@ POOL_ENTRY_PREFIX = f"{PREFIX}:"
 def chunk_key(chunk_id: str) -> str:
     """A chunk's PCM16 audio, once made."""
     return f"{PREFIX}:chunk:{chunk_id}"
+
+
+def pieces_key(chunk_id: str) -> str:
+    """A Redis list: the PCM16 pieces of chunk `chunk_id` in order, stored while it decodes.
+
+    Joined, they are byte for byte the chunk's stored audio (`chunk_key`).
+    A chunk that is made again (its worker died, or was stopped) starts its
+    list again: piece 0 replaces the list. Each piece is announced on the
+    events channel of every request waiting for the chunk as
+    {"event": "piece", "chunk": <chunk id>, "n": <index in the list>}.
+    """
+    return f"{PREFIX}:pieces:{chunk_id}"
 
 
 def request_key(request_id: str) -> str:

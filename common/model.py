@@ -1,10 +1,10 @@
-"""The model behind a one-method interface, as the jobs see it, and what a worker publishes about it."""
+"""The model behind a one-method interface (a Decoder that rows join and leave), and what a worker publishes about it."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
@@ -15,19 +15,84 @@ from cache import Spec
 SAMPLES_PER_TOKEN = 512
 
 
+# A row's token budget (README "Scheduling"): ChatTTS speaks about 3 tokens
+# per Latin character and 10 per CJK character at [speed_5]; a row may
+# generate twice that, plus a floor for very short texts, and then stops as
+# if it had ended. Without it a row that never emits its end token babbles to
+# max_new_token (2048 tokens, 44 s) and holds its slot all that time.
+BUDGET_BASE = 32
+BUDGET_PER_CHAR = 6
+BUDGET_PER_CJK = 20
+
+
+def token_budget(text: str, max_new_token: int) -> int:
+    """The most tokens a row speaking `text` may generate: proportional to its length, at most `max_new_token`."""
+    cjk = sum(1 for c in text if "\u2e80" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" or "\uf900" <= c <= "\ufaff")
+    return max(1, min(max_new_token, BUDGET_BASE + BUDGET_PER_CHAR * (len(text) - cjk) + BUDGET_PER_CJK * cjk))
+
+
+@dataclass
+class Piece:
+    """New audio of one row, handed out by `Decoder.step`.
+
+    A row's pieces in order, joined, are its chunk's audio (float32 mono
+    24 kHz, edges already faded); the last one has `last` set. A row that
+    failed gives one piece with `error` (the exception's name) and no audio.
+    """
+
+    key: str
+    samples: np.ndarray
+    index: int
+    last: bool
+    # Tokens the row has generated so far (all of them, on the last piece).
+    tokens: int
+    error: str | None = None
+
+
+class Decoder(Protocol):
+    """A running decode that rows join and leave between steps (README "Scheduling")."""
+
+    capacity: int
+
+    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+        """Start decoding each (key, one-chunk Spec) row; at most `capacity - len(keys())` of them."""
+        ...
+
+    def step(self) -> list[Piece]:
+        """Advance every row; returns the pieces that are ready. A row leaves after its last piece."""
+        ...
+
+    def leave(self, keys: Iterable[str]) -> None:
+        """Drop rows at once (canceled, or handed back to the pool); unknown keys are ignored."""
+        ...
+
+    def keys(self) -> list[str]:
+        """The rows decoding now."""
+        ...
+
+
 class Engine(Protocol):
-    """A text-to-speech model, as the jobs see it."""
+    """A text-to-speech model, as the jobs see it: one method."""
 
-    def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
-        """Float32 mono 24 kHz audio for each row, in order: one model call.
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
+        """A decoder of up to `capacity` rows.
 
-        Each row is a one-chunk Spec (`Spec.row`) and is spoken in its own
-        voice and speed; all rows share `Spec.batch_key()` (model and sampling
-        settings). A row's audio may depend on its batch mates (one random
-        stream per call), never on anything else. Raises on failure; never
-        returns fewer items than `rows`.
+        `continuous`: rows join a running decode and hand out a piece every
+        `stream_tokens` tokens. Otherwise (static) each step is one model call
+        for every row joined since the last (rows must share
+        `Spec.batch_key()`), and each row's audio comes as one piece.
         """
         ...
+
+
+def decode_all(decoder: Decoder, rows: Sequence[tuple[str, Spec]]) -> dict[str, list[Piece]]:
+    """Join `rows` to an empty `decoder` and step until every one is done: each key's pieces in order."""
+    decoder.join(rows)
+    out: dict[str, list[Piece]] = {key: [] for key, _ in rows}
+    while decoder.keys():
+        for piece in decoder.step():
+            out[piece.key].append(piece)
+    return out
 
 
 class VoiceBank(Protocol):

@@ -27,7 +27,6 @@ class Settings:
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    port: int = 8000
     queue: str = "tts"
     # None: the real weights from the Hugging Face hub (cached under HF_HOME).
     model_path: str | None = None
@@ -43,6 +42,13 @@ class Settings:
     # Fill a model call with chunks of any waiting request (false: of one request only).
     cross_batch: bool = True
     max_new_token: int = 2048
+    # How a worker fills the model (README "Scheduling"): "continuous" keeps
+    # one decode loop that rows join and leave between steps; "static" makes
+    # one model call per batch that runs until its longest row ends.
+    scheduling: str = "continuous"
+    # A decoding row's new audio is stored (and announced) every this many
+    # tokens: 24 tokens = 0.51 s of speech, ChatTTS's own stream_batch.
+    stream_tokens: int = 24
     result_ttl: int = 7 * 24 * 3600
     default_seed: int = 2
     job_timeout_base: int = 60
@@ -224,7 +230,6 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                             f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}")
     return Settings(
         redis_url=redis_url,
-        port=_parse(env, "PORT", d.port, _int_in(1, 65535), "a port number 1-65535"),
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
         model_path=_parse(env, "TTS_MODEL_PATH", d.model_path, _existing_dir, "an existing directory"),
         fallback_model_path=_parse(env, "TTS_FALLBACK_MODEL_PATH", d.fallback_model_path, str, "a directory path"),
@@ -235,6 +240,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         batch_size=_parse(env, "TTS_BATCH_SIZE", d.batch_size, _int_in(1, 256), "a whole number 1-256"),
         cross_batch=_parse(env, "TTS_CROSS_BATCH", d.cross_batch, _bool, "true or false"),
         max_new_token=_parse(env, "TTS_MAX_NEW_TOKEN", d.max_new_token, _int_in(1, 4096), "a whole number 1-4096"),
+        scheduling=_parse(env, "TTS_SCHEDULING", d.scheduling, _choice("continuous", "static"),
+                          "continuous or static"),
+        stream_tokens=_parse(env, "TTS_STREAM_TOKENS", d.stream_tokens, _int_in(1, 4096), "a whole number 1-4096"),
         result_ttl=_parse(env, "TTS_RESULT_TTL", d.result_ttl, _int_in(1), "seconds, at least 1"),
         default_seed=_parse(env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"),
         job_timeout_base=_parse(env, "TTS_JOB_TIMEOUT_BASE", d.job_timeout_base, _int_in(1), "seconds, at least 1"),

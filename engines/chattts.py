@@ -1,4 +1,4 @@
-"""ChatTTS behind the jobs' Engine interface: loaded once, tuned, one model call per batch of rows.
+"""ChatTTS behind the jobs' Engine interface: loaded once, tuned; a continuous decode loop or static calls.
 
 The only module (with tuning and fidelity beside it) that imports torch and
 ChatTTS, and only inside functions; the web process never imports engines/.
@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from common.model import SAMPLES_PER_TOKEN, ModelInfo
+from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
+from engines.decoders import StaticDecoder
 from engines import spoken
 from cache import Spec
 from common.settings import Settings
@@ -84,6 +85,14 @@ class ChatTTSEngine:
         """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
         return self.chat.speaker._encode(self._speaker(seed, None))
 
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
+        """The continuous loop (engines/loop.py), or static calls of `synthesize`; both in inference mode."""
+        if not continuous:
+            return StaticDecoder(self.synthesize, capacity)
+        from engines.loop import ChatTTSLoop
+
+        return _InferenceDecoder(ChatTTSLoop(self.chat, self._speaker, self.max_new_token, capacity, stream_tokens))
+
     @_inference
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
         """One model call for `rows` (one-chunk Specs), trimmed to each row's generated length.
@@ -113,6 +122,7 @@ class ChatTTSEngine:
         # its batch mates anyway (ChatTTS seeds one generator per call).
         seed = _voice_seed(first)
         speakers = torch.stack([self._speaker(row.seed, row.speaker) for row in rows])
+        budgets = [token_budget(row.chunks[0], self.max_new_token) for row in rows]
         # Fresh params every call: ChatTTS's defaults are shared mutable objects.
         params = chat.InferCodeParams(
             prompt="",
@@ -120,7 +130,7 @@ class ChatTTSEngine:
             temperature=first.temperature,
             top_P=first.top_p,
             top_K=first.top_k,
-            max_new_token=self.max_new_token,
+            max_new_token=max(budgets),
             manual_seed=seed,
             show_tqdm=False,
         )
@@ -142,13 +152,36 @@ class ChatTTSEngine:
             refined.destroy()
         texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
         result = next(chat._infer_code(texts, False, chat.device, True, params))
-        lengths = [int(h.size(0)) for h in result.hiddens]
-        wavs = chat._decode_to_wavs(result.hiddens, True)
+        lengths = [min(int(h.size(0)), budget) for h, budget in zip(result.hiddens, budgets)]
+        wavs = chat._decode_to_wavs([h[:n] for h, n in zip(result.hiddens, lengths)], True)
         result.destroy()
         return [
             np.asarray(wavs[i, : max(0, SAMPLES_PER_TOKEN * n - SAMPLES_PER_TOKEN // 2)], dtype=np.float32)
             for i, n in enumerate(lengths)
         ]
+
+
+class _InferenceDecoder:
+    """A Decoder whose every call runs under torch.inference_mode."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.capacity = inner.capacity
+
+    @_inference
+    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+        self.inner.join(rows)
+
+    @_inference
+    def step(self) -> list[Any]:
+        return self.inner.step()
+
+    @_inference
+    def leave(self, keys: Any) -> None:
+        self.inner.leave(keys)
+
+    def keys(self) -> list[str]:
+        return self.inner.keys()
 
 
 def _voice_seed(row: Spec) -> int:

@@ -10,7 +10,8 @@ import numpy as np
 
 from cache import SAMPLE_RATE, Spec
 from common import speakers
-from common.model import SAMPLES_PER_TOKEN
+from common.model import SAMPLES_PER_TOKEN, Decoder
+from engines.decoders import ClipDecoder, StaticDecoder
 
 
 class ToneEngine:
@@ -21,7 +22,14 @@ class ToneEngine:
     (token-aligned like ChatTTS: 512*T - 256 samples).
     """
 
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
+        """Static: one `synthesize` call per step. Continuous: each row's tone handed out a token per step."""
+        if continuous:
+            return ClipDecoder(self.synthesize, capacity, stream_tokens)
+        return StaticDecoder(self.synthesize, capacity)
+
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
+        """One clip per row: a sine of the voice's pitch, 3 tokens per character at speed 5."""
         out = []
         for row in rows:
             # The pitch follows the voice's embedding, so a seed and its exported

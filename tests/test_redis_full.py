@@ -95,6 +95,11 @@ class FillingEngine:
         self.tone, self.redis, self.after = ToneEngine(), redis, after
         self.freed = threading.Event()
 
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Any:
+        from engines.decoders import StaticDecoder
+
+        return StaticDecoder(self.synthesize, capacity)
+
     def synthesize(self, rows: Sequence[Any]) -> list[Any]:
         out = self.tone.synthesize(rows)
         names = fill(self.redis)
@@ -121,19 +126,20 @@ def test_a_job_that_cannot_store_fails_saying_redis_is_full(full_redis: str) -> 
     redis = Redis.from_url(full_redis)
     _, info = load_engine(settings)
     engine = FillingEngine(redis, after=3.0)  # longer than the job's patience (1 s)
-    jobs.bind(engine, info, settings, redis)
+    state = jobs.bind(engine, info, settings, redis)
     spec = Spec(chunks=(TEXT,), model=info.id)
     request_id = spec.request_id()
     redis.hset(hooks_key(request_id), "https://receiver.example/hook", "wav")
     q = queueing.queue(redis, settings)
     queueing.submit(q, spec, settings)
-    worker.TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings).work(burst=True)
+    worker.TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings,
+                     state=state).work(burst=True)
     job = queueing.fetch(redis, request_id)
     assert job is not None and job.get_status() == "failed"
     assert "Redis is full" in failure(job)
     events = [json.loads(redis.hget(k, "body") or "{}") for k in redis.keys("tts:webhook:*")]
     assert [e["status"] for e in events] == ["failed"] and "Redis is full" in events[0]["error"], events
-    jobs._figures.flush(redis)  # what a full Redis refused is added with the worker's next figures
+    state.figures.flush(redis)  # what a full Redis refused is added with the worker's next figures
     counted = {str(k): float(v) for k, v in redis.hgetall("tts:metrics").items()}
     assert any("tts_redis_full_total" in k and "worker" in k and v >= 1 for k, v in counted.items()), counted
     assert engine.freed.wait(10)

@@ -125,3 +125,34 @@ def test_a_client_that_goes_away_lets_go_of_the_request(redis: Redis, redis_url:
     assert (during, after) == (1, 0)
     # The request itself is untouched: its job goes on for whoever else asked.
     assert redis.hget(Job.key_for(REQUEST), "status") == b"started"
+
+
+def test_a_decoding_chunk_is_relayed_piece_by_piece_and_ends_with_what_is_stored(redis: Redis, redis_url: str) -> None:
+    """The worker's contract (common/keys.pieces_key): pieces appended and announced while the chunk decodes,
+    then the chunk stored as the pieces joined. The relay yields each piece as announced, before the chunk is
+    stored, and nothing twice."""
+    from common.keys import pieces_key
+
+    _job(redis, "started")
+    parts = [_pcm(0.1, 1000), _pcm(0.1, 2000), _pcm(0.05, 3000)]
+
+    async def decode_later() -> None:
+        for n, pcm in enumerate(parts):
+            await asyncio.sleep(0.2)  # the worker's pace, not a wait for the test
+            redis.rpush(pieces_key(CHUNKS[0]), pcm)
+            redis.publish(events_channel(REQUEST), json.dumps({"event": "piece", "chunk": CHUNKS[0], "n": n}))
+        redis.set(chunk_key(CHUNKS[0]), b"".join(parts))
+        redis.publish(events_channel(REQUEST), json.dumps({"event": "chunk"}))
+        redis.set(chunk_key(CHUNKS[1]), _pcm(0.1, 4000))
+
+    async def run() -> tuple[list[bytes], Relay]:
+        ctx, relay = _relay(redis_url, [0, 0])
+        later = asyncio.create_task(decode_later())
+        got = [piece async for piece in relay.pieces(first_wait=5)]
+        await later
+        await ctx.close()
+        return got, relay
+
+    got, relay = asyncio.run(run())
+    assert got == [*parts, _pcm(0.1, 4000)]
+    assert relay.first_audio is not None and relay.first_audio < 0.4, "the first piece left before the chunk was stored"

@@ -422,11 +422,11 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
 
     settings = from_env({"REDIS_URL": redis_url, "TTS_BATCH_SIZE": "8", "TTS_CHUNK_CHARS": "32"})
     info = ModelInfo("stumbles", "stumbles", True, "tone", "cpu")
-    jobs.bind(Stumbles(), info, settings, redis)
+    state = jobs.bind(Stumbles(), info, settings, redis)
     q = queueing.queue(redis, settings)
     bad = queueing.submit(q, Spec(chunks=("Fine words here.", "Unsayable words here."), model="stumbles"), settings)
     good = queueing.submit(q, Spec(chunks=("Other fine words.",), model="stumbles"), settings)
-    TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings).work(burst=True)
+    TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     assert good.get_status(refresh=True) == "finished"
     assert redis.exists(chunk_key(Spec.from_json(good.args[0]).chunk_ids()[0]))
     fine, unsayable = Spec.from_json(bad.args[0]).chunk_ids()

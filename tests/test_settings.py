@@ -17,17 +17,20 @@ def test_defaults() -> None:
 
 
 def test_values_are_read(tmp_path: object) -> None:
-    s = from_env({"REDIS_URL": "rediss://:pw@host:6380/2", "PORT": "9000", "TTS_MODEL_PATH": str(tmp_path),
-                  "TTS_DEVICE": "cuda:1", "TTS_MAX_CHARS": "100", "TTS_RESULT_TTL": "60", "TTS_DEFAULT_SEED": "7"})
-    assert (s.redis_url, s.port, s.model_path, s.device) == ("rediss://:pw@host:6380/2", 9000, str(tmp_path), "cuda:1")
+    s = from_env({"REDIS_URL": "rediss://:pw@host:6380/2", "TTS_MODEL_PATH": str(tmp_path),
+                  "TTS_DEVICE": "cuda:1", "TTS_MAX_CHARS": "100", "TTS_RESULT_TTL": "60", "TTS_DEFAULT_SEED": "7",
+                  "TTS_SCHEDULING": "static", "TTS_STREAM_TOKENS": "12"})
+    assert (s.redis_url, s.model_path, s.device) == ("rediss://:pw@host:6380/2", str(tmp_path), "cuda:1")
     assert (s.max_chars, s.result_ttl, s.default_seed) == (100, 60, 7)
+    assert (s.scheduling, s.stream_tokens) == ("static", 12)
+    assert (Settings().scheduling, Settings().stream_tokens) == ("continuous", 24)
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        pytest.param("PORT", "http", id="port-word"),
-        pytest.param("PORT", "70000", id="port-range"),
+        pytest.param("TTS_SCHEDULING", "dynamic", id="scheduling"),
+        pytest.param("TTS_STREAM_TOKENS", "0", id="stream-tokens-zero"),
         pytest.param("REDIS_URL", "localhost:6379", id="redis-no-scheme"),
         pytest.param("TTS_MODEL_PATH", "/no/such/dir", id="model-path-missing"),
         pytest.param("TTS_DEVICE", "gpu", id="device"),

@@ -1,11 +1,10 @@
 """One place that relays a request's audio as it is made: PCM16 pieces in order, for every streaming route.
 
 Every streaming answer (`GET /v1/tts/{id}/audio?stream=true`, `POST
-/v1/audio/speech`, the WebSocket) consumes `Relay.pieces`. Today a piece is
-one stored chunk followed by its pause; when the worker publishes sub-chunk
-pieces, only `_chunk_pieces` changes: it will yield a chunk's pieces as they
-are announced instead of the whole chunk once stored. What is relayed is
-what is stored: the pieces joined are `audio.join` of the stored chunks.
+/v1/audio/speech`, the WebSocket) consumes `Relay.pieces`: each chunk's
+pieces as the worker announces them while it decodes (every
+TTS_STREAM_TOKENS tokens), then the chunk's pause. What is relayed is what
+is stored: the pieces joined are `audio.join` of the stored chunks.
 
 A consumer that stops early (its client went away) closes the generator:
 the Redis subscription is released at once, and the job is left to finish
@@ -14,6 +13,7 @@ for everyone else who asked for the same audio.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -21,6 +21,7 @@ from typing import Any, AsyncGenerator
 
 from common import audio
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
+from common.keys import chunk_key, pieces_key
 from web.context import Context, Listener
 
 logger = logging.getLogger("service")
@@ -117,13 +118,34 @@ class Relay:
 async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> AsyncGenerator[bytes, None]:
     """One chunk's audio in pieces as they arrive; nothing if the job is over without it or `deadline` passes.
 
-    Today the worker stores a chunk whole, so its one piece is the stored
-    chunk (possibly empty: a silent chunk, yielded so the caller counts it).
+    The worker appends a decoding chunk's pieces to `pieces_key(chunk)` and
+    announces each one on the request's channel; the chunk's stored audio is
+    its pieces joined, byte for byte. So this yields each new piece as it is
+    announced, and once the chunk is stored, whatever of it was not yielded
+    yet (all of it when no piece was seen: a chunk stored whole, or stored
+    already; possibly empty, a silent chunk, yielded so the caller counts it).
     """
+    sent_bytes = 0
+    sent_pieces = 0
 
-    async def stored() -> bytes | None:
-        return (await ctx.cache.chunks([chunk_id]))[0]
+    async def news(start: int) -> tuple[bytes | None, list[bytes]] | None:
+        """The stored chunk and the pieces from `start` on, when either is there."""
+        async with ctx.redis.pipeline(transaction=False) as pipe:
+            pipe.get(chunk_key(chunk_id))
+            pipe.lrange(pieces_key(chunk_id), start, -1)
+            whole, fresh = await pipe.execute()
+        return (whole, fresh) if whole is not None or fresh else None
 
-    pcm = await listener.until(stored, deadline)
-    if pcm is not None:
-        yield pcm
+    while True:
+        got = await listener.until(functools.partial(news, sent_pieces), deadline)
+        if got is None:
+            return
+        whole, fresh = got
+        if whole is not None:
+            if sent_bytes == 0 or len(whole) > sent_bytes:
+                yield whole[sent_bytes:]
+            return
+        for pcm in fresh:
+            sent_bytes += len(pcm)
+            sent_pieces += 1
+            yield pcm

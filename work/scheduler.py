@@ -36,7 +36,7 @@ from redis import Redis
 
 from common import metrics
 from cache import Spec
-from common.keys import chunk_key, events_channel, pool_entry_key, pool_key
+from common.keys import chunk_key, events_channel, pieces_key, pool_entry_key, pool_key
 from common import keys
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
@@ -260,6 +260,23 @@ return 1
 """
 
 
+# KEYS: the chunk's pieces list, its claim, its waiters; ARGV: the events
+# channels' prefix, chunk id, piece index, PCM16 bytes, TTL, the claiming token. Piece 0 starts the list
+# again (a chunk made anew after a worker died or stopped). Only the lease
+# holder appends, so a worker that lost its lease cannot interleave pieces.
+_PIECE = """
+if redis.call('GET', KEYS[2]) ~= ARGV[6] then return -1 end
+if ARGV[3] == '0' then redis.call('DEL', KEYS[1]) end
+local n = redis.call('RPUSH', KEYS[1], ARGV[4]) - 1
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+local news = '{"event":"piece","chunk":"' .. ARGV[2] .. '","n":' .. n .. '}'
+for _, r in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('PUBLISH', ARGV[1] .. r, news)
+end
+return n
+"""
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A chunk this worker holds the lease on: its id and the one-chunk Spec to synthesize."""
@@ -288,6 +305,7 @@ class Pool:
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self._withdraw = redis.register_script(_WITHDRAW)
+        self._piece = redis.register_script(_PIECE)
 
     def _keys(self, chunk_ids: Sequence[str], *kinds: str) -> list[str]:
         """The pool's key, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
@@ -369,6 +387,33 @@ class Pool:
         if ids:
             self._withdraw(keys=self._keys(ids, "waiters", "task"), args=[request_id, *ids])
 
+    def piece(self, token: str, chunk_id: str, index: int, pcm: bytes) -> int:
+        """Store the next piece of a chunk this worker is making and tell every request waiting for it.
+
+        Appends to `keys.pieces_key(chunk_id)` (piece 0 starts the list anew)
+        and publishes {"event": "piece", "chunk", "n"} on each waiter's events
+        channel. Returns the piece's index in the list, or -1 (nothing stored)
+        when this worker no longer holds the chunk's lease.
+        """
+        keys = [pieces_key(chunk_id), self._key("claim", chunk_id), self._key("waiters", chunk_id)]
+        return int(self._piece(keys=keys, args=[events_channel(""), chunk_id, index, pcm, self.ttl, token]))
+
+    def live(self, token: str, chunk_ids: Sequence[str]) -> list[bool]:
+        """For each chunk: does some request still need it, and does this worker still hold its lease?
+
+        A chunk whose requests were all canceled (`withdraw`), or whose lease
+        lapsed and went to another worker, is not worth making here any more.
+        """
+        if not chunk_ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for cid in chunk_ids:
+                pipe.exists(self._key("task", cid))
+                pipe.get(self._key("claim", cid))
+            found = pipe.execute()
+        mine = token.encode()
+        return [bool(task) and claim == mine for task, claim in zip(found[::2], found[1::2])]
+
     def failures(self, chunk_ids: Sequence[str]) -> dict[str, str]:
         """Why each of `chunk_ids` failed, for those marked failed."""
         if not chunk_ids:
@@ -387,8 +432,3 @@ class Pool:
 
     def _key(self, kind: str, chunk_id: str) -> str:
         return pool_entry_key(kind, self.queue, chunk_id)
-
-
-def wake(redis: Redis, request_id: str) -> None:
-    """Wake whoever waits on `request_id`'s events (its job, streams)."""
-    redis.publish(events_channel(request_id), json.dumps({"event": "wake"}))

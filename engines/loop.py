@@ -1,0 +1,311 @@
+"""ChatTTS's GPT decode as a loop that rows join and leave between steps (continuous batching).
+
+Each row is prefilled alone (exactly as `GPT.generate` prefills a batch of
+one) and its KV cache is merged into the running batch's: the batch cache is
+left-padded to its longest row, each row's real positions right-aligned, and
+the attention mask and position ids say which columns are real. A step feeds
+every row its last token (one Llama forward), samples each row's next four
+codes with the row's own settings and generator, and drops the columns no
+row uses any more. A row ends at its end token or at its token budget
+(`common.model.token_budget`).
+
+Sampling follows `GPT.generate` (ChatTTS 0.2.5) operation for operation:
+logits / temperature, repetition penalty 1.05 over the last 16 codes, top-p,
+top-k, softmax, multinomial from a generator re-seeded with the row's seed
+every step (ChatTTS re-seeds its one generator every step when given a
+`manual_seed`). A row alone in the loop therefore makes the very tokens that
+`Chat.infer(split_text=False)` makes with `manual_seed=row_seed(spec)`.
+
+Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
+with `lookahead` tokens of context on both sides and handed out as a Piece.
+
+Imports torch on construction only; the worker side alone imports engines/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from cache import Spec
+from common import audio
+from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
+from engines import spoken
+
+# Tokens of context decoded on each side of a piece, so that its edges sound
+# as they would in one decode of the whole chunk (tests/test_loop.py measures
+# the joins). ChatTTS's DVAE decoder and Vocos see a few tokens either way.
+LOOKAHEAD = 8
+# ChatTTS's repetition penalty (InferCodeParams' default) and its window.
+REPETITION_PENALTY = 1.05
+
+
+def row_seed(spec: Spec, chunk_id: str) -> int:
+    """The seed of a row's generator: its voice (seed or speaker string) and its chunk, nothing else."""
+    voice = str(spec.seed) if spec.speaker is None else spec.speaker
+    return int(hashlib.sha256(f"{voice}\x00{chunk_id}".encode()).hexdigest()[:8], 16)
+
+
+@dataclass
+class _Row:
+    key: str
+    seed: int
+    budget: int
+    temperature: Any  # tensor (4, 1), as GPT.generate divides
+    warpers: list[Callable[[Any, Any], Any]]
+    generator: Any
+    codes: Any  # (budget, 4) long: the codes sampled so far
+    length: int  # real positions in the KV cache
+    hiddens: list[Any] = field(default_factory=list)
+    made: int = 0  # codes sampled (a row ends before adding its end token)
+    sent: int = 0  # tokens handed out in pieces
+    pieces: int = 0
+    done: bool = False
+
+
+class ChatTTSLoop:
+    """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
+
+    def __init__(self, chat: Any, speaker: Callable[[int | None, str | None], Any], max_new_token: int,
+                 capacity: int, stream_tokens: int, lookahead: int = LOOKAHEAD) -> None:
+        import torch
+
+        from ChatTTS.model.processors import gen_logits
+
+        self.torch = torch
+        self.chat = chat
+        self.speaker = speaker
+        self.max_new_token = max_new_token
+        self.capacity = capacity
+        self.stream_tokens = stream_tokens
+        self.lookahead = lookahead
+        self.num_vq = int(chat.config.gpt.num_vq)
+        self.eos = int(chat.config.gpt.num_audio_tokens) - 1
+        self.gen_logits = gen_logits
+        self.min_new_token = chat.InferCodeParams().min_new_token
+        self._rows: list[_Row] = []  # in batch order
+        self._ended: list[_Row] = []  # ended at their first token: never in the batch
+        self._cache: Any = None
+        self._warpers: dict[tuple[float, int], list[Any]] = {}
+        # Rows per step (keys), and each ended row's codes and hidden states
+        # when `record` is set: for the tests and the bench, never in service.
+        self.steps: list[list[str]] = []
+        self.record: dict[str, tuple[Any, list[Any]]] | None = None
+
+    # -- joining -------------------------------------------------------------
+
+    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+        if len(self._rows) + len(self._ended) + len(rows) > self.capacity:
+            raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
+        for key, spec in rows:
+            row, cache = self._prefill(key, spec)
+            if row.done:
+                self._ended.append(row)
+            else:
+                self._merge(row, cache)
+
+    def _prefill(self, key: str, spec: Spec) -> tuple[_Row, Any]:
+        """Prefill one row alone and sample its first codes, as GPT.generate's first step does."""
+        torch, chat = self.torch, self.chat
+        seed = row_seed(spec, key)
+        text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
+        if spec.refine_text:
+            text = self._refine(spec, text, seed)
+        emb_spk = self.speaker(spec.seed, spec.speaker)
+        prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
+        input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompt, self.num_vq, prompt=None,
+                                                                     device=chat.device_gpt)
+        emb = chat.embed(input_ids, text_mask)
+        # A 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does.
+        chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
+        length = int(input_ids.shape[1])
+        position_ids = attention_mask.long().cumsum(-1) - 1
+        position_ids.masked_fill_(attention_mask.eq(0), 1)
+        hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, length), None)
+        row = _Row(
+            key=key, seed=seed,
+            budget=token_budget(spec.chunks[0], self.max_new_token),
+            temperature=torch.tensor([spec.temperature] * self.num_vq, device=chat.device).view(-1, 1),
+            warpers=self._warpers_of(spec.top_p, spec.top_k),
+            generator=torch.Generator(device=chat.device),
+            codes=None,
+            length=length,
+        )
+        row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
+        self._sample([row], hidden)
+        return row, cache
+
+    def _refine(self, spec: Spec, text: str, seed: int) -> str:
+        chat = self.chat
+        prompt = "".join(f"[{name}_{value}]" for name, value in
+                         (("oral", spec.oral), ("laugh", spec.laugh), ("break", spec.break_)) if value is not None)
+        params = chat.RefineTextParams(prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed,
+                                       show_tqdm=False)
+        refined = chat._refine_text([text], chat.device, params)
+        ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
+        out = chat.tokenizer.decode(ids)[0]
+        refined.destroy()
+        return out
+
+    def _warpers_of(self, top_p: float, top_k: int) -> list[Any]:
+        if (top_p, top_k) not in self._warpers:
+            warpers, processors = self.gen_logits(num_code=self.eos, top_P=top_p, top_K=top_k,
+                                                  repetition_penalty=REPETITION_PENALTY)
+            self._warpers[(top_p, top_k)] = [*processors, *warpers]
+        return self._warpers[(top_p, top_k)]
+
+    def _merge(self, row: _Row, cache: Any) -> None:
+        """Add a prefilled row's cache to the batch's, left-padding whichever is shorter."""
+        torch = self.torch
+        if self._cache is None:
+            self._cache, self._rows = cache, [row]
+            return
+        width = self._width()
+        total = max(width, row.length)
+        for mine, theirs in zip(self._cache.layers, cache.layers):
+            for name in ("keys", "values"):
+                a, b = getattr(mine, name), getattr(theirs, name)
+                a = torch.nn.functional.pad(a, (0, 0, total - a.shape[2], 0))
+                b = torch.nn.functional.pad(b, (0, 0, total - b.shape[2], 0))
+                setattr(mine, name, torch.cat([a, b], dim=0))
+        self._rows.append(row)
+
+    def _width(self) -> int:
+        return int(self._cache.layers[0].keys.shape[2]) if self._cache is not None else 0
+
+    # -- stepping ------------------------------------------------------------
+
+    def step(self) -> list[Piece]:
+        torch = self.torch
+        out: list[Piece] = []
+        for row in self._ended:
+            piece = self._piece(row)
+            if piece is not None:  # always, for an ended row
+                out.append(piece)
+        self._ended.clear()
+        if not self._rows:
+            return out
+        self.steps.append([row.key for row in self._rows])
+        chat, rows = self.chat, self._rows
+        width = self._width()
+        last = torch.stack([row.codes[row.made - 1] for row in rows]).unsqueeze(1)  # (B, 1, 4)
+        emb = torch.stack([chat.gpt.emb_code[i](last[:, :, i]) for i in range(self.num_vq)], 3).sum(3)
+        lengths = torch.tensor([row.length + 1 for row in rows])
+        mask = torch.arange(width + 1).unsqueeze(0) >= (width + 1 - lengths).unsqueeze(1)
+        positions = (lengths - 1).unsqueeze(1)
+        hidden, self._cache = self._forward(emb, mask, positions, torch.arange(width, width + 1), self._cache)
+        for row in rows:
+            row.length += 1
+        self._sample(rows, hidden)
+        for row in rows:
+            piece = self._piece(row)
+            if piece is not None:
+                out.append(piece)
+        if any(row.done for row in rows):
+            self._keep([i for i, row in enumerate(rows) if not row.done])
+        return out
+
+    def _forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
+        """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""
+        torch, gpt = self.torch, self.chat.gpt
+        inputs = gpt._GenerationInputs(position_ids=positions, cache_position=cache_position,
+                                       attention_mask=mask, inputs_embeds=emb)
+        inputs.to(gpt.device_gpt, gpt.gpt.dtype)
+        outputs = gpt.gpt(attention_mask=inputs.attention_mask, position_ids=inputs.position_ids,
+                          past_key_values=cache, inputs_embeds=inputs.inputs_embeds, use_cache=True,
+                          output_attentions=False, cache_position=inputs.cache_position)
+        hidden = outputs.last_hidden_state.to(gpt.device, dtype=torch.float)
+        return hidden, outputs.past_key_values
+
+    def _sample(self, rows: Sequence[_Row], hidden: Any) -> None:
+        """Sample each row's next codes from the last position of `hidden` (rows, positions, dim)."""
+        import torch.nn.functional as F
+        import torch.nn.utils.parametrize as P
+
+        torch, gpt = self.torch, self.chat.gpt
+        with P.cached():
+            logits = torch.empty(hidden.size(0), hidden.size(1), gpt.num_audio_tokens, self.num_vq,
+                                 dtype=torch.float, device=gpt.device)
+            for vq in range(self.num_vq):
+                logits[..., vq] = gpt.head_code[vq](hidden)
+        logits = logits.narrow(1, -1, 1).squeeze_(1).float().permute(0, 2, 1)
+        logits = logits.reshape(-1, logits.size(2))
+        last_hidden = hidden.narrow(1, -1, 1).squeeze(1)
+        for i, row in enumerate(rows):
+            scores = logits.narrow(0, i * self.num_vq, self.num_vq) / row.temperature
+            history = row.codes.narrow(0, 0, row.made).permute(1, 0)
+            for warp in row.warpers:
+                scores = warp(history, scores)
+            if row.made < self.min_new_token:
+                scores[:, self.eos] = -torch.inf
+            probs = F.softmax(scores, dim=-1)
+            codes = torch.multinomial(probs, num_samples=1, generator=row.generator.manual_seed(row.seed)).view(-1)
+            if bool(codes.eq(self.eos).any()):
+                row.done = True
+                continue
+            row.codes[row.made] = codes
+            row.hiddens.append(last_hidden[i].clone())
+            row.made += 1
+            if row.made >= row.budget:
+                row.done = True
+
+    def _keep(self, indices: list[int]) -> None:
+        """Keep only these batch rows, and drop the cache columns no remaining row uses."""
+        torch = self.torch
+        self._rows = [self._rows[i] for i in indices]
+        if not self._rows:
+            self._cache = None
+            return
+        index = torch.tensor(indices)
+        width = self._width()
+        unused = width - max(row.length for row in self._rows)
+        for layer in self._cache.layers:
+            for name in ("keys", "values"):
+                kept = getattr(layer, name).index_select(0, index)
+                setattr(layer, name, kept.narrow(2, unused, width - unused).contiguous() if unused else kept)
+
+    # -- audio ---------------------------------------------------------------
+
+    def _piece(self, row: _Row) -> Piece | None:
+        """The row's next piece, if `stream_tokens` tokens (plus look-ahead) are ready or the row ended."""
+        if not row.done and row.made - row.sent < self.stream_tokens + self.lookahead:
+            return None
+        end = row.made if row.done else row.sent + self.stream_tokens
+        samples = self.decode(row.hiddens, row.sent, end, last=row.done)
+        samples = audio.fade_edges(samples, head=row.pieces == 0, tail=row.done)
+        piece = Piece(row.key, samples, row.pieces, row.done, row.made)
+        if row.done and self.record is not None:
+            self.record[row.key] = (row.codes[: row.made].clone(), list(row.hiddens))
+        row.sent, row.pieces = end, row.pieces + 1
+        return piece
+
+    def decode(self, hiddens: Sequence[Any], start: int, end: int, last: bool) -> np.ndarray:
+        """Samples of tokens [start, end) of a row, decoded with `lookahead` tokens of context each side.
+
+        A clip of T tokens has 512*T - 256 samples (the vocoder's centre
+        padding): the last piece of a row stops there.
+        """
+        if end <= start:
+            return np.zeros(0, dtype=np.float32)
+        first = max(0, start - self.lookahead)
+        stop = len(hiddens) if last else min(len(hiddens), end + self.lookahead)
+        window = self.torch.stack(list(hiddens[first:stop]))
+        wav = np.asarray(self.chat._decode_to_wavs([window], True)[0], dtype=np.float32)
+        a = SAMPLES_PER_TOKEN * (start - first)
+        b = SAMPLES_PER_TOKEN * (end - first) - (SAMPLES_PER_TOKEN // 2 if last else 0)
+        return wav[a:b]
+
+    # -- leaving -------------------------------------------------------------
+
+    def leave(self, keys: Iterable[str]) -> None:
+        gone = set(keys)
+        self._ended = [row for row in self._ended if row.key not in gone]
+        kept = [i for i, row in enumerate(self._rows) if row.key not in gone]
+        if len(kept) != len(self._rows):
+            self._keep(kept)
+
+    def keys(self) -> list[str]:
+        return [row.key for row in self._rows] + [row.key for row in self._ended]

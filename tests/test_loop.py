@@ -1,0 +1,248 @@
+"""The continuous decode loop (engines/loop.py, jobs.py) on the real tiny ChatTTS.
+
+Upstream equivalence stands in for real weights: a row alone in the loop
+makes the very codes and hidden states of ChatTTS's own `_infer_code`
+(what `Chat.infer(split_text=False)` runs) on the same text, voice and seed,
+and one decode of them gives `Chat.infer`'s samples up to its trim.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+import torch
+from redis import Redis
+
+import jobs
+from cache import Spec, chunk_key
+from common import audio
+from common.keys import pieces_key
+from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
+from common.settings import from_env
+from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
+from engines.loop import ChatTTSLoop, row_seed
+from work import queueing
+from work.scheduler import Pool
+
+TEXTS = ["Hello world, this is the loop test.", "Another sentence joins the loop here.",
+         "A third one, fairly long, that keeps going for a while.", "Short one.", "你好，世界。这是第五句。",
+         "Six is a number.", "The seventh sentence has more words in it than most.", "Eight."]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
+    return load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1",
+                                  "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none"}))
+
+
+def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTSLoop:
+    loop = ChatTTSLoop(engine.chat, engine._speaker, engine.max_new_token, capacity, stream)
+    loop.record = {}
+    return loop
+
+
+def _rec(loop: ChatTTSLoop) -> dict[str, tuple[Any, list[Any]]]:
+    assert loop.record is not None
+    return loop.record
+
+
+def _alone(engine: ChatTTSEngine, key: str, spec: Spec) -> torch.Tensor:
+    loop = _loop(engine)
+    with torch.inference_mode():
+        decode_all(loop, [(key, spec)])
+    return _rec(loop)[key][0]
+
+
+def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
+    chat = engine.chat
+    return chat.InferCodeParams(prompt=f"[speed_{spec.speed}]", spk_emb=engine._speaker(spec.seed, spec.speaker),
+                                temperature=spec.temperature, top_P=spec.top_p, top_K=spec.top_k, manual_seed=seed,
+                                max_new_token=token_budget(spec.chunks[0], engine.max_new_token), show_tqdm=False)
+
+
+@pytest.mark.parametrize("voice", [{"seed": 7}, {"speaker": "from-seed-5"}], ids=["seed", "speaker"])
+def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(engine: tuple[ChatTTSEngine, Any],
+                                                             voice: dict[str, Any]) -> None:
+    eng, info = engine
+    if "speaker" in voice:
+        voice = {"speaker": eng.speaker(5), "seed": None}
+    spec = Spec(chunks=(TEXTS[0],), model=info.id, temperature=0.5, top_k=12, **voice)
+    chat = eng.chat
+    loop = _loop(eng)
+    with torch.inference_mode():
+        decode_all(loop, [("c0", spec)])
+        codes, hiddens = _rec(loop)["c0"]
+        params = _upstream_params(eng, spec, row_seed(spec, "c0"))
+        chat.context.set(False)
+        normed = chat.normalizer(TEXTS[0], True, True, None)
+        upstream = next(chat._infer_code([normed], False, chat.device, True, params))
+        assert torch.equal(upstream.ids[0], codes)
+        assert torch.equal(upstream.hiddens[0], torch.stack(hiddens))
+        # Chat.infer decodes the same hidden states and drops every |x| <= 1e-5;
+        # the loop cuts at 512*T - 256 instead (the vocoder's padding).
+        params = _upstream_params(eng, spec, row_seed(spec, "c0"))
+        wav = chat.infer(normed, skip_refine_text=True, split_text=False, do_text_normalization=False,
+                         params_infer_code=params)[0]
+        raw = chat._decode_to_wavs([torch.stack(hiddens)], True)[0]
+    assert np.array_equal(wav, raw[np.abs(raw) > np.float32(1e-5)])
+    assert np.array_equal(loop.decode(hiddens, 0, len(hiddens), last=True),
+                          raw[: SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2])
+
+
+def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(engine: tuple[ChatTTSEngine, Any]) -> None:
+    eng, info = engine
+    spec = Spec(chunks=(TEXTS[1],), model=info.id, seed=3)
+    chat = eng.chat
+    with torch.inference_mode():
+        ours = eng.synthesize([spec])[0]
+        normed = chat.normalizer(TEXTS[1], True, True, None)
+        wav = chat.infer(normed, skip_refine_text=True, split_text=False, do_text_normalization=False,
+                         params_infer_code=_upstream_params(eng, spec, _voice_seed(spec)))[0]
+    kept = ours[np.abs(ours) > np.float32(1e-5)]
+    assert len(kept) > 0 and np.array_equal(wav[: len(kept)], kept)
+
+
+def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(engine: tuple[ChatTTSEngine, Any],
+                                                                     record_property: Any) -> None:
+    """Eight rows in different voices and sampling settings join a loop of 4 at different steps; each row's
+    generator is its own, so its codes are those it makes alone. The identity share is recorded (float32,
+    CPU: every row so far; the batch's matmuls may round differently from a batch of one elsewhere)."""
+    eng, info = engine
+    settings: list[dict[str, Any]] = [{"temperature": 0.3}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.9},
+                                      {"temperature": 0.1}]
+    specs = {f"k{i}": Spec(chunks=(text,), model=info.id, seed=i, **settings[i % 4]) for i, text in enumerate(TEXTS)}
+    alone = {key: _alone(eng, key, spec) for key, spec in specs.items()}
+    loop = _loop(eng)
+    waiting = list(specs.items())
+    with torch.inference_mode():
+        loop.join(waiting[:2])
+        waiting = waiting[2:]
+        step = 0
+        while loop.keys() or waiting:
+            step += 1
+            if waiting and step % 5 == 0:
+                free = loop.capacity - len(loop.keys())
+                loop.join(waiting[:free])
+                waiting = waiting[free:]
+            loop.step()
+    same = [key for key in specs if torch.equal(alone[key], _rec(loop)[key][0])]
+    record_property("identical_share", f"{len(same)}/{len(specs)}")
+    assert max(len(rows) for rows in loop.steps) == 4, "the loop ran full"
+    assert len(same) >= len(specs) - 1, f"identical alone and joined: {same}"
+
+
+def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tuple[ChatTTSEngine, Any]) -> None:
+    eng, info = engine
+    rows = [("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1, temperature=0.3, top_k=20)),
+            ("b", Spec(chunks=(TEXTS[2],), model=info.id, seed=2, temperature=0.9, top_k=3)),
+            ("c", Spec(chunks=(TEXTS[2],), model=info.id, speaker=eng.speaker(4), seed=None, top_p=0.5))]
+    loop = _loop(eng)
+    forwards: list[int] = []
+    hook = eng.chat.gpt.gpt.register_forward_pre_hook(
+        lambda _m, _a, kw: forwards.append(int(kw["inputs_embeds"].shape[0])), with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            decode_all(loop, rows)
+    finally:
+        hook.remove()
+    # One prefill per row, then forwards of all three rows together.
+    assert forwards[:3] == [1, 1, 1] and forwards[3] == 3
+    assert loop.steps[0] == ["a", "b", "c"]
+    codes = {key: _rec(loop)[key][0] for key, _ in rows}
+    assert not torch.equal(codes["a"][:8], codes["b"][:8]), "each row samples with its own settings"
+    for key, spec in rows:
+        assert torch.equal(codes[key], _alone(eng, key, spec))
+
+
+def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any], record_property: Any) -> None:
+    """Pieces of 8 tokens with LOOKAHEAD context against one decode of all the row's tokens."""
+    eng, info = engine
+    loop = _loop(eng, stream=8)
+    with torch.inference_mode():
+        pieces = decode_all(loop, [("j", Spec(chunks=(TEXTS[6],), model=info.id, seed=9))])["j"]
+        hiddens = _rec(loop)["j"][1]
+        whole = audio.fade_edges(loop.decode(hiddens, 0, len(hiddens), last=True), True, True)
+    joined = np.concatenate([p.samples for p in pieces])
+    assert len(pieces) >= 3 and [p.index for p in pieces] == list(range(len(pieces))) and pieces[-1].last
+    assert len(joined) == len(whole) == SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2
+    snr = 10 * np.log10(np.sum(whole ** 2) / max(np.sum((joined - whole) ** 2), 1e-30))
+    edges = np.cumsum([len(p.samples) for p in pieces])[:-1]
+    steps = np.abs(np.diff(joined))
+    at_joins = max(steps[e - 1] for e in edges)
+    record_property("snr_db", round(float(snr), 1))
+    record_property("join_step_vs_largest_step", round(float(at_joins / steps.max()), 3))
+    assert snr > 60
+    assert at_joins <= steps.max()
+
+
+def _in_process_worker(redis: Redis, redis_url: str, model: tuple[ChatTTSEngine, Any], **env: str) -> Any:
+    eng, info = model
+    settings = from_env({"REDIS_URL": redis_url, "TTS_BATCH_SIZE": "3", "TTS_STREAM_TOKENS": "8", **env})
+    return jobs.bind(eng, info, settings, redis), settings
+
+
+def test_stored_chunks_are_their_announced_pieces_joined(engine: tuple[ChatTTSEngine, Any], redis: Redis,
+                                                         redis_url: str) -> None:
+    """A real rq worker (burst, in-process) makes two requests through the loop: each chunk's stored audio
+    is byte for byte its pieces list joined, and every piece was announced on its request's channel."""
+    from worker import TTSWorker
+
+    state, settings = _in_process_worker(redis, redis_url, engine)
+    q = queueing.queue(redis, settings)
+    specs = [Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1),
+             Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=0.6)]
+    listen = redis.pubsub(ignore_subscribe_messages=True)
+    submitted = [queueing.submit(q, spec, settings) for spec in specs]
+    listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
+    TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
+    news = []
+    quiet = 0
+    while quiet < 5:  # subscribe confirmations read as None too: stop after five empty reads in a row
+        message = listen.get_message(timeout=0.1)
+        quiet = quiet + 1 if message is None else 0
+        if message is not None:
+            news.append(json.loads(message["data"]))
+    for job, spec in zip(submitted, specs):
+        assert job.get_status(refresh=True) == "finished"
+        for cid in spec.chunk_ids():
+            pieces = cast(list[bytes], redis.lrange(pieces_key(cid), 0, -1))
+            assert len(pieces) >= 2 and b"".join(pieces) == redis.get(chunk_key(cid))
+            announced = [e["n"] for e in news if e.get("event") == "piece" and e["chunk"] == cid]
+            assert announced == list(range(len(pieces)))
+
+
+def test_a_canceled_row_leaves_at_the_next_step_and_a_shared_one_stays(engine: tuple[ChatTTSEngine, Any],
+                                                                       redis: Redis, redis_url: str) -> None:
+    """Two requests share a chunk; the loop holds the shared chunk and one of the canceled request's own.
+    After the cancel, the next step drops the canceled row and keeps decoding the shared one to the end."""
+    state, settings = _in_process_worker(redis, redis_url, engine, TTS_BATCH_SIZE="4")
+    q = queueing.queue(redis, settings)
+    shared = "The shared sentence is here."
+
+    def lasting(seed: int) -> bool:  # random weights end some rows within a few tokens: not these
+        spec = Spec(chunks=(TEXTS[2], shared), model=engine[1].id, seed=seed)
+        return all(len(_alone(engine[0], cid, spec.row(i))) > 8 for i, cid in enumerate(spec.chunk_ids()))
+
+    seed = next(s for s in range(1, 20) if lasting(s))
+    canceled = Spec(chunks=(TEXTS[2], shared), model=engine[1].id, seed=seed)
+    other = Spec(chunks=(shared,), model=engine[1].id, seed=seed)
+    for spec in (canceled, other):
+        queueing.submit(q, spec, settings)
+    own, shared_id = canceled.chunk_ids()
+    run = jobs._Run()
+    with torch.inference_mode():
+        jobs._advance(state, run, None)
+        assert sorted(state.decoder.keys()) == sorted([own, shared_id])
+        jobs._advance(state, run, None)
+        queueing.cancel(q, canceled.request_id(), canceled.chunk_ids(), settings.result_ttl)
+        jobs._advance(state, run, None)
+        assert state.decoder.keys() == [shared_id]
+        assert Pool(redis, "tts", 60).live(state.token, [own]) == [False]
+        while state.decoder.keys():
+            jobs._advance(state, run, None)
+    assert redis.exists(chunk_key(shared_id)) and not redis.exists(chunk_key(own)), (run.tokens, own)
+    assert not redis.exists(f"tts:claim:tts:{own}"), "the canceled row's lease was given up"
