@@ -206,7 +206,8 @@ def test_stream_starts_long_before_the_job_ends(stack_factory: Callable[..., Sta
         seen.add(status["progress"]["chunks_done"])
         streamed = first + b"".join(pieces)
     assert status["status"] in ("started", "finished") and status["progress"]["chunks_total"] == total
-    assert 0 < min(seen) < total, "status should show the job part-way through while the stream starts"
+    # Pieces are relayed while a chunk decodes: the first bytes may come before any chunk is whole.
+    assert min(seen) < total, "status should show the job part-way through while the stream starts"
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "finished", 30, "the job to record its result")
     stored = httpx.get(stack.url + body["audio_url"]).content
