@@ -41,9 +41,10 @@ run: $(VENV)/.run
 	echo "Redis: $$url" && \
 	REDIS_URL=$$url TTS_FALLBACK_MODEL_PATH=$(TINY) PATH=$(abspath $(BIN)):$$PATH exec $(BIN)/honcho start --port $${PORT:-8000}
 
-# ruff (lint; `ruff format --check` once the tree is formatted) and mypy, as pyproject.toml sets them.
+# ruff (lint and format) and mypy, as pyproject.toml sets them.
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 test: $(VENV)/.test lint

@@ -9,8 +9,8 @@ import unicodedata
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from splitter import pause_after
 from common.keys import chunk_key, request_key
+from splitter import pause_after
 
 # Bump when anything that changes the sound for the same inputs changes
 # (splitting rules, how audio is trimmed or stored): old keys then miss.
@@ -176,11 +176,6 @@ class Spec:
         values = {k: v for k, v in data.items() if k in names}
         values["chunks"] = tuple(values.get("chunks", ()))
         return cls(**values)
-
-
-
-
-
 
 
 def manifest(spec: Spec) -> dict[str, Any]:

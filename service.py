@@ -27,20 +27,13 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from web import captions
-from common import logs
-from common import metrics
-from web import openapi
-from web import ops
-from work import queueing
-from web import session
-from web import speech
-from web import tts
-from web import voices
-from web.replies import Error, Failure, openai_error, reply
-from web.context import Context
-from common.settings import Settings, from_env
+from common import logs, metrics
 from common.errors import ApiError
+from common.settings import Settings, from_env
+from web import captions, openapi, ops, session, speech, tts, voices
+from web.context import Context
+from web.replies import Error, Failure, openai_error, reply
+from work import queueing
 
 logger = logging.getLogger("service")
 
@@ -86,8 +79,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
     ]
-    handlers: dict[Any, Any] = dict.fromkeys((ApiError, HTTPException, queueing.QueueFull, MaxConnectionsError, OutOfMemoryError,
-                                              RedisConnectionError, RedisTimeoutError, Exception), _error)
+    handlers: dict[Any, Any] = dict.fromkeys(
+        (
+            ApiError,
+            HTTPException,
+            queueing.QueueFull,
+            MaxConnectionsError,
+            OutOfMemoryError,
+            RedisConnectionError,
+            RedisTimeoutError,
+            Exception,
+        ),
+        _error,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -131,17 +135,22 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
         detail = {404: "no such endpoint", 405: f"{method} is not allowed here"}.get(exc.status_code, exc.detail)
         return Failure(exc.status_code, detail, headers=exc.headers or {})
     if isinstance(exc, queueing.QueueFull):
-        return Failure(429, f"the service is busy ({exc}); try again later", headers={"Retry-After": "30"},
-                       code="queue_full")
+        return Failure(
+            429, f"the service is busy ({exc}); try again later", headers={"Retry-After": "30"}, code="queue_full"
+        )
     # A full pool is no outage (checked before the ConnectionError it is).
     if isinstance(exc, MaxConnectionsError):
         logger.warning("no Redis connection left in this process's pool (TTS_REDIS_MAX_CONNECTIONS): %s", exc)
-        return Failure(503, "too many clients are waiting on this server; try again shortly",
-                       headers={"Retry-After": "5"})
+        return Failure(
+            503, "too many clients are waiting on this server; try again shortly", headers={"Retry-After": "5"}
+        )
     if isinstance(exc, OutOfMemoryError):
         logger.warning("Redis is full (maxmemory reached under noeviction): %s", exc)
-        return Failure(503, "Redis is full: the service cannot store new work until memory is freed; try again "
-                            "later", headers={"Retry-After": "30"})
+        return Failure(
+            503,
+            "Redis is full: the service cannot store new work until memory is freed; try again later",
+            headers={"Retry-After": "30"},
+        )
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         logger.warning("Redis unavailable: %s", exc)
         return Failure(503, "the service's Redis is unavailable; try again shortly", headers={"Retry-After": "5"})

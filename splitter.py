@@ -20,9 +20,7 @@ _CLOSERS = "\"'”’」』》〉）)】"
 _OPENERS = "\"'“‘「『《〈（(【"
 _NUMBER_SEPARATORS = ".,:"
 # A chunk must not begin with punctuation that belongs to the previous text.
-_NO_LEAD = (
-    _CJK_SENTENCE_ENDS + _ASCII_SENTENCE_ENDS + _CJK_CLAUSE_MARKS + _ASCII_CLAUSE_MARKS + _CLOSERS
-)
+_NO_LEAD = _CJK_SENTENCE_ENDS + _ASCII_SENTENCE_ENDS + _CJK_CLAUSE_MARKS + _ASCII_CLAUSE_MARKS + _CLOSERS
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
 
@@ -174,9 +172,7 @@ def _finer_rules(text: str) -> list[Rule]:
     ]
 
 
-def _sub_sentence_cut(
-    start: int, limit: int, target: int, rules: list[Rule], tags: dict[int, tuple[int, int]]
-) -> int:
+def _sub_sentence_cut(start: int, limit: int, target: int, rules: list[Rule], tags: dict[int, tuple[int, int]]) -> int:
     """Return the cut in (start, limit] of the most preferred kind that lies nearest ``target``.
 
     Only an oversized tag at ``start`` pushes the cut past ``limit``.

@@ -49,13 +49,13 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-from common import audio, metrics, urls
-from work import process
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
-from common.settings import Settings
+from common import audio, metrics, urls
 from common.errors import invalid
-from work.status import Outcome
 from common.keys import chunk_key, event_key, hooks_key, request_key
+from common.settings import Settings
+from work import process
+from work.status import Outcome
 
 logger = logging.getLogger("webhooks")
 
@@ -71,6 +71,7 @@ class WebhookEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     audio_seconds: Annotated[float, Meta(ge=0, description="Length of the WAV (0 unless finished).")]
     error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
 
+
 FIELD = "callback_url"
 # Seconds a receiver has to answer one try, in all (connect, send, read the
 # status and a little of the body): one that drips its answer a byte at a
@@ -83,8 +84,6 @@ _METADATA = {ipaddress.ip_address("168.63.129.16")}  # Azure's wire server
 
 class DeliveryFailed(RuntimeError):
     """A try got no 2xx; the message names the target by scheme and host only."""
-
-
 
 
 # -- checking a callback URL -----------------------------------------------------------
@@ -154,12 +153,15 @@ def _wrapped(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
         # forwards to: they are what the zero bits of a longer prefix read as
         # (64:ff9b:1::8.8.8.8 reads 0.0.0.0 at /48 and 0.0.0.8 at /64), and
         # judging them would refuse every callback on such a network.
-        readings = [ipaddress.IPv4Address(v) for v in (
-            _bits(value, 48, 16) << 16 | _bits(value, 72, 16),
-            _bits(value, 56, 8) << 24 | _bits(value, 72, 24),
-            _bits(value, 72, 32),
-            value & 0xFFFFFFFF,
-        )]
+        readings = [
+            ipaddress.IPv4Address(v)
+            for v in (
+                _bits(value, 48, 16) << 16 | _bits(value, 72, 16),
+                _bits(value, 56, 8) << 24 | _bits(value, 72, 24),
+                _bits(value, 72, 32),
+                value & 0xFFFFFFFF,
+            )
+        ]
         return [v4 for v4 in readings if v4 not in _THIS_NETWORK] or [ipaddress.IPv4Address(0)]
     return []
 
@@ -185,8 +187,10 @@ def _check_addresses(infos: Sequence[Any]) -> list[str]:
     if not addresses:
         raise ValueError("has a host that does not resolve")
     if any(_refused(a) for a in addresses):
-        raise ValueError("points at a loopback, private, link-local, multicast or cloud-metadata address; "
-                         "the service does not call those")
+        raise ValueError(
+            "points at a loopback, private, link-local, multicast or cloud-metadata address; "
+            "the service does not call those"
+        )
     return addresses
 
 
@@ -197,15 +201,19 @@ async def check(url: str, settings: Settings) -> str:
     to the addresses it checked), unless TTS_WEBHOOK_ALLOW_PRIVATE is set.
     """
     if settings.webhook_secret is None:
-        raise invalid(FIELD, "this service has no webhook secret (TTS_WEBHOOK_SECRET), so it cannot sign "
-                             "events; ask its operator to set one")
+        raise invalid(
+            FIELD,
+            "this service has no webhook secret (TTS_WEBHOOK_SECRET), so it cannot sign "
+            "events; ask its operator to set one",
+        )
     try:
         target = _target(url)
         if not settings.webhook_allow_private:
             loop = asyncio.get_running_loop()
             try:
                 infos = await asyncio.wait_for(
-                    loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5)
+                    loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5
+                )
             except (TimeoutError, OSError, UnicodeError):
                 raise ValueError("has a host that does not resolve") from None
             _check_addresses(infos)
@@ -234,8 +242,11 @@ async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, li
     A request takes at most `limit` distinct URLs: 422 naming callback_url past that.
     """
     if not await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl):
-        raise invalid(FIELD, f"this request already has {limit} callback URLs waiting for its event, the most "
-                             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them")
+        raise invalid(
+            FIELD,
+            f"this request already has {limit} callback URLs waiting for its event, the most "
+            "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
+        )
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
@@ -272,8 +283,9 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     return len(hooks)
 
 
-def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], settings: Settings,
-                    error: str | None) -> None:
+def _enqueue_events(
+    redis: Redis, request_id: str, hooks: dict[bytes, bytes], settings: Settings, error: str | None
+) -> None:
     status, chunks_total, seconds = _outcome(redis, request_id, error)
     base = settings.public_url or ""
     queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
@@ -281,10 +293,12 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
     for raw_url, raw_fmt in hooks.items():
         url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
-            id=request_id, status=status,
+            id=request_id,
+            status=status,
             audio_url=urls.audio_url(request_id, fmt, base),
             captions_url=urls.captions_url(request_id, base),
-            chunks_total=chunks_total, audio_seconds=seconds,
+            chunks_total=chunks_total,
+            audio_seconds=seconds,
             **({"error": error or "synthesis failed"} if status == "failed" else {}),
         )
         event_id = uuid.uuid4().hex
@@ -295,15 +309,32 @@ def _enqueue_events(redis: Redis, request_id: str, hooks: dict[bytes, bytes], se
             pipe.expire(event_key(event_id), settings.result_ttl)
             pipe.execute()
         queue.enqueue(
-            deliver, event_id,
-            job_id=f"webhook-{event_id}", retry=Retry(max=len(delays), interval=delays),
+            deliver,
+            event_id,
+            job_id=f"webhook-{event_id}",
+            retry=Retry(max=len(delays), interval=delays),
             # A try is bounded by TIMEOUT in all (`_post`), plus name resolution.
-            job_timeout=int(TIMEOUT) + 20, result_ttl=24 * 3600, failure_ttl=settings.result_ttl,
+            job_timeout=int(TIMEOUT) + 20,
+            result_ttl=24 * 3600,
+            failure_ttl=settings.result_ttl,
             description=f"webhook {status} of {request_id} to {_shown(url)}",
         )
-        logger.info("webhook %s of %s queued for %s", status, request_id, _shown(url),
-                    extra={"event": {"event": "webhook", "id": request_id, "event_id": event_id,
-                                     "status": status, "target": _shown(url), "outcome": "queued"}})
+        logger.info(
+            "webhook %s of %s queued for %s",
+            status,
+            request_id,
+            _shown(url),
+            extra={
+                "event": {
+                    "event": "webhook",
+                    "id": request_id,
+                    "event_id": event_id,
+                    "status": status,
+                    "target": _shown(url),
+                    "outcome": "queued",
+                }
+            },
+        )
 
 
 def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[Outcome, int, float]:
@@ -356,8 +387,7 @@ def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> s
     of the secrets verifies the event while they are rotated.
     """
     signed = f"{event_id}.{timestamp}.".encode() + body
-    return " ".join("v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-                    for key in keys)
+    return " ".join("v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in keys)
 
 
 def deliver(event_id: str) -> dict[str, Any]:
@@ -395,9 +425,13 @@ def deliver(event_id: str) -> dict[str, Any]:
             except (OSError, UnicodeError) as exc:
                 raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
         timestamp = str(int(time.time()))
-        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "webhook-id": event_id,
-                   "webhook-timestamp": timestamp,
-                   "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data)}
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "webhook-id": event_id,
+            "webhook-timestamp": timestamp,
+            "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data),
+        }
         if target.parts.username is not None:
             pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
             headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
@@ -416,9 +450,21 @@ def deliver(event_id: str) -> dict[str, Any]:
         seconds = time.monotonic() - started
         _figures.inc("tts_webhook_deliveries_total", result=outcome)
         log = logger.warning if outcome in ("given_up", "refused") else logger.info
-        log("webhook %s to %s: %s", event_id, target.shown, outcome,
-            extra={"event": {"event": "webhook", "event_id": event_id, "target": target.shown, "outcome": outcome,
-                             "seconds": round(seconds, 3)}})
+        log(
+            "webhook %s to %s: %s",
+            event_id,
+            target.shown,
+            outcome,
+            extra={
+                "event": {
+                    "event": "webhook",
+                    "event_id": event_id,
+                    "target": target.shown,
+                    "outcome": outcome,
+                    "seconds": round(seconds, 3),
+                }
+            },
+        )
         try:
             _figures.flush(_bound.redis)
         except (RedisError, OSError) as exc:
@@ -514,8 +560,13 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Deliver webhook events (an rq worker on the webhook queue)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    parser.add_argument("--processes", type=int, default=None, metavar="N",
-                        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds one")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds one",
+    )
     args = parser.parse_args(argv)
     settings = process.settings_from_env()
     if settings is None:
@@ -537,8 +588,9 @@ def main(argv: list[str] | None = None) -> int:
         return _DeliveryWorker([queue], connection=redis, serializer=JSONSerializer, log_job_description=False)
 
     # The scheduler puts retries back on the queue once their delay is over.
-    return process.serve(redis, make, finite=args.burst, burst=args.burst, with_scheduler=True,
-                         logging_level=logging.getLogger().level)
+    return process.serve(
+        redis, make, finite=args.burst, burst=args.burst, with_scheduler=True, logging_level=logging.getLogger().level
+    )
 
 
 class _DeliveryWorker(process.StopAware, Worker):

@@ -24,14 +24,13 @@ from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
-
-from work import lifetime, process, queueing
 import webhooks
-from engines.config import ModelUnavailable
-from engines.loading import load_engine
-from engines.launcher import CPU, RestartPolicy, gpu_slots, launch
 from common.errors import RedisFull
 from common.settings import Settings
+from engines.config import ModelUnavailable
+from engines.launcher import CPU, RestartPolicy, gpu_slots, launch
+from engines.loading import load_engine
+from work import lifetime, process, queueing
 from work.status import failure_words
 
 logger = logging.getLogger("worker")
@@ -180,13 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ChatTTS synthesis worker (non-forking rq worker)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     parser.add_argument("--max-jobs", type=int, default=None, help="exit after N jobs (let the supervisor restart it)")
-    parser.add_argument("--gpus", metavar="all|N|I,J", default=None,
-                        help="start one worker process per GPU, each seeing only its own: every visible GPU, the "
-                             "first N, or these ids (as nvidia-smi numbers them; one id: '1,'); with no GPU, "
-                             "one CPU worker in this process, or --per-gpu K CPU worker processes")
-    parser.add_argument("--per-gpu", metavar="K", type=int, default=1,
-                        help="with --gpus: K worker processes per GPU, when its memory holds K models (with no GPU: K CPU "
-                             "workers, each taking its share of the cores)")
+    parser.add_argument(
+        "--gpus",
+        metavar="all|N|I,J",
+        default=None,
+        help="start one worker process per GPU, each seeing only its own: every visible GPU, the "
+        "first N, or these ids (as nvidia-smi numbers them; one id: '1,'); with no GPU, "
+        "one CPU worker in this process, or --per-gpu K CPU worker processes",
+    )
+    parser.add_argument(
+        "--per-gpu",
+        metavar="K",
+        type=int,
+        default=1,
+        help="with --gpus: K worker processes per GPU, when its memory holds K models (with no GPU: K CPU "
+        "workers, each taking its share of the cores)",
+    )
     args = parser.parse_args(argv)
     # OpenMP's wait policy stays libgomp's default unless the environment
     # sets OMP_WAIT_POLICY: a thread spins briefly after each parallel region,
@@ -206,16 +214,29 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         child_args = (["--burst"] if args.burst else []) + (
-            ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else [])
+            ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else []
+        )
         restart = args.max_jobs is not None and not args.burst
         policy = RestartPolicy(max_failures=settings.worker_max_failures, window=settings.worker_failure_window)
         if devices:
-            return launch(devices, args.per_gpu, child_args, restart=restart, policy=policy,
-                          redis=Redis.from_url(settings.redis_url, socket_timeout=5))
+            return launch(
+                devices,
+                args.per_gpu,
+                child_args,
+                restart=restart,
+                policy=policy,
+                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+            )
         if args.per_gpu > 1:
             logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
-            return launch([CPU], args.per_gpu, child_args, restart=restart, policy=policy,
-                          redis=Redis.from_url(settings.redis_url, socket_timeout=5))
+            return launch(
+                [CPU],
+                args.per_gpu,
+                child_args,
+                restart=restart,
+                policy=policy,
+                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+            )
         logger.info("no GPU is visible: running one CPU worker")
     try:
         engine, info = load_engine(settings)
@@ -231,11 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         state = jobs.bind(engine, info, settings, redis)
         logger.info("serving model %s (%s) on %s, queue %r", info.name, info.id, info.device, settings.queue)
         name = base_name if generation == 0 else f"{base_name}-{generation}"
-        return TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
-                         name=name, settings=settings, state=state)
+        return TTSWorker(
+            [queueing.queue(redis, settings)],
+            connection=redis,
+            serializer=queueing.SERIALIZER,
+            name=name,
+            settings=settings,
+            state=state,
+        )
 
-    return process.serve(redis, make, finite=args.burst or args.max_jobs is not None, burst=args.burst,
-                         max_jobs=args.max_jobs, logging_level=logging.getLogger().level)
+    return process.serve(
+        redis,
+        make,
+        finite=args.burst or args.max_jobs is not None,
+        burst=args.burst,
+        max_jobs=args.max_jobs,
+        logging_level=logging.getLogger().level,
+    )
+
 
 if __name__ == "__main__":
     code = main()

@@ -41,8 +41,10 @@ def create_app() -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/raw/{key}", get, methods=["GET"]),
-        Route("/raw/{key}", post, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/raw/{key}", get, methods=["GET"]),
+            Route("/raw/{key}", post, methods=["POST"]),
+        ]
+    )

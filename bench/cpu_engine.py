@@ -34,7 +34,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
-    ROOT, bench_env, engine_bench, machine, markdown_table, say, spread, write_random_model, write_section,
+    ROOT,
+    bench_env,
+    engine_bench,
+    machine,
+    markdown_table,
+    say,
+    spread,
+    write_random_model,
+    write_section,
 )
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
@@ -59,9 +67,28 @@ def run(model: Path, tunings: list[str], threads: int, args: argparse.Namespace,
         env = bench_env() if wait == "default" else bench_env(OMP_WAIT_POLICY=wait)
         if wait == "default":
             env.pop("OMP_WAIT_POLICY", None)
-        data, stdout = engine_bench(["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings),
-                                     "--batch-sizes", args.batch_sizes, "--chunks", str(args.chunks), "--rounds",
-                                     str(args.rounds), "--threads", str(threads), "--fidelity", "--profile"], out, env)
+        data, stdout = engine_bench(
+            [
+                "--model",
+                str(model),
+                "--device",
+                "cpu",
+                "--tunings",
+                ",".join(tunings),
+                "--batch-sizes",
+                args.batch_sizes,
+                "--chunks",
+                str(args.chunks),
+                "--rounds",
+                str(args.rounds),
+                "--threads",
+                str(threads),
+                "--fidelity",
+                "--profile",
+            ],
+            out,
+            env,
+        )
         print(stdout, end="", flush=True)
         return data
 
@@ -72,8 +99,10 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
     labels = list(dict.fromkeys(r["tuning"] for r in data["runs"]))
     for label in labels:
         f = data["fidelity"][label]
-        fid = (f"{f['cosine']:.4f} ({'pass' if f['passes'] else 'FAIL'}); {f['matching']}/{f['steps']}; "
-               f"{f['decoder_cosine']:.4f}")
+        fid = (
+            f"{f['cosine']:.4f} ({'pass' if f['passes'] else 'FAIL'}); {f['matching']}/{f['steps']}; "
+            f"{f['decoder_cosine']:.4f}"
+        )
         row = [label, str(threads), wait, fid]
         for size in sizes:
             mine = {r["round"]: r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size}
@@ -89,8 +118,12 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
 def best(data: dict, size: int) -> str:
     """The tuning with the lowest median real-time factor at `size`, float32 aside."""
     labels = {r["tuning"] for r in data["runs"]} - {"float32"}
-    return min(labels, key=lambda label: statistics.median(
-        r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size))
+    return min(
+        labels,
+        key=lambda label: statistics.median(
+            r["rtf"] for r in data["runs"] if r["tuning"] == label and r["batch"] == size
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", default="2,1", help="torch thread counts; the first runs every tuning")
-    parser.add_argument("--waits", default="PASSIVE",
-                        help="OMP_WAIT_POLICY values to run at the first thread count besides the worker's "
-                             "default (libgomp's: spin briefly, then sleep), with float32 and the fastest tuning")
+    parser.add_argument(
+        "--waits",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY values to run at the first thread count besides the worker's "
+        "default (libgomp's: spin briefly, then sleep), with float32 and the fastest tuning",
+    )
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the table")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -123,19 +159,23 @@ def main(argv: list[str] | None = None) -> int:
         table += rows(run(model, ["float32", best(first, sizes[0])], count, args), sizes, count)
     for wait in [w for w in args.waits.split(",") if w]:
         table += rows(run(model, ["float32", best(first, sizes[0])], counts[0], args, wait), sizes, counts[0], wait)
-    head = (["tuning", "threads", "OpenMP wait", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
-            + [f"RTF batch {s} (vs float32)" for s in sizes]
-            + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)])
+    head = (
+        ["tuning", "threads", "OpenMP wait", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
+        + [f"RTF batch {s} (vs float32)" for s in sizes]
+        + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)]
+    )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    text = "\n".join([
-        f"Generated by `bench/cpu_engine.py` on {when} in {time.monotonic() - started:.0f} s: "
-        f"{first['model']}, {first['max_new_token']} tokens per chunk, {args.chunks} chunk(s) per run, "
-        f"{args.rounds} round(s); {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
-        f"load average {load_before} at start, {load_after} at end.",
-        "",
-        markdown_table(head, table),
-    ])
+    text = "\n".join(
+        [
+            f"Generated by `bench/cpu_engine.py` on {when} in {time.monotonic() - started:.0f} s: "
+            f"{first['model']}, {first['max_new_token']} tokens per chunk, {args.chunks} chunk(s) per run, "
+            f"{args.rounds} round(s); {info['cpu']}, {info['cores']} cores, torch {info['torch']}; "
+            f"load average {load_before} at start, {load_after} at end.",
+            "",
+            markdown_table(head, table),
+        ]
+    )
     print()
     print(text)
     if args.write:

@@ -112,16 +112,27 @@ def install(chat: Any, gpt: Any, decoder: Any, clock: Clock | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True,
-                        help="checkpoint directory (engines/tiny_checkpoint.py or bench/random_checkpoint.py)")
+    parser.add_argument(
+        "--model", required=True, help="checkpoint directory (engines/tiny_checkpoint.py or bench/random_checkpoint.py)"
+    )
     parser.add_argument("--batch-sizes", default="1,4")
-    parser.add_argument("--chunks", type=int, default=4,
-                        help="one-chunk texts per run (at least the batch size: a run is whole batches)")
-    parser.add_argument("--warmup", action="store_true",
-                        help="one untimed pass over every configuration first (CUDA: allocator, kernels)")
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=4,
+        help="one-chunk texts per run (at least the batch size: a run is whole batches)",
+    )
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="one untimed pass over every configuration first (CUDA: allocator, kernels)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tunings", default="float32",
-                        help="comma-separated DTYPE[+int8][+compile] (tuning.py); float32 is the baseline")
+    parser.add_argument(
+        "--tunings",
+        default="float32",
+        help="comma-separated DTYPE[+int8][+compile] (tuning.py); float32 is the baseline",
+    )
     parser.add_argument("--fidelity", action="store_true", help="each tuning against float32 (fidelity.py)")
     parser.add_argument("--profile", action="store_true", help="split each run's time by module")
     parser.add_argument("--device", default="auto", help="TTS_DEVICE: auto, cpu, cuda, cuda:N")
@@ -135,15 +146,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engines import fidelity
-    from engines import tuning
     from cache import Spec
+    from common.settings import from_env
+    from engines import fidelity, tuning
     from engines.chattts import ChatTTSEngine
     from engines.loading import load_engine
-    from common.settings import from_env
 
-    env = {"TTS_MODEL_PATH": args.model, "TTS_DEVICE": args.device, "TTS_TORCH_THREADS": str(args.threads),
-           "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none", "TTS_COMPILE": "false"}
+    env = {
+        "TTS_MODEL_PATH": args.model,
+        "TTS_DEVICE": args.device,
+        "TTS_TORCH_THREADS": str(args.threads),
+        "TTS_DTYPE": "float32",
+        "TTS_QUANTIZE": "none",
+        "TTS_COMPILE": "false",
+    }
     if args.max_new_token:
         env["TTS_MAX_NEW_TOKEN"] = str(args.max_new_token)
     settings = from_env(env)
@@ -165,18 +181,30 @@ def main(argv: list[str] | None = None) -> int:
     source = Texts(seed=7)
     texts = [source.sentence() for _ in range(max(args.chunks, *sizes))]
     spec = Spec(chunks=tuple(texts), model=info.id, seed=settings.default_seed)
-    print(f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; "
-          f"torch threads {torch.get_num_threads()}; max_new_token {engine.max_new_token}", flush=True)
+    print(
+        f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; "
+        f"torch threads {torch.get_num_threads()}; max_new_token {engine.max_new_token}",
+        flush=True,
+    )
 
     fidelities = {}
     if args.fidelity:
         for label in labels:
             f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=settings.default_seed)
-            fidelities[label] = {"cosine": f.cosine, "matching": f.matching, "prefix": f.prefix, "steps": f.steps,
-                                 "decoder_cosine": f.decoder_cosine, "passes": f.passes}
-            print(f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), "
-                  f"{f.matching}/{f.steps} sampled steps match ({f.prefix} leading), "
-                  f"decoder cosine {f.decoder_cosine:.5f}", flush=True)
+            fidelities[label] = {
+                "cosine": f.cosine,
+                "matching": f.matching,
+                "prefix": f.prefix,
+                "steps": f.steps,
+                "decoder_cosine": f.decoder_cosine,
+                "passes": f.passes,
+            }
+            print(
+                f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), "
+                f"{f.matching}/{f.steps} sampled steps match ({f.prefix} leading), "
+                f"decoder cosine {f.decoder_cosine:.5f}",
+                flush=True,
+            )
 
     clock = Clock(cuda) if args.profile else None
     if clock is not None:
@@ -227,8 +255,13 @@ def main(argv: list[str] | None = None) -> int:
             seconds, chunks, samples = timed(label, size)
             audio_seconds = samples / 24_000
             run = {
-                "round": r, "batch": size, "tuning": label, "seconds": seconds, "chunks": chunks,
-                "chunks_per_s": chunks / seconds, "audio_seconds": audio_seconds,
+                "round": r,
+                "batch": size,
+                "tuning": label,
+                "seconds": seconds,
+                "chunks": chunks,
+                "chunks_per_s": chunks / seconds,
+                "audio_seconds": audio_seconds,
                 "tokens": round((samples + 256 * chunks) / 512),
                 "rtf": seconds / audio_seconds if audio_seconds else float("nan"),
                 "peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None,
@@ -240,14 +273,27 @@ def main(argv: list[str] | None = None) -> int:
                 run["gpt_steps"] = steps
                 run["ms_per_step"] = {name: 1000 * s / steps for name, s in parts.items()}
             runs.append(run)
-            print(f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, "
-                  f"{run['chunks_per_s']:6.2f} chunks/s, RTF {run['rtf']:.3f}"
-                  + ("; ms per step " + ", ".join(f"{k} {v:.1f}" for k, v in run["ms_per_step"].items())
-                     if clock is not None else ""), flush=True)
+            print(
+                f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, "
+                f"{run['chunks_per_s']:6.2f} chunks/s, RTF {run['rtf']:.3f}"
+                + (
+                    "; ms per step " + ", ".join(f"{k} {v:.1f}" for k, v in run["ms_per_step"].items())
+                    if clock is not None
+                    else ""
+                ),
+                flush=True,
+            )
     install(chat, *base, None)
-    out = {"model": info.name, "device": info.device, "load_seconds": load_seconds,
-           "torch_threads": torch.get_num_threads(), "max_new_token": engine.max_new_token, "runs": runs,
-           "fidelity": fidelities, "first_call_extra_seconds": first_call}
+    out = {
+        "model": info.name,
+        "device": info.device,
+        "load_seconds": load_seconds,
+        "torch_threads": torch.get_num_threads(),
+        "max_new_token": engine.max_new_token,
+        "runs": runs,
+        "fidelity": fidelities,
+        "first_call_extra_seconds": first_call,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

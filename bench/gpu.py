@@ -41,21 +41,34 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
-    MIB, ROOT, BenchError, Cluster, Figure, Texts, engine_bench, machine, make_spec, model_info, rss_bytes, run_jobs,
-    say, table, wait_for, write_random_model, write_tiny_model,
+    MIB,
+    ROOT,
+    BenchError,
+    Cluster,
+    Figure,
+    Texts,
+    engine_bench,
+    machine,
+    make_spec,
+    model_info,
+    rss_bytes,
+    run_jobs,
+    say,
+    table,
+    wait_for,
+    write_random_model,
+    write_tiny_model,
 )
-from common.settings import Settings  # noqa: E402
 
-
-from work import queueing  # noqa: E402
 from cache import stored  # noqa: E402
-
+from common.settings import Settings  # noqa: E402
+from work import queueing  # noqa: E402
 
 # Seconds after which the rest of the run is cut short, to finish inside 10 minutes.
 LATE = 360
@@ -68,8 +81,12 @@ CROSS_BATCH = ("false", "true")
 
 def cuda_devices() -> int:
     """How many CUDA devices torch sees (asked in a child: this process never touches CUDA)."""
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         return int(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -113,10 +130,18 @@ def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool)
     for label in labels:
         f = engine["fidelity"].get(label)
         if f and label != base:
-            figures.append(Figure("8", f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)", "cos",
-                                  [f["cosine"]], target=(">= 0.99", lambda v: v >= 0.99)))
-            figures.append(Figure("8", f"fidelity {label}: first 64 sampled steps equal to {base}'s", "steps",
-                                  [f["matching"]]))
+            figures.append(
+                Figure(
+                    "8",
+                    f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)",
+                    "cos",
+                    [f["cosine"]],
+                    target=(">= 0.99", lambda v: v >= 0.99),
+                )
+            )
+            figures.append(
+                Figure("8", f"fidelity {label}: first 64 sampled steps equal to {base}'s", "steps", [f["matching"]])
+            )
         extra = engine["first_call_extra_seconds"].get(label)
         if extra is not None and "compile" in label:
             figures.append(Figure("8", f"{label}: first call beyond a warm one (compilation)", "s", [extra]))
@@ -128,13 +153,32 @@ def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool)
             against = eager if eager != label and eager in runs else base
             rtf = [r["rtf"] for r in runs[label]]
             vs = f" (vs {against})" if label != base else ""
-            figures.append(Figure("8", f"real-time factor, batch {size}, {label}{vs}", "x", rtf,
-                                  [r["rtf"] for r in runs[against]] if label != base else []))
-            figures.append(Figure("8", f"engine throughput, batch {size}, {label}", "chunks/s",
-                                  [r["chunks_per_s"] for r in runs[label]]))
+            figures.append(
+                Figure(
+                    "8",
+                    f"real-time factor, batch {size}, {label}{vs}",
+                    "x",
+                    rtf,
+                    [r["rtf"] for r in runs[against]] if label != base else [],
+                )
+            )
+            figures.append(
+                Figure(
+                    "8",
+                    f"engine throughput, batch {size}, {label}",
+                    "chunks/s",
+                    [r["chunks_per_s"] for r in runs[label]],
+                )
+            )
             if gpu:
-                figures.append(Figure("8", f"peak GPU memory of the run, batch {size}, {label}", "MiB",
-                                      [r["peak_gpu_bytes"] / MIB for r in runs[label]]))
+                figures.append(
+                    Figure(
+                        "8",
+                        f"peak GPU memory of the run, batch {size}, {label}",
+                        "MiB",
+                        [r["peak_gpu_bytes"] / MIB for r in runs[label]],
+                    )
+                )
     return figures
 
 
@@ -152,8 +196,16 @@ def first_chunk_seconds(cluster: Cluster, settings: Settings, model_id: str, que
     return seconds
 
 
-def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int], rounds: int, threads: int,
-                 quick: bool, cross_batch: str) -> list[Figure]:
+def workers_part(
+    cluster: Cluster,
+    model_dir: Path,
+    gpu: bool,
+    workers: list[int],
+    rounds: int,
+    threads: int,
+    quick: bool,
+    cross_batch: str,
+) -> list[Figure]:
     """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
     figures: list[Figure] = []
     tag = f", cross-batching {'on' if cross_batch == 'true' else 'off'}"
@@ -161,8 +213,12 @@ def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int
     say(f"starting {max(workers)} workers ({threads} torch thread(s) each{tag})")
     before = gpu_used_mib() if gpu else None
     # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
-    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads),
-           "TTS_BATCH_SIZE": "16" if gpu else "4", "TTS_CROSS_BATCH": cross_batch}
+    env = {
+        "TTS_MODEL_PATH": str(model_dir),
+        "TTS_TORCH_THREADS": str(threads),
+        "TTS_BATCH_SIZE": "16" if gpu else "4",
+        "TTS_CROSS_BATCH": cross_batch,
+    }
     if gpu:
         env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
     stamp = f"{cross_batch}-{int(time.time())}"
@@ -183,14 +239,21 @@ def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int
                 how = "rise of the GPU's used memory / workers"
             figures.append(Figure("8", f"GPU memory per worker, idle after warm-up ({how}){tag}", "MiB", mem))
         else:
-            figures.append(Figure("8", f"RSS per worker, idle after warm-up (CPU mode){tag}", "MiB",
-                                  [rss_bytes(p.pid) / MIB for p in procs]))
+            figures.append(
+                Figure(
+                    "8",
+                    f"RSS per worker, idle after warm-up (CPU mode){tag}",
+                    "MiB",
+                    [rss_bytes(p.pid) / MIB for p in procs],
+                )
+            )
         model_id = model_info(redis).id
         texts = Texts(seed=int(time.time()))
         settings = Settings()
         ttfc = [first_chunk_seconds(cluster, settings, model_id, queues[0], texts) for _ in range(1 if quick else 2)]
-        figures.append(Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms",
-                              [1000 * s for s in ttfc]))
+        figures.append(
+            Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms", [1000 * s for s in ttfc])
+        )
         chunks_per_job = 4 if gpu else 2
         jobs_per_worker = 1 if quick else 2
         rate: dict[int, list[float]] = {n: [] for n in workers}
@@ -204,13 +267,19 @@ def workers_part(cluster: Cluster, model_dir: Path, gpu: bool, workers: list[int
                 seconds = time.monotonic() - t0
                 rate[n].append(sum(len(s.chunks) for s in specs) / seconds)
                 audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)  # type: ignore[misc]
-                say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, "
-                    f"{audio[n][-1]:.2f} s of audio per second")
+                say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio per second")
         first = workers[0]
         for n in workers:
             vs = f" (vs {first})" if n != first else ""
-            figures.append(Figure("8", f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}",
-                                  "chunks/s", rate[n], rate[first] if n != first else []))
+            figures.append(
+                Figure(
+                    "8",
+                    f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}",
+                    "chunks/s",
+                    rate[n],
+                    rate[first] if n != first else [],
+                )
+            )
             figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
     finally:
         for proc in procs:
@@ -228,8 +297,12 @@ def append_report(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
-                        help="fewer and shorter runs (also BENCH_QUICK=1)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
+        help="fewer and shorter runs (also BENCH_QUICK=1)",
+    )
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk, full-size model (GPU)")
     parser.add_argument("--batch-sizes", help="default 1,8,32 (GPU), 1,4 (CPU)")
@@ -266,8 +339,21 @@ def main(argv: list[str] | None = None) -> int:
 
             say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, tunings {', '.join(labels)}")
             out = cluster.tmp / "engine.json"
-            cmd = ["--model", str(model_dir), "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds),
-                   "--tunings", ",".join(labels), "--fidelity", "--device", "cuda:0" if gpu else "cpu"]
+            cmd = [
+                "--model",
+                str(model_dir),
+                "--batch-sizes",
+                sizes,
+                "--chunks",
+                "1",
+                "--rounds",
+                str(rounds),
+                "--tunings",
+                ",".join(labels),
+                "--fidelity",
+                "--device",
+                "cuda:0" if gpu else "cpu",
+            ]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
             engine, stdout = engine_bench(cmd, out)
@@ -280,14 +366,17 @@ def main(argv: list[str] | None = None) -> int:
                 late = time.monotonic() - started > LATE
                 if late:
                     say(f"past {LATE} s: the worker part runs one short round")
-                figures += workers_part(cluster, model_dir, gpu, workers, 1 if late else rounds, threads,
-                                        args.quick or late, mode)
+                figures += workers_part(
+                    cluster, model_dir, gpu, workers, 1 if late else rounds, threads, args.quick or late, mode
+                )
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
     seconds = time.monotonic() - started
-    head = (f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
-            f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {seconds:.0f} s")
+    head = (
+        f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
+        f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {seconds:.0f} s"
+    )
     print()
     print(head)
     print(table(figures, markdown=False))

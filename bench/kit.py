@@ -40,15 +40,39 @@ DEFAULT_DEST = ROOT / ".whl"
 # The device tool carries at most 64 MiB: the kit and the working tree together.
 MAX_MIB = 64
 PYTHON_VERSION = "3.12"
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-             "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 # The modules `--verify` imports: the worker's whole import graph pulls in the rest.
-MODULES = ("ChatTTS", "vocos", "encodec", "vector_quantize_pytorch", "num2words", "cn2an", "rq", "redis",
-           "soundfile", "engines.chattts", "worker")
+MODULES = (
+    "ChatTTS",
+    "vocos",
+    "encodec",
+    "vector_quantize_pytorch",
+    "num2words",
+    "cn2an",
+    "rq",
+    "redis",
+    "soundfile",
+    "engines.chattts",
+    "worker",
+)
 # For marker evaluation: the device's interpreter, not this one.
-DEVICE_ENV = {"python_version": PYTHON_VERSION, "python_full_version": "3.12.3", "implementation_name": "cpython",
-              "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
-              "os_name": "posix", "platform_machine": "x86_64", "extra": ""}
+DEVICE_ENV = {
+    "python_version": PYTHON_VERSION,
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "platform_machine": "x86_64",
+    "extra": "",
+}
 
 
 class KitError(RuntimeError):
@@ -71,8 +95,11 @@ def pins() -> dict[str, str]:
 
 
 def device_has() -> set[str]:
-    return {canonical(line.strip()) for line in DEVICE_PACKAGES.read_text().splitlines()
-            if line.strip() and not line.startswith("#")}
+    return {
+        canonical(line.strip())
+        for line in DEVICE_PACKAGES.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def wheels(dest: Path) -> dict[str, Path]:
@@ -81,16 +108,19 @@ def wheels(dest: Path) -> dict[str, Path]:
     for path in sorted(dest.glob("*.whl")):
         name = canonical(path.name.split("-")[0])
         if name in found:
-            raise KitError(f"two wheels of {name} in {dest} ({found[name].name}, {path.name}): "
-                           "pip stops on two versions; delete the one bench/kit.txt does not pin")
+            raise KitError(
+                f"two wheels of {name} in {dest} ({found[name].name}, {path.name}): "
+                "pip stops on two versions; delete the one bench/kit.txt does not pin"
+            )
         found[name] = path
     return found
 
 
 def _pip(*args: str, expect_failure: bool = False) -> None:
     """Run pip; with `expect_failure`, its output is kept back (a failure there is handled)."""
-    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True,
-                   capture_output=expect_failure)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args], check=True, capture_output=expect_failure
+    )
 
 
 def _platform_args() -> list[str]:
@@ -131,8 +161,10 @@ def _build(req: str, dest: Path) -> None:
         _pip("wheel", "-q", "--no-deps", "-w", tmp, req)
         built = list(Path(tmp).glob("*.whl"))
         if len(built) != 1 or not built[0].name.endswith("-none-any.whl"):
-            raise KitError(f"{req}: PyPI has no wheel for CPython {PYTHON_VERSION} manylinux x86-64, and the one "
-                           f"built here is not pure Python ({[p.name for p in built]}): pin another version")
+            raise KitError(
+                f"{req}: PyPI has no wheel for CPython {PYTHON_VERSION} manylinux x86-64, and the one "
+                f"built here is not pure Python ({[p.name for p in built]}): pin another version"
+            )
         shutil.move(str(built[0]), dest / built[0].name)
 
 
@@ -153,8 +185,12 @@ def requirements(path: Path) -> list[str]:
 
 def tree_mib() -> float:
     """What the device tool sends besides the kit: git's tracked and untracked-not-ignored files."""
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout
     return sum((ROOT / p).stat().st_size for p in out.decode().split("\0") if p and (ROOT / p).is_file()) / 2**20
 
 
@@ -166,11 +202,18 @@ def check(dest: Path, size: bool = True) -> dict[str, Path]:
     if absent:
         raise KitError(f"not collected yet: {', '.join(absent)} (run bench/kit.sh)")
     has = device_has()
-    unmet = sorted({f"{req} (needed by {name})" for name, path in found.items() for req in requirements(path)
-                    if req not in found and req not in has})
+    unmet = sorted(
+        {
+            f"{req} (needed by {name})"
+            for name, path in found.items()
+            for req in requirements(path)
+            if req not in found and req not in has
+        }
+    )
     if unmet:
-        raise KitError(f"required but neither in the kit nor on the device: {'; '.join(unmet)}: "
-                       "add them to bench/kit.txt")
+        raise KitError(
+            f"required but neither in the kit nor on the device: {'; '.join(unmet)}: add them to bench/kit.txt"
+        )
     both = sorted(set(found) & has)
     if both:
         # PYTHONPATH puts the kit first: a second copy would shadow the machine's.
@@ -188,8 +231,19 @@ def install(dest: Path, target: Path, verify: bool) -> None:
     """Install the checked kit into `target` the way the device does (offline, no dependencies)."""
     # No size check: the device's copy of the tree is no git checkout.
     found = check(dest, size=False)
-    _pip("install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade",
-         *_platform_args(), "--target", str(target), *(str(p) for p in found.values()))
+    _pip(
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-compile",
+        "--no-cache-dir",
+        "--upgrade",
+        *_platform_args(),
+        "--target",
+        str(target),
+        *(str(p) for p in found.values()),
+    )
     if verify:
         _verify(found, target)
 

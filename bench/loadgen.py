@@ -133,8 +133,15 @@ class LoadResult:
         return percentile(self.latencies, q) * 1000
 
 
-async def run(port: int, next_request: Callable[[], bytes], connections: int, duration: float,
-              warmup: float = 0.3, expect: tuple[int, ...] = (200,), timeout: float = 120) -> LoadResult:
+async def run(
+    port: int,
+    next_request: Callable[[], bytes],
+    connections: int,
+    duration: float,
+    warmup: float = 0.3,
+    expect: tuple[int, ...] = (200,),
+    timeout: float = 120,
+) -> LoadResult:
     """Drive `connections` closed-loop connections for `warmup` + `duration` seconds.
 
     `next_request()` gives the bytes of each request. Any status outside
@@ -167,14 +174,28 @@ async def run(port: int, next_request: Callable[[], bytes], connections: int, du
     return result
 
 
-def run_sync(port: int, next_request: Callable[[], bytes], connections: int, duration: float,
-             warmup: float = 0.3, expect: tuple[int, ...] = (200,)) -> LoadResult:
+def run_sync(
+    port: int,
+    next_request: Callable[[], bytes],
+    connections: int,
+    duration: float,
+    warmup: float = 0.3,
+    expect: tuple[int, ...] = (200,),
+) -> LoadResult:
     """`run` in a fresh event loop."""
     return asyncio.run(run(port, next_request, connections, duration, warmup, expect))
 
 
-async def run_open(port: int, next_request: Callable[[], bytes], rate: float, duration: float, seed: int,
-                   max_connections: int = 256, expect: tuple[int, ...] = (200,), timeout: float = 300) -> LoadResult:
+async def run_open(
+    port: int,
+    next_request: Callable[[], bytes],
+    rate: float,
+    duration: float,
+    seed: int,
+    max_connections: int = 256,
+    expect: tuple[int, ...] = (200,),
+    timeout: float = 300,
+) -> LoadResult:
     """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do.
 
     Unlike `run`, a slow server does not slow the arrivals, so latency

@@ -40,8 +40,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven bright stars rise above quiet hills and "
-         "rivers run toward the distant sea").split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog while seven bright stars rise above quiet hills and "
+    "rivers run toward the distant sea"
+).split()
 
 
 def text_of(chars: int, seed: int) -> str:
@@ -66,8 +68,9 @@ class Outcome:
         return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def drive(decoder: Any, rows: list[tuple[str, Any]], arrivals: list[float], continuous: bool,
-          order: list[int] | None = None) -> Outcome:
+def drive(
+    decoder: Any, rows: list[tuple[str, Any]], arrivals: list[float], continuous: bool, order: list[int] | None = None
+) -> Outcome:
     """Feed `rows` to `decoder` as they arrive (seconds after start), step it until every row is done.
 
     Waiting rows join in the pool's fair order: by `order` (a chunk's index in
@@ -149,13 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         for continuous in (True, False):
             drive(decoder(continuous), [("w", spec("Warm up.", 1))], [0.0], continuous)
 
-        lines = ["| scenario | scheduler | seconds | chunks/s | tokens/s | first audio p50 | first audio p95 |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = [
+            "| scenario | scheduler | seconds | chunks/s | tokens/s | first audio p50 | first audio p95 |",
+            "|---|---|---|---|---|---|---|",
+        ]
         ratios: list[str] = []
 
         def row(name: str, label: str, o: Outcome, keys: list[str]) -> None:
-            lines.append(f"| {name} | {label} | {o.seconds:.2f} | {o.chunks / o.seconds:.2f} | "
-                         f"{o.tokens / o.seconds:.0f} | {o.ttfa(keys, 0.5):.2f} s | {o.ttfa(keys, 0.95):.2f} s |")
+            lines.append(
+                f"| {name} | {label} | {o.seconds:.2f} | {o.chunks / o.seconds:.2f} | "
+                f"{o.tokens / o.seconds:.0f} | {o.ttfa(keys, 0.5):.2f} s | {o.ttfa(keys, 0.95):.2f} s |"
+            )
 
         # 1. Staggered burst of rows of different lengths.
         rows = [(f"s{i}", spec(text_of(10 + (i * 37) % 81, i), i)) for i in range(args.rows)]
@@ -166,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             got[continuous] = drive(decoder(continuous), rows, arrivals, continuous)
             row("staggered", "continuous" if continuous else "static", got[continuous], keys)
         c, s = got[True], got[False]
-        ratios.append(f"staggered: throughput continuous/static = {(c.chunks / c.seconds) / (s.chunks / s.seconds):.2f}x"
-                      f" (tokens/s {(c.tokens / c.seconds) / (s.tokens / s.seconds):.2f}x); first audio p95 "
-                      f"continuous/static = {c.ttfa(keys, 0.95) / s.ttfa(keys, 0.95):.2f}")
+        ratios.append(
+            f"staggered: throughput continuous/static = {(c.chunks / c.seconds) / (s.chunks / s.seconds):.2f}x"
+            f" (tokens/s {(c.tokens / c.seconds) / (s.tokens / s.seconds):.2f}x); first audio p95 "
+            f"continuous/static = {c.ttfa(keys, 0.95) / s.ttfa(keys, 0.95):.2f}"
+        )
 
         # 2. Short rows arriving while a long request runs.
         long = [(f"l{i}", spec(text_of(80, 100 + i), 100 + i)) for i in range(3 * args.batch)]
@@ -177,13 +186,20 @@ def main(argv: list[str] | None = None) -> int:
         at = [batch_time * (0.3 + 0.5 * i) for i in range(4)]
         short_keys = [k for k, _ in short]
         for continuous in (True, False):
-            got[continuous] = drive(decoder(continuous), long + short, [0.0] * len(long) + at, continuous,
-                                    order=list(range(len(long))) + [0] * len(short))
+            got[continuous] = drive(
+                decoder(continuous),
+                long + short,
+                [0.0] * len(long) + at,
+                continuous,
+                order=list(range(len(long))) + [0] * len(short),
+            )
             row("short behind long", "continuous" if continuous else "static", got[continuous], short_keys)
         c, s = got[True], got[False]
-        ratios.append(f"short behind long: first audio of the short rows p95 = {c.ttfa(short_keys, 0.95) / batch_time:.2f}"
-                      f" (continuous) vs {s.ttfa(short_keys, 0.95) / batch_time:.2f} (static) static batch times "
-                      f"({batch_time:.2f} s)")
+        ratios.append(
+            f"short behind long: first audio of the short rows p95 = {c.ttfa(short_keys, 0.95) / batch_time:.2f}"
+            f" (continuous) vs {s.ttfa(short_keys, 0.95) / batch_time:.2f} (static) static batch times "
+            f"({batch_time:.2f} s)"
+        )
 
         # 3. A full loop of rows with one text: the loop's bookkeeping.
         same = [(f"f{i}", spec(text_of(60, 300), 300 + i)) for i in range(args.batch)]
@@ -193,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         c, s = got[True], got[False]
         ratios.append(f"full loop: tokens/s continuous/static = {(c.tokens / c.seconds) / (s.tokens / s.seconds):.2f}x")
 
-    print(f"tiny checkpoint, budgets on, batch {args.batch}, stream every {args.stream_tokens} tokens, "
-          f"{args.threads} torch thread(s)\n")
+    print(
+        f"tiny checkpoint, budgets on, batch {args.batch}, stream every {args.stream_tokens} tokens, "
+        f"{args.threads} torch thread(s)\n"
+    )
     print("\n".join(lines))
     print()
     print("\n".join(ratios))

@@ -29,11 +29,11 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from cache import Spec, normalize  # noqa: E402
 from common import audio  # noqa: E402
 from common.model import decode_all  # noqa: E402
-from engines.loading import load_engine  # noqa: E402
-from cache import Spec, normalize  # noqa: E402
 from common.settings import from_env  # noqa: E402
+from engines.loading import load_engine  # noqa: E402
 from splitter import split  # noqa: E402
 
 
@@ -64,7 +64,9 @@ def create_app() -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": info.name})
 
-    return Starlette(routes=[
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/v1/audio/speech", speech, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/v1/audio/speech", speech, methods=["POST"]),
+        ]
+    )

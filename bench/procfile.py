@@ -34,8 +34,14 @@ def web_flags(port: int) -> list[str]:
     return flags
 
 
-def start_web(cluster: Cluster, name: str, app: str = "service:create_app", app_dir: str = ".",
-              env: Mapping[str, str] | None = None, timeout: float = 60) -> tuple[Proc, int]:
+def start_web(
+    cluster: Cluster,
+    name: str,
+    app: str = "service:create_app",
+    app_dir: str = ".",
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+) -> tuple[Proc, int]:
     """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers.
 
     `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads).
@@ -43,6 +49,9 @@ def start_web(cluster: Cluster, name: str, app: str = "service:create_app", app_
     port = free_port()
     args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
     proc = cluster.spawn(name, args, bench_env(REDIS_URL=cluster.redis_url, **dict(env or {})))
-    wait_for(lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
-             timeout, f"{name} to answer /healthz")
+    wait_for(
+        lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
+        timeout,
+        f"{name} to answer /healthz",
+    )
     return proc, port

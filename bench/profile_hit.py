@@ -42,12 +42,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bare  # noqa: E402
 import loadgen  # noqa: E402
 import procfile  # noqa: E402
 import wrk  # noqa: E402
 from harness import ROOT, BenchError, Cluster, Texts, http_ok, wait_for  # noqa: E402
-
-import bare  # noqa: E402
 
 # pstats restriction: the project's own modules, not its virtualenv.
 OWN = re.escape(str(ROOT)) + r"/(?!\.venv)"
@@ -56,11 +55,22 @@ OWN = re.escape(str(ROOT)) + r"/(?!\.venv)"
 async def call(app: Any, method: str, path: str, body: bytes = b"", query: bytes = b"") -> tuple[int, bytes]:
     """One request straight into an ASGI app: status and body."""
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
-        "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
-        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": [
+            (b"host", b"127.0.0.1"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
     }
     sent = False
     status = 0
@@ -116,7 +126,7 @@ def _frame(raw: str) -> str:
     name, _, where = raw.rpartition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
     if path.startswith(str(ROOT) + "/") and "/.venv/" not in path:
-        path = path[len(str(ROOT)) + 1:]
+        path = path[len(str(ROOT)) + 1 :]
     else:
         path = re.sub(r".*/(site-packages|python3\.\d+)/", "", path)
     return f"{name} ({path})"
@@ -145,8 +155,11 @@ def spy_table(raw: str, top: int) -> str:
             if "/" not in frame and frame.endswith(".py)"):  # the project's top-level modules
                 inclusive[frame] += n
     lines = [f"{total} samples while busy"]
-    for title, counts in (("own time, by function", own), ("own time, by module", modules),
-                          ("the project's functions, including callees", inclusive)):
+    for title, counts in (
+        ("own time, by function", own),
+        ("own time, by module", modules),
+        ("the project's functions, including callees", inclusive),
+    ):
         lines.append(f"--- {title}")
         lines += [f"{100 * n / total:6.1f}%  {name}" for name, n in counts.most_common(top)]
     return "\n".join(lines)
@@ -186,12 +199,29 @@ def live(c: Cluster, args: argparse.Namespace, body: bytes) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / (re.sub(r"\W+", "-", label).strip("-") + ".txt")
         with ThreadPoolExecutor(1) as pool:
-            load = pool.submit(wrk.run, port, path, args.connections, args.seconds, method=method, body=data,
-                               min_bytes=least)
+            load = pool.submit(
+                wrk.run, port, path, args.connections, args.seconds, method=method, body=data, min_bytes=least
+            )
             # Sample inside the load's window; py-spy pauses the process for each sample (whole stacks).
-            spied = subprocess.run([spy, "record", "--pid", str(proc.pid), "--duration", str(args.seconds - 1),
-                                    "--rate", "250", "--function", "--format", "raw",
-                                    "--output", str(out)], capture_output=True, text=True)
+            spied = subprocess.run(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "--duration",
+                    str(args.seconds - 1),
+                    "--rate",
+                    "250",
+                    "--function",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+            )
             result = load.result()
         if spied.returncode != 0:
             raise BenchError(f"py-spy failed: {spied.stderr[-2000:]}")
@@ -209,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", action="store_true", help="uvicorn as the Procfile runs it, wrk and py-spy")
     parser.add_argument("--seconds", type=int, default=8, help="live: seconds of load per kind")
     parser.add_argument("--connections", type=int, default=32, help="live: wrk connections")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="live: keep py-spy's raw stacks in DIR (flamegraph.pl reads them)")
+    parser.add_argument(
+        "--keep", metavar="DIR", help="live: keep py-spy's raw stacks in DIR (flamegraph.pl reads them)"
+    )
     args = parser.parse_args(argv)
     with Cluster() as c:
         url = c.start_redis()
@@ -245,13 +276,16 @@ def main(argv: list[str] | None = None) -> int:
                 redis.set("bench:bare:post", post)
                 n, top = args.requests, args.top
                 return {
-                    "service GET audio": await profile("service GET /v1/tts/{id}/audio", app, "GET",
-                                                       f"/v1/tts/{request_id}/audio", b"", n, top),
+                    "service GET audio": await profile(
+                        "service GET /v1/tts/{id}/audio", app, "GET", f"/v1/tts/{request_id}/audio", b"", n, top
+                    ),
                     "bare GET": await profile("bare GET /raw/{key}", raw, "GET", "/raw/bench:bare:wav", b"", n, top),
-                    "service POST": await profile("service POST /v1/tts (stored)", app, "POST", "/v1/tts", body,
-                                                  n, top),
-                    "bare POST": await profile("bare POST /raw/{key}", raw, "POST", "/raw/bench:bare:post", body,
-                                               n, top),
+                    "service POST": await profile(
+                        "service POST /v1/tts (stored)", app, "POST", "/v1/tts", body, n, top
+                    ),
+                    "bare POST": await profile(
+                        "bare POST /raw/{key}", raw, "POST", "/raw/bench:bare:post", body, n, top
+                    ),
                 }
 
         results = asyncio.run(run())

@@ -47,8 +47,11 @@ def show(label: str, prof: cProfile.Profile, per: float, top: int) -> None:
 def command_mix(redis: object, per: int) -> str:
     """Redis commands per request/job since the last CONFIG RESETSTAT, most frequent first."""
     stats = redis.info("commandstats")  # type: ignore[attr-defined]
-    counts = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()
-              if name not in ("cmdstat_config", "cmdstat_info")}
+    counts = {
+        name.removeprefix("cmdstat_"): v["calls"]
+        for name, v in stats.items()
+        if name not in ("cmdstat_config", "cmdstat_info")
+    }
     total = sum(counts.values())
     top = ", ".join(f"{name} {n / per:.1f}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     return f"{total / per:.1f} Redis commands each: {top}"
@@ -62,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     with Cluster() as c:
         url = c.start_redis()
         import jobs
-        from work import queueing
         import service
         import worker
-        from engines.loading import load_engine
         from common.settings import from_env
+        from engines.loading import load_engine
+        from work import queueing
 
         settings = from_env({"REDIS_URL": url, "TTS_ENGINE": "tone"})
         try:
@@ -107,8 +110,13 @@ def main(argv: list[str] | None = None) -> int:
                 return per
 
         post = asyncio.run(submit_all())
-        rq_worker = worker.TTSWorker([queueing.queue(redis, settings)], connection=redis, serializer=queueing.SERIALIZER,
-                                     settings=settings, state=state)
+        rq_worker = worker.TTSWorker(
+            [queueing.queue(redis, settings)],
+            connection=redis,
+            serializer=queueing.SERIALIZER,
+            settings=settings,
+            state=state,
+        )
         queued = queueing.queue(redis, settings).count
         redis.config_resetstat()
         prof = cProfile.Profile()
@@ -122,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         stats = pstats.Stats(prof)
         entries = stats.stats.items()  # type: ignore[attr-defined]
         inside = sum(v[3] for k, v in entries if k[2] == "synthesize" and k[0].endswith("jobs.py"))
-        print(f"\nper request: POST {post * 1e3:.2f} ms; per job: {seconds / queued * 1e3:.2f} ms in the worker, "
-              f"of which {inside / queued * 1e3:.2f} ms inside jobs.synthesize (all under cProfile)")
+        print(
+            f"\nper request: POST {post * 1e3:.2f} ms; per job: {seconds / queued * 1e3:.2f} ms in the worker, "
+            f"of which {inside / queued * 1e3:.2f} ms inside jobs.synthesize (all under cProfile)"
+        )
     return 0
 
 

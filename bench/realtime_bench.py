@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 
 import httpx
-from websockets.sync.client import connect
-
 from harness import Cluster, Figure, Texts, percentile, table, write_tiny_model
+from websockets.sync.client import connect
 
 BYTES_PER_SECOND = 2 * 24000
 
@@ -42,8 +41,9 @@ def speech_round(url: str, text: str) -> tuple[float, float, float]:
     first = None
     played_until = 0.0
     worst = 0.0
-    with httpx.stream("POST", url + "/v1/audio/speech", timeout=600,
-                      json={"model": "tts-1", "input": text, "response_format": "pcm"}) as r:
+    with httpx.stream(
+        "POST", url + "/v1/audio/speech", timeout=600, json={"model": "tts-1", "input": text, "response_format": "pcm"}
+    ) as r:
         r.raise_for_status()
         for piece in r.iter_bytes():
             now = time.monotonic()
@@ -123,8 +123,11 @@ def main() -> None:
     texts = Texts(seed=18)
     with Cluster() as c:
         c.start_redis()
-        engine = {"TTS_ENGINE": "tone"} if args.engine == "tone" else \
-            {"TTS_MODEL_PATH": str(write_tiny_model(Path(c.tmp) / "tiny-model"))}
+        engine = (
+            {"TTS_ENGINE": "tone"}
+            if args.engine == "tone"
+            else {"TTS_MODEL_PATH": str(write_tiny_model(Path(c.tmp) / "tiny-model"))}
+        )
         worker = c.start_worker("worker", {**engine, "TTS_TORCH_THREADS": "1"})
         c.wait_workers([worker], "tts")
         _, port = c.start_app("web", "service:create_app", {})

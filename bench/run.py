@@ -47,7 +47,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
-    BenchError, Cluster, http_ok, machine, say, stop_on_sigterm, table, wait_for, write_section, write_tiny_model,
+    BenchError,
+    Cluster,
+    http_ok,
+    machine,
+    say,
+    stop_on_sigterm,
+    table,
+    wait_for,
+    write_section,
+    write_tiny_model,
 )
 from scenarios import Bench, Plan, Scenario, perform  # noqa: E402
 from scenarios.batching import Batching  # noqa: E402
@@ -124,8 +133,11 @@ def report(b: Bench, info: dict[str, str], seconds: float, quick: bool) -> str:
         table(b.figures, markdown=True),
         "",
         f"Targets met: {sum(1 for f in met if f.met())} of {len(met)}"
-        + (": missed " + "; ".join(f"{f.scenario} {f.name}" for f in met if not f.met()) if any(
-            not f.met() for f in met) else "."),
+        + (
+            ": missed " + "; ".join(f"{f.scenario} {f.name}" for f in met if not f.met())
+            if any(not f.met() for f in met)
+            else "."
+        ),
         "",
         *[f"- {n}" for n in b.notes],
     ]
@@ -134,12 +146,21 @@ def report(b: Bench, info: dict[str, str], seconds: float, quick: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
-                        help="a short smoke run (also BENCH_QUICK=1)")
-    parser.add_argument("--full-model", action="store_true", default=os.environ.get("BENCH_FULL", "") not in ("", "0"),
-                        help="also measure a worker on full-size random weights (also BENCH_FULL=1; +1 min)")
-    parser.add_argument("--write", metavar="FILE",
-                        help="write the table into FILE, between its markers (not in quick mode)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
+        help="a short smoke run (also BENCH_QUICK=1)",
+    )
+    parser.add_argument(
+        "--full-model",
+        action="store_true",
+        default=os.environ.get("BENCH_FULL", "") not in ("", "0"),
+        help="also measure a worker on full-size random weights (also BENCH_FULL=1; +1 min)",
+    )
+    parser.add_argument(
+        "--write", metavar="FILE", help="write the table into FILE, between its markers (not in quick mode)"
+    )
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {s.number for s in SCENARIOS}
@@ -152,8 +173,13 @@ def main(argv: list[str] | None = None) -> int:
             say(f"writing the tiny checkpoint; temporary directory {cluster.tmp}")
             model_dir = write_tiny_model(cluster.tmp / "tiny-model")
             cluster.start_redis()
-            b = Bench(plan=Plan.make(args.quick), cluster=cluster, model_dir=model_dir, batch=BATCH,
-                      full_model=args.full_model)
+            b = Bench(
+                plan=Plan.make(args.quick),
+                cluster=cluster,
+                model_dir=model_dir,
+                batch=BATCH,
+                full_model=args.full_model,
+            )
             for scenario in chosen:
                 if scenario.needs_stack and not b.web_port:
                     start_stack(b, sched=Scheduling in chosen)

@@ -60,11 +60,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import procfile  # noqa: E402
 from harness import (  # noqa: E402
-    MIB, BenchError, Cluster, Proc, bench_env, is_worker_of, jobs_run, markdown_table, rss_bytes, say,
-    stop_on_sigterm, workers_of, write_section, write_tiny_model,
-)
-from traffic import (  # noqa: E402
-    CALIBRATION_CLIENTS, CALIBRATION_SECONDS, MIX, Answer, Client, Record, calibrate, drain, drive,
+    MIB,
+    BenchError,
+    Cluster,
+    Proc,
+    bench_env,
+    is_worker_of,
+    jobs_run,
+    markdown_table,
+    rss_bytes,
+    say,
+    stop_on_sigterm,
+    workers_of,
+    write_section,
+    write_tiny_model,
 )
 from redis import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
@@ -72,10 +81,21 @@ from rq.exceptions import NoSuchJobError  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 from rq.worker import WorkerStatus  # noqa: E402
+from traffic import (  # noqa: E402
+    CALIBRATION_CLIENTS,
+    CALIBRATION_SECONDS,
+    MIX,
+    Answer,
+    Client,
+    Record,
+    calibrate,
+    drain,
+    drive,
+)
 
+from common import keys  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from work.status import ACTIVE  # noqa: E402
-from common import keys  # noqa: E402
 
 BEGIN = "<!-- soak:begin (written by bench/soak.py; edit outside these markers) -->"
 END = "<!-- soak:end -->"
@@ -129,9 +149,13 @@ def start_worker(s: Soak, slot: int) -> Proc:
     """`worker.py` in `slot`, with --max-jobs once it is chosen (staggered: the second's is 1.5x, so that
     two workers started together do not reach theirs together)."""
     limit = [] if s.max_jobs is None else ["--max-jobs", str(s.max_jobs + slot * s.max_jobs // 2)]
-    proc = s.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", *limit],
-                           bench_env(REDIS_URL=s.cluster.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"),
-                                     TTS_TORCH_THREADS="1"))
+    proc = s.cluster.spawn(
+        f"worker{slot}",
+        [sys.executable, "worker.py", *limit],
+        bench_env(
+            REDIS_URL=s.cluster.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1"
+        ),
+    )
     s.workers[slot] = proc
     return proc
 
@@ -208,9 +232,15 @@ async def squeeze(s: Soak, policy: str, share: float, seconds: float) -> tuple[f
     errors = await asyncio.to_thread(redis.info, "errorstats")
     await asyncio.to_thread(redis.config_set, "maxmemory", 0)
     await asyncio.to_thread(redis.config_set, "maxmemory-policy", "noeviction")
-    return began, loop.time(), (f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} "
-                                f"MiB in use) for {seconds:.0f} s: {stats.get('evicted_keys', 0)} keys evicted, "
-                                f"{errors.get('errorstat_OOM', {}).get('count', 0)} writes refused (OOM) so far")
+    return (
+        began,
+        loop.time(),
+        (
+            f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} "
+            f"MiB in use) for {seconds:.0f} s: {stats.get('evicted_keys', 0)} keys evicted, "
+            f"{errors.get('errorstat_OOM', {}).get('count', 0)} writes refused (OOM) so far"
+        ),
+    )
 
 
 async def evict(s: Soak, seconds: float) -> str:
@@ -337,8 +367,11 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
             continue
         bad[label] += 1
         # For the log: when, against the outage, and what it said.
-        print(f"soak: {label} sent {a.sent - outage[0]:+.2f} s, answered {a.done - outage[0]:+.2f} s from the "
-              f"outage's start (it lasted {outage[1] - outage[0]:.2f} s): {a.detail}", file=sys.stderr)
+        print(
+            f"soak: {label} sent {a.sent - outage[0]:+.2f} s, answered {a.done - outage[0]:+.2f} s from the "
+            f"outage's start (it lasted {outage[1] - outage[0]:.2f} s): {a.detail}",
+            file=sys.stderr,
+        )
     unfinished = [rid for rid, done in s.record.accepted.items() if not done]
     first, last = s.samples[0], s.samples[-1]
     redis = s.redis()
@@ -354,40 +387,69 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
         return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)) or "none"
 
     lines = [
-        ("load", f"{s.minutes:g} min, open loop: {rate:.2f} arrivals/s, of which {MIX['new'] * rate:.2f} new "
-                 f"requests/s = {s.load:.0%} of the measured capacity of {capacity:.2f}/s (2 workers)"),
+        (
+            "load",
+            f"{s.minutes:g} min, open loop: {rate:.2f} arrivals/s, of which {MIX['new'] * rate:.2f} new "
+            f"requests/s = {s.load:.0%} of the measured capacity of {capacity:.2f}/s (2 workers)",
+        ),
         ("faults", "; ".join(events)),
         (f"worker exits, each restarted (--max-jobs {limits})", listing(s.exits)),
         ("arrivals (a new request is a POST, then a GET of its audio)", str(made)),
-        ("HTTP requests sent / answered", f"{len(load)} / {sum(answered.values())} "
-                                          f"({listing(answered)})"),
-        ("non-2xx allowed: 503 while Redis was down or full; 404 for a repeat of evicted audio; 500 'Redis is "
-         "full' for a request whose job could not store", listing(allowed)),
+        ("HTTP requests sent / answered", f"{len(load)} / {sum(answered.values())} ({listing(answered)})"),
+        (
+            "non-2xx allowed: 503 while Redis was down or full; 404 for a repeat of evicted audio; 500 'Redis is "
+            "full' for a request whose job could not store",
+            listing(allowed),
+        ),
         ("non-2xx otherwise, or no answer (allowed: none)", listing(bad)),
-        ("accepted requests / failed with a reason / never finished nor failed (target 0)",
-         f"{len(s.record.accepted)} / {len(s.record.failed)} / {len(unfinished)}"
-         + "".join(f"; {reason}: {n}" for reason, n in Counter(s.record.failed.values()).items())),
-        ("accepted requests whose id answered 404 once over (evicted before their client could fetch them, "
-         "its wait cut by an outage), submitted again as the 404 says", str(len(s.record.resubmitted))),
-        ("jobs in RQ's failed registry (a request's failed job is retried or replaced when it is asked "
-         "for again: see 'never finished')", f"{len(failed_jobs)}" + "".join(f"; {r}" for r in failed_jobs)),
-        ("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB "
-                                  f"(highest {max(r['web'] for r in s.samples):.1f})"),
-        (f"distinct audio the web process served (its encoded-audio cache keeps up to "
-         f"{Settings().encoded_cache_mb} MiB of it)",
-         f"{held / MIB:.1f} MiB in {len(s.record.encoded)} files"),
-        ("repeated WAVs that differed from the first one served (before the eviction phase / after: made "
-         "again once evicted)", f"{s.wrong_before_eviction if s.wrong_before_eviction is not None else s.record.wrong_audio}"
-                                f" / {s.record.wrong_audio - (s.wrong_before_eviction or 0)}"),
+        (
+            "accepted requests / failed with a reason / never finished nor failed (target 0)",
+            f"{len(s.record.accepted)} / {len(s.record.failed)} / {len(unfinished)}"
+            + "".join(f"; {reason}: {n}" for reason, n in Counter(s.record.failed.values()).items()),
+        ),
+        (
+            "accepted requests whose id answered 404 once over (evicted before their client could fetch them, "
+            "its wait cut by an outage), submitted again as the 404 says",
+            str(len(s.record.resubmitted)),
+        ),
+        (
+            "jobs in RQ's failed registry (a request's failed job is retried or replaced when it is asked "
+            "for again: see 'never finished')",
+            f"{len(failed_jobs)}" + "".join(f"; {r}" for r in failed_jobs),
+        ),
+        (
+            "web RSS, start -> end",
+            f"{first['web']:.1f} -> {last['web']:.1f} MiB (highest {max(r['web'] for r in s.samples):.1f})",
+        ),
+        (
+            f"distinct audio the web process served (its encoded-audio cache keeps up to "
+            f"{Settings().encoded_cache_mb} MiB of it)",
+            f"{held / MIB:.1f} MiB in {len(s.record.encoded)} files",
+        ),
+        (
+            "repeated WAVs that differed from the first one served (before the eviction phase / after: made "
+            "again once evicted)",
+            f"{s.wrong_before_eviction if s.wrong_before_eviction is not None else s.record.wrong_audio}"
+            f" / {s.record.wrong_audio - (s.wrong_before_eviction or 0)}",
+        ),
         ("worker RSS when first ready, by slot", ", ".join(f"{v:.0f}" for v in s.worker_ready_rss.values()) + " MiB"),
-        ("worker RSS, start -> end, by slot (a process restarted on --max-jobs at the end is marked)",
-         "; ".join(f"{first['workers'].get(k, float('nan')):.0f} -> {last['workers'].get(k, float('nan')):.0f} MiB"
-                   + (" (starting)" if k in last["restarting"] else "") for k in sorted(s.workers))
-         + f" (highest sample {worker_max:.0f})"),
-        (f"worker RSS over each process's life, from {RESTARTING:.0f} s after its start to its last look",
-         lives_summary(s.lives)),
-        ("Redis used_memory at the end vs the chunk audio it holds",
-         f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {keys} chunks ({memory / max(audio, 1):.2f}x)"),
+        (
+            "worker RSS, start -> end, by slot (a process restarted on --max-jobs at the end is marked)",
+            "; ".join(
+                f"{first['workers'].get(k, float('nan')):.0f} -> {last['workers'].get(k, float('nan')):.0f} MiB"
+                + (" (starting)" if k in last["restarting"] else "")
+                for k in sorted(s.workers)
+            )
+            + f" (highest sample {worker_max:.0f})",
+        ),
+        (
+            f"worker RSS over each process's life, from {RESTARTING:.0f} s after its start to its last look",
+            lives_summary(s.lives),
+        ),
+        (
+            "Redis used_memory at the end vs the chunk audio it holds",
+            f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {keys} chunks ({memory / max(audio, 1):.2f}x)",
+        ),
     ]
     failures = []
     gone_early = [rid for rid in s.record.resubmitted if s.evicting is None]
@@ -408,22 +470,30 @@ def lives_summary(lives: dict[int, tuple[float, float]]) -> str:
     if not lives:
         return "no process lived long enough to tell"
     growth = sorted(last - first for first, last in lives.values())
-    return (f"{len(lives)} processes: growth median {statistics.median(growth):+.1f} MiB, "
-            f"from {growth[0]:+.1f} to {growth[-1]:+.1f} MiB")
+    return (
+        f"{len(lives)} processes: growth median {statistics.median(growth):+.1f} MiB, "
+        f"from {growth[0]:+.1f} to {growth[-1]:+.1f} MiB"
+    )
 
 
 def markdown(s: Soak, verdict: Verdict, started: str) -> str:
     trend = []
     for r in s.samples:
-        workers = ", ".join(f"{v:.0f}" + (" (starting)" if k in r["restarting"] else "")
-                            for k, v in sorted(r["workers"].items()))
+        workers = ", ".join(
+            f"{v:.0f}" + (" (starting)" if k in r["restarting"] else "") for k, v in sorted(r["workers"].items())
+        )
         trend.append([r["label"], f"{r['web']:.1f}", workers, f"{r['redis']:.1f}"])
     result = "passed" if not verdict.failures else "FAILED: " + "; ".join(verdict.failures)
-    return "\n".join([
-        f"Generated by `bench/soak.py --minutes {s.minutes:g}` on {started} ({os.cpu_count()} cores, load average "
-        f"at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}): **{result}**.", "",
-        markdown_table(["figure", "value"], [[k, str(v)] for k, v in verdict.lines]), "",
-        markdown_table(["at", "web RSS (MiB)", "worker RSS by slot (MiB)", "Redis used_memory (MiB)"], trend)])
+    return "\n".join(
+        [
+            f"Generated by `bench/soak.py --minutes {s.minutes:g}` on {started} ({os.cpu_count()} cores, load average "
+            f"at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}): **{result}**.",
+            "",
+            markdown_table(["figure", "value"], [[k, str(v)] for k, v in verdict.lines]),
+            "",
+            markdown_table(["at", "web RSS (MiB)", "worker RSS by slot (MiB)", "Redis used_memory (MiB)"], trend),
+        ]
+    )
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -452,8 +522,10 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         seconds = s.minutes * 60
         per_request = await asyncio.to_thread(jobs_run, s.redis(), QUEUE) / len(s.record.stored)
         s.max_jobs = given_max_jobs or max(10, int(new_rate * seconds * per_request / 2 / RESTARTS))
-        say(f"capacity {capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {rate:.2f} arrivals/s "
-            f"({new_rate:.2f} new/s) for {seconds:.0f} s; restarting the workers with --max-jobs {s.max_jobs}")
+        say(
+            f"capacity {capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {rate:.2f} arrivals/s "
+            f"({new_rate:.2f} new/s) for {seconds:.0f} s; restarting the workers with --max-jobs {s.max_jobs}"
+        )
         for proc in list(s.workers.values()):
             await asyncio.to_thread(c.stop, proc)
         procs = [start_worker(s, 0), start_worker(s, 1)]
@@ -472,9 +544,12 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                 now = loop.time() - t0
                 if plan and now >= plan[0][0] * seconds:
                     _, what = plan.pop(0)
-                    event = await {"kill": lambda: kill_a_busy_worker(s), "redis": lambda: restart_redis(s),
-                                   "evict": lambda: evict(s, 0.12 * seconds),
-                                   "full": lambda: fill_up(s, 0.08 * seconds)}[what]()
+                    event = await {
+                        "kill": lambda: kill_a_busy_worker(s),
+                        "redis": lambda: restart_redis(s),
+                        "evict": lambda: evict(s, 0.12 * seconds),
+                        "full": lambda: fill_up(s, 0.08 * seconds),
+                    }[what]()
                     events.append(f"at {now:.0f} s: {event}")
                     say(events[-1])
                 if now >= next_look:
@@ -483,8 +558,10 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                 if now >= next_sample:
                     row = sample(s, f"{now:.0f} s", now)
                     done = sum(1 for a in s.record.answers if a.status is not None)
-                    say(f"  {now:4.0f} s: {done} answered, web {row['web']:.0f} MiB, workers "
-                        f"{', '.join(f'{v:.0f}' for v in row['workers'].values())} MiB, Redis {row['redis']:.1f} MiB")
+                    say(
+                        f"  {now:4.0f} s: {done} answered, web {row['web']:.0f} MiB, workers "
+                        f"{', '.join(f'{v:.0f}' for v in row['workers'].values())} MiB, Redis {row['redis']:.1f} MiB"
+                    )
                     next_sample += 30.0
                 await asyncio.sleep(0.2)
 
@@ -507,9 +584,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
-    parser.add_argument("--max-jobs", type=int, default=None,
-                        help=f"worker.py --max-jobs of the first worker; the second gets 1.5x (default: what "
-                             f"makes about {RESTARTS} restarts per worker at the measured rate)")
+    parser.add_argument(
+        "--max-jobs",
+        type=int,
+        default=None,
+        help=f"worker.py --max-jobs of the first worker; the second gets 1.5x (default: what "
+        f"makes about {RESTARTS} restarts per worker at the measured rate)",
+    )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)

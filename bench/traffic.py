@@ -70,8 +70,9 @@ class Client:
         self.idle: list[loadgen.Connection] = []
         self.loop = asyncio.get_running_loop()
 
-    async def send(self, kind: str, data: bytes, conn: loadgen.Connection | None = None,
-                   timeout: float = 90) -> tuple[int | None, bytes]:
+    async def send(
+        self, kind: str, data: bytes, conn: loadgen.Connection | None = None, timeout: float = 90
+    ) -> tuple[int | None, bytes]:
         own = conn is None
         conn = conn or (self.idle.pop() if self.idle else loadgen.Connection(self.port))
         sent = self.loop.time()
@@ -96,8 +97,7 @@ class Client:
             request_id = json.loads(body)["id"]
             self.record.accepted.setdefault(request_id, False)
             self.record.text_of[request_id] = text
-            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"),
-                                            conn)
+            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"), conn)
             if status == 200:
                 self.record.accepted[request_id] = True
                 self.record.stored.append((text, request_id))
@@ -126,8 +126,7 @@ class Client:
             await conn.close()
 
 
-async def calibrate(client: Client, seconds: float = CALIBRATION_SECONDS,
-                    clients: int = CALIBRATION_CLIENTS) -> float:
+async def calibrate(client: Client, seconds: float = CALIBRATION_SECONDS, clients: int = CALIBRATION_CLIENTS) -> float:
     """New requests per second the workers keep up with: `clients` closed-loop clients sending only
     new requests (each waits for its audio, then sends the next) for `seconds`."""
     loop = asyncio.get_running_loop()
@@ -176,8 +175,12 @@ async def drain(client: Client, timeout: float, over: Callable[[str], bool] | No
             return
         for rid in pending:
             status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
-            if status == 404 and over is not None and rid not in client.record.resubmitted \
-                    and await asyncio.to_thread(over, rid):
+            if (
+                status == 404
+                and over is not None
+                and rid not in client.record.resubmitted
+                and await asyncio.to_thread(over, rid)
+            ):
                 client.record.resubmitted.add(rid)
                 await client.send("drain: POST again", post("/v1/tts", {"text": client.record.text_of[rid]}))
                 continue

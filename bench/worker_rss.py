@@ -40,7 +40,15 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import (  # noqa: E402
-    MIB, BenchError, Cluster, Texts, make_spec, model_info, rss_bytes, run_jobs, stop_on_sigterm,
+    MIB,
+    BenchError,
+    Cluster,
+    Texts,
+    make_spec,
+    model_info,
+    rss_bytes,
+    run_jobs,
+    stop_on_sigterm,
     write_tiny_model,
 )
 
@@ -65,8 +73,10 @@ def report(samples: Sequence[Sample], chunks: int, warmup: int) -> None:
     print()
     print(f"{'jobs done':>10}  {'RSS MiB':>9}  {'delta MiB':>9}  {'elapsed s':>9}")
     for s in samples:
-        print(f"{s.jobs_done:>10}  {s.rss_bytes / MIB:>9.1f}  {(s.rss_bytes - first.rss_bytes) / MIB:>+9.1f}"
-              f"  {s.elapsed:>9.1f}")
+        print(
+            f"{s.jobs_done:>10}  {s.rss_bytes / MIB:>9.1f}  {(s.rss_bytes - first.rss_bytes) / MIB:>+9.1f}"
+            f"  {s.elapsed:>9.1f}"
+        )
     last = samples[-1]
     measured = last.jobs_done - first.jobs_done
     seconds = last.elapsed - first.elapsed
@@ -77,10 +87,14 @@ def report(samples: Sequence[Sample], chunks: int, warmup: int) -> None:
     growth = (last.rss_bytes - first.rss_bytes) / MIB / measured * 100
     slope = least_squares_slope([s.jobs_done for s in samples], [s.rss_bytes / MIB for s in samples]) * 100
     print(f"baseline: RSS after {warmup} warm-up jobs = {first.rss_bytes / MIB:.1f} MiB")
-    print(f"growth per 100 jobs: {growth:+.2f} MiB (end points), {slope:+.2f} MiB (least-squares slope); "
-          f"ratio last/first = {last.rss_bytes / first.rss_bytes:.3f}")
-    print(f"throughput: {measured / seconds:.2f} jobs/s, {chunks / seconds:.2f} chunks/s "
-          f"({measured} jobs, {chunks} chunks in {seconds:.1f} s)")
+    print(
+        f"growth per 100 jobs: {growth:+.2f} MiB (end points), {slope:+.2f} MiB (least-squares slope); "
+        f"ratio last/first = {last.rss_bytes / first.rss_bytes:.3f}"
+    )
+    print(
+        f"throughput: {measured / seconds:.2f} jobs/s, {chunks / seconds:.2f} chunks/s "
+        f"({measured} jobs, {chunks} chunks in {seconds:.1f} s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         with Cluster() as c:
             model_dir = write_tiny_model(c.tmp / "tiny-model")
             c.start_redis()
-            worker = c.start_worker("worker", {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": "1",
-                                               "TTS_BATCH_SIZE": str(args.batch_size)})
+            worker = c.start_worker(
+                "worker",
+                {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": "1", "TTS_BATCH_SIZE": str(args.batch_size)},
+            )
             c.wait_workers([worker], Settings().queue, timeout=180)
             model = model_info(c.redis())
-            print(f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "
-                  f"loaded in {time.monotonic() - started:.1f} s (tiny={model.tiny})")
+            print(
+                f"worker pid {worker.pid}: model {model.name} ({model.id}) on {model.device}, "
+                f"loaded in {time.monotonic() - started:.1f} s (tiny={model.tiny})"
+            )
             texts = Texts(seed=args.seed)
             specs = [make_spec(texts.mixed(), model.id) for _ in range(args.warmup + args.jobs)]
             if args.warmup:
@@ -129,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"worker_rss: {exc}", file=sys.stderr)
         return 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

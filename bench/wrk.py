@@ -89,9 +89,18 @@ def script(method: str, body: bytes | None, headers: dict[str, str]) -> str:
     return "\n".join(lines) + "\n" + _DONE
 
 
-def run(port: int, path: str, connections: int, seconds: int, method: str = "GET", body: bytes | None = None,
-        headers: dict[str, str] | None = None, threads: int = 1, min_bytes: int = 0,
-        timeout: float = 10.0) -> Result:
+def run(
+    port: int,
+    path: str,
+    connections: int,
+    seconds: int,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    threads: int = 1,
+    min_bytes: int = 0,
+    timeout: float = 10.0,
+) -> Result:
     """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds.
 
     `threads` wrk threads share the connections: one is enough below about
@@ -107,21 +116,43 @@ def run(port: int, path: str, connections: int, seconds: int, method: str = "GET
     with tempfile.TemporaryDirectory(prefix="tts-wrk-") as tmp:
         lua = Path(tmp) / "run.lua"
         lua.write_text(script(method, body, headers))
-        args = [binary(), "-t", str(max(1, min(threads, connections))), "-c", str(connections),
-                "-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua),
-                f"http://{HOST}:{port}{path}"]
+        args = [
+            binary(),
+            "-t",
+            str(max(1, min(threads, connections))),
+            "-c",
+            str(connections),
+            "-d",
+            f"{int(seconds)}s",
+            "--timeout",
+            f"{int(timeout)}s",
+            "-s",
+            str(lua),
+            f"http://{HOST}:{port}{path}",
+        ]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + timeout + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
         raise BenchError(f"wrk failed ({proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-    data = json.loads(line[len(_MARK):])
+    data = json.loads(line[len(_MARK) :])
     errors = {k: data[k] for k in ("connect", "read", "write", "status", "timeout") if data[k]}
     if errors:
-        raise BenchError(f"wrk against {method} {path}: errors {errors} in {data['requests']} requests "
-                         f"(status = answers that were not 2xx/3xx)")
+        raise BenchError(
+            f"wrk against {method} {path}: errors {errors} in {data['requests']} requests "
+            f"(status = answers that were not 2xx/3xx)"
+        )
     if data["requests"] == 0 or data["bytes"] / data["requests"] < min_bytes:
-        raise BenchError(f"wrk against {method} {path}: {data['requests']} answers averaging "
-                         f"{data['bytes'] / max(1, data['requests']):.0f} bytes, expected at least {min_bytes}")
-    return Result(seconds=data["duration_us"] / 1e6, requests=data["requests"], bytes=data["bytes"],
-                  p50_ms=data["p50_us"] / 1000, p90_ms=data["p90_us"] / 1000, p99_ms=data["p99_us"] / 1000,
-                  max_ms=data["max_us"] / 1000, mean_ms=data["mean_us"] / 1000)
+        raise BenchError(
+            f"wrk against {method} {path}: {data['requests']} answers averaging "
+            f"{data['bytes'] / max(1, data['requests']):.0f} bytes, expected at least {min_bytes}"
+        )
+    return Result(
+        seconds=data["duration_us"] / 1e6,
+        requests=data["requests"],
+        bytes=data["bytes"],
+        p50_ms=data["p50_us"] / 1000,
+        p90_ms=data["p90_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        max_ms=data["max_us"] / 1000,
+        mean_ms=data["mean_us"] / 1000,
+    )

@@ -231,9 +231,13 @@ def wav_stream_header() -> bytes:
     """A 44-byte WAV header for PCM16 mono 24 kHz of unknown length."""
     unknown = 0xFFFFFFFF
     return (
-        b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
-        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * SAMPLE_WIDTH, SAMPLE_WIDTH, 16)
-        + b"data" + struct.pack("<I", unknown)
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVE"
+        + b"fmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * SAMPLE_WIDTH, SAMPLE_WIDTH, 16)
+        + b"data"
+        + struct.pack("<I", unknown)
     )
 
 

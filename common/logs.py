@@ -106,8 +106,7 @@ class LoopPassHandler(logging.StreamHandler):
             self.handleError(record)
             return
         self._last = record
-        if record.levelno < logging.WARNING and record.name in self.kept_loggers \
-                and len(self._kept) < MAX_KEPT_LINES:
+        if record.levelno < logging.WARNING and record.name in self.kept_loggers and len(self._kept) < MAX_KEPT_LINES:
             try:
                 loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             except RuntimeError:

@@ -31,8 +31,8 @@ from prometheus_client.utils import floatToGoString
 from redis import Redis
 from redis.exceptions import RedisError
 
-from common import logs
 from cache import is_well_formed_id
+from common import logs
 from common.keys import METRICS_KEY, pool_key
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Seconds a player that started on a stream's first piece would wait for a later one (0: it never starved).
 GAP_BUCKETS = (0.0, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
 # Bucket bounds as Prometheus writes them ("0.005", "1.0"), computed once.
-_LE = {le: floatToGoString(le)
-       for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS, *BATCH_BUCKETS, *GAP_BUCKETS)}
+_LE = {
+    le: floatToGoString(le)
+    for le in (*LATENCY_BUCKETS, *FIRST_CHUNK_BUCKETS, *RTF_BUCKETS, *BATCH_BUCKETS, *GAP_BUCKETS)
+}
 
 
 @dataclass(frozen=True)
@@ -65,58 +67,128 @@ class Metric:
     buckets: tuple[float, ...] = ()
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    # Web processes.
-    Metric("tts_http_requests_total", "counter", "HTTP requests answered, by route template, method and status.",
-           ("route", "method", "status")),
-    Metric("tts_http_request_duration_seconds", "histogram",
-           "Seconds from request to the end of the response (includes ?wait= holds).", ("route", "method"),
-           LATENCY_BUCKETS),
-    Metric("tts_time_to_first_audio_seconds", "histogram",
-           "Streamed answers: seconds from the request to its first audio leaving the relay, by route.", ("route",),
-           LATENCY_BUCKETS),
-    Metric("tts_playback_gap_seconds", "histogram",
-           "Streamed answers: each stream's worst gap, how long after the audio already sent would have finished "
-           "playing its next piece arrived (0: a player starting on the first piece never starved), by route.",
-           ("route",), GAP_BUCKETS),
-    Metric("tts_cache_requests_total", "counter",
-           "Submitted requests: hit = every chunk's audio was already stored (no job), miss = queued or joined.",
-           ("result",)),
-    Metric("tts_cache_chunks_total", "counter", "Chunks of submitted requests: hit = audio already stored.",
-           ("result",)),
-    # Workers.
-    Metric("tts_jobs_total", "counter",
-           "Job runs by outcome: finished, failed, canceled, requeued (the worker was stopping).", ("outcome",)),
-    Metric("tts_chunks_synthesized_total", "counter", "Chunks the workers synthesized."),
-    Metric("tts_chunks_needed_total", "counter",
-           "Chunks that became synthesis tasks in a queue's pool; each should be synthesized once."),
-    Metric("tts_batch_rows", "histogram", "Rows (chunks) per model call, from any number of requests.", (),
-           BATCH_BUCKETS),
-    Metric("tts_assist_jobs_total", "counter",
-           "Assist job runs: a worker with no request of its own taking chunks from the pool."),
-    Metric("tts_synthesis_seconds_total", "counter", "Seconds the workers spent in the model."),
-    Metric("tts_audio_seconds_total", "counter", "Seconds of audio the workers produced."),
-    Metric("tts_real_time_factor", "histogram",
-           "Per job run that made audio: synthesis seconds / audio seconds.", (), RTF_BUCKETS),
-    Metric("tts_time_to_first_chunk_seconds", "histogram",
-           "From a job's creation (the request) to its first chunk's audio being stored.", (), FIRST_CHUNK_BUCKETS),
-    Metric("tts_redis_full_total", "counter",
-           "Writes Redis refused because it was full (maxmemory under noeviction), by process: web (a 503), "
-           "worker (a store retried or given up).", ("process",)),
-    # The worker launcher (worker.py --gpus): one GPU's worker failing, restarted, given up.
-    Metric("tts_worker_failures_total", "counter",
-           "Worker processes that exited non-zero (or on a signal the launcher did not send), by host and GPU.",
-           ("host", "gpu")),
-    Metric("tts_worker_restarts_total", "counter",
-           "Failed worker processes the launcher started again after a backoff, by host and GPU.", ("host", "gpu")),
-    Metric("tts_worker_gpus_given_up_total", "counter",
-           "GPUs whose worker kept failing and that the launcher gave up (not restarted until the launcher is), "
-           "by host and GPU.", ("host", "gpu")),
-    # The webhooks process.
-    Metric("tts_webhook_deliveries_total", "counter",
-           "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "
-           "failed), refused (the host now resolves to a refused address).", ("result",)),
-)}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        # Web processes.
+        Metric(
+            "tts_http_requests_total",
+            "counter",
+            "HTTP requests answered, by route template, method and status.",
+            ("route", "method", "status"),
+        ),
+        Metric(
+            "tts_http_request_duration_seconds",
+            "histogram",
+            "Seconds from request to the end of the response (includes ?wait= holds).",
+            ("route", "method"),
+            LATENCY_BUCKETS,
+        ),
+        Metric(
+            "tts_time_to_first_audio_seconds",
+            "histogram",
+            "Streamed answers: seconds from the request to its first audio leaving the relay, by route.",
+            ("route",),
+            LATENCY_BUCKETS,
+        ),
+        Metric(
+            "tts_playback_gap_seconds",
+            "histogram",
+            "Streamed answers: each stream's worst gap, how long after the audio already sent would have finished "
+            "playing its next piece arrived (0: a player starting on the first piece never starved), by route.",
+            ("route",),
+            GAP_BUCKETS,
+        ),
+        Metric(
+            "tts_cache_requests_total",
+            "counter",
+            "Submitted requests: hit = every chunk's audio was already stored (no job), miss = queued or joined.",
+            ("result",),
+        ),
+        Metric(
+            "tts_cache_chunks_total",
+            "counter",
+            "Chunks of submitted requests: hit = audio already stored.",
+            ("result",),
+        ),
+        # Workers.
+        Metric(
+            "tts_jobs_total",
+            "counter",
+            "Job runs by outcome: finished, failed, canceled, requeued (the worker was stopping).",
+            ("outcome",),
+        ),
+        Metric("tts_chunks_synthesized_total", "counter", "Chunks the workers synthesized."),
+        Metric(
+            "tts_chunks_needed_total",
+            "counter",
+            "Chunks that became synthesis tasks in a queue's pool; each should be synthesized once.",
+        ),
+        Metric(
+            "tts_batch_rows",
+            "histogram",
+            "Rows (chunks) per model call, from any number of requests.",
+            (),
+            BATCH_BUCKETS,
+        ),
+        Metric(
+            "tts_assist_jobs_total",
+            "counter",
+            "Assist job runs: a worker with no request of its own taking chunks from the pool.",
+        ),
+        Metric("tts_synthesis_seconds_total", "counter", "Seconds the workers spent in the model."),
+        Metric("tts_audio_seconds_total", "counter", "Seconds of audio the workers produced."),
+        Metric(
+            "tts_real_time_factor",
+            "histogram",
+            "Per job run that made audio: synthesis seconds / audio seconds.",
+            (),
+            RTF_BUCKETS,
+        ),
+        Metric(
+            "tts_time_to_first_chunk_seconds",
+            "histogram",
+            "From a job's creation (the request) to its first chunk's audio being stored.",
+            (),
+            FIRST_CHUNK_BUCKETS,
+        ),
+        Metric(
+            "tts_redis_full_total",
+            "counter",
+            "Writes Redis refused because it was full (maxmemory under noeviction), by process: web (a 503), "
+            "worker (a store retried or given up).",
+            ("process",),
+        ),
+        # The worker launcher (worker.py --gpus): one GPU's worker failing, restarted, given up.
+        Metric(
+            "tts_worker_failures_total",
+            "counter",
+            "Worker processes that exited non-zero (or on a signal the launcher did not send), by host and GPU.",
+            ("host", "gpu"),
+        ),
+        Metric(
+            "tts_worker_restarts_total",
+            "counter",
+            "Failed worker processes the launcher started again after a backoff, by host and GPU.",
+            ("host", "gpu"),
+        ),
+        Metric(
+            "tts_worker_gpus_given_up_total",
+            "counter",
+            "GPUs whose worker kept failing and that the launcher gave up (not restarted until the launcher is), "
+            "by host and GPU.",
+            ("host", "gpu"),
+        ),
+        # The webhooks process.
+        Metric(
+            "tts_webhook_deliveries_total",
+            "counter",
+            "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "
+            "failed), refused (the host now resolves to a refused address).",
+            ("result",),
+        ),
+    )
+}
 
 
 def _field(name: str, suffix: str, labels: Mapping[str, str]) -> str:
@@ -378,10 +450,12 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
 def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
     """Gauges read at scrape time: jobs of each rq Queue by state, its `live` workers (by queue name), the synthesis pool."""
     queues = (synthesis, *others)
-    jobs = GaugeMetricFamily("tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).",
-                             labels=["queue", "state"])
-    pool = GaugeMetricFamily("tts_pool_chunks", "Chunks waiting in the queue's pool, now (one per request "
-                             "that needs it).", labels=["queue"])
+    jobs = GaugeMetricFamily(
+        "tts_queue_jobs", "Jobs of the queue by state, now (queued = the queue depth).", labels=["queue", "state"]
+    )
+    pool = GaugeMetricFamily(
+        "tts_pool_chunks", "Chunks waiting in the queue's pool, now (one per request that needs it).", labels=["queue"]
+    )
     alive = GaugeMetricFamily("tts_workers", "Workers registered on the queue and alive, now.", labels=["queue"])
     for queue in queues:
         for state, count in (
@@ -458,22 +532,39 @@ class RequestTelemetry:
                 self._log_line(method, route, status, seconds, size, request_id, scope.get("client"))
 
     def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
-        series = (self.recorder.counter("tts_http_requests_total", route=route, method=method, status=str(status)),
-                  self.recorder.histogram("tts_http_request_duration_seconds", route=route, method=method))
+        series = (
+            self.recorder.counter("tts_http_requests_total", route=route, method=method, status=str(status)),
+            self.recorder.histogram("tts_http_request_duration_seconds", route=route, method=method),
+        )
         if len(self._series) < self.MAX_KEPT_SERIES:
             self._series[(route, method, status)] = series
         return series
 
-    def _log_line(self, method: str, route: str, status: int, seconds: float, size: int, request_id: str | None,
-                  client: tuple[str, int] | None) -> None:
-        event: dict[str, Any] = {"event": "request", "method": method, "route": route, "status": status,
-                                 "seconds": round(seconds, 4), "bytes": size}
+    def _log_line(
+        self,
+        method: str,
+        route: str,
+        status: int,
+        seconds: float,
+        size: int,
+        request_id: str | None,
+        client: tuple[str, int] | None,
+    ) -> None:
+        event: dict[str, Any] = {
+            "event": "request",
+            "method": method,
+            "route": route,
+            "status": status,
+            "seconds": round(seconds, 4),
+            "bytes": size,
+        }
         if request_id and is_well_formed_id(request_id):  # never echo whatever a client put in the path
             event["id"] = request_id
         if client:
             event["client"] = client[0]
-        record = self.log.makeRecord(self.log.name, logging.INFO, "", 0, "%s %s %s", (method, route, status),
-                                     None, extra={"event": event})
+        record = self.log.makeRecord(
+            self.log.name, logging.INFO, "", 0, "%s %s %s", (method, route, status), None, extra={"event": event}
+        )
         self.log.handle(record)
 
 

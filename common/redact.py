@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 # Query parameters whose values are credentials (redis-py reads `password`; others are common).
-_SECRET_PARAM = re.compile(r"([?&;](?:[^=&;#]*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#]*)=)[^&;#]*",
-                           re.IGNORECASE)
+_SECRET_PARAM = re.compile(r"([?&;](?:[^=&;#]*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#]*)=)[^&;#]*", re.IGNORECASE)
 
 
 def safe_url(url: str) -> str:

@@ -221,13 +221,20 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     # Hosted Redis often serves TLS with a self-signed certificate.
     if not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
         redis_url = _unverified_tls(redis_url)
-    dtype = _parse(env, "TTS_DTYPE", d.dtype, _choice("auto", "float32", "bfloat16", "float16"),
-                   "auto, float32, bfloat16 or float16")
+    dtype = _parse(
+        env,
+        "TTS_DTYPE",
+        d.dtype,
+        _choice("auto", "float32", "bfloat16", "float16"),
+        "auto, float32, bfloat16 or float16",
+    )
     quantize = _parse(env, "TTS_QUANTIZE", d.quantize, _choice("auto", "none", "int8"), "auto, none or int8")
     if quantize == "int8" and dtype not in ("auto", "float32"):
         # torch's dynamic int8 kernels take float32 activations only.
-        raise SettingsError(f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
-                            f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}")
+        raise SettingsError(
+            f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
+            f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
+        )
     return Settings(
         redis_url=redis_url,
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
@@ -240,52 +247,84 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         batch_size=_parse(env, "TTS_BATCH_SIZE", d.batch_size, _int_in(1, 256), "a whole number 1-256"),
         cross_batch=_parse(env, "TTS_CROSS_BATCH", d.cross_batch, _bool, "true or false"),
         max_new_token=_parse(env, "TTS_MAX_NEW_TOKEN", d.max_new_token, _int_in(1, 4096), "a whole number 1-4096"),
-        scheduling=_parse(env, "TTS_SCHEDULING", d.scheduling, _choice("continuous", "static"),
-                          "continuous or static"),
+        scheduling=_parse(env, "TTS_SCHEDULING", d.scheduling, _choice("continuous", "static"), "continuous or static"),
         stream_tokens=_parse(env, "TTS_STREAM_TOKENS", d.stream_tokens, _int_in(1, 4096), "a whole number 1-4096"),
         result_ttl=_parse(env, "TTS_RESULT_TTL", d.result_ttl, _int_in(1), "seconds, at least 1"),
-        default_seed=_parse(env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"),
+        default_seed=_parse(
+            env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"
+        ),
         job_timeout_base=_parse(env, "TTS_JOB_TIMEOUT_BASE", d.job_timeout_base, _int_in(1), "seconds, at least 1"),
         job_timeout_per_chunk=_parse(
             env, "TTS_JOB_TIMEOUT_PER_CHUNK", d.job_timeout_per_chunk, _int_in(0), "seconds, 0 or more"
         ),
         max_body=_parse(env, "TTS_MAX_BODY", d.max_body, _int_in(1024), "bytes, at least 1024"),
-        encoded_cache_mb=_parse(env, "TTS_ENCODED_CACHE_MB", d.encoded_cache_mb, _int_in(0),
-                                "MiB of encoded audio kept per web process, 0 for none"),
-        redis_max_connections=_parse(env, "TTS_REDIS_MAX_CONNECTIONS", d.redis_max_connections, _int_in(10),
-                                     "a whole number of at least 10"),
+        encoded_cache_mb=_parse(
+            env,
+            "TTS_ENCODED_CACHE_MB",
+            d.encoded_cache_mb,
+            _int_in(0),
+            "MiB of encoded audio kept per web process, 0 for none",
+        ),
+        redis_max_connections=_parse(
+            env, "TTS_REDIS_MAX_CONNECTIONS", d.redis_max_connections, _int_in(10), "a whole number of at least 10"
+        ),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
-        api_keys=_parse(env, "TTS_API_KEYS", d.api_keys, _keys,
-                        "comma-separated keys of at least 16 characters", secret=True),
+        api_keys=_parse(
+            env, "TTS_API_KEYS", d.api_keys, _keys, "comma-separated keys of at least 16 characters", secret=True
+        ),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
-        torch_threads=_parse(env, "TTS_TORCH_THREADS", d.torch_threads, _int_in(0, 1024),
-                             "0 (the host's cores shared by its workers) or a thread count"),
-        workers_on_host=_parse(env, "TTS_WORKERS_ON_HOST", d.workers_on_host, _int_in(1, 1024),
-                               "a whole number 1-1024"),
+        torch_threads=_parse(
+            env,
+            "TTS_TORCH_THREADS",
+            d.torch_threads,
+            _int_in(0, 1024),
+            "0 (the host's cores shared by its workers) or a thread count",
+        ),
+        workers_on_host=_parse(
+            env, "TTS_WORKERS_ON_HOST", d.workers_on_host, _int_in(1, 1024), "a whole number 1-1024"
+        ),
         dtype=dtype,
         quantize=quantize,
         compile=_parse(env, "TTS_COMPILE", d.compile, _bool, "true or false"),
         log_level=_parse(env, "LOG_LEVEL", d.log_level, _level, "DEBUG, INFO, WARNING or ERROR"),
         log_format=_parse(env, "TTS_LOG_FORMAT", d.log_format, _choice("json", "text"), "json or text"),
         max_voices=_parse(env, "TTS_MAX_VOICES", d.max_voices, _int_in(1, 1_000_000), "a whole number 1-1000000"),
-        public_url=_parse(env, "TTS_PUBLIC_URL", d.public_url, _public_url,
-                          "an absolute http:// or https:// URL without query or fragment"),
-        webhook_secret=_parse(env, "TTS_WEBHOOK_SECRET", d.webhook_secret, _secret,
-                              "Standard Webhooks secrets: whsec_ and the base64 of 16-64 random bytes, several "
-                              "separated by spaces to rotate (make one: python -c \"import base64, os; "
-                              "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\")", secret=True),
-        webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool,
-                                     "true or false"),
-        worker_max_failures=_parse(env, "TTS_WORKER_MAX_FAILURES", d.worker_max_failures, _int_in(1, 1000),
-                                   "a whole number 1-1000"),
-        worker_failure_window=_parse(env, "TTS_WORKER_FAILURE_WINDOW", d.worker_failure_window, _int_in(1),
-                                     "seconds, at least 1"),
-        webhook_retry_delays=_parse(env, "TTS_WEBHOOK_RETRY_DELAYS", d.webhook_retry_delays, _delays,
-                                    "1-20 comma-separated whole numbers of seconds, each 1-3600"),
+        public_url=_parse(
+            env,
+            "TTS_PUBLIC_URL",
+            d.public_url,
+            _public_url,
+            "an absolute http:// or https:// URL without query or fragment",
+        ),
+        webhook_secret=_parse(
+            env,
+            "TTS_WEBHOOK_SECRET",
+            d.webhook_secret,
+            _secret,
+            "Standard Webhooks secrets: whsec_ and the base64 of 16-64 random bytes, several "
+            'separated by spaces to rotate (make one: python -c "import base64, os; '
+            "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\")",
+            secret=True,
+        ),
+        webhook_allow_private=_parse(env, "TTS_WEBHOOK_ALLOW_PRIVATE", d.webhook_allow_private, _bool, "true or false"),
+        worker_max_failures=_parse(
+            env, "TTS_WORKER_MAX_FAILURES", d.worker_max_failures, _int_in(1, 1000), "a whole number 1-1000"
+        ),
+        worker_failure_window=_parse(
+            env, "TTS_WORKER_FAILURE_WINDOW", d.worker_failure_window, _int_in(1), "seconds, at least 1"
+        ),
+        webhook_retry_delays=_parse(
+            env,
+            "TTS_WEBHOOK_RETRY_DELAYS",
+            d.webhook_retry_delays,
+            _delays,
+            "1-20 comma-separated whole numbers of seconds, each 1-3600",
+        ),
         redis_full_wait=_parse(env, "TTS_REDIS_FULL_WAIT", d.redis_full_wait, _int_in(0, 3600), "seconds, 0-3600"),
-        max_callback_urls=_parse(env, "TTS_MAX_CALLBACK_URLS", d.max_callback_urls, _int_in(1, 1000),
-                                 "a whole number 1-1000"),
+        max_callback_urls=_parse(
+            env, "TTS_MAX_CALLBACK_URLS", d.max_callback_urls, _int_in(1, 1000), "a whole number 1-1000"
+        ),
         webhook_workers=_parse(env, "TTS_WEBHOOK_WORKERS", d.webhook_workers, _int_in(1, 64), "a whole number 1-64"),
     )
 
@@ -325,7 +364,7 @@ def _webhook_key(secret: str) -> bytes:
     if not secret.startswith(WEBHOOK_SECRET_PREFIX):
         raise ValueError("prefix")
     try:
-        key = base64.b64decode(secret[len(WEBHOOK_SECRET_PREFIX):], validate=True)
+        key = base64.b64decode(secret[len(WEBHOOK_SECRET_PREFIX) :], validate=True)
     except binascii.Error:
         raise ValueError("base64") from None
     # Standard Webhooks asks for 24-64 bytes; fewer than 16 can be guessed.

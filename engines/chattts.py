@@ -16,12 +16,12 @@ from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
-from engines.decoders import StaticDecoder
-from engines import spoken
 from cache import Spec
+from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
 from common.settings import Settings
+from engines import spoken
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
+from engines.decoders import StaticDecoder
 
 logger = logging.getLogger("engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -239,7 +239,9 @@ def _resolve_model_path(settings: Settings, chat: Any) -> Path:
     fallback = Path(settings.fallback_model_path)
     logger.warning(
         "REAL CHATTTS WEIGHTS UNAVAILABLE (hub %s unreachable and TTS_MODEL_PATH unset): "
-        "running on the tiny random checkpoint at %s. It speaks noise.", HUB_NAME, fallback,
+        "running on the tiny random checkpoint at %s. It speaks noise.",
+        HUB_NAME,
+        fallback,
     )
     if not (fallback / "model.json").exists():
         from engines import tiny_checkpoint
@@ -257,8 +259,12 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
 
     threads = torch_threads(settings.torch_threads, settings.workers_on_host, host_cores())
     torch.set_num_threads(threads)
-    logger.info("%d torch thread(s) (%d core(s), %d worker(s) on this host; TTS_TORCH_THREADS overrides)",
-                threads, host_cores(), settings.workers_on_host)
+    logger.info(
+        "%d torch thread(s) (%d core(s), %d worker(s) on this host; TTS_TORCH_THREADS overrides)",
+        threads,
+        host_cores(),
+        settings.workers_on_host,
+    )
     chat = ChatTTS.Chat(logging.getLogger("chattts"))
     path = _resolve_model_path(settings, chat)
     manifest_path = path / "model.json"
@@ -283,8 +289,15 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)
     info = ModelInfo(
-        id=identity({"sha256": chat.sha256_map, "config": manifest.get("config"), "max_new_token": max_new_token,
-                      "spoken": spoken.IDENTITY, "tuning": tuned.identity()}),
+        id=identity(
+            {
+                "sha256": chat.sha256_map,
+                "config": manifest.get("config"),
+                "max_new_token": max_new_token,
+                "spoken": spoken.IDENTITY,
+                "tuning": tuned.identity(),
+            }
+        ),
         name=name,
         tiny=bool(manifest.get("tiny", False)),
         engine="chattts",

@@ -56,8 +56,9 @@ def speaker_embedding(chat: Any, seed: int) -> torch.Tensor:
 def first_logits(chat: Any, text: str, spk_emb: torch.Tensor) -> torch.Tensor:
     """The GPT's logits for the first audio code after `text`: (num_vq, num_audio_tokens), float32."""
     prompts = chat.speaker.decorate_code_prompts([text], SAMPLING["prompt"], None, spk_emb)
-    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, chat.config.gpt.num_vq,
-                                                                 device=chat.device_gpt)
+    input_ids, attention_mask, text_mask = chat.tokenizer.encode(
+        prompts, chat.config.gpt.num_vq, device=chat.device_gpt
+    )
     emb = chat.embed(input_ids, text_mask)
     chat.speaker.apply(emb, spk_emb, input_ids, chat.tokenizer.spk_emb_ids, chat.device_gpt)
     position_ids = attention_mask.long().cumsum(-1) - 1
@@ -71,8 +72,7 @@ def first_logits(chat: Any, text: str, spk_emb: torch.Tensor) -> torch.Tensor:
 def sampled_codes(chat: Any, text: str, spk_emb: torch.Tensor, seed: int, steps: int) -> tuple[torch.Tensor, Any]:
     """The first `steps` audio codes sampled for `text` under `seed`, (T <= steps, num_vq), and their hiddens."""
     chat.context.set(False)
-    params = chat.InferCodeParams(spk_emb=spk_emb, manual_seed=seed, max_new_token=steps, show_tqdm=False,
-                                  **SAMPLING)
+    params = chat.InferCodeParams(spk_emb=spk_emb, manual_seed=seed, max_new_token=steps, show_tqdm=False, **SAMPLING)
     result = next(chat._infer_code([text], False, chat.device, True, params))
     return result.ids[0].cpu(), result.hiddens[0]
 
@@ -87,8 +87,9 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(F.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
 
 
-def compare(chat: Any, base: tuple[Any, Any], variant: tuple[Any, Any], text: str, seed: int = 2,
-            steps: int = 64) -> Fidelity:
+def compare(
+    chat: Any, base: tuple[Any, Any], variant: tuple[Any, Any], text: str, seed: int = 2, steps: int = 64
+) -> Fidelity:
     """`variant` (gpt, decoder) against `base` (float32) on `chat`, which holds `base` again afterwards.
 
     Each pair is swapped into `chat.gpt.gpt` and `chat.decoder` in turn.
@@ -104,5 +105,10 @@ def compare(chat: Any, base: tuple[Any, Any], variant: tuple[Any, Any], text: st
     (logits0, codes0, hiddens0), (logits1, codes1, _) = runs
     same = [i < len(codes0) and i < len(codes1) and bool(torch.equal(codes0[i], codes1[i])) for i in range(steps)]
     prefix = same.index(False) if False in same else steps
-    return Fidelity(cosine=cosine(logits0, logits1), matching=sum(same), prefix=prefix, steps=steps,
-                    decoder_cosine=cosine(decoded(base[1], hiddens0), decoded(variant[1], hiddens0)))
+    return Fidelity(
+        cosine=cosine(logits0, logits1),
+        matching=sum(same),
+        prefix=prefix,
+        steps=steps,
+        decoder_cosine=cosine(decoded(base[1], hiddens0), decoded(variant[1], hiddens0)),
+    )

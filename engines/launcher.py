@@ -102,9 +102,15 @@ class _Slot:
     given_up: bool = False
 
 
-def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: bool = False,
-           policy: RestartPolicy = RestartPolicy(), redis: Redis | None = None,
-           command: Sequence[str] | None = None) -> int:
+def launch(
+    devices: Sequence[str],
+    per_gpu: int,
+    args: Sequence[str],
+    restart: bool = False,
+    policy: RestartPolicy = RestartPolicy(),
+    redis: Redis | None = None,
+    command: Sequence[str] | None = None,
+) -> int:
     """Run `per_gpu` workers (`worker.py *args`, or `command`) on each of `devices`; return when all are over.
 
     Each child sees only its GPU (CUDA_VISIBLE_DEVICES) and uses it
@@ -155,8 +161,9 @@ def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: b
                 env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         slot.proc = subprocess.Popen([*(command or [sys.executable, str(WORKER)]), *args], env=env)
         slot.start_at = None
-        logger.info("started worker process %d on %s", slot.proc.pid,
-                    "the CPU" if slot.device == CPU else f"GPU {slot.device}")
+        logger.info(
+            "started worker process %d on %s", slot.proc.pid, "the CPU" if slot.device == CPU else f"GPU {slot.device}"
+        )
         if stopping:  # the signal came while it was being started
             slot.proc.send_signal(signal.SIGTERM)
 
@@ -180,20 +187,49 @@ def launch(devices: Sequence[str], per_gpu: int, args: Sequence[str], restart: b
         if len(slot.failures) >= policy.max_failures:
             slot.given_up = True
             figures.inc("tts_worker_gpus_given_up_total", host=host, gpu=slot.device)
-            logger.error("worker process %d on GPU %s exited with %d: %d failures within %g s, so GPU %s is "
-                         "given up (the other GPUs go on serving; restart the launcher once it is fixed)",
-                         pid, slot.device, code, len(slot.failures), policy.window, slot.device,
-                         extra={"event": {"event": "worker_given_up", "gpu": slot.device, "host": host,
-                                          "failures": len(slot.failures), "status": code}})
+            logger.error(
+                "worker process %d on GPU %s exited with %d: %d failures within %g s, so GPU %s is "
+                "given up (the other GPUs go on serving; restart the launcher once it is fixed)",
+                pid,
+                slot.device,
+                code,
+                len(slot.failures),
+                policy.window,
+                slot.device,
+                extra={
+                    "event": {
+                        "event": "worker_given_up",
+                        "gpu": slot.device,
+                        "host": host,
+                        "failures": len(slot.failures),
+                        "status": code,
+                    }
+                },
+            )
         else:
             delay = policy.backoff(slot.in_a_row)
             slot.start_at = now + delay
             figures.inc("tts_worker_restarts_total", host=host, gpu=slot.device)
-            logger.error("worker process %d on GPU %s exited with %d; starting it again in %g s (failure %d "
-                         "of %d allowed within %g s)", pid, slot.device, code, delay, len(slot.failures),
-                         policy.max_failures - 1, policy.window,
-                         extra={"event": {"event": "worker_restart", "gpu": slot.device, "host": host,
-                                          "status": code, "delay": delay}})
+            logger.error(
+                "worker process %d on GPU %s exited with %d; starting it again in %g s (failure %d "
+                "of %d allowed within %g s)",
+                pid,
+                slot.device,
+                code,
+                delay,
+                len(slot.failures),
+                policy.max_failures - 1,
+                policy.window,
+                extra={
+                    "event": {
+                        "event": "worker_restart",
+                        "gpu": slot.device,
+                        "host": host,
+                        "status": code,
+                        "delay": delay,
+                    }
+                },
+            )
         flush()
 
     signal.signal(signal.SIGTERM, forward)

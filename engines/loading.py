@@ -13,8 +13,10 @@ def load_engine(settings: Settings) -> tuple[Engine, ModelInfo]:
     """The engine `settings.engine` names, loaded and warmed up."""
     engine: Engine
     if settings.engine == "tone":
-        engine, info = ToneEngine(), ModelInfo(identity({"tone": 1}), "tone", True, "tone", "cpu",
-                                                    speaker_dim=ToneEngine.speaker_dim)
+        engine, info = (
+            ToneEngine(),
+            ModelInfo(identity({"tone": 1}), "tone", True, "tone", "cpu", speaker_dim=ToneEngine.speaker_dim),
+        )
     else:
         from engines.chattts import load_chattts
 
@@ -24,6 +26,8 @@ def load_engine(settings: Settings) -> tuple[Engine, ModelInfo]:
     # Mixed scripts and a character ChatTTS rejects: each path compiles its own
     # numba kernels on first use.
     warm = Spec(chunks=("Warm up, 1!", "预热一下。"), model=info.id)
-    decode_all(engine.decoder(2, settings.stream_tokens, settings.scheduling == "continuous"),
-               [("warm-0", warm.row(0)), ("warm-1", warm.row(1))])
+    decode_all(
+        engine.decoder(2, settings.stream_tokens, settings.scheduling == "continuous"),
+        [("warm-0", warm.row(0)), ("warm-1", warm.row(1))],
+    )
     return engine, info

@@ -69,10 +69,16 @@ class _Row:
 class ChatTTSLoop:
     """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
 
-    def __init__(self, chat: Any, speaker: Callable[[int | None, str | None], Any], max_new_token: int,
-                 capacity: int, stream_tokens: int, lookahead: int = LOOKAHEAD) -> None:
+    def __init__(
+        self,
+        chat: Any,
+        speaker: Callable[[int | None, str | None], Any],
+        max_new_token: int,
+        capacity: int,
+        stream_tokens: int,
+        lookahead: int = LOOKAHEAD,
+    ) -> None:
         import torch
-
         from ChatTTS.model.processors import gen_logits
 
         self.torch = torch
@@ -116,8 +122,9 @@ class ChatTTSLoop:
             text = self._refine(spec, text, seed)
         emb_spk = self.speaker(spec.seed, spec.speaker)
         prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
-        input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompt, self.num_vq, prompt=None,
-                                                                     device=chat.device_gpt)
+        input_ids, attention_mask, text_mask = chat.tokenizer.encode(
+            prompt, self.num_vq, prompt=None, device=chat.device_gpt
+        )
         emb = chat.embed(input_ids, text_mask)
         # A 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does.
         chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
@@ -126,7 +133,8 @@ class ChatTTSLoop:
         position_ids.masked_fill_(attention_mask.eq(0), 1)
         hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, length), None)
         row = _Row(
-            key=key, seed=seed,
+            key=key,
+            seed=seed,
             budget=token_budget(spec.chunks[0], self.max_new_token),
             temperature=torch.tensor([spec.temperature] * self.num_vq, device=chat.device).view(-1, 1),
             warpers=self._warpers_of(spec.top_p, spec.top_k),
@@ -140,10 +148,14 @@ class ChatTTSLoop:
 
     def _refine(self, spec: Spec, text: str, seed: int) -> str:
         chat = self.chat
-        prompt = "".join(f"[{name}_{value}]" for name, value in
-                         (("oral", spec.oral), ("laugh", spec.laugh), ("break", spec.break_)) if value is not None)
-        params = chat.RefineTextParams(prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed,
-                                       show_tqdm=False)
+        prompt = "".join(
+            f"[{name}_{value}]"
+            for name, value in (("oral", spec.oral), ("laugh", spec.laugh), ("break", spec.break_))
+            if value is not None
+        )
+        params = chat.RefineTextParams(
+            prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
+        )
         refined = chat._refine_text([text], chat.device, params)
         ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
         out = chat.tokenizer.decode(ids)[0]
@@ -152,8 +164,9 @@ class ChatTTSLoop:
 
     def _warpers_of(self, top_p: float, top_k: int) -> list[Any]:
         if (top_p, top_k) not in self._warpers:
-            warpers, processors = self.gen_logits(num_code=self.eos, top_P=top_p, top_K=top_k,
-                                                  repetition_penalty=REPETITION_PENALTY)
+            warpers, processors = self.gen_logits(
+                num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
+            )
             self._warpers[(top_p, top_k)] = [*processors, *warpers]
         return self._warpers[(top_p, top_k)]
 
@@ -211,12 +224,19 @@ class ChatTTSLoop:
     def _forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
         """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""
         torch, gpt = self.torch, self.chat.gpt
-        inputs = gpt._GenerationInputs(position_ids=positions, cache_position=cache_position,
-                                       attention_mask=mask, inputs_embeds=emb)
+        inputs = gpt._GenerationInputs(
+            position_ids=positions, cache_position=cache_position, attention_mask=mask, inputs_embeds=emb
+        )
         inputs.to(gpt.device_gpt, gpt.gpt.dtype)
-        outputs = gpt.gpt(attention_mask=inputs.attention_mask, position_ids=inputs.position_ids,
-                          past_key_values=cache, inputs_embeds=inputs.inputs_embeds, use_cache=True,
-                          output_attentions=False, cache_position=inputs.cache_position)
+        outputs = gpt.gpt(
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            past_key_values=cache,
+            inputs_embeds=inputs.inputs_embeds,
+            use_cache=True,
+            output_attentions=False,
+            cache_position=inputs.cache_position,
+        )
         hidden = outputs.last_hidden_state.to(gpt.device, dtype=torch.float)
         return hidden, outputs.past_key_values
 
@@ -227,8 +247,9 @@ class ChatTTSLoop:
 
         torch, gpt = self.torch, self.chat.gpt
         with P.cached():
-            logits = torch.empty(hidden.size(0), hidden.size(1), gpt.num_audio_tokens, self.num_vq,
-                                 dtype=torch.float, device=gpt.device)
+            logits = torch.empty(
+                hidden.size(0), hidden.size(1), gpt.num_audio_tokens, self.num_vq, dtype=torch.float, device=gpt.device
+            )
             for vq in range(self.num_vq):
                 logits[..., vq] = gpt.head_code[vq](hidden)
         logits = logits.narrow(1, -1, 1).squeeze_(1).float().permute(0, 2, 1)

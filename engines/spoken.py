@@ -26,15 +26,38 @@ IDENTITY = f"spoken{REVISION}+num2words{version('num2words')}+cn2an{version('cn2
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 _LETTER = re.compile(r"[^\W\d_]")
 _ZH_DIGITS = dict(zip("0123456789", "零一二三四五六七八九"))
-_CURRENCY_EN = {"$": ("dollar", "dollars", "cent", "cents"), "€": ("euro", "euros", "cent", "cents"),
-                "£": ("pound", "pounds", "penny", "pence"), "¥": ("yuan", "yuan", "fen", "fen")}
+_CURRENCY_EN = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yuan", "yuan", "fen", "fen"),
+}
 _CURRENCY_ZH = {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"}
-_SYMBOLS_EN = {"&": " and ", "+": " plus ", "=": " equals ", "@": " at ", "°C": " degrees Celsius",
-               "℃": " degrees Celsius", "°F": " degrees Fahrenheit", "°": " degrees", "×": " times "}
-_SYMBOLS_ZH = {"&": "和", "+": "加", "=": "等于", "@": "艾特", "°C": "摄氏度", "℃": "摄氏度",
-               "°F": "华氏度", "°": "度", "×": "乘"}
-_YEAR_CUE = re.compile(r"(?:\b(?:in|since|by|until|till|from|before|after|around|circa|year|of|the)\s+|')$",
-                       re.IGNORECASE)
+_SYMBOLS_EN = {
+    "&": " and ",
+    "+": " plus ",
+    "=": " equals ",
+    "@": " at ",
+    "°C": " degrees Celsius",
+    "℃": " degrees Celsius",
+    "°F": " degrees Fahrenheit",
+    "°": " degrees",
+    "×": " times ",
+}
+_SYMBOLS_ZH = {
+    "&": "和",
+    "+": "加",
+    "=": "等于",
+    "@": "艾特",
+    "°C": "摄氏度",
+    "℃": "摄氏度",
+    "°F": "华氏度",
+    "°": "度",
+    "×": "乘",
+}
+_YEAR_CUE = re.compile(
+    r"(?:\b(?:in|since|by|until|till|from|before|after|around|circa|year|of|the)\s+|')$", re.IGNORECASE
+)
 
 _NUM = r"\d+(?:,\d{3})*(?:\.\d+)?"
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -115,7 +138,7 @@ def _cardinal(raw: str, chinese: bool) -> str:
     negative = raw.startswith("-")
     # Long digit strings (phone numbers, ids) are read digit by digit.
     if "." not in digits and len(digits) > 9 or (len(digits) > 1 and digits.startswith("0") and "." not in digits):
-        words = (_digitwise_zh(digits) if chinese else " ".join(num2words(int(d)) for d in digits))
+        words = _digitwise_zh(digits) if chinese else " ".join(num2words(int(d)) for d in digits)
     elif chinese:
         # "12.50" is read 十二点五, as a Chinese speaker says it.
         words = cn2an.an2cn(digits.rstrip("0").rstrip(".") if "." in digits else digits)
@@ -193,8 +216,15 @@ def _number(m: re.Match[str], chinese: bool, before: str) -> str:
     sign, raw = m.groups()
     plain = raw.replace(",", "")
     # "in 1999", "the 1980s": a year is read as one ("nineteen ninety-nine").
-    if (not chinese and not sign and "," not in raw and plain.isdigit() and len(plain) == 4
-            and 1100 <= int(plain) <= 2099 and _YEAR_CUE.search(before)):
+    if (
+        not chinese
+        and not sign
+        and "," not in raw
+        and plain.isdigit()
+        and len(plain) == 4
+        and 1100 <= int(plain) <= 2099
+        and _YEAR_CUE.search(before)
+    ):
         return num2words(int(plain), to="year").replace("-", " ")
     return _cardinal(sign + raw, chinese)
 

@@ -136,8 +136,9 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write(directory: str | os.PathLike[str], seed: int = 0, full_size: bool = False,
-          max_new_token: int | None = None) -> Path:
+def write(
+    directory: str | os.PathLike[str], seed: int = 0, full_size: bool = False, max_new_token: int | None = None
+) -> Path:
     """Write the tiny checkpoint into `directory` (created; files replaced).
 
     With `full_size`, every module keeps ChatTTS 0.2.5's default size instead
@@ -223,8 +224,11 @@ def write(directory: str | os.PathLike[str], seed: int = 0, full_size: bool = Fa
     manifest = {
         "format": MANIFEST_FORMAT,
         "name": f"chattts-{'full-size' if full_size else 'tiny'}-random-seed{seed}",
-        "description": ("ChatTTS at full size with random weights, for benchmarks; it speaks noise." if full_size
-                        else "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise."),
+        "description": (
+            "ChatTTS at full size with random weights, for benchmarks; it speaks noise."
+            if full_size
+            else "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise."
+        ),
         # Random weights: the service must say it speaks noise, whatever the size.
         "tiny": True,
         "max_new_token": max_new_token or (FULL_MAX_NEW_TOKEN if full_size else MAX_NEW_TOKEN),

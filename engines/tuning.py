@@ -66,8 +66,9 @@ class Tuning:
         """The Tuning `label()` names. Raises ValueError on an unknown part."""
         dtype, *rest = label.split("+")
         if dtype not in DTYPES or not set(rest) <= {"int8", "compile"}:
-            raise ValueError(f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], "
-                             f"DTYPE one of {sorted(DTYPES)}")
+            raise ValueError(
+                f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], DTYPE one of {sorted(DTYPES)}"
+            )
         return cls(dtype=dtype, quantize="int8" if "int8" in rest else "none", compile="compile" in rest)
 
 
@@ -88,11 +89,15 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
         cpu_int8 = device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN
         quantize = "int8" if cpu_int8 else "none"
     if quantize == "int8" and device.type != "cpu":
-        raise TuningError(f"TTS_QUANTIZE=int8 runs on the CPU only, but the model is on {device}: "
-                          "set TTS_QUANTIZE=none (or auto), or TTS_DEVICE=cpu")
+        raise TuningError(
+            f"TTS_QUANTIZE=int8 runs on the CPU only, but the model is on {device}: "
+            "set TTS_QUANTIZE=none (or auto), or TTS_DEVICE=cpu"
+        )
     if quantize == "int8" and dtype != "float32":
-        raise TuningError(f"TTS_QUANTIZE=int8 needs float32 activations, but TTS_DTYPE={dtype}: "
-                          "set TTS_DTYPE=float32 (or auto on the CPU), or TTS_QUANTIZE=none")
+        raise TuningError(
+            f"TTS_QUANTIZE=int8 needs float32 activations, but TTS_DTYPE={dtype}: "
+            "set TTS_DTYPE=float32 (or auto on the CPU), or TTS_QUANTIZE=none"
+        )
     return Tuning(dtype=dtype, quantize=quantize, compile=settings.compile)
 
 

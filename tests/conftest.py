@@ -106,8 +106,13 @@ def redis(redis_url: str) -> Iterator[Redis]:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random ChatTTS checkpoint, written once per run by the documented command."""
     path = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(path)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "engines.tiny_checkpoint", str(path)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return path
 
 
@@ -176,8 +181,9 @@ class Stack:
     def wait_ready(self, timeout: float = 120) -> dict:
         """/readyz's body once a worker is registered and has published its model."""
         try:
-            return wait_for(lambda: serving(self.url), timeout, "/readyz to count a worker and name its model",
-                            interval=0.2)  # type: ignore[return-value]
+            return wait_for(
+                lambda: serving(self.url), timeout, "/readyz to count a worker and name its model", interval=0.2
+            )  # type: ignore[return-value]
         except AssertionError:
             logs = "\n".join(p.output()[-3000:] for p in self.procs)
             raise AssertionError(f"stack not ready; logs:\n{logs}") from None

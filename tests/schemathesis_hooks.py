@@ -29,10 +29,10 @@ import numpy as np
 import schemathesis
 from hypothesis import strategies as st
 
+from cache import normalize
 from common import speakers
 from common.errors import ApiError
 from web import validation
-from cache import normalize
 
 MAX_CHARS = int(os.environ.get("TTS_MAX_CHARS", "5000"))
 MAX_BODY = int(os.environ.get("TTS_MAX_BODY", str(64 * 1024)))
@@ -40,15 +40,31 @@ MAX_BODY = int(os.environ.get("TTS_MAX_BODY", str(64 * 1024)))
 SPEAKER_DIM = int(os.environ["TEST_SPEAKER_DIM"])
 TEXT_FIELD = {"/v1/tts": "text", "/v1/audio/speech": "input"}
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-BUILTIN = {"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse", "marin",
-           "cedar"}
+BUILTIN = {
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+}
 
 # Drawn from a pool made once: encoding is LZMA at its slowest preset, and
 # schemathesis draws a format thousands of times while it looks for, say, one
 # longer than maxLength (none is).
 _rng = np.random.default_rng(0)
-_POOL = [speakers.encode_speaker(_rng.normal(0, scale, SPEAKER_DIM).astype(np.float16))
-         for scale in (0.1, 0.5, 1.0, 2.0, 8.0) for _ in range(6)]
+_POOL = [
+    speakers.encode_speaker(_rng.normal(0, scale, SPEAKER_DIM).astype(np.float16))
+    for scale in (0.1, 0.5, 1.0, 2.0, 8.0)
+    for _ in range(6)
+]
 schemathesis.openapi.format("chattts-speaker", st.sampled_from(_POOL))
 
 

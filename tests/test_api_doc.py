@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
+from conftest import ROOT
 from starlette.testclient import TestClient
 
-from conftest import ROOT
 from common.settings import Settings
 from service import create_app
 
@@ -23,7 +23,7 @@ def documented() -> dict[tuple[str, str], set[str]]:
     found: dict[tuple[str, str], set[str]] = {}
     headings = list(HEADING.finditer(text))
     for here, after in zip(headings, [*headings[1:], None]):
-        section = text[here.end():after.start() if after else len(text)]
+        section = text[here.end() : after.start() if after else len(text)]
         answers = ANSWERS.search(section)
         assert answers, f"docs/API.md: {here.group(0)!r} has no 'Answers: …' line"
         found[(here.group(1), here.group(2))] = {s.strip() for s in answers.group(1).split(",")}
@@ -35,8 +35,12 @@ def served() -> dict[tuple[str, str], set[str]]:
     settings = Settings(redis_url="redis://127.0.0.1:1/0")  # the document needs no Redis
     with TestClient(create_app(settings)) as client:
         doc = client.get("/openapi.json").json()
-    found = {(method.upper(), path): set(op["responses"]) for path, item in doc["paths"].items()
-             for method, op in item.items() if method != "parameters"}
+    found = {
+        (method.upper(), path): set(op["responses"])
+        for path, item in doc["paths"].items()
+        for method, op in item.items()
+        if method != "parameters"
+    }
     for item in doc.get("webhooks", {}).values():
         found.update({(method.upper(), "{callback_url}"): set(op["responses"]) for method, op in item.items()})
     return found
@@ -50,8 +54,11 @@ def test_every_operation_is_documented_and_nothing_else() -> None:
 
 def test_each_operation_documents_exactly_its_statuses() -> None:
     doc, api = documented(), served()
-    wrong = {f"{method} {path}": {"docs/API.md": sorted(doc[(method, path)]), "openapi": sorted(api[(method, path)])}
-             for method, path in api if doc.get((method, path)) != api[(method, path)]}
+    wrong = {
+        f"{method} {path}": {"docs/API.md": sorted(doc[(method, path)]), "openapi": sorted(api[(method, path)])}
+        for method, path in api
+        if doc.get((method, path)) != api[(method, path)]
+    }
     assert wrong == {}
 
 

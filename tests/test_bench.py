@@ -26,8 +26,14 @@ from scenarios import Bench, Comparison, Plan, Reading, Scenario, perform  # noq
 
 
 def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median() -> None:
-    fig = Figure("1", "throughput", "req/s", values=[80, 90, 200], baseline=[100, 100, 100],
-                 target=(">= 0.8x", lambda r: r >= 0.8))
+    fig = Figure(
+        "1",
+        "throughput",
+        "req/s",
+        values=[80, 90, 200],
+        baseline=[100, 100, 100],
+        target=(">= 0.8x", lambda r: r >= 0.8),
+    )
     assert fig.ratios == [0.8, 0.9, 2.0]
     assert fig.judged() == 0.9
     assert fig.met() is True
@@ -38,8 +44,16 @@ def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median()
 
 
 def test_table_shows_median_and_range_and_flags_a_missed_target() -> None:
-    figs = [Figure("1", "rps", "req/s", values=[80, 90, 200], baseline=[100, 100, 100],
-                   target=(">= 0.95x", lambda r: r >= 0.95))]
+    figs = [
+        Figure(
+            "1",
+            "rps",
+            "req/s",
+            values=[80, 90, 200],
+            baseline=[100, 100, 100],
+            target=(">= 0.95x", lambda r: r >= 0.95),
+        )
+    ]
     text = table(figs, markdown=False)
     assert "90 [80–200]" in text and "0.90 [0.80–2.00]x" in text and "NO" in text
     md = table(figs, markdown=True)
@@ -68,8 +82,9 @@ class TwoParts(Scenario):
         pair = [Figure("9", "rate", "req/s"), Figure("9", "only the subject's", "x")]
         yield Comparison(pair, self.measure, rounds=2, sides=("base", "new"))
         # A later comparison may use what an earlier one measured.
-        yield Comparison([Figure("9", f"after {len(pair[0].values)} runs", "ms")],
-                         lambda side, r: [(10.0 + r, 5.0)], rounds=2)
+        yield Comparison(
+            [Figure("9", f"after {len(pair[0].values)} runs", "ms")], lambda side, r: [(10.0 + r, 5.0)], rounds=2
+        )
 
     def measure(self, side: str, round_: int) -> list[Reading]:
         self.calls.append((side, round_))
@@ -137,7 +152,10 @@ def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> No
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
     flags = procfile.web_flags(8123)
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
-    assert flags[flags.index("--loop") + 1] == "uvloop" and flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
+    assert (
+        flags[flags.index("--loop") + 1] == "uvloop"
+        and flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
+    )
     assert "--factory" in flags and "service:create_app" not in flags
 
 
@@ -170,13 +188,19 @@ def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
     kit = subprocess.run(["bash", "bench/kit.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
     assert "wheels" in kit.stdout
-    proc = subprocess.run(["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "kit imports ok" in out and "reduced CPU mode" in out
-    for line in ("real-time factor, batch 1, float32", "real-time factor, batch 4, bfloat16 (vs float32)",
-                 "fidelity bfloat16: first-step logits cosine vs float32", "RSS per worker",
-                 "time to first chunk", "1 worker(s) per machine: throughput",
-                 "2 worker(s) per machine: throughput (vs 1)"):
+    for line in (
+        "real-time factor, batch 1, float32",
+        "real-time factor, batch 4, bfloat16 (vs float32)",
+        "fidelity bfloat16: first-step logits cosine vs float32",
+        "RSS per worker",
+        "time to first chunk",
+        "1 worker(s) per machine: throughput",
+        "2 worker(s) per machine: throughput (vs 1)",
+    ):
         assert line in out, out

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 
-from web import bodies
-from web import openapi
-from web.bodies import SpeechRequest, TtsRequest, VoiceRequest
-from common.settings import Settings
 from common.errors import ApiError
+from common.settings import Settings
+from web import bodies, openapi
+from web.bodies import SpeechRequest, TtsRequest, VoiceRequest
 
 
 def _refusal(raw: bytes, cls: type[bodies.Body]) -> ApiError:
@@ -45,39 +44,114 @@ def test_accepted(raw: bytes, field: str, value: Any) -> None:
         pytest.param(b"[1]", TtsRequest, 422, "body", "must be a JSON object", id="array"),
         pytest.param(b"{}", TtsRequest, 422, "text", "text: is required", id="missing"),
         pytest.param(b'{"text": "hi", "colour": 1}', TtsRequest, 422, "colour", "colour: unknown field", id="unknown"),
-        pytest.param(b'{"text": "hi", "\\ud800": 1}', TtsRequest, 422, "\\ud800", "unknown field",
-                     id="unknown-lone-surrogate-named-by-its-escape"),
-        pytest.param(b'{"text": "hi", "speed": 12}', TtsRequest, 422, "speed",
-                     "speed: must be a whole number from 1 to 9, got 12", id="range"),
-        pytest.param(b'{"text": "hi", "speed": "5"}', TtsRequest, 422, "speed",
-                     "speed: must be a whole number from 1 to 9", id="string-for-int"),
+        pytest.param(
+            b'{"text": "hi", "\\ud800": 1}',
+            TtsRequest,
+            422,
+            "\\ud800",
+            "unknown field",
+            id="unknown-lone-surrogate-named-by-its-escape",
+        ),
+        pytest.param(
+            b'{"text": "hi", "speed": 12}',
+            TtsRequest,
+            422,
+            "speed",
+            "speed: must be a whole number from 1 to 9, got 12",
+            id="range",
+        ),
+        pytest.param(
+            b'{"text": "hi", "speed": "5"}',
+            TtsRequest,
+            422,
+            "speed",
+            "speed: must be a whole number from 1 to 9",
+            id="string-for-int",
+        ),
         pytest.param(b'{"text": "hi", "seed": true}', TtsRequest, 422, "seed", "seed: must be", id="bool-for-int"),
         pytest.param(b'{"text": "hi", "seed": 9.5}', TtsRequest, 422, "seed", "seed: must be", id="fraction"),
-        pytest.param(b'{"text": "hi", "seed": ' + b"9" * 4400 + b"}", TtsRequest, 422, "seed", "seed: must be",
-                     id="int-past-4300-digits"),
+        pytest.param(
+            b'{"text": "hi", "seed": ' + b"9" * 4400 + b"}",
+            TtsRequest,
+            422,
+            "seed",
+            "seed: must be",
+            id="int-past-4300-digits",
+        ),
         pytest.param(b'{"text": "hi", "seed": 1e309}', TtsRequest, 422, "seed", "seed: must be", id="float-past-range"),
-        pytest.param(b'{"text": "hi", "temperature": ' + b"7" * 309 + b"}", TtsRequest, 422, "temperature",
-                     "temperature: must be a number greater than 0 and at most 1", id="int-past-float-range"),
-        pytest.param(b'{"text": "hi", "speaker": null}', TtsRequest, 422, "speaker", "speaker: must be a ChatTTS",
-                     id="null"),
-        pytest.param(b'{"text": "hi", "oral": 2}', TtsRequest, 422, "oral",
-                     "oral: only applies with refine_text: true", id="refine-only"),
-        pytest.param(b'{"text": "hi", "seed": 1, "voice": "alloy"}', TtsRequest, 422, "voice",
-                     "give at most one of voice, speaker, seed", id="second-of-one-of"),
-        pytest.param(b'{"text": "hi", "voice": "alloy", "seed": 1}', TtsRequest, 422, "seed", "also has voice",
-                     id="second-in-body-order"),
-        pytest.param(b'{"text": "hi", "callback_url": "ftp://x"}', TtsRequest, 422, "callback_url",
-                     "an absolute http or https URL", id="callback-scheme"),
-        pytest.param(b'{"input": "x", "response_format": "ogg"}', SpeechRequest, 400, "response_format",
-                     "mp3, opus, aac, flac, wav, pcm", id="openai-format-is-400"),
-        pytest.param(b'{"input": "x", "voice": true}', SpeechRequest, 422, "voice", "voice: must be", id="openai-voice"),
+        pytest.param(
+            b'{"text": "hi", "temperature": ' + b"7" * 309 + b"}",
+            TtsRequest,
+            422,
+            "temperature",
+            "temperature: must be a number greater than 0 and at most 1",
+            id="int-past-float-range",
+        ),
+        pytest.param(
+            b'{"text": "hi", "speaker": null}', TtsRequest, 422, "speaker", "speaker: must be a ChatTTS", id="null"
+        ),
+        pytest.param(
+            b'{"text": "hi", "oral": 2}',
+            TtsRequest,
+            422,
+            "oral",
+            "oral: only applies with refine_text: true",
+            id="refine-only",
+        ),
+        pytest.param(
+            b'{"text": "hi", "seed": 1, "voice": "alloy"}',
+            TtsRequest,
+            422,
+            "voice",
+            "give at most one of voice, speaker, seed",
+            id="second-of-one-of",
+        ),
+        pytest.param(
+            b'{"text": "hi", "voice": "alloy", "seed": 1}',
+            TtsRequest,
+            422,
+            "seed",
+            "also has voice",
+            id="second-in-body-order",
+        ),
+        pytest.param(
+            b'{"text": "hi", "callback_url": "ftp://x"}',
+            TtsRequest,
+            422,
+            "callback_url",
+            "an absolute http or https URL",
+            id="callback-scheme",
+        ),
+        pytest.param(
+            b'{"input": "x", "response_format": "ogg"}',
+            SpeechRequest,
+            400,
+            "response_format",
+            "mp3, opus, aac, flac, wav, pcm",
+            id="openai-format-is-400",
+        ),
+        pytest.param(
+            b'{"input": "x", "voice": true}', SpeechRequest, 422, "voice", "voice: must be", id="openai-voice"
+        ),
         pytest.param(b'{"input": "x", "speed": 5}', SpeechRequest, 422, "speed", "from 0.25 to 4.0", id="openai-speed"),
         pytest.param(b'{"voice": "alloy"}', SpeechRequest, 422, "input", "input: is required", id="openai-input"),
         pytest.param(b"{}", VoiceRequest, 422, "body", "give one of seed, speaker, mix", id="voice-nothing"),
-        pytest.param(b'{"mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": -1}]}', VoiceRequest, 422,
-                     "mix[1].weight", "mix[1].weight: must be a number greater than 0", id="mix-weight"),
-        pytest.param(b'{"mix": [{"voice": 1, "weight": 1}, {"voice": 2.0, "weight": 1, "x": 0}]}', VoiceRequest,
-                     422, "mix[1].x", "unknown field", id="mix-unknown"),
+        pytest.param(
+            b'{"mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": -1}]}',
+            VoiceRequest,
+            422,
+            "mix[1].weight",
+            "mix[1].weight: must be a number greater than 0",
+            id="mix-weight",
+        ),
+        pytest.param(
+            b'{"mix": [{"voice": 1, "weight": 1}, {"voice": 2.0, "weight": 1, "x": 0}]}',
+            VoiceRequest,
+            422,
+            "mix[1].x",
+            "unknown field",
+            id="mix-unknown",
+        ),
         pytest.param(b'{"mix": [{"voice": 1, "weight": 1}]}', VoiceRequest, 422, "mix", "2 to 8", id="mix-short"),
     ],
 )
@@ -101,11 +175,18 @@ def test_schemas_state_the_rules_and_the_settings() -> None:
     assert tts["additionalProperties"] is False and tts["required"] == ["text"]
     assert tts["properties"]["text"]["maxLength"] == 300
     assert tts["properties"]["seed"]["default"] == 11
-    assert tts["properties"]["speed"] == {"description": "ChatTTS [speed_N].", "type": "integer", "minimum": 1,
-                                          "maximum": 9, "default": 5}
+    assert tts["properties"]["speed"] == {
+        "description": "ChatTTS [speed_N].",
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 9,
+        "default": 5,
+    }
     assert tts["dependentSchemas"]["voice"] == {"properties": {"speaker": False, "seed": False}}
-    assert tts["dependentSchemas"]["oral"] == {"required": ["refine_text"],
-                                               "properties": {"refine_text": {"const": True}}}
+    assert tts["dependentSchemas"]["oral"] == {
+        "required": ["refine_text"],
+        "properties": {"refine_text": {"const": True}},
+    }
     assert "break" in tts["properties"] and "break_" not in tts["properties"]
     assert schemas["SpeechRequest"]["properties"]["input"]["maxLength"] == 300
     voice = schemas["VoiceRequest"]

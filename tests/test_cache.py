@@ -114,12 +114,27 @@ def _ids_the_long_way(spec: Spec) -> list[str]:
 
 IDENTITY_TABLE = [
     pytest.param(Spec(chunks=("Hello world.",), model="tiny-1"), id="plain"),
-    pytest.param(Spec(chunks=("你好，世界。", 'Say "hi" \\ now [laugh]'), model="m", speaker="abc", speed=3),
-                 id="cjk-quotes-backslash-speaker"),
-    pytest.param(Spec(chunks=("Tab\there", "Emoji 🙂 é"), model='model "q" ü', seed=7, refine_text=True, oral=2,
-                      laugh=0, break_=4, temperature=0.30000000000000004), id="control-emoji-refine-odd-model"),
-    pytest.param(Spec(chunks=("a\x00text\x00b", "\u2028\u2029 \x7f"), model="m\x00text\x00", seed=None,
-                      speaker="\u4e00\u3d01"), id="the-placeholder-itself"),
+    pytest.param(
+        Spec(chunks=("你好，世界。", 'Say "hi" \\ now [laugh]'), model="m", speaker="abc", speed=3),
+        id="cjk-quotes-backslash-speaker",
+    ),
+    pytest.param(
+        Spec(
+            chunks=("Tab\there", "Emoji 🙂 é"),
+            model='model "q" ü',
+            seed=7,
+            refine_text=True,
+            oral=2,
+            laugh=0,
+            break_=4,
+            temperature=0.30000000000000004,
+        ),
+        id="control-emoji-refine-odd-model",
+    ),
+    pytest.param(
+        Spec(chunks=("a\x00text\x00b", "\u2028\u2029 \x7f"), model="m\x00text\x00", seed=None, speaker="\u4e00\u3d01"),
+        id="the-placeholder-itself",
+    ),
     pytest.param(Spec(chunks=("",), model=""), id="empty"),
 ]
 
@@ -145,8 +160,7 @@ def test_chunk_ids_match_the_long_way_for_any_text(texts: list[str], model: str)
     assert spec.chunk_ids() == _ids_the_long_way(spec)
 
 
-def test_remember_renews_the_stored_chunks_and_writes_the_manifest_in_one_command(redis: Redis,
-                                                                                 redis_url: str) -> None:
+def test_remember_renews_the_stored_chunks_and_writes_the_manifest_in_one_command(redis: Redis, redis_url: str) -> None:
     spec = Spec(chunks=("One.", "Two.", "Three."), model="m")
     ids = spec.chunk_ids()
     redis.set(chunk_key(ids[0]), b"\x00\x00", ex=5)

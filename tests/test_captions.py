@@ -12,15 +12,17 @@ from typing import Callable
 import httpx
 import numpy as np
 import pytest
+from conftest import Stack, wait_for
 from redis import Redis
 
-from web import captions
-from conftest import Stack, wait_for
 from common.keys import chunk_key, request_key
+from web import captions
 
 RATE = 24_000
-TEXT = ("Captions follow the audio. Each chunk gets one cue, at its exact samples; the pauses stay outside. "
-        "A clause, then a sentence! And a question, too? <Tags> & ampersands are escaped in WebVTT.")
+TEXT = (
+    "Captions follow the audio. Each chunk gets one cue, at its exact samples; the pauses stay outside. "
+    "A clause, then a sentence! And a question, too? <Tags> & ampersands are escaped in WebVTT."
+)
 
 
 @pytest.mark.parametrize(
@@ -32,8 +34,9 @@ TEXT = ("Captions follow the audio. Each chunk gets one cue, at its exact sample
         pytest.param([0, 4], [20, 0], [(0, 0), (480, 482)], id="silent-chunk"),
     ],
 )
-def test_spans_are_sample_offsets_in_the_joined_clip(sizes: list[int], pauses: list[int],
-                                                      expected: list[tuple[int, int]]) -> None:
+def test_spans_are_sample_offsets_in_the_joined_clip(
+    sizes: list[int], pauses: list[int], expected: list[tuple[int, int]]
+) -> None:
     texts = [f"chunk {i}" for i in range(len(sizes))]
     spans = captions.spans(texts, sizes, pauses)
     assert [(s.start, s.end) for s in spans] == expected
@@ -45,8 +48,9 @@ def test_spans_are_sample_offsets_in_the_joined_clip(sizes: list[int], pauses: l
     [
         pytest.param(0, 24, "00:00:00.000 --> 00:00:00.001", "00:00:00,000 --> 00:00:00,001", id="one-ms"),
         pytest.param(23, 25, "00:00:00.000 --> 00:00:00.002", "00:00:00,000 --> 00:00:00,002", id="rounds-outward"),
-        pytest.param(RATE * 3661 + 12, RATE * 3662, "01:01:01.000 --> 01:01:02.000", "01:01:01,000 --> 01:01:02,000",
-                     id="hours"),
+        pytest.param(
+            RATE * 3661 + 12, RATE * 3662, "01:01:01.000 --> 01:01:02.000", "01:01:01,000 --> 01:01:02,000", id="hours"
+        ),
     ],
 )
 def test_cue_times_hold_the_whole_chunk(start: int, end: int, vtt: str, srt: str) -> None:
@@ -94,7 +98,7 @@ def test_each_cue_holds_its_chunk_audio_and_no_other(stack_factory: Callable[...
     for i, ((start, end), chunk) in enumerate(zip(bounds, chunks)):
         np.testing.assert_array_equal(clip[start:end], chunk, err_msg=f"cue {i + 1} is not its chunk")
         # What lies between this cue and the next is the pause: silence, no other chunk's audio.
-        after = clip[end:bounds[i + 1][0]] if i + 1 < len(bounds) else clip[end:]
+        after = clip[end : bounds[i + 1][0]] if i + 1 < len(bounds) else clip[end:]
         assert not after.any(), f"audio between cue {i + 1} and the next"
         assert len(after) == RATE * layout["pauses"][i] // 1000
 

@@ -11,18 +11,19 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from conftest import Stack, wait_for
 from redis import Redis
 from rq.job import Job
 
-from conftest import Stack, wait_for
-from work.queueing import SERIALIZER
 from common import keys
+from work.queueing import SERIALIZER
 
 TEXT = ("ChatTTS speaks this first sentence. 然后是第二句话，用中文说。" * 3).strip()
 
 
-def test_chattts_worker_synthesizes_through_http(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                 redis: Redis) -> None:
+def test_chattts_worker_synthesizes_through_http(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="60", TTS_BATCH_SIZE="2")
     stack.start_web()
     worker = stack.start_worker()
@@ -84,21 +85,32 @@ def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> N
     from conftest import ROOT
 
     other = tmp_path / "again"
-    subprocess.run([sys.executable, "-m", "engines.tiny_checkpoint", str(other)], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "engines.tiny_checkpoint", str(other)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     first = json.loads((tiny_model / "model.json").read_text())
     second = json.loads((other / "model.json").read_text())
     assert first["sha256"] == second["sha256"]
     assert set(first["sha256"]) == {
-        "sha256_asset_Decoder_safetensors", "sha256_asset_DVAE_safetensors", "sha256_asset_Embed_safetensors",
-        "sha256_asset_Vocos_safetensors", "sha256_asset_gpt_config_json", "sha256_asset_gpt_model_safetensors",
-        "sha256_asset_tokenizer_special_tokens_map_json", "sha256_asset_tokenizer_tokenizer_config_json",
+        "sha256_asset_Decoder_safetensors",
+        "sha256_asset_DVAE_safetensors",
+        "sha256_asset_Embed_safetensors",
+        "sha256_asset_Vocos_safetensors",
+        "sha256_asset_gpt_config_json",
+        "sha256_asset_gpt_model_safetensors",
+        "sha256_asset_tokenizer_special_tokens_map_json",
+        "sha256_asset_tokenizer_tokenizer_config_json",
         "sha256_asset_tokenizer_tokenizer_json",
     }
 
 
-def test_cancel_stops_a_running_job_between_batches(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                     redis: Redis) -> None:
+def test_cancel_stops_a_running_job_between_batches(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
     stack.start_web()
     stack.start_worker()
@@ -115,8 +127,9 @@ def test_cancel_stops_a_running_job_between_batches(stack_factory: Callable[...,
     assert status["progress"]["chunks_done"] < status["progress"]["chunks_total"] == result["chunks_total"]
 
 
-def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                       redis: Redis) -> None:
+def test_job_of_a_sigkilled_worker_finishes_on_another(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     import signal
 
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
@@ -140,8 +153,9 @@ def test_job_of_a_sigkilled_worker_finishes_on_another(stack_factory: Callable[.
     assert "AbandonedJobError" in survivor.output() or job.worker_name.endswith(f"-{survivor.pid}")
 
 
-def test_sigkilled_job_without_retries_left_fails_with_a_reason(stack_factory: Callable[..., Stack],
-                                                                 tiny_model: Path, redis: Redis) -> None:
+def test_sigkilled_job_without_retries_left_fails_with_a_reason(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     import signal
 
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
@@ -162,11 +176,13 @@ def test_sigkilled_job_without_retries_left_fails_with_a_reason(stack_factory: C
 
 def _start_long_job(stack: Stack, redis: Redis) -> dict:
     """Submit 14 one-chunk sentences; return once the first chunk is stored."""
-    text = " ".join(f"Sentence number {word} here." for word in
-                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split())
+    text = " ".join(
+        f"Sentence number {word} here."
+        for word in "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
+    )
     pubsub = redis.pubsub()
     body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    pubsub.subscribe(keys.events_channel(body['id']))
+    pubsub.subscribe(keys.events_channel(body["id"]))
 
     def first_chunk() -> bool:
         message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
@@ -185,8 +201,9 @@ def _wait_audio(stack: Stack, request_id: str, timeout: float) -> httpx.Response
     return wait_for(ready, timeout, "the audio", interval=0)  # type: ignore[return-value]
 
 
-def test_stream_starts_long_before_the_job_ends(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                redis: Redis) -> None:
+def test_stream_starts_long_before_the_job_ends(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
 
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="40", TTS_BATCH_SIZE="2")
     stack.start_web()
@@ -220,10 +237,10 @@ def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path,
     rows of one request get the same voice in every call."""
     import torch
 
-    from engines.chattts import load_chattts
     from cache import Spec
     from common.settings import from_env
     from common.speakers import decode_speaker
+    from engines.chattts import load_chattts
 
     settings = from_env({"TTS_MODEL_PATH": str(tiny_model), "REDIS_URL": redis_url})
     engine, info = load_chattts(settings)
@@ -232,8 +249,14 @@ def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path,
     real_apply = engine.chat.speaker.apply
 
     def spy_infer(text, stream, device, return_hidden, params):  # type: ignore[no-untyped-def]
-        calls.append({"texts": list(text), "spk_emb": params.spk_emb.clone(), "prompt": params.prompt,
-                      "sampling": (params.temperature, params.top_P, params.top_K, params.manual_seed)})
+        calls.append(
+            {
+                "texts": list(text),
+                "spk_emb": params.spk_emb.clone(),
+                "prompt": params.prompt,
+                "sampling": (params.temperature, params.top_P, params.top_K, params.manual_seed),
+            }
+        )
         return real_infer(text, stream, device, return_hidden, params)
 
     def spy_apply(emb, spk_emb, input_ids, spk_emb_ids, device, inplace=True):  # type: ignore[no-untyped-def]
@@ -253,8 +276,9 @@ def test_one_model_call_gives_each_row_its_own_voice_and_speed(tiny_model: Path,
     mixed = [
         Spec(chunks=("The first request speaks here.",), seed=42, speed=7, **sampling),
         Spec(chunks=("A second request in another voice.",), seed=7, speed=3, **sampling),
-        Spec(chunks=("A third one with a speaker string.",), speaker=engine.speaker(99), seed=None, speed=5,
-             **sampling),
+        Spec(
+            chunks=("A third one with a speaker string.",), speaker=engine.speaker(99), seed=None, speed=5, **sampling
+        ),
     ]
     wavs = engine.synthesize(mixed)
     assert len(wavs) == 3 and all(w.size > 0 for w in wavs)

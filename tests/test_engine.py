@@ -8,12 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from engines import fidelity
-from engines import tuning
 from cache import Spec
+from common.settings import Settings, from_env
+from engines import fidelity, tuning
 from engines.chattts import ChatTTSEngine, load_chattts
 from engines.config import ModelUnavailable
-from common.settings import Settings, from_env
 
 TEXT = "Hello world, this is the fidelity check. 你好，世界。"
 
@@ -21,19 +20,31 @@ TEXT = "Hello world, this is the fidelity check. 你好，世界。"
 @pytest.fixture(scope="module")
 def plain(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
     """The tiny model loaded in plain float32, eager, unquantized: the reference."""
-    engine, info = load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1",
-                                          "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none"}))
+    engine, info = load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(tiny_model),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
     return engine, info
 
 
-@pytest.mark.parametrize("label", [
-    pytest.param("bfloat16", id="bfloat16"),
-    pytest.param("float16", id="float16"),
-    pytest.param("float32+int8", id="int8"),
-    pytest.param("float32+compile", id="compile"),
-])
-def test_every_switch_keeps_the_first_step_logits_of_float32(plain: tuple[ChatTTSEngine, Any], label: str,
-                                                             record_property: Any) -> None:
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param("bfloat16", id="bfloat16"),
+        pytest.param("float16", id="float16"),
+        pytest.param("float32+int8", id="int8"),
+        pytest.param("float32+compile", id="compile"),
+    ],
+)
+def test_every_switch_keeps_the_first_step_logits_of_float32(
+    plain: tuple[ChatTTSEngine, Any], label: str, record_property: Any
+) -> None:
     """The rule a switch meets to be on by default: first-step logits cosine >= 0.99 against float32
     on the same checkpoint, seed, voice and text. Matching sampled steps are recorded, not judged."""
     chat = plain[0].chat
@@ -53,18 +64,26 @@ def test_float32_against_itself_is_exact(plain: tuple[ChatTTSEngine, Any]) -> No
     assert result.cosine == pytest.approx(1.0) and result.matching == result.prefix == 64
 
 
-@pytest.mark.parametrize(("device", "hidden", "env", "expected"), [
-    pytest.param("cpu", 768, {}, tuning.Tuning("float32", "int8"), id="cpu-full-size-int8"),
-    pytest.param("cpu", 64, {}, tuning.Tuning(), id="cpu-tiny-plain"),
-    pytest.param("cpu", 768, {"TTS_QUANTIZE": "none"}, tuning.Tuning(), id="cpu-int8-off"),
-    pytest.param("cpu", 768, {"TTS_DTYPE": "bfloat16"}, tuning.Tuning("bfloat16"), id="cpu-bf16-asked"),
-    pytest.param("cuda", 768, {}, tuning.Tuning("bfloat16"), id="cuda-bf16"),
-    pytest.param("cuda", 768, {"TTS_DTYPE": "float16", "TTS_COMPILE": "true"}, tuning.Tuning("float16", "none", True),
-                 id="cuda-fp16-compile"),
-])
-def test_defaults_follow_the_device_and_the_model_size(device: str, hidden: int, env: dict[str, str],
-                                                       expected: tuning.Tuning,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("device", "hidden", "env", "expected"),
+    [
+        pytest.param("cpu", 768, {}, tuning.Tuning("float32", "int8"), id="cpu-full-size-int8"),
+        pytest.param("cpu", 64, {}, tuning.Tuning(), id="cpu-tiny-plain"),
+        pytest.param("cpu", 768, {"TTS_QUANTIZE": "none"}, tuning.Tuning(), id="cpu-int8-off"),
+        pytest.param("cpu", 768, {"TTS_DTYPE": "bfloat16"}, tuning.Tuning("bfloat16"), id="cpu-bf16-asked"),
+        pytest.param("cuda", 768, {}, tuning.Tuning("bfloat16"), id="cuda-bf16"),
+        pytest.param(
+            "cuda",
+            768,
+            {"TTS_DTYPE": "float16", "TTS_COMPILE": "true"},
+            tuning.Tuning("float16", "none", True),
+            id="cuda-fp16-compile",
+        ),
+    ],
+)
+def test_defaults_follow_the_device_and_the_model_size(
+    device: str, hidden: int, env: dict[str, str], expected: tuning.Tuning, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert tuning.resolve(from_env(env), torch.device(device), hidden) == expected
 
@@ -123,7 +142,8 @@ def test_defaults_keep_the_tiny_model_as_fast_as_plain(plain: tuple[ChatTTSEngin
 
 
 def test_the_heads_weight_norm_is_folded_at_load_with_logits_bit_for_bit(
-        plain: tuple[ChatTTSEngine, Any], tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain: tuple[ChatTTSEngine, Any], tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ChatTTS recomputes its heads' weight norm on every decode step; the worker computes it once at
     load. The folded heads give exactly the logits the parametrized ones give, so the identity stays."""
     from torch.nn.utils import parametrize

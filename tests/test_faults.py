@@ -12,12 +12,12 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
+from conftest import Stack, _free_port, _pings, serving, wait_for
 from redis import Redis
 from rq.job import Job
 
-from conftest import Stack, _free_port, _pings, serving, wait_for
-from work.queueing import SERIALIZER
 from common import keys
+from work.queueing import SERIALIZER
 
 
 class RedisServer:
@@ -33,8 +33,19 @@ class RedisServer:
         server = shutil.which("redis-server")
         assert server, "redis-server is needed for this test"
         self.proc = subprocess.Popen(
-            [server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-             "--dir", str(self.dir)],
+            [
+                server,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--dir",
+                str(self.dir),
+            ],
             stdout=subprocess.DEVNULL,
         )
         wait_for(lambda: _pings(self.url), 10, "redis-server to start")
@@ -72,8 +83,9 @@ def _finish(stack: Stack, text: str) -> str:
     return body["id"]
 
 
-def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private_redis: RedisServer,
-                                                    record_property: Callable[[str, object], None]) -> None:
+def test_redis_outage_is_503_and_both_sides_recover(
+    outage_stack: Stack, private_redis: RedisServer, record_property: Callable[[str, object], None]
+) -> None:
     stack = outage_stack
     before = _finish(stack, "Stored before the outage.")
     private_redis.stop()
@@ -98,8 +110,9 @@ def test_redis_outage_is_503_and_both_sides_recover(outage_stack: Stack, private
     assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"
 
 
-def test_clients_waiting_through_outages_leave_the_web_process_whole(private_redis: RedisServer,
-                                                                      tmp_path: Path) -> None:
+def test_clients_waiting_through_outages_leave_the_web_process_whole(
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
     """Waiting clients cut off by outages, more in all than the process's Redis connections: afterwards
     none of their connections is missing from the pool, and no connection a restart cut fails a request."""
     stack = Stack(private_redis.url, tmp_path, {"TTS_ENGINE": "tone", "TTS_REDIS_MAX_CONNECTIONS": "40"})
@@ -115,16 +128,18 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(private_red
 
         async def wait_all(seconds: int, held: Callable[[], None] | None = None) -> list[int]:
             async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None)) as client:
-                tasks = [asyncio.ensure_future(client.get(audio_url, params={"wait": seconds}))
-                         for _ in range(clients)]
+                tasks = [asyncio.ensure_future(client.get(audio_url, params={"wait": seconds})) for _ in range(clients)]
                 if held is not None:
                     await asyncio.to_thread(held)
                 return [r.status_code for r in await asyncio.gather(*tasks)]
 
         def cut_off() -> None:
             # Every client holds a subscription on the request's channel; then Redis goes away.
-            wait_for(lambda: redis.pubsub_numsub(keys.events_channel(body['id']))[0][1] >= clients, 30,
-                     f"{clients} waiting clients")
+            wait_for(
+                lambda: redis.pubsub_numsub(keys.events_channel(body["id"]))[0][1] >= clients,
+                30,
+                f"{clients} waiting clients",
+            )
             private_redis.stop()
 
         for _ in range(4):  # 60 connections cut off, against 40 in the pool
@@ -137,28 +152,43 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(private_red
 
 
 def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_request(
-        private_redis: RedisServer, tmp_path: Path, tiny_model: Path) -> None:
+    private_redis: RedisServer, tmp_path: Path, tiny_model: Path
+) -> None:
     """Redis stops while a worker is making a long request and comes back (with its data): the same worker
     process, model still loaded, serves again, and the request finishes."""
-    stack = Stack(private_redis.url, tmp_path, {"TTS_MODEL_PATH": str(tiny_model), "TTS_CHUNK_CHARS": "32",
-                                                "TTS_BATCH_SIZE": "1"})
+    stack = Stack(
+        private_redis.url, tmp_path, {"TTS_MODEL_PATH": str(tiny_model), "TTS_CHUNK_CHARS": "32", "TTS_BATCH_SIZE": "1"}
+    )
     try:
         stack.start_web()
         worker = stack.start_worker()
         stack.wait_ready(timeout=180)
-        text = " ".join(f"Sentence number {word} is here." for word in
-                        "one two three four five six seven eight nine ten eleven twelve".split())
+        text = " ".join(
+            f"Sentence number {word} is here."
+            for word in "one two three four five six seven eight nine ten eleven twelve".split()
+        )
         body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
         redis = Redis.from_url(private_redis.url)
-        wait_for(lambda: httpx.get(stack.url + body["status_url"]).json()["progress"]["chunks_done"] >= 1, 60,
-                 "the first chunk")
+        wait_for(
+            lambda: httpx.get(stack.url + body["status_url"]).json()["progress"]["chunks_done"] >= 1,
+            60,
+            "the first chunk",
+        )
         private_redis.stop()
-        wait_for(lambda: "lost Redis" in worker.output() or worker.popen.poll() is not None, 60,
-                 "the worker to notice the outage", interval=0.1)
+        wait_for(
+            lambda: "lost Redis" in worker.output() or worker.popen.poll() is not None,
+            60,
+            "the worker to notice the outage",
+            interval=0.1,
+        )
         assert worker.popen.poll() is None, "the worker must outlive the outage:\n" + worker.output()[-3000:]
         private_redis.start()
-        wait_for(lambda: httpx.get(f"{stack.url}{body['audio_url']}?wait=10", timeout=20).status_code == 200, 180,
-                 "the request to finish after the outage", interval=0)
+        wait_for(
+            lambda: httpx.get(f"{stack.url}{body['audio_url']}?wait=10", timeout=20).status_code == 200,
+            180,
+            "the request to finish after the outage",
+            interval=0,
+        )
         assert worker.popen.poll() is None, "the worker must outlive the outage:\n" + worker.output()[-3000:]
         job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
         wait_for(lambda: job.get_status(refresh=True) == "finished", 120, "the job to be recorded finished")
@@ -167,32 +197,53 @@ def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_requ
 
 
 def test_redis_lost_while_a_webhook_is_delivered_costs_neither_the_process_nor_later_events(
-        private_redis: RedisServer, tmp_path: Path) -> None:
+    private_redis: RedisServer, tmp_path: Path
+) -> None:
     """Redis stops while the webhooks process waits on a slow receiver and comes back: the same process
     serves again and a later request's event is delivered."""
     from test_webhooks import SECRET, Receiver
 
     receiver = Receiver()
     receiver.delays["/slow"] = 3
-    stack = Stack(private_redis.url, tmp_path, {"TTS_ENGINE": "tone", "TTS_WEBHOOK_SECRET": SECRET,
-                                                "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,1"})
+    stack = Stack(
+        private_redis.url,
+        tmp_path,
+        {
+            "TTS_ENGINE": "tone",
+            "TTS_WEBHOOK_SECRET": SECRET,
+            "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+            "TTS_WEBHOOK_RETRY_DELAYS": "1,1",
+        },
+    )
     try:
         stack.start_web()
         stack.start_worker()
         hooks = stack.start_webhooks()
         stack.wait_ready()
-        first = httpx.post(stack.url + "/v1/tts", json={"text": "Delivered through an outage.",
-                                                        "callback_url": receiver.url + "/slow"})
+        first = httpx.post(
+            stack.url + "/v1/tts", json={"text": "Delivered through an outage.", "callback_url": receiver.url + "/slow"}
+        )
         assert first.status_code in (200, 202), first.text
         receiver.wait("/slow", 1)  # in flight: the receiver holds it for 3 s
         private_redis.stop()
-        wait_for(lambda: "lost Redis" in hooks.output() or hooks.popen.poll() is not None, 60,
-                 "the webhooks process to notice the outage", interval=0.1)
+        wait_for(
+            lambda: "lost Redis" in hooks.output() or hooks.popen.poll() is not None,
+            60,
+            "the webhooks process to notice the outage",
+            interval=0.1,
+        )
         assert hooks.popen.poll() is None, "it must outlive the outage:\n" + hooks.output()[-3000:]
         private_redis.start()
-        wait_for(lambda: httpx.post(stack.url + "/v1/tts", json={
-            "text": "After the outage.", "callback_url": receiver.url + "/after"}).status_code in (200, 202),
-            60, "the web process to accept again")
+        wait_for(
+            lambda: (
+                httpx.post(
+                    stack.url + "/v1/tts", json={"text": "After the outage.", "callback_url": receiver.url + "/after"}
+                ).status_code
+                in (200, 202)
+            ),
+            60,
+            "the web process to accept again",
+        )
         event = json.loads(receiver.wait("/after", 1, timeout=90)[0]["body"])
         assert event["status"] == "finished", event
         assert hooks.popen.poll() is None, "it must outlive the outage:\n" + hooks.output()[-3000:]
@@ -210,10 +261,17 @@ def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, p
     _finish(stack, "After an empty restart.")
 
 
-def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(stack_factory: Callable[..., Stack],
-                                                                   tiny_model: Path, redis: Redis) -> None:
-    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1",
-                          TTS_JOB_TIMEOUT_BASE="1", TTS_JOB_TIMEOUT_PER_CHUNK="0", TTS_MAX_CHARS="20000")
+def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
+    stack = stack_factory(
+        TTS_MODEL_PATH=str(tiny_model),
+        TTS_CHUNK_CHARS="32",
+        TTS_BATCH_SIZE="1",
+        TTS_JOB_TIMEOUT_BASE="1",
+        TTS_JOB_TIMEOUT_PER_CHUNK="0",
+        TTS_MAX_CHARS="20000",
+    )
     stack.start_web()
     worker = stack.start_worker()
     stack.wait_ready(timeout=180)
@@ -244,15 +302,18 @@ def test_api_keys_and_rate_limit(stack_factory: Callable[..., Stack], redis: Red
     assert httpx.get(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 401
     assert httpx.get(stack.url + "/healthz").status_code == 200
     assert httpx.get(stack.url + "/").status_code == 200
-    answers = [httpx.post(stack.url + "/v1/tts", json={"text": f"hi {i}"}, headers=auth).status_code
-               for i in range(7)]
+    answers = [httpx.post(stack.url + "/v1/tts", json={"text": f"hi {i}"}, headers=auth).status_code for i in range(7)]
     assert answers[:5] == [202] * 5 or time.time() % 60 < 2  # a minute boundary may reset the window
     assert 429 in answers
     limited = httpx.post(stack.url + "/v1/tts", json={"text": "again"}, headers=auth)
     if limited.status_code == 429:
         assert 1 <= int(limited.headers["retry-after"]) <= 60
-    other = httpx.post(stack.url + "/v1/tts", json={"text": "other key"}, headers={"Authorization": "Bearer " + "o" * 24})
+    other = httpx.post(
+        stack.url + "/v1/tts", json={"text": "other key"}, headers={"Authorization": "Bearer " + "o" * 24}
+    )
     assert other.status_code == 202
     assert key not in web.output()
     assert not any(key.encode() in k for k in redis.keys("*"))
-    assert not any(key.encode() in (redis.get(k) or b"") for k in redis.keys(f"{keys.PREFIX}:*") if redis.type(k) == b"string")
+    assert not any(
+        key.encode() in (redis.get(k) or b"") for k in redis.keys(f"{keys.PREFIX}:*") if redis.type(k) == b"string"
+    )

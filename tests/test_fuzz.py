@@ -26,28 +26,61 @@ from urllib.parse import parse_qsl, quote, unquote
 
 import httpx
 import numpy as np
+from conftest import Stack, wait_for
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from redis import Redis
 
 from cache import normalize
-from conftest import Stack, wait_for
 from common.speakers import decode_speaker, encode_speaker
 
 # The defaults the stack runs with (README, Configuration).
 MAX_CHARS = 5000
 MAX_BODY = 65536
 FORMATS = ("wav", "flac", "mp3", "ogg")
-FIELDS = ("text", "seed", "speaker", "voice", "speed", "temperature", "top_p", "top_k",
-          "refine_text", "oral", "laugh", "break", "format", "callback_url")
-INT_RANGES = {"seed": (0, 2**32 - 1), "speed": (1, 9), "top_k": (1, 100), "oral": (0, 9), "laugh": (0, 2),
-              "break": (0, 7)}
+FIELDS = (
+    "text",
+    "seed",
+    "speaker",
+    "voice",
+    "speed",
+    "temperature",
+    "top_p",
+    "top_k",
+    "refine_text",
+    "oral",
+    "laugh",
+    "break",
+    "format",
+    "callback_url",
+)
+INT_RANGES = {
+    "seed": (0, 2**32 - 1),
+    "speed": (1, 9),
+    "top_k": (1, 100),
+    "oral": (0, 9),
+    "laugh": (0, 2),
+    "break": (0, 7),
+}
 REFINE_ONLY = ("oral", "laugh", "break")
 # At most one of these in a body: a 422 names the second one written (API.md, v1.1).
 ONE_OF = ("voice", "speaker", "seed")
 # The built-in voice names (API.md, v1.1); this stack has no saved voice.
-BUILTIN = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse", "marin",
-           "cedar")
+BUILTIN = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "onyx",
+    "nova",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 # The speaker string limit validation.py enforces (ChatTTS speaker strings are ~2 KB).
 MAX_SPEAKER = 8192
 # The tone engine's speaker embeddings have this many values (worker.ToneEngine).
@@ -56,8 +89,7 @@ TONE_SPEAKER_DIM = 16
 FUZZ = settings(
     deadline=None,
     database=None,  # nothing written into the working tree; failures print their reproducing example
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                           HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
 
@@ -216,9 +248,35 @@ def post_and_check(client: httpx.Client, redis: Redis, raw: bytes, body: Any, pa
 # Every code point, lone surrogates included: json.dumps writes those as "\udXXX" escapes.
 any_char = st.characters(codec=None, categories=None)
 odd_char = st.sampled_from(
-    ["\u200b", "\u200c", "\u200d", "\u2060", "\ufeff", "\u00ad", "\u202e", "\x00", "\x07", "\x1b", "\x7f",
-     "\x85", "\t", "\n", "\r", "\u2028", "\u3000", "\ud800", "\udfff", "\ue000", "\U000f0000", "\u0378",
-     "\ufffd", "Ｈ", "ﬁ", "\ufdfa", "\u0301"]
+    [
+        "\u200b",
+        "\u200c",
+        "\u200d",
+        "\u2060",
+        "\ufeff",
+        "\u00ad",
+        "\u202e",
+        "\x00",
+        "\x07",
+        "\x1b",
+        "\x7f",
+        "\x85",
+        "\t",
+        "\n",
+        "\r",
+        "\u2028",
+        "\u3000",
+        "\ud800",
+        "\udfff",
+        "\ue000",
+        "\U000f0000",
+        "\u0378",
+        "\ufffd",
+        "Ｈ",
+        "ﬁ",
+        "\ufdfa",
+        "\u0301",
+    ]
 )
 tag = st.sampled_from(["[laugh]", "[uv_break]", "[lbreak]", "[speed_5]", "[oral_2]", "[break_6]", "[", "]"])
 text_value = st.one_of(
@@ -228,19 +286,25 @@ text_value = st.one_of(
     st.lists(tag, min_size=1, max_size=8).map("".join),
     st.lists(st.one_of(st.text(string.ascii_letters + " .,", max_size=12), odd_char, tag), max_size=12).map("".join),
     # Long: one sentence repeated (its chunks repeat too, so Redis holds a few), around the limit.
-    st.tuples(st.sampled_from(["Hi. ", "Long text here, again. ", "ok", "\u200b", "x", "é "]),
-              st.integers(100, 6000)).map(lambda p: (p[0] * (p[1] // len(p[0]) + 1))[: p[1]]),
+    st.tuples(
+        st.sampled_from(["Hi. ", "Long text here, again. ", "ok", "\u200b", "x", "é "]), st.integers(100, 6000)
+    ).map(lambda p: (p[0] * (p[1] // len(p[0]) + 1))[: p[1]]),
     st.sampled_from(["x" * 5000, "x" * 5001, " " + "x" * 5000 + " \u200b", "ｘ" * 5000, "\ufdfa" * 300]),
 )
 huge_int = st.integers(10, 6000).flatmap(lambda n: st.sampled_from([10**n, -(10**n), 10**n - 1]))
 number = st.one_of(
-    st.integers(-5, 110), st.integers(), huge_int, st.sampled_from([2**32 - 1, 2**32, 2**63, -(2**63), 0, 1]),
-    st.floats(allow_nan=False, allow_infinity=False), st.floats(-0.5, 1.5, allow_nan=False),
+    st.integers(-5, 110),
+    st.integers(),
+    huge_int,
+    st.sampled_from([2**32 - 1, 2**32, 2**63, -(2**63), 0, 1]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.floats(-0.5, 1.5, allow_nan=False),
     st.sampled_from([0.0, -0.0, 1.0, 1e-300, 5e-324, 1.0000000000000002, 0.9999999999999999, 5.0, 1e308]),
 )
 scalar = st.one_of(st.none(), st.booleans(), number, st.text(any_char, max_size=20))
 json_value = st.recursive(
-    scalar, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=12,
 )
 # Real speaker strings (as GET /v1/voices/{seed} gives them) of the right size
@@ -253,8 +317,11 @@ speaker_strings = st.builds(
 right_values = {
     "text": text_value,
     "seed": st.one_of(st.integers(0, 2**32 - 1), number),
-    "speaker": st.one_of(st.text(any_char, min_size=1, max_size=40), speaker_strings,
-                         st.sampled_from([" ", "\u3000", "x" * 8192, " " + "x" * 8192, "x" * 8193, "sp\ud800k"])),
+    "speaker": st.one_of(
+        st.text(any_char, min_size=1, max_size=40),
+        speaker_strings,
+        st.sampled_from([" ", "\u3000", "x" * 8192, " " + "x" * 8192, "x" * 8193, "sp\ud800k"]),
+    ),
     "speed": st.one_of(st.integers(0, 10), number),
     "temperature": number,
     "top_p": number,
@@ -263,11 +330,13 @@ right_values = {
     "oral": st.one_of(st.integers(-1, 10), number),
     "laugh": st.one_of(st.integers(-1, 3), number),
     "break": st.one_of(st.integers(-1, 8), number),
-    "format": st.one_of(st.sampled_from(FORMATS + ("WAV", " mp3 ", "Ogg\n", "aiff", "", "wav\x00", "ｗａｖ")),
-                        st.text(max_size=6)),
+    "format": st.one_of(
+        st.sampled_from(FORMATS + ("WAV", " mp3 ", "Ogg\n", "aiff", "", "wav\x00", "ｗａｖ")), st.text(max_size=6)
+    ),
     "voice": st.one_of(st.sampled_from(BUILTIN + ("Alloy", " nova", "nobody", "", "7", "a" * 65)), st.text(max_size=8)),
-    "callback_url": st.one_of(st.sampled_from(["http://127.0.0.1:9/", "https://example.com/hook", "ftp://x", ""]),
-                              st.text(max_size=20)),
+    "callback_url": st.one_of(
+        st.sampled_from(["http://127.0.0.1:9/", "https://example.com/hook", "ftp://x", ""]), st.text(max_size=20)
+    ),
 }
 # Values the contract accepts, so that bodies with several fields still get through sometimes.
 valid_values = {
@@ -340,24 +409,53 @@ def mutate_valid_json(raw: bytes, where: int, junk: bytes) -> bytes:
 
 raw_body = st.one_of(
     st.binary(max_size=80),
-    st.sampled_from([
-        b"", b" ", b"null", b"{", b"}", b"[]", b'"text"', b"\xff\xfe", b"\xef\xbb\xbf{\"text\": \"hi\"}",
-        b'{"text": "hi", "temperature": NaN}', b'{"text": "hi", "top_p": Infinity}', b"-Infinity",
-        b'{"text": "hi",}', b"{'text': 'hi'}", b'{"text": "hi"} {}', b'{"text": "\\ud800"}',
-        b'{"text": "a\\ud800b"}', b'{"text": "\\udfff\\ud800"}', b'{"\\ud800": 1, "text": "hi"}',
-        b'{"text": "hi", "speaker": "\\ud800"}', b'{"text": "hi", "format": "\\ud800"}',
-        b'{"text": "\xed\xa0\x80"}', b'{"text": "\xc0\xaf"}', b'{"text": "hi\x00"}', b'{"text": "hi", "seed": 1e400}',
-        b'{"text": "hi", "seed": 01}', b'{"text": "hi", "seed": 1.0}', b'{"text": "hi", "seed": -0}',
-        b'{"text": "hi", "temperature": 1E-400}', b'{"text": "hi", "text": 5}', b'{"text": 5, "text": "hi"}',
-    ]),
-    st.tuples(request_body(), st.integers(0, 10**6), st.binary(min_size=1, max_size=4))
-    .map(lambda t: mutate_valid_json(json.dumps(t[0]).encode(), t[1], t[2])),
+    st.sampled_from(
+        [
+            b"",
+            b" ",
+            b"null",
+            b"{",
+            b"}",
+            b"[]",
+            b'"text"',
+            b"\xff\xfe",
+            b'\xef\xbb\xbf{"text": "hi"}',
+            b'{"text": "hi", "temperature": NaN}',
+            b'{"text": "hi", "top_p": Infinity}',
+            b"-Infinity",
+            b'{"text": "hi",}',
+            b"{'text': 'hi'}",
+            b'{"text": "hi"} {}',
+            b'{"text": "\\ud800"}',
+            b'{"text": "a\\ud800b"}',
+            b'{"text": "\\udfff\\ud800"}',
+            b'{"\\ud800": 1, "text": "hi"}',
+            b'{"text": "hi", "speaker": "\\ud800"}',
+            b'{"text": "hi", "format": "\\ud800"}',
+            b'{"text": "\xed\xa0\x80"}',
+            b'{"text": "\xc0\xaf"}',
+            b'{"text": "hi\x00"}',
+            b'{"text": "hi", "seed": 1e400}',
+            b'{"text": "hi", "seed": 01}',
+            b'{"text": "hi", "seed": 1.0}',
+            b'{"text": "hi", "seed": -0}',
+            b'{"text": "hi", "temperature": 1E-400}',
+            b'{"text": "hi", "text": 5}',
+            b'{"text": 5, "text": "hi"}',
+        ]
+    ),
+    st.tuples(request_body(), st.integers(0, 10**6), st.binary(min_size=1, max_size=4)).map(
+        lambda t: mutate_valid_json(json.dumps(t[0]).encode(), t[1], t[2])
+    ),
     st.tuples(st.integers(1, 40_000), st.sampled_from(["[", '{"a":', '{"text":'])).map(
-        lambda t: (t[1] * t[0]).encode()),  # unclosed nesting
+        lambda t: (t[1] * t[0]).encode()
+    ),  # unclosed nesting
     st.tuples(st.integers(1, 20_000), st.sampled_from([("[", "]"), ('{"a":', "}")])).map(
-        lambda t: (t[1][0] * t[0] + "1" + t[1][1] * t[0]).encode()),  # deep but well-formed
+        lambda t: (t[1][0] * t[0] + "1" + t[1][1] * t[0]).encode()
+    ),  # deep but well-formed
     st.tuples(st.integers(1, 70_000), st.sampled_from(["seed", "top_k", "text", "temperature", "x"])).map(
-        lambda t: f'{{"text": "hi", "{t[1]}": {"7" * t[0]}}}'.encode()),  # huge ints, written out
+        lambda t: f'{{"text": "hi", "{t[1]}": {"7" * t[0]}}}'.encode()
+    ),  # huge ints, written out
 )
 
 
@@ -403,14 +501,43 @@ def test_status_audio_and_caption_paths_never_fail(tone_stack: Stack) -> None:
         segment = st.one_of(
             st.sampled_from([known] * 4 + [known.upper(), "0" * 32, known + "0", known[:-1]]),
             st.text(string.hexdigits, min_size=31, max_size=33),
-            st.text(any_char, min_size=1, max_size=40).map(lambda s: quote(s.encode("utf-8", "surrogatepass"), safe="")),
+            st.text(any_char, min_size=1, max_size=40).map(
+                lambda s: quote(s.encode("utf-8", "surrogatepass"), safe="")
+            ),
             st.binary(min_size=1, max_size=20).map(lambda b: quote(b, safe="")),
             st.sampled_from([".", "..", "%2e%2e", "%2F", "a%2Fb", "%00", "%ff", "%ED%A0%80", "+", " ", "%20" * 3]),
         )
         query_value = st.one_of(
-            st.sampled_from(["wav", "WAV", " ogg ", "mp3", "flac", "aiff", "", "0", "60", "60.0", "60.01", "-0",
-                             "-1", "nan", "inf", "-inf", "1e1", "1_0", "٣", "0x10", "1e309", " 0.1 ", "vtt", "SRT",
-                             " json ", "ass"]),
+            st.sampled_from(
+                [
+                    "wav",
+                    "WAV",
+                    " ogg ",
+                    "mp3",
+                    "flac",
+                    "aiff",
+                    "",
+                    "0",
+                    "60",
+                    "60.0",
+                    "60.01",
+                    "-0",
+                    "-1",
+                    "nan",
+                    "inf",
+                    "-inf",
+                    "1e1",
+                    "1_0",
+                    "٣",
+                    "0x10",
+                    "1e309",
+                    " 0.1 ",
+                    "vtt",
+                    "SRT",
+                    " json ",
+                    "ass",
+                ]
+            ),
             st.text(any_char, max_size=12),
             st.floats(-100, 100, allow_nan=False).map(repr),
         )
@@ -419,7 +546,9 @@ def test_status_audio_and_caption_paths_never_fail(tone_stack: Stack) -> None:
         def encode_query(params: dict[str, str]) -> str:
             if not params:
                 return ""
-            return "?" + "&".join(f"{k}={quote(v.encode('utf-8', 'surrogatepass'), safe='')}" for k, v in params.items())
+            return "?" + "&".join(
+                f"{k}={quote(v.encode('utf-8', 'surrogatepass'), safe='')}" for k, v in params.items()
+            )
 
         @settings(FUZZ, max_examples=300)
         @given(seg=segment, params=query, leaf=st.sampled_from(["", "/audio", "/captions"]))
@@ -480,15 +609,18 @@ def test_openai_speech_bodies_never_fail(tone_stack: Stack, redis: Redis) -> Non
     with httpx.Client(base_url=tone_stack.url, timeout=70) as client:
 
         @settings(FUZZ, max_examples=300)
-        @given(body=st.one_of(json_value, st.dictionaries(st.sampled_from(SPEECH_FIELDS) | st.text(max_size=6),
-                                                          speech_value, max_size=6)),
-               ascii_only=st.booleans())
+        @given(
+            body=st.one_of(
+                json_value,
+                st.dictionaries(st.sampled_from(SPEECH_FIELDS) | st.text(max_size=6), speech_value, max_size=6),
+            ),
+            ascii_only=st.booleans(),
+        )
         def speech(body: Any, ascii_only: bool) -> None:
             before = job_count(redis)
             with unlimited_int_digits():
                 raw = encode(body, ascii_only)
-            r = client.post("/v1/audio/speech", content=raw,
-                            headers={"content-type": "application/json"})
+            r = client.post("/v1/audio/speech", content=raw, headers={"content-type": "application/json"})
             event(f"speech answered {r.status_code}")
             answer = check_openai_error_shape(r)
             if r.status_code >= 400:
@@ -508,33 +640,73 @@ def test_openai_speech_bodies_never_fail(tone_stack: Stack, redis: Redis) -> Non
 
 VOICE_FIELDS = ("seed", "speaker", "mix", "description")
 voice_segment = st.one_of(
-    st.sampled_from(["calm", "alloy", "nova", "x", "a" * 64, "a" * 65, "7", "0042", "4294967295", "4294967296",
-                     "Calm", "-1", "%20", "caf%C3%A9", "a.b", "%ED%A0%80"]),
+    st.sampled_from(
+        [
+            "calm",
+            "alloy",
+            "nova",
+            "x",
+            "a" * 64,
+            "a" * 65,
+            "7",
+            "0042",
+            "4294967295",
+            "4294967296",
+            "Calm",
+            "-1",
+            "%20",
+            "caf%C3%A9",
+            "a.b",
+            "%ED%A0%80",
+        ]
+    ),
     st.from_regex(r"\A[a-z][a-z0-9_-]{0,8}\Z"),
     st.text(any_char, min_size=1, max_size=12).map(lambda s: quote(s.encode("utf-8", "surrogatepass"), safe="")),
 )
 mix_part = st.one_of(
     json_value,
-    st.fixed_dictionaries({"voice": st.one_of(st.sampled_from(BUILTIN + ("calm", "nobody", "Alloy")),
-                                              st.integers(-1, 2**32), speaker_strings, json_value),
-                           "weight": number}),
+    st.fixed_dictionaries(
+        {
+            "voice": st.one_of(
+                st.sampled_from(BUILTIN + ("calm", "nobody", "Alloy")),
+                st.integers(-1, 2**32),
+                speaker_strings,
+                json_value,
+            ),
+            "weight": number,
+        }
+    ),
 )
 valid_voice_body = st.tuples(
     st.one_of(
         st.builds(lambda seed: {"seed": seed}, st.integers(0, 2**32 - 1)),
         st.builds(lambda sp: {"speaker": sp}, valid_values["speaker"]),
-        st.builds(lambda parts: {"mix": parts}, st.lists(st.fixed_dictionaries({
-            "voice": st.one_of(st.sampled_from(BUILTIN), st.integers(0, 2**32 - 1), valid_values["speaker"]),
-            "weight": st.floats(0.001, 1000)}), min_size=2, max_size=8)),
+        st.builds(
+            lambda parts: {"mix": parts},
+            st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "voice": st.one_of(
+                            st.sampled_from(BUILTIN), st.integers(0, 2**32 - 1), valid_values["speaker"]
+                        ),
+                        "weight": st.floats(0.001, 1000),
+                    }
+                ),
+                min_size=2,
+                max_size=8,
+            ),
+        ),
     ),
     st.one_of(st.just({}), st.builds(lambda d: {"description": d}, st.text(any_char, max_size=200))),
 ).map(lambda pair: {**pair[0], **pair[1]})
 voice_body = st.one_of(
     valid_voice_body,
     json_value,
-    st.dictionaries(st.sampled_from(VOICE_FIELDS) | st.text(max_size=6), st.one_of(
-        json_value, number, speaker_strings, st.lists(mix_part, max_size=9), st.text(any_char, max_size=210)),
-        max_size=4),
+    st.dictionaries(
+        st.sampled_from(VOICE_FIELDS) | st.text(max_size=6),
+        st.one_of(json_value, number, speaker_strings, st.lists(mix_part, max_size=9), st.text(any_char, max_size=210)),
+        max_size=4,
+    ),
 )
 
 
@@ -544,13 +716,21 @@ def test_voice_routes_never_fail(tone_stack: Stack, redis: Redis) -> None:
     with httpx.Client(base_url=tone_stack.url, timeout=70) as client:
 
         @settings(FUZZ, max_examples=300)
-        @given(seg=voice_segment, method=st.sampled_from(["PUT", "PUT", "GET", "DELETE"]), body=voice_body,
-               ascii_only=st.booleans())
+        @given(
+            seg=voice_segment,
+            method=st.sampled_from(["PUT", "PUT", "GET", "DELETE"]),
+            body=voice_body,
+            ascii_only=st.booleans(),
+        )
         def voices(seg: str, method: str, body: Any, ascii_only: bool) -> None:
             with unlimited_int_digits():
                 raw = encode(body, ascii_only)
-            r = client.request(method, httpx.URL(f"{tone_stack.url}/v1/voices/{seg}"), content=raw if method == "PUT"
-                               else None, headers={"content-type": "application/json"})
+            r = client.request(
+                method,
+                httpx.URL(f"{tone_stack.url}/v1/voices/{seg}"),
+                content=raw if method == "PUT" else None,
+                headers={"content-type": "application/json"},
+            )
             event(f"{method} voice answered {r.status_code}")
             seen[(method, r.status_code)] += 1
             answer = check_error_shape(r)

@@ -12,9 +12,9 @@ from typing import Callable
 
 import httpx
 import pytest
+from conftest import Proc, Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Proc, Stack, wait_for
 from engines.launcher import RestartPolicy
 
 # A stand-in for worker.py: it notes each start, then fails or serves by the GPU it was given.
@@ -63,16 +63,22 @@ def _starts(tmp_path: Path, gpu: str) -> list[tuple[int, float]]:
 
 def _figure(url: str, name: str, gpu: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and s.labels.get("gpu") == gpu)
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and s.labels.get("gpu") == gpu
+    )
 
 
 def test_a_failing_gpu_is_restarted_then_given_up_while_the_others_serve(
-        stack_factory: Callable[..., Stack], redis_url: str, tmp_path: Path) -> None:
+    stack_factory: Callable[..., Stack], redis_url: str, tmp_path: Path
+) -> None:
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
-    launcher = _launcher(tmp_path, redis_url, ["0", "1", "2"],
-                         "max_failures=3, window=60, first_delay=0.3, max_delay=5")
+    launcher = _launcher(
+        tmp_path, redis_url, ["0", "1", "2"], "max_failures=3, window=60, first_delay=0.3, max_delay=5"
+    )
     try:
         wait_for(lambda: "GPU 0 is given up" in launcher.output(), 30, "GPU 0 to be given up", interval=0.1)
         # GPU 0: three starts, each after a longer wait (0.3 s, then 0.6 s), then none.
@@ -82,8 +88,8 @@ def test_a_failing_gpu_is_restarted_then_given_up_while_the_others_serve(
         assert gaps[0] >= 0.3 and gaps[1] >= 0.6, gaps
         # GPU 1 failed twice and was restarted into service; GPU 2 was never touched.
         wait_for(lambda: len(_starts(tmp_path, "1")) == 3, 10, "GPU 1's third start")
-        (serving_one, _), = _starts(tmp_path, "1")[2:]
-        (serving_two, _), = _starts(tmp_path, "2")
+        ((serving_one, _),) = _starts(tmp_path, "1")[2:]
+        ((serving_two, _),) = _starts(tmp_path, "2")
         for pid in (serving_one, serving_two):
             assert Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/status").read_text().find("zombie") < 0
         assert launcher.popen.poll() is None  # the launcher goes on with GPUs 1 and 2
@@ -116,11 +122,14 @@ def test_the_launcher_exits_with_the_failure_once_every_gpu_is_given_up(redis_ur
         launcher.stop()
 
 
-@pytest.mark.parametrize(("failures", "delay"), [
-    pytest.param(1, 1.0, id="first"),
-    pytest.param(2, 2.0, id="second-doubles"),
-    pytest.param(4, 8.0, id="fourth"),
-    pytest.param(12, 60.0, id="capped"),
-])
+@pytest.mark.parametrize(
+    ("failures", "delay"),
+    [
+        pytest.param(1, 1.0, id="first"),
+        pytest.param(2, 2.0, id="second-doubles"),
+        pytest.param(4, 8.0, id="fourth"),
+        pytest.param(12, 60.0, id="capped"),
+    ],
+)
 def test_backoff_doubles_up_to_its_cap(failures: int, delay: float) -> None:
     assert RestartPolicy().backoff(failures) == delay

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 PACKAGES = ("web", "engines", "work", "common")
@@ -79,14 +78,16 @@ def test_web_and_shared_modules_never_name_the_worker_side() -> None:
 def test_no_import_cycles() -> None:
     modules = _modules()
     known = set(modules)
-    graph = {name: {m for m in _imports(path, known) if m != name and m not in PACKAGES} for name, path in modules.items()}
+    graph = {
+        name: {m for m in _imports(path, known) if m != name and m not in PACKAGES} for name, path in modules.items()
+    }
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt]
+                cycle = trail[trail.index(nxt) :] + [nxt] if nxt in trail else [node, nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt, trail + [nxt])

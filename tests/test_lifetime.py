@@ -7,12 +7,11 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from redis import Redis
-
-from common.keys import chunk_key, request_key
-from common.keys import hooks_key
 from conftest import Stack, wait_for
+from redis import Redis
 from test_webhooks import DELAYS, SECRET, Receiver
+
+from common.keys import chunk_key, hooks_key, request_key
 
 
 @pytest.fixture
@@ -21,18 +20,26 @@ def receiver() -> Iterator[Receiver]:
     yield made
     made.stop()
 
+
 TTL = 3
 
 
-def test_a_queued_request_outlives_its_ttl_and_is_sent_its_webhook(stack_factory: Callable[..., Stack],
-                                                                   receiver: Receiver, redis: Redis) -> None:
-    stack = stack_factory(TTS_ENGINE="tone", TTS_RESULT_TTL=str(TTL), TTS_WEBHOOK_SECRET=SECRET,
-                          TTS_WEBHOOK_ALLOW_PRIVATE="true", TTS_WEBHOOK_RETRY_DELAYS=DELAYS)
+def test_a_queued_request_outlives_its_ttl_and_is_sent_its_webhook(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
+) -> None:
+    stack = stack_factory(
+        TTS_ENGINE="tone",
+        TTS_RESULT_TTL=str(TTL),
+        TTS_WEBHOOK_SECRET=SECRET,
+        TTS_WEBHOOK_ALLOW_PRIVATE="true",
+        TTS_WEBHOOK_RETRY_DELAYS=DELAYS,
+    )
     stack.start_web()
     stack.start_webhooks()
     stack.run_worker_burst()  # publishes the model, then no worker for longer than the TTL
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Kept while it waits. " * 3,
-                                                 "callback_url": receiver.url + "/hook"})
+    r = httpx.post(
+        stack.url + "/v1/tts", json={"text": "Kept while it waits. " * 3, "callback_url": receiver.url + "/hook"}
+    )
     assert r.status_code == 202, r.text
     request_id = r.json()["id"]
     # Held: no TTL runs while the job is queued (and volatile-lru cannot evict them).
@@ -51,6 +58,7 @@ def test_a_queued_request_outlives_its_ttl_and_is_sent_its_webhook(stack_factory
     stack.start_worker()
     event = receiver.wait("/hook", 1, timeout=60)[0]
     import json
+
     body = json.loads(event["body"])
     assert body["id"] == request_id and body["status"] == "finished", body
     # Over: the TTL counts from now.
@@ -58,8 +66,7 @@ def test_a_queued_request_outlives_its_ttl_and_is_sent_its_webhook(stack_factory
     assert all(0 < redis.ttl(key) <= TTL for key in redis.keys(chunk_key("*")))
 
 
-def test_the_id_of_a_job_that_still_exists_never_answers_404(stack_factory: Callable[..., Stack],
-                                                              redis: Redis) -> None:
+def test_the_id_of_a_job_that_still_exists_never_answers_404(stack_factory: Callable[..., Stack], redis: Redis) -> None:
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()

@@ -7,7 +7,6 @@ import re
 import tomllib
 
 import pytest
-
 from conftest import ROOT
 
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

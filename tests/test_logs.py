@@ -46,8 +46,14 @@ def test_json_lines_are_utc_to_the_millisecond_and_keep_non_ascii() -> None:
     record.created, record.msecs = 1_800_000_000.25, 250.0
     record.event = {"event": "request", "status": 200}  # type: ignore[attr-defined]
     line = json.loads(formatter.format(record))
-    assert line == {"time": "2027-01-15T08:00:00.250Z", "level": "INFO", "logger": "x", "message": "said 你好",
-                    "event": "request", "status": 200}
+    assert line == {
+        "time": "2027-01-15T08:00:00.250Z",
+        "level": "INFO",
+        "logger": "x",
+        "message": "said 你好",
+        "event": "request",
+        "status": 200,
+    }
     assert "你好" in formatter.format(record)
     later = logging.LogRecord("x", logging.INFO, "", 0, "m", (), None)
     later.created, later.msecs = 1_800_000_061.0, 0.0
@@ -55,7 +61,8 @@ def test_json_lines_are_utc_to_the_millisecond_and_keep_non_ascii() -> None:
 
 
 def test_a_loop_pass_s_lines_are_written_with_one_write_as_the_next_pass_starts(
-        logged: tuple[logging.Logger, Writes]) -> None:
+    logged: tuple[logging.Logger, Writes],
+) -> None:
     log, out = logged
 
     async def requests() -> None:
@@ -91,6 +98,7 @@ def test_other_loggers_lines_are_written_at_once_after_those_kept(logged: tuple[
     other.setLevel(logging.INFO)
     other.addHandler(log.handlers[0])
     try:
+
         async def stopping() -> None:
             log.info("a request")
             other.info("Finished server process")  # uvicorn's last line, just before it re-raises SIGTERM

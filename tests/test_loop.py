@@ -28,15 +28,30 @@ from engines.loop import ChatTTSLoop, row_seed
 from work import queueing
 from work.scheduler import Pool
 
-TEXTS = ["Hello world, this is the loop test.", "Another sentence joins the loop here.",
-         "A third one, fairly long, that keeps going for a while.", "Short one.", "你好，世界。这是第五句。",
-         "Six is a number.", "The seventh sentence has more words in it than most.", "Eight."]
+TEXTS = [
+    "Hello world, this is the loop test.",
+    "Another sentence joins the loop here.",
+    "A third one, fairly long, that keeps going for a while.",
+    "Short one.",
+    "你好，世界。这是第五句。",
+    "Six is a number.",
+    "The seventh sentence has more words in it than most.",
+    "Eight.",
+]
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
-    return load_chattts(from_env({"TTS_MODEL_PATH": str(tiny_model), "TTS_TORCH_THREADS": "1",
-                                  "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none"}))
+    return load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(tiny_model),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
 
 
 def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTSLoop:
@@ -59,14 +74,22 @@ def _alone(engine: ChatTTSEngine, key: str, spec: Spec) -> torch.Tensor:
 
 def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
     chat = engine.chat
-    return chat.InferCodeParams(prompt=f"[speed_{spec.speed}]", spk_emb=engine._speaker(spec.seed, spec.speaker),
-                                temperature=spec.temperature, top_P=spec.top_p, top_K=spec.top_k, manual_seed=seed,
-                                max_new_token=token_budget(spec.chunks[0], engine.max_new_token), show_tqdm=False)
+    return chat.InferCodeParams(
+        prompt=f"[speed_{spec.speed}]",
+        spk_emb=engine._speaker(spec.seed, spec.speaker),
+        temperature=spec.temperature,
+        top_P=spec.top_p,
+        top_K=spec.top_k,
+        manual_seed=seed,
+        max_new_token=token_budget(spec.chunks[0], engine.max_new_token),
+        show_tqdm=False,
+    )
 
 
 @pytest.mark.parametrize("voice", [{"seed": 7}, {"speaker": "from-seed-5"}], ids=["seed", "speaker"])
-def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(engine: tuple[ChatTTSEngine, Any],
-                                                             voice: dict[str, Any]) -> None:
+def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
+    engine: tuple[ChatTTSEngine, Any], voice: dict[str, Any]
+) -> None:
     eng, info = engine
     if "speaker" in voice:
         voice = {"speaker": eng.speaker(5), "seed": None}
@@ -85,12 +108,15 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(engine: tuple[ChatT
         # Chat.infer decodes the same hidden states and drops every |x| <= 1e-5;
         # the loop cuts at 512*T - 256 instead (the vocoder's padding).
         params = _upstream_params(eng, spec, row_seed(spec, "c0"))
-        wav = chat.infer(normed, skip_refine_text=True, split_text=False, do_text_normalization=False,
-                         params_infer_code=params)[0]
+        wav = chat.infer(
+            normed, skip_refine_text=True, split_text=False, do_text_normalization=False, params_infer_code=params
+        )[0]
         raw = chat._decode_to_wavs([torch.stack(hiddens)], True)[0]
     assert np.array_equal(wav, raw[np.abs(raw) > np.float32(1e-5)])
-    assert np.array_equal(loop.decode(hiddens, 0, len(hiddens), last=True),
-                          raw[: SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2])
+    assert np.array_equal(
+        loop.decode(hiddens, 0, len(hiddens), last=True),
+        raw[: SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2],
+    )
 
 
 def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(engine: tuple[ChatTTSEngine, Any]) -> None:
@@ -100,20 +126,30 @@ def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(engine: tuple[
     with torch.inference_mode():
         ours = eng.synthesize([spec])[0]
         normed = chat.normalizer(TEXTS[1], True, True, None)
-        wav = chat.infer(normed, skip_refine_text=True, split_text=False, do_text_normalization=False,
-                         params_infer_code=_upstream_params(eng, spec, _voice_seed(spec)))[0]
+        wav = chat.infer(
+            normed,
+            skip_refine_text=True,
+            split_text=False,
+            do_text_normalization=False,
+            params_infer_code=_upstream_params(eng, spec, _voice_seed(spec)),
+        )[0]
     kept = ours[np.abs(ours) > np.float32(1e-5)]
     assert len(kept) > 0 and np.array_equal(wav[: len(kept)], kept)
 
 
-def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(engine: tuple[ChatTTSEngine, Any],
-                                                                     record_property: Any) -> None:
+def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(
+    engine: tuple[ChatTTSEngine, Any], record_property: Any
+) -> None:
     """Eight rows in different voices and sampling settings join a loop of 4 at different steps; each row's
     generator is its own, so its codes are those it makes alone. The identity share is recorded (float32,
     CPU: every row so far; the batch's matmuls may round differently from a batch of one elsewhere)."""
     eng, info = engine
-    settings: list[dict[str, Any]] = [{"temperature": 0.3}, {"temperature": 0.7, "top_k": 5}, {"top_p": 0.9},
-                                      {"temperature": 0.1}]
+    settings: list[dict[str, Any]] = [
+        {"temperature": 0.3},
+        {"temperature": 0.7, "top_k": 5},
+        {"top_p": 0.9},
+        {"temperature": 0.1},
+    ]
     specs = {f"k{i}": Spec(chunks=(text,), model=info.id, seed=i, **settings[i % 4]) for i, text in enumerate(TEXTS)}
     alone = {key: _alone(eng, key, spec) for key, spec in specs.items()}
     loop = _loop(eng)
@@ -137,13 +173,16 @@ def test_rows_that_join_a_running_loop_get_the_tokens_they_get_alone(engine: tup
 
 def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tuple[ChatTTSEngine, Any]) -> None:
     eng, info = engine
-    rows = [("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1, temperature=0.3, top_k=20)),
-            ("b", Spec(chunks=(TEXTS[2],), model=info.id, seed=2, temperature=0.9, top_k=3)),
-            ("c", Spec(chunks=(TEXTS[2],), model=info.id, speaker=eng.speaker(4), seed=None, top_p=0.5))]
+    rows = [
+        ("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1, temperature=0.3, top_k=20)),
+        ("b", Spec(chunks=(TEXTS[2],), model=info.id, seed=2, temperature=0.9, top_k=3)),
+        ("c", Spec(chunks=(TEXTS[2],), model=info.id, speaker=eng.speaker(4), seed=None, top_p=0.5)),
+    ]
     loop = _loop(eng)
     forwards: list[int] = []
     hook = eng.chat.gpt.gpt.register_forward_pre_hook(
-        lambda _m, _a, kw: forwards.append(int(kw["inputs_embeds"].shape[0])), with_kwargs=True)
+        lambda _m, _a, kw: forwards.append(int(kw["inputs_embeds"].shape[0])), with_kwargs=True
+    )
     try:
         with torch.inference_mode():
             decode_all(loop, rows)
@@ -169,7 +208,7 @@ def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any
     joined = np.concatenate([p.samples for p in pieces])
     assert len(pieces) >= 3 and [p.index for p in pieces] == list(range(len(pieces))) and pieces[-1].last
     assert len(joined) == len(whole) == SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2
-    snr = 10 * np.log10(np.sum(whole ** 2) / max(np.sum((joined - whole) ** 2), 1e-30))
+    snr = 10 * np.log10(np.sum(whole**2) / max(np.sum((joined - whole) ** 2), 1e-30))
     edges = np.cumsum([len(p.samples) for p in pieces])[:-1]
     steps = np.abs(np.diff(joined))
     at_joins = max(steps[e - 1] for e in edges)
@@ -185,16 +224,19 @@ def _in_process_worker(redis: Redis, redis_url: str, model: tuple[ChatTTSEngine,
     return jobs.bind(eng, info, settings, redis), settings
 
 
-def test_stored_chunks_are_their_announced_pieces_joined(engine: tuple[ChatTTSEngine, Any], redis: Redis,
-                                                         redis_url: str) -> None:
+def test_stored_chunks_are_their_announced_pieces_joined(
+    engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
+) -> None:
     """A real rq worker (burst, in-process) makes two requests through the loop: each chunk's stored audio
     is byte for byte its pieces list joined, and every piece was announced on its request's channel."""
     from worker import TTSWorker
 
     state, settings = _in_process_worker(redis, redis_url, engine)
     q = queueing.queue(redis, settings)
-    specs = [Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1),
-             Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=0.6)]
+    specs = [
+        Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1),
+        Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=0.6),
+    ]
     listen = redis.pubsub(ignore_subscribe_messages=True)
     submitted = [queueing.submit(q, spec, settings) for spec in specs]
     listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
@@ -215,8 +257,9 @@ def test_stored_chunks_are_their_announced_pieces_joined(engine: tuple[ChatTTSEn
             assert announced == list(range(len(pieces)))
 
 
-def test_a_canceled_row_leaves_at_the_next_step_and_a_shared_one_stays(engine: tuple[ChatTTSEngine, Any],
-                                                                       redis: Redis, redis_url: str) -> None:
+def test_a_canceled_row_leaves_at_the_next_step_and_a_shared_one_stays(
+    engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
+) -> None:
     """Two requests share a chunk; the loop holds the shared chunk and one of the canceled request's own.
     After the cancel, the next step drops the canceled row and keeps decoding the shared one to the end."""
     state, settings = _in_process_worker(redis, redis_url, engine, TTS_BATCH_SIZE="4")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from conftest import wait_for
+
 from web.lru import BoundedLRU
 
 

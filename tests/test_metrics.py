@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from conftest import _free_port
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -18,17 +19,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from common import metrics
-from conftest import _free_port
-from common import keys
+from common import keys, metrics
 
 ID = "0123456789abcdef0123456789abcdef"
 
 
 def samples(redis: Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_histogram_buckets_are_cumulative_and_a_value_on_a_bound_falls_in_it(redis: Redis) -> None:
@@ -106,9 +108,10 @@ def test_the_middleware_counts_times_and_logs_one_line_per_request(redis: Redis,
     async def boom(request: Request) -> Response:
         raise RuntimeError("no")
 
-    app = Starlette(routes=[Route("/v1/tts/{id}/audio", audio), Route("/v1/tts", submit, methods=["POST"]),
-                            Route("/boom", boom)],
-                    middleware=[Middleware(metrics.RequestTelemetry, recorder=recorder)])
+    app = Starlette(
+        routes=[Route("/v1/tts/{id}/audio", audio), Route("/v1/tts", submit, methods=["POST"]), Route("/boom", boom)],
+        middleware=[Middleware(metrics.RequestTelemetry, recorder=recorder)],
+    )
 
     async def run() -> None:
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)

@@ -12,12 +12,12 @@ import httpx
 import miniaudio
 import pytest
 import soundfile
+from conftest import Stack, wait_for
 from openai import AuthenticationError, BadRequestError, OpenAI, UnprocessableEntityError
 from redis import Redis
 
 from common import keys
 from common.audio import AAC_FRAME, AAC_PRIMING
-from conftest import Stack, wait_for
 
 
 @pytest.fixture
@@ -27,18 +27,26 @@ def client(tone_stack: Stack) -> OpenAI:
 
 @pytest.mark.parametrize(
     ("fmt", "container"),
-    [pytest.param("mp3", "MP3", id="mp3"), pytest.param("opus", "OGG", id="opus"),
-     pytest.param("flac", "FLAC", id="flac"), pytest.param("wav", "WAV", id="wav")],
+    [
+        pytest.param("mp3", "MP3", id="mp3"),
+        pytest.param("opus", "OGG", id="opus"),
+        pytest.param("flac", "FLAC", id="flac"),
+        pytest.param("wav", "WAV", id="wav"),
+    ],
 )
 def test_speech_create_returns_audio(client: OpenAI, fmt: str, container: str) -> None:
-    response = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello from the OpenAI route.",
-                                          response_format=fmt)
+    response = client.audio.speech.create(
+        model="tts-1", voice="alloy", input="Hello from the OpenAI route.", response_format=fmt
+    )
     info = soundfile.info(io.BytesIO(response.content))
     assert (info.format, info.samplerate, info.channels) == (container, 24000, 1)
     # A streamed mp3 cannot fill in the length its first frame announces,
     # which libsndfile trusts; a frame-by-frame decoder reads it all.
-    seconds = len(miniaudio.decode(response.content, nchannels=1, sample_rate=24000).samples) / 24000 \
-        if fmt == "mp3" else info.duration
+    seconds = (
+        len(miniaudio.decode(response.content, nchannels=1, sample_rate=24000).samples) / 24000
+        if fmt == "mp3"
+        else info.duration
+    )
     assert seconds > 0.5
 
 
@@ -64,8 +72,10 @@ def test_streaming_response_and_sharing_with_v1_tts(client: OpenAI, tone_stack: 
 
 def test_voices_seeds_and_speed_change_the_request(tone_stack: Stack) -> None:
     def rid(**body: object) -> str:
-        r = httpx.post(tone_stack.url + "/v1/audio/speech",
-                       json={"model": "tts-1", "input": "Same words.", "response_format": "wav", **body})
+        r = httpx.post(
+            tone_stack.url + "/v1/audio/speech",
+            json={"model": "tts-1", "input": "Same words.", "response_format": "wav", **body},
+        )
         assert r.status_code == 200, r.text
         return r.headers["x-request-id"]
 
@@ -85,12 +95,14 @@ def test_unsupported_format_is_400_naming_the_supported(client: OpenAI) -> None:
 
 @pytest.mark.parametrize(
     ("body", "field"),
-    [pytest.param({"voice": "alloy"}, "input", id="missing-input"),
-     pytest.param({"input": " ", "voice": "alloy"}, "input", id="blank-input"),
-     pytest.param({"input": "x", "voice": "nobody"}, "voice", id="unknown-voice"),
-     pytest.param({"input": "x", "voice": "alloy", "speed": 5}, "speed", id="speed-range"),
-     pytest.param({"input": "x", "voice": "alloy", "stream_format": "ws"}, "stream_format", id="stream-format"),
-     pytest.param({"input": "x", "voice": "alloy", "colour": 1}, "colour", id="unknown-field")],
+    [
+        pytest.param({"voice": "alloy"}, "input", id="missing-input"),
+        pytest.param({"input": " ", "voice": "alloy"}, "input", id="blank-input"),
+        pytest.param({"input": "x", "voice": "nobody"}, "voice", id="unknown-voice"),
+        pytest.param({"input": "x", "voice": "alloy", "speed": 5}, "speed", id="speed-range"),
+        pytest.param({"input": "x", "voice": "alloy", "stream_format": "ws"}, "stream_format", id="stream-format"),
+        pytest.param({"input": "x", "voice": "alloy", "colour": 1}, "colour", id="unknown-field"),
+    ],
 )
 def test_bad_speech_body_is_422_in_openais_shape(tone_stack: Stack, body: dict, field: str) -> None:
     r = httpx.post(tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
@@ -126,7 +138,8 @@ TWO = FIRST + " The second one waits for a worker."
 
 
 def test_streaming_response_yields_bytes_before_the_request_is_finished(
-        stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
     stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="40")
     stack.start_web()
     worker = stack.start_worker()
@@ -136,7 +149,8 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
     worker.stop()  # the second chunk now waits in the queue
     client = OpenAI(base_url=stack.url + "/v1", api_key="x", max_retries=0, timeout=120)
     with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="onyx", input=TWO, response_format="pcm") as response:
+        model="tts-1", voice="onyx", input=TWO, response_format="pcm"
+    ) as response:
         request_id = response.headers["x-request-id"]
         assert "content-length" not in response.headers
         pieces = response.iter_bytes()
@@ -147,6 +161,7 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
         rest = b"".join(pieces)
     whole = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio").content[44:]
     assert first + rest == whole
+
     # The relay's figures reach /metrics: time to first audio and the stream's worst playback gap, by route.
     def figures() -> str | None:
         text = httpx.get(stack.url + "/metrics").text
@@ -162,14 +177,15 @@ def _events(raw: bytes) -> list[dict]:
     lines = raw.decode().split("\n\n")
     assert lines[-1] == ""
     assert all(line.startswith("data: ") for line in lines[:-1])
-    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "mp3", "aac", "flac"])
 def test_sse_events_parse_and_their_usage_adds_up(client: OpenAI, redis: Redis, fmt: str) -> None:
     text = "Server-sent events, one delta at a time. Then usage."
-    response = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format=fmt,
-                                          stream_format="sse")
+    response = client.audio.speech.create(
+        model="tts-1", voice="alloy", input=text, response_format=fmt, stream_format="sse"
+    )
     assert response.response.headers["content-type"].startswith("text/event-stream")
     events = _events(response.content)
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and len(events) > 1

@@ -12,25 +12,24 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 import soundfile
+from conftest import ROOT, Proc, Stack, _free_port, _pings, serving, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from common import metrics
 from cache import stored
-from conftest import ROOT, Proc, Stack, _free_port, _pings, serving, wait_for
-from work.queueing import SERIALIZER
-from common.settings import Settings, SettingsError, from_env
+from common import keys, metrics
 from common.keys import chunk_key, events_channel, request_key
-from common import keys
+from common.settings import Settings, SettingsError, from_env
+from work.queueing import SERIALIZER
 
 KEY = "ops-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -46,8 +45,11 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, t
     r = httpx.get(url + "/metrics", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(r.text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
 
 
 def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
@@ -58,7 +60,7 @@ def log_events(text: str, event: str) -> list[dict[str, Any]]:
     """The JSON log lines of kind `event` in a process's output (other lines are skipped)."""
     found = []
     for line in text.splitlines():
-        line = line[line.find("{"):] if "{" in line else ""  # honcho prefixes each line
+        line = line[line.find("{") :] if "{" in line else ""  # honcho prefixes each line
         try:
             record = json.loads(line)
         except ValueError:
@@ -101,10 +103,18 @@ def workers_alive(url: str) -> int:
     ("url", "verify", "expected"),
     [
         pytest.param("rediss://:pw@host:6380/2", "false", "rediss://:pw@host:6380/2?ssl_cert_reqs=none", id="rediss"),
-        pytest.param("rediss://h:1/0?health_check_interval=5", "0",
-                     "rediss://h:1/0?health_check_interval=5&ssl_cert_reqs=none", id="rediss-query"),
-        pytest.param("rediss://h:1/0?ssl_cert_reqs=required", "false", "rediss://h:1/0?ssl_cert_reqs=required",
-                     id="url-says-otherwise"),
+        pytest.param(
+            "rediss://h:1/0?health_check_interval=5",
+            "0",
+            "rediss://h:1/0?health_check_interval=5&ssl_cert_reqs=none",
+            id="rediss-query",
+        ),
+        pytest.param(
+            "rediss://h:1/0?ssl_cert_reqs=required",
+            "false",
+            "rediss://h:1/0?ssl_cert_reqs=required",
+            id="url-says-otherwise",
+        ),
         pytest.param("rediss://:pw@host:6380/2", "true", "rediss://:pw@host:6380/2", id="verify"),
         pytest.param("redis://:pw@host:6379/1", "false", "redis://:pw@host:6379/1", id="plain-unchanged"),
         pytest.param("unix://:pw@/run/redis.sock?db=3", "false", "unix://:pw@/run/redis.sock?db=3", id="unix"),
@@ -146,9 +156,11 @@ def test_recorder_refuses_unknown_series_and_renders_what_redis_holds(redis: Red
     other.flush(redis)
     redis.hset(keys.METRICS_KEY, "not json", 1)  # written by something else: skipped
 
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(metrics.render(redis.hgetall(keys.METRICS_KEY)).decode())
-               for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render(redis.hgetall(keys.METRICS_KEY)).decode())
+        for s in f.samples
+    }
     assert value(samples, "tts_jobs_total", outcome="finished") == 4
     assert value(samples, "tts_time_to_first_chunk_seconds_count") == 3
     assert value(samples, "tts_time_to_first_chunk_seconds_sum") == pytest.approx(1003.3)
@@ -233,7 +245,8 @@ def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable
     assert [line["id"] for line in served] == [request_id] and served[0]["status"] == 200
     job_lines = log_events(worker.output(), "job")
     assert [(j["id"], j["status"], j["chunks"], j["cached"], j["synthesized"]) for j in job_lines] == [
-        (request_id, "finished", n, 0, n)]
+        (request_id, "finished", n, 0, n)
+    ]
     assert job_lines[0]["audio_seconds"] == pytest.approx(audio_seconds, abs=1e-3)
     for proc in (web_a, web_b, worker):
         out = proc.output()
@@ -245,8 +258,8 @@ def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable
 
 
 def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_it(
-        stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis,
-        record_property: Callable[[str, object], None]) -> None:
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis, record_property: Callable[[str, object], None]
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
     stack.start_web()
     first = stack.start_worker()
@@ -308,7 +321,8 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     assert sum(t is None for t in result["tokens"]) == made_by_first
     finished = log_events(second.output(), "job")
     assert [(j["status"], j["cached"], j["synthesized"]) for j in finished] == [
-        ("finished", made_by_first, 10 - made_by_first)]
+        ("finished", made_by_first, 10 - made_by_first)
+    ]
     samples = scrape(stack.url)
     assert value(samples, "tts_jobs_total", outcome="requeued") == 1
     assert value(samples, "tts_jobs_total", outcome="finished") == 1
@@ -330,8 +344,11 @@ def test_web_sigterm_finishes_the_request_in_flight(stack_factory: Callable[...,
     waiting = threading.Thread(target=hold)
     waiting.start()
     # The held request listens on the request's channel.
-    wait_for(lambda: dict(redis.pubsub_numsub(events_channel(request_id))).get(
-        events_channel(request_id).encode()) == 1, 15, "the request to be held")
+    wait_for(
+        lambda: dict(redis.pubsub_numsub(events_channel(request_id))).get(events_channel(request_id).encode()) == 1,
+        15,
+        "the request to be held",
+    )
     web.popen.send_signal(signal.SIGTERM)
     # It takes no new connections, but keeps the one in flight.
     wait_for(lambda: not stack._answers("/healthz"), 15, "the web process to stop listening")
@@ -418,9 +435,18 @@ def test_gpus_list_and_no_gpu(stack_factory: Callable[..., Stack], tmp_path: Pat
 
 def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, redis: Redis, tmp_path: Path) -> None:
     port, dashboard = _free_port(), _free_port()
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "REDIS_URL": redis_url,
-           "PORT": str(port), "DASHBOARD_PORT": str(dashboard), "WEB_CONCURRENCY": "2", "TTS_ENGINE": "tone",
-           "RQ_DASHBOARD_USERNAME": "ops", "RQ_DASHBOARD_PASSWORD": "dashboard-secret", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "DASHBOARD_PORT": str(dashboard),
+        "WEB_CONCURRENCY": "2",
+        "TTS_ENGINE": "tone",
+        "RQ_DASHBOARD_USERNAME": "ops",
+        "RQ_DASHBOARD_PASSWORD": "dashboard-secret",
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     honcho = Proc([sys.executable, "-m", "honcho", "start"], env, tmp_path / "honcho.log")
     web, dash = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
@@ -448,6 +474,7 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
         assert page.status_code == 200 and "RQ" in page.text
         queues = httpx.get(dash + "/0/data/queues.json", auth=auth).json()["queues"]
         assert "tts" in [q["name"] for q in queues]
+
         def worker_queues() -> list[list[str]]:
             workers = httpx.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
             return sorted(w["queues"] for w in workers)
@@ -481,17 +508,55 @@ class TLSRedis:
         self.port = _free_port()
         self.socket = directory / "redis.sock"
         self.password = "redis-pass-123"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                        "/CN=localhost", "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                str(directory / "key.pem"),
+                "-out",
+                str(directory / "cert.pem"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         server = shutil.which("redis-server")
         assert server
         self.proc = subprocess.Popen(
-            [server, "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(directory / "cert.pem"),
-             "--tls-key-file", str(directory / "key.pem"), "--tls-auth-clients", "no",
-             "--unixsocket", str(self.socket), "--requirepass", self.password, "--save", "", "--appendonly", "no",
-             "--dir", str(directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                server,
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(directory / "cert.pem"),
+                "--tls-key-file",
+                str(directory / "key.pem"),
+                "--tls-auth-clients",
+                "no",
+                "--unixsocket",
+                str(self.socket),
+                "--requirepass",
+                self.password,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.tls_url = f"rediss://:{self.password}@127.0.0.1:{self.port}/2"
         self.unix_url = f"unix://:{self.password}@{self.socket}?db=3"
 
@@ -537,9 +602,11 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
         body = httpx.post(stack.url + "/v1/tts", json={"text": f"Over {form}."}).json()
         assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
         # The same URL and option reach rq-dashboard.
-        dashboard = Proc([str(ROOT / "scripts" / "dashboard")],
-                         {**stack.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
-                         tmp_path / "dashboard.log")
+        dashboard = Proc(
+            [str(ROOT / "scripts" / "dashboard")],
+            {**stack.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+            tmp_path / "dashboard.log",
+        )
         stack.procs.append(dashboard)
         dash = f"http://127.0.0.1:{env['DASHBOARD_PORT']}"
 

@@ -10,15 +10,16 @@ from typing import Any, Iterator
 import httpx
 import pytest
 import soundfile
-
 from conftest import Stack
 
 # Debian's package, which `make install` installs; Playwright drives it and downloads no browser.
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (apt-get install chromium)")
 
-TEXT = ("The page speaks. It asks the service for speech, follows its progress, and plays the audio "
-        "as it is made. Each sentence is a part of its own. This is the fourth one. And a fifth, to finish.")
+TEXT = (
+    "The page speaks. It asks the service for speech, follows its progress, and plays the audio "
+    "as it is made. Each sentence is a part of its own. This is the fourth one. And a fifth, to finish."
+)
 DEADLINE_MS = 60_000
 
 
@@ -102,7 +103,8 @@ def test_type_generate_and_the_player_gets_playable_audio(browser: Browser, tone
             const b = document.getElementById("player").buffered;
             return b.length > 0 && Math.abs(b.end(b.length - 1) - seconds) < 0.25;
         }""",
-        arg=seconds, timeout=DEADLINE_MS,
+        arg=seconds,
+        timeout=DEADLINE_MS,
     )
     assert not [line for line in browser.console if line.startswith("error")], browser.console
 
@@ -123,14 +125,17 @@ def test_errors_are_shown_in_words(browser: Browser, tmp_path: Path) -> None:
     before = len(browser.requests)
     page.click("#go")  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
-        "() => document.getElementById('error').textContent.startsWith('Voice seed')")
+        "() => document.getElementById('error').textContent.startsWith('Voice seed')"
+    )
     assert _state(page)["message"] == "Voice seed must be a whole number from 0 to 4294967295.", _state(page)
     assert len(browser.requests) == before, browser.requests[before:]
     page.screenshot(path=str(tmp_path / "page-error.png"), full_page=True)  # type: ignore[attr-defined]
 
 
-CAPTIONED = ("Captions follow the voice. This sentence is the second cue. The third one is here. "
-             "A fourth, to keep the audio playing.")
+CAPTIONED = (
+    "Captions follow the voice. This sentence is the second cue. The third one is here. "
+    "A fourth, to keep the audio playing."
+)
 
 
 def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_stack: Stack, tmp_path: Path) -> None:
@@ -155,9 +160,18 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
     page.fill("#oral", "3")  # type: ignore[attr-defined]
     page.select_option("#format", "flac")  # type: ignore[attr-defined]
     page.click("#go")  # type: ignore[attr-defined]
-    expected = httpx.post(tone_stack.url + "/v1/tts", json={
-        "text": CAPTIONED, "voice": "reader", "temperature": 0.25, "top_k": 10, "refine_text": True, "oral": 3,
-        "format": "flac"}).json()
+    expected = httpx.post(
+        tone_stack.url + "/v1/tts",
+        json={
+            "text": CAPTIONED,
+            "voice": "reader",
+            "temperature": 0.25,
+            "top_k": 10,
+            "refine_text": True,
+            "oral": 3,
+            "format": "flac",
+        },
+    ).json()
     try:
         # A caption cue becomes active while the audio plays, and the page shows its text.
         page.wait_for_function(  # type: ignore[attr-defined]
@@ -193,7 +207,8 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
 
 
 def test_speak_as_i_type_starts_playing_on_the_first_finished_sentence(
-        browser: Browser, tone_stack: Stack, tmp_path: Path) -> None:
+    browser: Browser, tone_stack: Stack, tmp_path: Path
+) -> None:
     page = browser.page
     page.fill("#text", "")  # type: ignore[attr-defined]
     page.fill("#seed", "5")  # type: ignore[attr-defined]
@@ -204,7 +219,8 @@ def test_speak_as_i_type_starts_playing_on_the_first_finished_sentence(
         # Nothing flushed, Generate not pressed: the finished sentence is already playing.
         page.wait_for_function(  # type: ignore[attr-defined]
             "() => window.live.deltas > 0 && window.live.audio.state === 'running' && window.live.audio.currentTime > 0",
-            timeout=DEADLINE_MS)
+            timeout=DEADLINE_MS,
+        )
     finally:
         page.screenshot(path=str(tmp_path / "page-live.png"), full_page=True)  # type: ignore[attr-defined]
     first = page.evaluate("() => ({done: window.live.done, until: window.live.until})")  # type: ignore[attr-defined]

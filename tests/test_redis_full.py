@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 import threading
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import httpx
 import pytest
+from conftest import Stack, _free_port, _pings, wait_for
 from redis import Redis
 from redis.exceptions import OutOfMemoryError
-
-from conftest import Stack, _free_port, _pings, wait_for
 from test_webhooks import DELAYS, SECRET, _scrape
 
 # One chunk of about 300 KB on the tone engine (3 KB of PCM per character).
@@ -28,9 +27,25 @@ def full_redis(tmp_path: Path) -> Iterator[str]:
     if server is None:
         pytest.skip("no redis-server binary")
     port = _free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--maxmemory", "24mb", "--maxmemory-policy", "noeviction"],
-                            stdout=subprocess.DEVNULL, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--maxmemory",
+            "24mb",
+            "--maxmemory-policy",
+            "noeviction",
+        ],
+        stdout=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: _pings(url), 10, "the private redis-server")
     yield url
@@ -55,8 +70,17 @@ def fill(redis: Redis) -> list[str]:
 
 
 def _stack(url: str, tmp_path: Path) -> Stack:
-    stack = Stack(url, tmp_path, {"TTS_ENGINE": "tone", "TTS_REDIS_FULL_WAIT": "2", "TTS_WEBHOOK_SECRET": SECRET,
-                                  "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": DELAYS})
+    stack = Stack(
+        url,
+        tmp_path,
+        {
+            "TTS_ENGINE": "tone",
+            "TTS_REDIS_FULL_WAIT": "2",
+            "TTS_WEBHOOK_SECRET": SECRET,
+            "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+            "TTS_WEBHOOK_RETRY_DELAYS": DELAYS,
+        },
+    )
     stack.start_web()
     stack.start_webhooks()
     stack.start_worker()
@@ -78,8 +102,11 @@ def test_a_full_redis_refuses_new_work_with_503_and_everything_recovers(full_red
         r = httpx.post(stack.url + "/v1/tts", json={"text": "Stored again."})
         assert r.status_code == 202, r.text
         request_id = r.json()["id"]
-        wait_for(lambda: httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished", 60,
-                 "the request to finish after memory was freed")
+        wait_for(
+            lambda: httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished",
+            60,
+            "the request to finish after memory was freed",
+        )
         assert all(p.popen.poll() is None for p in stack.procs), "a process exited"
         assert _scrape(stack, "tts_redis_full_total", process="web") >= 1
     finally:
@@ -132,8 +159,9 @@ def test_a_job_that_cannot_store_fails_saying_redis_is_full(full_redis: str) -> 
     redis.hset(hooks_key(request_id), "https://receiver.example/hook", "wav")
     q = queueing.queue(redis, settings)
     queueing.submit(q, spec, settings)
-    worker.TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings,
-                     state=state).work(burst=True)
+    worker.TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(
+        burst=True
+    )
     job = queueing.fetch(redis, request_id)
     assert job is not None and job.get_status() == "failed"
     assert "Redis is full" in failure(job)

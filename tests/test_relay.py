@@ -11,8 +11,8 @@ from redis import Redis
 from rq.job import Job
 
 from cache import SAMPLE_RATE
-from common.keys import chunk_key, events_channel
 from common.audio import silence
+from common.keys import chunk_key, events_channel
 from common.settings import Settings
 from web.context import Context
 from web.relay import Cut, Relay

@@ -13,18 +13,16 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from redis import Redis
-
-from common import audio
-from common import metrics
-from common.model import ModelInfo
-from cache import Spec, manifest
 from conftest import Proc, Stack, wait_for
-from work.scheduler import Pool
-from splitter import split
+from redis import Redis
 from test_ops import log_events, scrape, value
+
+from cache import Spec, manifest
+from common import audio, keys, metrics
 from common.keys import chunk_key, request_key
-from common import keys
+from common.model import ModelInfo
+from splitter import split
+from work.scheduler import Pool
 
 MODEL = "m0"
 
@@ -69,8 +67,9 @@ def test_a_requests_own_earliest_open_chunk_leads_its_batch(pool: Pool) -> None:
     pool.register("b", request("B zero.", "B one.", "B two."))
     long = request("A zero.", "A one.")
     # b's job: its own chunk 0 first, then fair order (a's chunk 0 before any chunk 1).
-    claimed, _ = pool.claim("w", 2, 10_000, cross=True, own="b",
-                            own_chunks=request("B zero.", "B one.", "B two.").chunk_ids())
+    claimed, _ = pool.claim(
+        "w", 2, 10_000, cross=True, own="b", own_chunks=request("B zero.", "B one.", "B two.").chunk_ids()
+    )
     assert texts(claimed) == ["B zero.", "A zero."]
     # Its own chunk leads even when fair order would put it last.
     claimed, _ = pool.claim("w", 1, 10_000, cross=True, own="a", own_chunks=long.chunk_ids()[1:])
@@ -101,8 +100,9 @@ def test_rows_of_one_call_share_their_sampling_settings(pool: Pool) -> None:
 def test_with_idle_workers_a_claim_takes_only_its_share(pool: Pool) -> None:
     pool.register("a", request(*(f"Part {i}." for i in range(5))))
     # This worker and two idle ones: ceil(5 / 3) rows each, the own chunk first.
-    claimed, more = pool.claim("w1", 8, 10_000, cross=True, own="a",
-                               own_chunks=request(*(f"Part {i}." for i in range(5))).chunk_ids(), share=3)
+    claimed, more = pool.claim(
+        "w1", 8, 10_000, cross=True, own="a", own_chunks=request(*(f"Part {i}." for i in range(5))).chunk_ids(), share=3
+    )
     assert texts(claimed) == ["Part 0.", "Part 1."] and more
     # An idle worker that took an assist job: its share of what is left.
     claimed, more = pool.claim("w2", 8, 10_000, cross=True, share=2)
@@ -189,8 +189,10 @@ def test_a_request_repeating_a_chunk_waits_on_it_once(pool: Pool) -> None:
 
 # -- end to end: real web, real rq workers -------------------------------------------------
 
-SENTENCES = [f"Sentence number {word} is here." for word in
-             "one two three four five six seven eight nine ten eleven twelve".split()]
+SENTENCES = [
+    f"Sentence number {word} is here."
+    for word in "one two three four five six seven eight nine ten eleven twelve".split()
+]
 
 
 def overlapping_bodies(count: int, seed: int = 7) -> list[dict[str, Any]]:
@@ -248,6 +250,7 @@ def jobs_queued(answers: list[dict[str, Any]]) -> int:
 
 def figures(stack: Stack, name: str, expected: float, **labels: str) -> dict:
     """The service's metrics once `name` reaches `expected` (workers flush after each job)."""
+
     def reached() -> dict | None:
         samples = scrape(stack.url)
         return samples if value(samples, name, **labels) >= expected else None
@@ -260,7 +263,8 @@ def distinct_chunks(redis: Redis, answers: list[dict[str, Any]]) -> set[str]:
 
 
 def test_thirty_overlapping_requests_on_two_workers_make_each_chunk_once_with_the_right_audio(
-        stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
     """Tone engine: every chunk's audio is known in advance (pitch from its voice, length from its text
     and speed), so a row given the wrong voice, speed or text by the scheduler shows in the bytes."""
     from engines.tone import ToneEngine
@@ -277,8 +281,9 @@ def test_thirty_overlapping_requests_on_two_workers_make_each_chunk_once_with_th
         wav = wait_audio(stack, answer["id"], 60)
         spec = Spec(chunks=tuple(split(body["text"], 32)), model=model, seed=body["seed"], speed=body["speed"])
         assert spec.request_id() == answer["id"]
-        expected = [audio.to_pcm16(audio.finish(w)) for w in tone.synthesize([spec.row(i) for i in
-                                                                              range(len(spec.chunks))])]
+        expected = [
+            audio.to_pcm16(audio.finish(w)) for w in tone.synthesize([spec.row(i) for i in range(len(spec.chunks))])
+        ]
         assert pcm_of(wav) == audio.join(expected, manifest(spec)["pauses"]), body
     chunks = distinct_chunks(redis, answers)
     assert len(chunks) < sum(len(json.loads(redis.get(request_key(a["id"])))["chunks"]) for a in answers)  # type: ignore[misc]
@@ -290,7 +295,8 @@ def test_thirty_overlapping_requests_on_two_workers_make_each_chunk_once_with_th
 
 
 def test_one_call_batches_waiting_requests_unless_cross_batching_is_off(
-        stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
     """Six one-chunk requests wait while no worker runs; the worker that starts then makes them in one
     model call, or in six with TTS_CROSS_BATCH=false."""
     for cross, calls in (("true", 1), ("false", 6)):
@@ -311,8 +317,9 @@ def test_one_call_batches_waiting_requests_unless_cross_batching_is_off(
         stack.stop()
 
 
-def test_overlapping_requests_on_two_tiny_chattts_workers(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                          redis: Redis) -> None:
+def test_overlapping_requests_on_two_tiny_chattts_workers(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     """The real ChatTTS code: 30 overlapping requests on two workers; every chunk made once, each request's
     audio is its stored chunks joined, and model calls held rows of several requests."""
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="4")
@@ -334,8 +341,9 @@ def test_overlapping_requests_on_two_tiny_chattts_workers(stack_factory: Callabl
     assert all("Traceback" not in w.output() for w in workers)
 
 
-def test_every_request_finishes_when_a_worker_is_killed_mid_batch(stack_factory: Callable[..., Stack],
-                                                                  tiny_model: Path, redis: Redis) -> None:
+def test_every_request_finishes_when_a_worker_is_killed_mid_batch(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="2")
     stack.start_web()
     workers = [stack.start_worker(), stack.start_worker()]
@@ -353,7 +361,11 @@ def test_every_request_finishes_when_a_worker_is_killed_mid_batch(stack_factory:
 
     killed = wait_for(victim, 120, "a worker in the middle of a batch", interval=0.005)
     assert isinstance(killed, Proc)
-    held = [k for k in redis.scan_iter(keys.pool_entry_key("claim", "*", "*")) if f":{killed.pid}:".encode() in (redis.get(k) or b"")]
+    held = [
+        k
+        for k in redis.scan_iter(keys.pool_entry_key("claim", "*", "*"))
+        if f":{killed.pid}:".encode() in (redis.get(k) or b"")
+    ]
     killed.stop(signal.SIGKILL)
     for answer in answers:
         wav = wait_audio(stack, answer["id"], 180)
@@ -364,7 +376,8 @@ def test_every_request_finishes_when_a_worker_is_killed_mid_batch(stack_factory:
 
 
 def test_canceling_one_of_two_requests_that_share_a_chunk_keeps_the_chunk_for_the_other(
-        stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis) -> None:
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="1")
     stack.start_web()
     first = stack.start_worker()
@@ -386,15 +399,18 @@ def test_canceling_one_of_two_requests_that_share_a_chunk_keeps_the_chunk_for_th
     assert redis.zcard(keys.pool_key("tts")) == 0
 
 
-def test_a_long_request_spreads_over_two_workers(stack_factory: Callable[..., Stack], tiny_model: Path,
-                                                 redis: Redis) -> None:
+def test_a_long_request_spreads_over_two_workers(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="2")
     stack.start_web()
     workers = [stack.start_worker(), stack.start_worker()]
     wait_for(lambda: stack.wait_ready(timeout=180)["workers"] == 2, 180, "two workers")
-    text = " ".join(f"Sentence {word} of a long one." for word in
-                    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-                    "sixteen".split())
+    text = " ".join(
+        f"Sentence {word} of a long one."
+        for word in "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+        "sixteen".split()
+    )
     answer = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
     assert answer["progress"]["chunks_total"] == 16
     wav = wait_audio(stack, answer["id"], 300)
@@ -409,9 +425,9 @@ def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redi
     """In-process (a real rq worker, burst mode) with an engine that cannot say one sentence: the call it
     was in is retried row by row, its batch mates are stored, and only its request fails (to be retried)."""
     import jobs
-    from work import queueing
-    from engines.tone import ToneEngine
     from common.settings import from_env
+    from engines.tone import ToneEngine
+    from work import queueing
     from worker import TTSWorker
 
     class Stumbles(ToneEngine):

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ROOT, Stack
 from starlette.routing import Route, WebSocketRoute
 
-from web import openapi
 from common import speakers
-from conftest import ROOT, Stack
-from service import create_app
 from common.settings import Settings, from_env
+from service import create_app
+from web import openapi
 
 # Bounded: cases per operation and phase; the whole run stays well under a minute here.
 MAX_EXAMPLES = 25
@@ -33,8 +33,13 @@ def _operations(settings: Settings) -> set[tuple[str, str]]:
 
 def test_every_route_is_described_and_nothing_else() -> None:
     app = create_app(Settings())
-    routes = {(route.path, method) for route in app.routes if isinstance(route, Route)
-              for method in route.methods or () if method != "HEAD"}
+    routes = {
+        (route.path, method)
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
     assert routes == _operations(Settings())
 
 
@@ -49,12 +54,21 @@ def test_the_websocket_is_described_with_its_messages() -> None:
     assert all(name in schemas for name in names), names
     # Declared once: the tags the session dispatches on are the schemas' `type` constants.
     assert {schemas[n]["properties"]["type"]["enum"][0] for n in names} == {
-        "session.update", "input_text.append", "input_text.flush", "input_text.end", "session.created",
-        "session.updated", "speech.audio.delta", "speech.audio.done", "error"}
+        "session.update",
+        "input_text.append",
+        "input_text.flush",
+        "input_text.end",
+        "session.created",
+        "session.updated",
+        "speech.audio.delta",
+        "speech.audio.done",
+        "error",
+    }
     speech = doc["paths"]["/v1/audio/speech"]["post"]
     assert set(speech["responses"]["200"]["content"]) >= {"audio/aac", "text/event-stream"}
     assert speech["responses"]["422"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/OpenAIError"}
+        "$ref": "#/components/schemas/OpenAIError"
+    }
     assert schemas["SpeechRequest"]["properties"]["stream_format"]["enum"] == ["audio", "sse"]
 
 
@@ -90,18 +104,38 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
     voice = httpx.get(tone_stack.url + "/v1/voices/1", timeout=60)
     assert voice.status_code == 200, voice.text
     dim = speakers.decode_speaker(voice.json()["speaker"]).size
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCHEMATHESIS_HOOKS": str(ROOT / "tests" / "schemathesis_hooks.py"),
-           "TEST_SPEAKER_DIM": str(dim), "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "SCHEMATHESIS_HOOKS": str(ROOT / "tests" / "schemathesis_hooks.py"),
+        "TEST_SPEAKER_DIM": str(dim),
+        "NO_COLOR": "1",
+    }
     args = [
-        sys.executable, "-m", "schemathesis.cli", "run", tone_stack.url + "/openapi.json",
-        "--checks", "all", "--exclude-checks", EXCLUDED_CHECKS,
-        "--max-examples", str(MAX_EXAMPLES),
-        "--workers", "2",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        tone_stack.url + "/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        EXCLUDED_CHECKS,
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--workers",
+        "2",
         # The audio route may hold a request up to 60 s (?wait), the speech route up to TTS_SPEECH_WAIT,
         # and a stream lasts as long as its synthesis: schemathesis's default 10 s cap on a
         # response's time does not apply to them.
-        "--request-timeout", "130", "--max-response-time", "130",
-        "--report", "junit", "--report-dir", str(tmp_path / "report"),
+        "--request-timeout",
+        "130",
+        "--max-response-time",
+        "130",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path / "report"),
     ]
     started = time.monotonic()
     # cwd: anything schemathesis writes stays in the test's temp dir.
@@ -109,7 +143,9 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
     elapsed = time.monotonic() - started
     (tmp_path / "schemathesis.log").write_text(run.stdout + run.stderr)
     print(f"schemathesis: {elapsed:.1f} s; {run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ''}")
-    assert run.returncode == 0, f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-12000:]}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, (
+        f"schemathesis failed (exit {run.returncode}):\n{run.stdout[-12000:]}\n{run.stderr[-3000:]}"
+    )
 
 
 def test_the_document_is_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:

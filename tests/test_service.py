@@ -12,10 +12,10 @@ from typing import Any, Callable
 import httpx
 import pytest
 import soundfile
+from conftest import Stack, wait_for
 from redis import Redis
 from starlette.testclient import TestClient
 
-from conftest import Stack, wait_for
 from common import keys
 
 TEXT = "Hello from the tone engine. This is the second sentence."
@@ -62,8 +62,10 @@ def test_submit_poll_audio_then_repeat_is_served_from_redis(tone_stack: Stack, r
 
     before = _rq_state(redis)
     # Same sound: width forms, zero-width characters and white space differ.
-    repeat = httpx.post(tone_stack.url + "/v1/tts",
-                        json={"text": "  Ｈｅｌｌｏ from the tone\u200b engine.\n\nThis is the second   sentence. "})
+    repeat = httpx.post(
+        tone_stack.url + "/v1/tts",
+        json={"text": "  Ｈｅｌｌｏ from the tone\u200b engine.\n\nThis is the second   sentence. "},
+    )
     assert repeat.status_code == 200, repeat.text
     assert repeat.json()["id"] == request_id
     assert repeat.json()["status"] == "finished"
@@ -76,8 +78,9 @@ def test_identical_concurrent_submissions_share_one_job(stack_factory: Callable[
     # A worker publishes the model, then exits: the queue is ours to inspect.
     stack.run_worker_burst()
     with ThreadPoolExecutor(20) as pool:
-        answers = list(pool.map(lambda _: httpx.post(stack.url + "/v1/tts", json={"text": TEXT}, timeout=30),
-                                range(20)))
+        answers = list(
+            pool.map(lambda _: httpx.post(stack.url + "/v1/tts", json={"text": TEXT}, timeout=30), range(20))
+        )
     assert {a.status_code for a in answers} == {202}
     ids = {a.json()["id"] for a in answers}
     assert len(ids) == 1
@@ -187,8 +190,9 @@ def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stac
         pytest.param({"text": "hi", "speaker": None}, 422, "speaker", id="speaker-null"),
     ],
 )
-def test_bad_input_is_a_clear_4xx(web_client: Callable[..., TestClient], redis: Redis, body: Any, status: int,
-                                  field: str | None) -> None:
+def test_bad_input_is_a_clear_4xx(
+    web_client: Callable[..., TestClient], redis: Redis, body: Any, status: int, field: str | None
+) -> None:
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     r = web_client().post("/v1/tts", **kwargs)
     assert r.status_code == status, r.text
@@ -219,8 +223,11 @@ def test_unknown_is_404_json(web_client: Callable[..., TestClient], path: str) -
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [pytest.param("?format=aiff", "format", id="format"), pytest.param("?wait=61", "wait", id="wait-range"),
-     pytest.param("?wait=soon", "wait", id="wait-word")],
+    [
+        pytest.param("?format=aiff", "format", id="format"),
+        pytest.param("?wait=61", "wait", id="wait-range"),
+        pytest.param("?wait=soon", "wait", id="wait-word"),
+    ],
 )
 def test_bad_audio_query_is_422(web_client: Callable[..., TestClient], query: str, field: str) -> None:
     client = web_client()
@@ -272,8 +279,12 @@ def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[
 
 @pytest.mark.parametrize(
     ("fmt", "content_type"),
-    [pytest.param("wav", "audio/wav", id="wav"), pytest.param("flac", "audio/flac", id="flac"),
-     pytest.param("mp3", "audio/mpeg", id="mp3"), pytest.param("ogg", "audio/ogg", id="ogg-opus")],
+    [
+        pytest.param("wav", "audio/wav", id="wav"),
+        pytest.param("flac", "audio/flac", id="flac"),
+        pytest.param("mp3", "audio/mpeg", id="mp3"),
+        pytest.param("ogg", "audio/ogg", id="ogg-opus"),
+    ],
 )
 def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, content_type: str) -> None:
     body = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
@@ -296,6 +307,10 @@ def test_audio_of_an_expired_id_is_404_again_within_a_second(tone_stack: Stack, 
     first = httpx.get(tone_stack.url + body["audio_url"], params={"wait": 30}, timeout=40)
     assert first.status_code == 200
     assert httpx.get(tone_stack.url + body["audio_url"]).content == first.content  # from the process's cache
-    redis.delete(keys.request_key(body['id']))  # what expiry or eviction does
-    wait_for(lambda: httpx.get(tone_stack.url + body["audio_url"]).status_code == 404, 3,
-             "the expired id to be answered 404", interval=0.05)
+    redis.delete(keys.request_key(body["id"]))  # what expiry or eviction does
+    wait_for(
+        lambda: httpx.get(tone_stack.url + body["audio_url"]).status_code == 404,
+        3,
+        "the expired id to be answered 404",
+        interval=0.05,
+    )

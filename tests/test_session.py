@@ -12,12 +12,12 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
+from conftest import ROOT, Stack, wait_for
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from common import keys
-from conftest import ROOT, Stack, wait_for
 
 KEY = "a-session-key-0123456789"
 
@@ -58,7 +58,8 @@ def session(tone_stack: Stack) -> Iterator[ClientConnection]:
 
 
 def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
-        session: ClientConnection, tone_stack: Stack, redis: Redis) -> None:
+    session: ClientConnection, tone_stack: Stack, redis: Redis
+) -> None:
     _send(session, type="input_text.append", text="The first sentence is here")
     _send(session, type="input_text.append", text=". And the next one beg")
     first = _next(session)  # nothing flushed: the complete sentence alone is spoken
@@ -70,8 +71,10 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
     audio = base64.b64decode(first["audio"]) + rest
     # Two ordinary requests, stored and keyed like POST /v1/tts: the session's audio is theirs,
     # joined with the pause a sentence end gets.
-    ids = [httpx.post(tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
-           for text in ("The first sentence is here.", "And the next one begins here.")]
+    ids = [
+        httpx.post(tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
+        for text in ("The first sentence is here.", "And the next one begins here.")
+    ]
     stored = [httpx.get(f"{tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
     assert audio == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
     usage = done["usage"]
@@ -81,19 +84,25 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
 
 @pytest.mark.parametrize(
     ("frame", "param"),
-    [pytest.param("not json", None, id="not-json"),
-     pytest.param(b"\x00binary", "type", id="binary"),
-     pytest.param(json.dumps({"type": "speak"}), "type", id="unknown-type"),
-     pytest.param(json.dumps({"text": "x"}), "type", id="no-type"),
-     pytest.param(json.dumps({"type": "input_text.append"}), "text", id="missing-text"),
-     pytest.param(json.dumps({"type": "session.update", "session": {"speed": 9}}), "session.speed", id="speed"),
-     pytest.param(json.dumps({"type": "session.update", "session": {"response_format": "flac"}}),
-                  "session.response_format", id="format"),
-     pytest.param(json.dumps({"type": "session.update", "session": {"voice": "nobody"}}), None, id="voice-later"),
-     pytest.param(json.dumps({"type": "input_text.flush", "extra": 1}), "extra", id="unknown-field")],
+    [
+        pytest.param("not json", None, id="not-json"),
+        pytest.param(b"\x00binary", "type", id="binary"),
+        pytest.param(json.dumps({"type": "speak"}), "type", id="unknown-type"),
+        pytest.param(json.dumps({"text": "x"}), "type", id="no-type"),
+        pytest.param(json.dumps({"type": "input_text.append"}), "text", id="missing-text"),
+        pytest.param(json.dumps({"type": "session.update", "session": {"speed": 9}}), "session.speed", id="speed"),
+        pytest.param(
+            json.dumps({"type": "session.update", "session": {"response_format": "flac"}}),
+            "session.response_format",
+            id="format",
+        ),
+        pytest.param(json.dumps({"type": "session.update", "session": {"voice": "nobody"}}), None, id="voice-later"),
+        pytest.param(json.dumps({"type": "input_text.flush", "extra": 1}), "extra", id="unknown-field"),
+    ],
 )
 def test_a_bad_message_gets_an_error_event_and_the_session_goes_on(
-        session: ClientConnection, frame: str | bytes, param: str | None) -> None:
+    session: ClientConnection, frame: str | bytes, param: str | None
+) -> None:
     session.send(frame)
     if param is None and "nobody" in str(frame):
         # A voice is resolved when a piece is spoken: the update is taken, the piece refused.
@@ -146,8 +155,11 @@ def test_end_speaks_the_rest_then_closes_1000(session: ClientConnection) -> None
 def test_api_keys_by_header_or_query_and_1008_without(stack_factory: Callable[..., Stack]) -> None:
     stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEY)
     stack.start_web()
-    for query, headers in [("", {}), ("?api_key=wrong-key-0123456789", {}),
-                           ("", {"Authorization": "Bearer wrong-key-0123456789"})]:
+    for query, headers in [
+        ("", {}),
+        ("?api_key=wrong-key-0123456789", {}),
+        ("", {"Authorization": "Bearer wrong-key-0123456789"}),
+    ]:
         with connect(_ws_url(stack, query), additional_headers=headers) as ws:
             error = _next(ws)
             assert error["type"] == "error" and error["error"]["code"] == "invalid_api_key"
@@ -202,14 +214,18 @@ def test_the_readme_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> 
     assert run.returncode == 0, run.stderr[-3000:]
     pcm = (tmp_path / "live.pcm").read_bytes()
     # Two sentences, two ordinary requests: both stored, and what the client wrote is their audio.
-    ids = [httpx.post(tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
-           for t in ("Spoken while it is written.", "Each sentence at once.")]
+    ids = [
+        httpx.post(tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
+        for t in ("Spoken while it is written.", "Each sentence at once.")
+    ]
     assert [i["status"] for i in ids] == ["finished", "finished"]
     stored = [httpx.get(tone_stack.url + i["audio_url"]).content[44:] for i in ids]
     assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
 
 
-def test_a_client_that_goes_away_leaves_the_request_to_finish(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+def test_a_client_that_goes_away_leaves_the_request_to_finish(
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; no worker runs now, so the piece waits in the queue
@@ -217,8 +233,11 @@ def test_a_client_that_goes_away_leaves_the_request_to_finish(stack_factory: Cal
         _next(ws)
         _send(ws, type="input_text.append", text="Nobody will hear this. Gone")
         # The piece is a request now, and the session's relay waits on its events.
-        request_id = wait_for(lambda: [k.decode().rsplit(":", 1)[-1] for k in redis.keys(keys.request_key("*"))],
-                              10, "the piece's request")[0]
+        request_id = wait_for(
+            lambda: [k.decode().rsplit(":", 1)[-1] for k in redis.keys(keys.request_key("*"))],
+            10,
+            "the piece's request",
+        )[0]
         wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 1, 10, "the relay")
     # Gone: the relay lets go at once; the request is still queued, and a worker finishes it for the store.
     wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 0, 10, "the relay to let go")

@@ -17,9 +17,18 @@ def test_defaults() -> None:
 
 
 def test_values_are_read(tmp_path: object) -> None:
-    s = from_env({"REDIS_URL": "rediss://:pw@host:6380/2", "TTS_MODEL_PATH": str(tmp_path),
-                  "TTS_DEVICE": "cuda:1", "TTS_MAX_CHARS": "100", "TTS_RESULT_TTL": "60", "TTS_DEFAULT_SEED": "7",
-                  "TTS_SCHEDULING": "static", "TTS_STREAM_TOKENS": "12"})
+    s = from_env(
+        {
+            "REDIS_URL": "rediss://:pw@host:6380/2",
+            "TTS_MODEL_PATH": str(tmp_path),
+            "TTS_DEVICE": "cuda:1",
+            "TTS_MAX_CHARS": "100",
+            "TTS_RESULT_TTL": "60",
+            "TTS_DEFAULT_SEED": "7",
+            "TTS_SCHEDULING": "static",
+            "TTS_STREAM_TOKENS": "12",
+        }
+    )
     assert (s.redis_url, s.model_path, s.device) == ("rediss://:pw@host:6380/2", str(tmp_path), "cuda:1")
     assert (s.max_chars, s.result_ttl, s.default_seed) == (100, 60, 7)
     assert (s.scheduling, s.stream_tokens) == ("static", 12)
@@ -55,8 +64,15 @@ WHSEC_NEXT = "whsec_" + base64.b64encode(b"n" * 32).decode()
 
 
 def test_v11_values_are_read() -> None:
-    s = from_env({"TTS_MAX_VOICES": "5", "TTS_PUBLIC_URL": "https://tts.example.com/", "TTS_WEBHOOK_SECRET": WHSEC,
-                  "TTS_WEBHOOK_ALLOW_PRIVATE": "true", "TTS_WEBHOOK_RETRY_DELAYS": "1,2,3"})
+    s = from_env(
+        {
+            "TTS_MAX_VOICES": "5",
+            "TTS_PUBLIC_URL": "https://tts.example.com/",
+            "TTS_WEBHOOK_SECRET": WHSEC,
+            "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+            "TTS_WEBHOOK_RETRY_DELAYS": "1,2,3",
+        }
+    )
     assert (s.max_voices, s.public_url, s.webhook_allow_private) == (5, "https://tts.example.com", True)
     assert s.webhook_secret == WHSEC and s.webhook_keys == (b"k" * 24,) and s.webhook_retry_delays == (1, 2, 3)
     assert s.webhook_queue == "tts-webhooks"
@@ -81,8 +97,11 @@ def test_several_webhook_secrets_rotate() -> None:
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_not*base64*at-all!!", id="secret-not-base64"),
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 8).decode(), id="secret-8-bytes"),
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 65).decode(), id="secret-65-bytes"),
-        pytest.param("TTS_WEBHOOK_SECRET", WHSEC + " whsec_" + base64.b64encode(b"k" * 8).decode(),
-                     id="rotation-with-one-bad-secret"),
+        pytest.param(
+            "TTS_WEBHOOK_SECRET",
+            WHSEC + " whsec_" + base64.b64encode(b"k" * 8).decode(),
+            id="rotation-with-one-bad-secret",
+        ),
         pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
@@ -98,12 +117,18 @@ def test_bad_v11_value_names_the_variable(name: str, value: str) -> None:
         assert value not in str(info.value) and "whsec_" in str(info.value)
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    pytest.param({}, ("auto", "auto", False), id="defaults"),
-    pytest.param({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "none", "TTS_COMPILE": "true"}, ("bfloat16", "none", True),
-                 id="gpu-style"),
-    pytest.param({"TTS_DTYPE": "float32", "TTS_QUANTIZE": "int8"}, ("float32", "int8", False), id="cpu-int8"),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({}, ("auto", "auto", False), id="defaults"),
+        pytest.param(
+            {"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "none", "TTS_COMPILE": "true"},
+            ("bfloat16", "none", True),
+            id="gpu-style",
+        ),
+        pytest.param({"TTS_DTYPE": "float32", "TTS_QUANTIZE": "int8"}, ("float32", "int8", False), id="cpu-int8"),
+    ],
+)
 def test_engine_switches_are_read(env: dict[str, str], expected: tuple[str, str, bool]) -> None:
     s = from_env(env)
     assert (s.dtype, s.quantize, s.compile) == expected

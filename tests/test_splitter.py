@@ -48,7 +48,11 @@ TAG = re.compile(r"\[[a-zA-Z_0-9]+\]")
         pytest.param(
             "一二三四五六七八九十" * 5,
             20,
-            ["一二三四五六七八九十一二三四五六七", "八九十一二三四五六七八九十一二三四", "五六七八九十一二三四五六七八九十"],
+            [
+                "一二三四五六七八九十一二三四五六七",
+                "八九十一二三四五六七八九十一二三四",
+                "五六七八九十一二三四五六七八九十",
+            ],
             id="chinese-run-no-punctuation-balanced-hard-cuts",
         ),
         pytest.param(
@@ -112,9 +116,7 @@ TAG = re.compile(r"\[[a-zA-Z_0-9]+\]")
             ["Version 3.5 is", "better than e.g.x", "and 2.0 overall,", "really."],
             id="dots-inside-tokens-are-not-sentence-ends",
         ),
-        pytest.param(
-            "line one\nline two is here\nthree", 20, ["line one", "line two is here", "three"], id="newlines"
-        ),
+        pytest.param("line one\nline two is here\nthree", 20, ["line one", "line two is here", "three"], id="newlines"),
         pytest.param(
             "abcdefghijklmnopqrstuvwxyzabcdefghij word",
             20,
@@ -205,19 +207,21 @@ def test_split_invariants(text: str, max_chars: int) -> None:
 
 @pytest.mark.parametrize(
     ("text", "complete"),
-    [pytest.param("Hello world. Ho", "Hello world.", id="end-then-text"),
-     pytest.param("Hello world.", "", id="end-at-the-end-may-change"),
-     pytest.param("Hello world. ", "", id="only-space-after"),
-     pytest.param("Pi is 3.", "", id="a-number-may-go-on"),
-     pytest.param("Pi is 3.5 here. And", "Pi is 3.5 here.", id="decimal-is-no-end"),
-     pytest.param("A! B? C", "A! B?", id="last-complete-end"),
-     pytest.param("Line one\nline", "Line one", id="newline"),
-     pytest.param("你好。我们", "你好。", id="cjk"),
-     pytest.param('"Quoted." Next', '"Quoted."', id="closing-quote"),
-     pytest.param("No end yet, only a clause", "", id="no-sentence-end")],
+    [
+        pytest.param("Hello world. Ho", "Hello world.", id="end-then-text"),
+        pytest.param("Hello world.", "", id="end-at-the-end-may-change"),
+        pytest.param("Hello world. ", "", id="only-space-after"),
+        pytest.param("Pi is 3.", "", id="a-number-may-go-on"),
+        pytest.param("Pi is 3.5 here. And", "Pi is 3.5 here.", id="decimal-is-no-end"),
+        pytest.param("A! B? C", "A! B?", id="last-complete-end"),
+        pytest.param("Line one\nline", "Line one", id="newline"),
+        pytest.param("你好。我们", "你好。", id="cjk"),
+        pytest.param('"Quoted." Next', '"Quoted."', id="closing-quote"),
+        pytest.param("No end yet, only a clause", "", id="no-sentence-end"),
+    ],
 )
 def test_complete_until_is_the_text_before_the_last_sentence_end_more_text_follows(text: str, complete: str) -> None:
-    assert text[:complete_until(text)] == complete
+    assert text[: complete_until(text)] == complete
 
 
 @settings(max_examples=200, deadline=None)

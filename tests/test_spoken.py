@@ -28,8 +28,9 @@ from engines import spoken
         pytest.param("See you at 10:30.", "See you at ten thirty.", id="en-time"),
         pytest.param("at 9:05", "at nine oh five", id="en-time-oh"),
         pytest.param("at 7:00", "at seven o'clock", id="en-time-oclock"),
-        pytest.param("It costs 1,234 dollars.", "It costs one thousand two hundred and thirty four dollars.",
-                     id="en-thousands"),
+        pytest.param(
+            "It costs 1,234 dollars.", "It costs one thousand two hundred and thirty four dollars.", id="en-thousands"
+        ),
         pytest.param("Only $5!", "Only five dollars!", id="en-dollars"),
         pytest.param("$1.01", "one dollar and one cent", id="en-dollars-cents"),
         pytest.param("in 1999", "in nineteen ninety nine", id="en-year"),
@@ -39,8 +40,11 @@ from engines import spoken
         pytest.param("-5 degrees", "minus five degrees", id="en-negative"),
         pytest.param("It is 25°C now", "It is twenty five degrees Celsius now", id="en-celsius"),
         pytest.param("A&B", "A and B", id="en-ampersand"),
-        pytest.param("Call 13800138000", "Call one three eight zero zero one three eight zero zero zero",
-                     id="long-digits-one-by-one"),
+        pytest.param(
+            "Call 13800138000",
+            "Call one three eight zero zero one three eight zero zero zero",
+            id="long-digits-one-by-one",
+        ),
         pytest.param("Room 007", "Room zero zero seven", id="leading-zero-digits"),
         pytest.param("mp3 and H2O", "mp3 and H2O", id="digits-inside-words-untouched"),
         pytest.param("no digits here. 没有数字。", "no digits here. 没有数字。", id="unchanged"),

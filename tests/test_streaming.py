@@ -12,11 +12,11 @@ import httpx
 import miniaudio
 import pytest
 import soundfile
+from conftest import Stack, wait_for
 from redis import Redis
 
-from common.audio import silence, wav_stream_header
-from conftest import Stack, wait_for
 from common import keys
+from common.audio import silence, wav_stream_header
 
 # Sentences and clauses: the joins get their pauses.
 TEXT = " ".join(f"Sentence number {n} is here, with a clause." for n in range(1, 13))
@@ -149,8 +149,9 @@ def test_bad_seeds_and_speakers_are_422_naming_the_field(tone_stack: Stack) -> N
     for speaker in ["not a speaker string", "乀仰丁琮枌竓徘萀", "ChatTTS" * 100]:
         r = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": speaker})
         assert r.status_code == 422 and r.json()["field"] == "speaker", (speaker, r.text)
-        r = httpx.post(tone_stack.url + "/v1/audio/speech",
-                       json={"model": "tts-1", "input": "Hi.", "voice": speaker * 2})
+        r = httpx.post(
+            tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": speaker * 2}
+        )
         assert r.status_code == 422 and r.json()["error"]["param"] == "voice", (speaker, r.text)
 
 

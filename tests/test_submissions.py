@@ -14,20 +14,19 @@ from typing import Any, Iterator
 
 import numpy as np
 import pytest
+from conftest import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from starlette.testclient import TestClient
 
-from common import metrics
 import service
-from web import tts
 from cache import SAMPLE_WIDTH, Spec
-from conftest import wait_for
+from common import keys, metrics
+from common.keys import MODEL_KEY, chunk_key, request_key
 from common.model import ModelInfo
 from common.settings import from_env
 from common.speakers import encode_speaker
-from common.keys import MODEL_KEY, chunk_key, request_key
-from common import keys
+from web import tts
 
 MODEL = ModelInfo(id="test-model", name="tone", tiny=True, engine="tone", device="cpu", speaker_dim=4)
 BODY = json.dumps({"text": "Asked for again and again."}).encode()
@@ -78,12 +77,17 @@ def _remember_calls(client: TestClient) -> list[str]:
 def _cache_counts(client: TestClient, redis: Redis) -> dict[str, float]:
     client.app.state.context.metrics.flush(redis)  # type: ignore[attr-defined]
     text = metrics.render(redis.hgetall(keys.METRICS_KEY)).decode()
-    return {s.labels["result"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == "tts_cache_requests_total"}
+    return {
+        s.labels["result"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "tts_cache_requests_total"
+    }
 
 
 def test_a_repeat_is_answered_from_memory_with_the_same_bytes_counted_and_logged(
-        client: TestClient, redis: Redis, request_lines: io.StringIO) -> None:
+    client: TestClient, redis: Redis, request_lines: io.StringIO
+) -> None:
     request_id, chunk_ids = _stored_request(client, redis)
     full = client.post("/v1/tts", content=BODY)  # decoded, hashed, looked up in Redis: stored
     assert full.status_code == 200 and full.json()["cached"] is True and full.json()["id"] == request_id
@@ -99,7 +103,9 @@ def test_a_repeat_is_answered_from_memory_with_the_same_bytes_counted_and_logged
     assert _cache_counts(client, redis) == {"miss": 1, "hit": 21}
     lines = [json.loads(line) for line in request_lines.getvalue().splitlines()]
     assert [(x["method"], x["route"], x["status"]) for x in lines] == [
-        ("POST", "/v1/tts", 202), *[("POST", "/v1/tts", 200)] * 21]
+        ("POST", "/v1/tts", 202),
+        *[("POST", "/v1/tts", 200)] * 21,
+    ]
 
     # TTLs are still renewed, within about a second.
     for cid in chunk_ids:
@@ -169,10 +175,9 @@ def test_a_refused_body_is_refused_again(client: TestClient) -> None:
     assert answers[0].json()["field"] == "text"
 
 
-
-
 def test_a_job_that_finishes_between_the_two_looks_of_a_status_is_reported_finished(
-        client: TestClient, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: TestClient, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """GET /v1/tts/{id} looks at the audio, then at the job. A job that ends in between (it stored the last
     chunk) used to be reported as expired audio (404); the page stopped on that. It is finished."""
     from work import queueing

@@ -6,20 +6,23 @@ import os
 from typing import Callable
 
 import pytest
-
-from common.settings import from_env
 from conftest import Stack, wait_for
-from engines.config import torch_threads
 from test_ops import children, environ_of, workers_alive
 
+from common.settings import from_env
+from engines.config import torch_threads
 
-@pytest.mark.parametrize("configured, workers, cores, expected", [
-    pytest.param(0, 1, 2, 2, id="one-worker-takes-every-core"),
-    pytest.param(0, 2, 2, 1, id="two-workers-share-two-cores"),
-    pytest.param(0, 3, 16, 5, id="rounded-down"),
-    pytest.param(0, 4, 2, 1, id="at-least-one"),
-    pytest.param(3, 2, 2, 3, id="TTS_TORCH_THREADS-overrides"),
-])
+
+@pytest.mark.parametrize(
+    "configured, workers, cores, expected",
+    [
+        pytest.param(0, 1, 2, 2, id="one-worker-takes-every-core"),
+        pytest.param(0, 2, 2, 1, id="two-workers-share-two-cores"),
+        pytest.param(0, 3, 16, 5, id="rounded-down"),
+        pytest.param(0, 4, 2, 1, id="at-least-one"),
+        pytest.param(3, 2, 2, 3, id="TTS_TORCH_THREADS-overrides"),
+    ],
+)
 def test_each_worker_takes_its_share_of_the_cores(configured: int, workers: int, cores: int, expected: int) -> None:
     assert torch_threads(configured, workers, cores) == expected
 

@@ -7,12 +7,12 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 import pytest
+from conftest import Stack, wait_for
 from redis import Redis
 
-from web import voices
-from conftest import Stack, wait_for
-from common.speakers import decode_speaker, encode_speaker
 from common import keys
+from common.speakers import decode_speaker, encode_speaker
+from web import voices
 
 
 @pytest.mark.parametrize(
@@ -75,9 +75,11 @@ def test_save_use_replace_list_and_delete_a_voice(stack: Stack) -> None:
     first = _request_id(stack, voice="calm")
     assert first == _request_id(stack, speaker=saved["speaker"])
     # OpenAI's route takes saved names too, and shares the request.
-    speech = httpx.post(f"{stack.url}/v1/audio/speech", timeout=60,
-                        json={"model": "tts-1", "input": "Voices, saved and mixed.", "voice": "calm",
-                              "response_format": "wav"})
+    speech = httpx.post(
+        f"{stack.url}/v1/audio/speech",
+        timeout=60,
+        json={"model": "tts-1", "input": "Voices, saved and mixed.", "voice": "calm", "response_format": "wav"},
+    )
     assert speech.status_code == 200 and speech.headers["x-request-id"] == first, speech.text
 
     # Saving over the name: new requests get the new voice, never the old audio.
@@ -111,11 +113,23 @@ def test_builtin_voices_are_fixed_seeds_and_cannot_be_saved_over(stack: Stack) -
 def test_a_mix_is_the_weighted_mean_of_its_voices_embeddings(stack: Stack) -> None:
     assert _put(stack, "bright", {"seed": 5}).status_code == 201
     quiet = encode_speaker(np.linspace(-0.5, 0.5, 16))
-    r = _put(stack, "blend", {"mix": [{"voice": 3, "weight": 1}, {"voice": "bright", "weight": 2},
-                                      {"voice": quiet, "weight": 1}, {"voice": "nova", "weight": 4}]})
+    r = _put(
+        stack,
+        "blend",
+        {
+            "mix": [
+                {"voice": 3, "weight": 1},
+                {"voice": "bright", "weight": 2},
+                {"voice": quiet, "weight": 1},
+                {"voice": "nova", "weight": 4},
+            ]
+        },
+    )
     assert r.status_code == 201, r.text
-    parts = [decode_speaker(s).astype(np.float64) for s in (_seed_speaker(stack, 3), _seed_speaker(stack, 5), quiet,
-                                                            _seed_speaker(stack, voices.BUILTIN["nova"]))]
+    parts = [
+        decode_speaker(s).astype(np.float64)
+        for s in (_seed_speaker(stack, 3), _seed_speaker(stack, 5), quiet, _seed_speaker(stack, voices.BUILTIN["nova"]))
+    ]
     expected = (1 * parts[0] + 2 * parts[1] + 1 * parts[2] + 4 * parts[3]) / 8
     got = decode_speaker(r.json()["speaker"]).astype(np.float64)
     # Stored as float16, as ChatTTS's speaker strings are.
@@ -129,15 +143,31 @@ def test_a_mix_is_the_weighted_mean_of_its_voices_embeddings(stack: Stack) -> No
         pytest.param("Calm", {"seed": 1}, 422, "name", id="name-uppercase"),
         pytest.param("7up", {"seed": 1}, 422, "name", id="name-digit-first"),
         pytest.param("calm", {}, 422, "body", id="nothing-given"),
-        pytest.param("calm", {"seed": 1, "mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": 1}]}, 422, "mix",
-                     id="seed-and-mix"),
+        pytest.param(
+            "calm",
+            {"seed": 1, "mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": 1}]},
+            422,
+            "mix",
+            id="seed-and-mix",
+        ),
         pytest.param("calm", {"mix": [{"voice": 1, "weight": 1}]}, 422, "mix", id="mix-of-one"),
-        pytest.param("calm", {"mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": 0}]}, 422, "mix[1].weight",
-                     id="weight-zero"),
-        pytest.param("calm", {"mix": [{"voice": 1, "weight": 1}, {"voice": "nobody", "weight": 1}]}, 422,
-                     "mix[1].voice", id="mix-unknown-name"),
-        pytest.param("calm", {"mix": [{"voice": 1, "weight": 1}, {"voice": 2}]}, 422, "mix[1].weight",
-                     id="mix-weight-missing"),
+        pytest.param(
+            "calm",
+            {"mix": [{"voice": 1, "weight": 1}, {"voice": 2, "weight": 0}]},
+            422,
+            "mix[1].weight",
+            id="weight-zero",
+        ),
+        pytest.param(
+            "calm",
+            {"mix": [{"voice": 1, "weight": 1}, {"voice": "nobody", "weight": 1}]},
+            422,
+            "mix[1].voice",
+            id="mix-unknown-name",
+        ),
+        pytest.param(
+            "calm", {"mix": [{"voice": 1, "weight": 1}, {"voice": 2}]}, 422, "mix[1].weight", id="mix-weight-missing"
+        ),
         pytest.param("calm", {"speaker": "乀仰丁琮枌竓徘萀"}, 422, "speaker", id="speaker-not-decoding"),
         pytest.param("calm", {"seed": 1, "description": "x" * 201}, 422, "description", id="description-long"),
         pytest.param("calm", {"seed": 1, "colour": "red"}, 422, "colour", id="unknown-field"),
@@ -174,7 +204,8 @@ def test_saved_voices_are_bounded_by_the_setting_and_never_expire(stack: Stack, 
 
 
 def test_seed_lookups_are_admitted_like_syntheses_and_repeats_come_from_the_store(
-        stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
     stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE="1", TTS_SPEECH_WAIT="3")
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; no worker takes jobs now

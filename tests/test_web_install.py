@@ -17,9 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from redis import Redis
-
 from conftest import ROOT, Proc, _free_port, serving, wait_for
+from redis import Redis
 
 sys.path.insert(0, str(ROOT / "bench"))
 from procfile import command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
@@ -48,19 +47,40 @@ def web_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """
     venv = tmp_path_factory.mktemp("web-only") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                          "--disable-pip-version-check", "-r", str(ROOT / "requirements.txt")],
-                         capture_output=True, text=True, timeout=600)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+            str(ROOT / "requirements.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
     return venv
 
 
 def test_the_web_set_has_no_model_stack(web_venv: Path) -> None:
-    probe = ("import importlib.util, importlib.metadata, json, sys; "
-             "print(json.dumps({'found': [m for m in sys.argv[1:] if importlib.util.find_spec(m)], "
-             "'dists': sorted(d.metadata['Name'].lower() for d in importlib.metadata.distributions())}))")
-    out = subprocess.run([str(web_venv / "bin" / "python"), "-c", probe, *MODEL_STACK], check=True,
-                         capture_output=True, text=True, cwd=web_venv).stdout
+    probe = (
+        "import importlib.util, importlib.metadata, json, sys; "
+        "print(json.dumps({'found': [m for m in sys.argv[1:] if importlib.util.find_spec(m)], "
+        "'dists': sorted(d.metadata['Name'].lower() for d in importlib.metadata.distributions())}))"
+    )
+    out = subprocess.run(
+        [str(web_venv / "bin" / "python"), "-c", probe, *MODEL_STACK],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=web_venv,
+    ).stdout
     report = json.loads(out)
     assert report["found"] == []
     assert not {"torch", "torchaudio", "chattts", "transformers", "nvidia-cudnn-cu12"} & set(report["dists"])
@@ -71,17 +91,23 @@ def test_the_web_set_has_no_model_stack(web_venv: Path) -> None:
 
 
 def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
-        web_venv: Path, redis: Redis, redis_url: str, tmp_path: Path) -> None:
+    web_venv: Path, redis: Redis, redis_url: str, tmp_path: Path
+) -> None:
     port, dashboard_port = _free_port(), _free_port()
     # The Procfile's own line, with the port the platform would set and the
     # host narrowed to loopback: tests reach nothing else.
-    web_line = procfile_line("web").replace("${PORT:-8000}", str(port)).replace("--host 0.0.0.0",
-                                                                                 "--host 127.0.0.1")
+    web_line = procfile_line("web").replace("${PORT:-8000}", str(port)).replace("--host 0.0.0.0", "--host 127.0.0.1")
     assert "--loop uvloop --http web.protocol:BoundedHttpToolsProtocol --limit-concurrency" in web_line
     # Only the fresh venv's programs and the system's: nothing from the test's venv.
-    env = {"PATH": f"{web_venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-           "REDIS_URL": redis_url, "PORT": str(port), "DASHBOARD_PORT": str(dashboard_port),
-           "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
+    env = {
+        "PATH": f"{web_venv / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "DASHBOARD_PORT": str(dashboard_port),
+        "PYTHONUNBUFFERED": "1",
+        "LANG": "C.UTF-8",
+    }
     web = Proc(["bash", "-c", f"exec {web_line}"], env, tmp_path / "web.log")
     dashboard = Proc(["bash", "-c", f"exec {procfile_line('dashboard')}"], env, tmp_path / "dashboard.log")
     webhooks = Proc(["bash", "-c", f"exec {procfile_line('webhooks')}"], env, tmp_path / "webhooks.log")
@@ -90,6 +116,7 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
     worker = Proc([sys.executable, "worker.py"], worker_env, tmp_path / "worker.log")
     url = f"http://127.0.0.1:{port}"
     try:
+
         def answers(path: str, base: str = url) -> int | None:
             try:
                 return httpx.get(base + path, timeout=2).status_code
@@ -114,14 +141,19 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
         assert httpx.get(url + "/metrics", timeout=10).status_code == 200
         assert "libtorch" not in Path(f"/proc/{web.pid}/maps").read_text()
         # rq-dashboard from the same set; without a password it listens on loopback only.
-        wait_for(lambda: answers("/", f"http://127.0.0.1:{dashboard_port}") == 200, 60,
-                 "rq-dashboard to answer", interval=0.2)
+        wait_for(
+            lambda: answers("/", f"http://127.0.0.1:{dashboard_port}") == 200,
+            60,
+            "rq-dashboard to answer",
+            interval=0.2,
+        )
         page = httpx.get(f"http://127.0.0.1:{dashboard_port}/0/data/queues.json", timeout=10)
         assert "tts" in [q["name"] for q in page.json()["queues"]]
         # The webhook deliverer: an rq worker on its own queue.
         try:
-            wait_for(lambda: redis.smembers("rq:workers:tts-webhooks"), 60, "the webhooks worker to register",
-                     interval=0.2)
+            wait_for(
+                lambda: redis.smembers("rq:workers:tts-webhooks"), 60, "the webhooks worker to register", interval=0.2
+            )
         except AssertionError:
             pytest.fail(f"webhooks:\n{webhooks.output()[-3000:]}")
     finally:

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import httpx
 import pytest
-
 from conftest import ROOT, Proc, _free_port, wait_for
+
 from web import protocol
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -21,8 +21,11 @@ from procfile import web_flags  # noqa: E402  (the Procfile's own web flags)
 @pytest.fixture
 def web(redis_url: str, tmp_path: Path) -> Iterator[str]:
     port = _free_port()
-    proc = Proc([sys.executable, "-m", "uvicorn", "service:create_app", *web_flags(port)],
-                {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}, tmp_path / "web.log")
+    proc = Proc(
+        [sys.executable, "-m", "uvicorn", "service:create_app", *web_flags(port)],
+        {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"},
+        tmp_path / "web.log",
+    )
     url = f"http://127.0.0.1:{port}"
 
     def answers() -> bool:

@@ -10,10 +10,10 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-
-import webhooks
 from conftest import Stack, wait_for
 from test_webhooks import Receiver, _stack, _submit
+
+import webhooks
 
 
 @pytest.fixture
@@ -65,8 +65,9 @@ def drip() -> Iterator[DripReceiver]:
     made.stop()
 
 
-def test_a_dripping_receiver_delays_only_its_own_events(stack_factory: Callable[..., Stack], receiver: Receiver,
-                                                         drip: DripReceiver) -> None:
+def test_a_dripping_receiver_delays_only_its_own_events(
+    stack_factory: Callable[..., Stack], receiver: Receiver, drip: DripReceiver
+) -> None:
     stack = _stack(stack_factory)
     _submit(stack, "For the slow receiver.", drip.url + "/drip")
     wait_for(lambda: drip.connections >= 1, 30, "the slow receiver's first try")
@@ -89,8 +90,9 @@ def test_a_dripping_receiver_delays_only_its_own_events(stack_factory: Callable[
     assert webhooks.TIMEOUT - 1 <= seconds <= webhooks.TIMEOUT + 3, seconds  # type: ignore[operator]
 
 
-def test_a_request_takes_a_bounded_number_of_callback_urls(stack_factory: Callable[..., Stack],
-                                                           receiver: Receiver) -> None:
+def test_a_request_takes_a_bounded_number_of_callback_urls(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
     stack = _stack(stack_factory, worker=False, TTS_MAX_CALLBACK_URLS="2")
     text = "Many receivers for one request."
     for n in (1, 2):

@@ -9,6 +9,7 @@ import threading
 import time
 import wave
 import zlib
+from datetime import UTC
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -16,13 +17,12 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 import standardwebhooks
+from conftest import Stack, wait_for
 from redis import Redis
 
 import webhooks
-from common.settings import from_env
-from conftest import Stack, wait_for
 from common import keys
-from datetime import UTC
+from common.settings import from_env
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
 # What a receiver holds: the secret, in Standard Webhooks' own verifier.
@@ -45,8 +45,9 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 (the standard library's name)
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 path = self.path.split("?")[0]
-                receiver.calls.append({"path": self.path, "headers": dict(self.headers), "body": body,
-                                       "at": time.time()})
+                receiver.calls.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body, "at": time.time()}
+                )
                 time.sleep(receiver.delays.get(path, 0))
                 plan = receiver.answers.get(path, [200])
                 status = plan.pop(0) if len(plan) > 1 else plan[0]
@@ -87,8 +88,15 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _stack(stack_factory: Callable[..., Stack], worker: bool = True, **env: str) -> Stack:
-    stack = stack_factory(**{"TTS_ENGINE": "tone", "TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
-                             "TTS_WEBHOOK_RETRY_DELAYS": DELAYS, **env})
+    stack = stack_factory(
+        **{
+            "TTS_ENGINE": "tone",
+            "TTS_WEBHOOK_SECRET": SECRET,
+            "TTS_WEBHOOK_ALLOW_PRIVATE": "true",
+            "TTS_WEBHOOK_RETRY_DELAYS": DELAYS,
+            **env,
+        }
+    )
     stack.start_web()
     stack.start_webhooks()
     if worker:
@@ -123,8 +131,12 @@ def _scrape(stack: Stack, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(stack.url + "/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stack], receiver: Receiver) -> None:
@@ -141,8 +153,10 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert receiver.at("/done")[0]["path"] == "/done?user=7"  # the query goes along
 
     # Already finished when submitted: the event comes all the same (once), in the format asked for.
-    again = httpx.post(stack.url + "/v1/tts", json={"text": "Call me back. When it is done.", "format": "mp3",
-                                                    "callback_url": receiver.url + "/again"})
+    again = httpx.post(
+        stack.url + "/v1/tts",
+        json={"text": "Call me back. When it is done.", "format": "mp3", "callback_url": receiver.url + "/again"},
+    )
     assert again.status_code == 200 and again.json()["cached"] is True
     event = _verify(receiver.wait("/again", 1)[0])
     assert event["status"] == "finished" and event["audio_url"].endswith("/audio?format=mp3")
@@ -150,8 +164,9 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert len(receiver.at("/again")) == 1 and len(receiver.at("/done")) == 1
 
 
-def test_rotated_secrets_each_sign_and_the_id_is_signed(stack_factory: Callable[..., Stack],
-                                                        receiver: Receiver) -> None:
+def test_rotated_secrets_each_sign_and_the_id_is_signed(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
     """Two secrets in TTS_WEBHOOK_SECRET: a receiver holding either verifies; a changed id or body does not."""
     new = "whsec_" + base64.b64encode(b"the-next-secret-of-32-bytes-long").decode()
     stack = _stack(stack_factory, TTS_WEBHOOK_SECRET=f"{new} {SECRET}")
@@ -164,8 +179,11 @@ def test_rotated_secrets_each_sign_and_the_id_is_signed(stack_factory: Callable[
     stranger = standardwebhooks.Webhook("whsec_" + base64.b64encode(b"x" * 32).decode())
     replayed = {**call["headers"], "webhook-id": "0" * 32}  # a replay under a new id fails dedupe-proofing
     tampered = call["body"].replace(b'"finished"', b'"canceled"')
-    for body, headers, verifier in ((call["body"], call["headers"], stranger), (call["body"], replayed, VERIFIER),
-                                    (tampered, call["headers"], VERIFIER)):
+    for body, headers, verifier in (
+        (call["body"], call["headers"], stranger),
+        (call["body"], replayed, VERIFIER),
+        (tampered, call["headers"], VERIFIER),
+    ):
         with pytest.raises(standardwebhooks.WebhookVerificationError):
             verifier.verify(body, headers)
 
@@ -173,8 +191,8 @@ def test_rotated_secrets_each_sign_and_the_id_is_signed(stack_factory: Callable[
 def _readme_receiver(secret: str) -> Callable[[bytes, dict], dict]:
     """The README's receiver (section Webhooks, its python block), run as written with TTS_WEBHOOK_SECRET=secret."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("\n## Webhooks\n"):]
-    code = section[section.index("```python\n") + 10:section.index("\n```", section.index("```python\n"))]
+    section = readme[readme.index("\n## Webhooks\n") :]
+    code = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python\n"))]
     assert len([line for line in code.splitlines() if line.strip()]) == 5
     namespace: dict[str, Any] = {}
     with pytest.MonkeyPatch.context() as patch:
@@ -193,8 +211,9 @@ def test_sign_matches_the_reference_implementation() -> None:
     assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
 
 
-def test_each_repeat_with_a_callback_url_gets_its_event(stack_factory: Callable[..., Stack],
-                                                       receiver: Receiver) -> None:
+def test_each_repeat_with_a_callback_url_gets_its_event(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
     """The web process answers repeats of a stored body from memory; a callback_url still registers and fires."""
     stack = _stack(stack_factory)
     text = "Repeated, then called back."
@@ -209,8 +228,9 @@ def test_each_repeat_with_a_callback_url_gets_its_event(stack_factory: Callable[
         assert event["id"] == first["id"] and event["status"] == "finished"
 
 
-def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack], receiver: Receiver,
-                                             redis: Redis) -> None:
+def test_one_event_per_distinct_callback_url(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
+) -> None:
     stack = _stack(stack_factory, worker=False)
     ids = {_submit(stack, "Shared by three.", receiver.url + path, 202)["id"] for path in ("/x", "/y", "/x", "/y")}
     assert len(ids) == 1 and redis.llen("rq:queue:tts") == 1  # one job for all four
@@ -220,11 +240,14 @@ def test_one_event_per_distinct_callback_url(stack_factory: Callable[..., Stack]
     time.sleep(1)
     assert len(receiver.at("/x")) == 1 and len(receiver.at("/y")) == 1
     assert {c["headers"]["webhook-id"] for c in receiver.calls} == {
-        receiver.at("/x")[0]["headers"]["webhook-id"], receiver.at("/y")[0]["headers"]["webhook-id"]}
+        receiver.at("/x")[0]["headers"]["webhook-id"],
+        receiver.at("/y")[0]["headers"]["webhook-id"],
+    }
 
 
-def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factory: Callable[..., Stack],
-                                                                     receiver: Receiver) -> None:
+def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
     stack = _stack(stack_factory)
     receiver.answers["/flaky"] = [500, 200]
     receiver.answers["/down"] = [503]
@@ -249,8 +272,9 @@ def test_a_500_is_retried_with_the_same_event_and_a_fresh_signature(stack_factor
     assert len(receiver.at("/down")) == 3
 
 
-def test_canceled_and_failed_requests_post_their_events(stack_factory: Callable[..., Stack], receiver: Receiver,
-                                                        redis: Redis) -> None:
+def test_canceled_and_failed_requests_post_their_events(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
+) -> None:
     stack = _stack(stack_factory, worker=False)
     canceled = _submit(stack, "Cancel me.", receiver.url + "/canceled", 202)
     assert httpx.delete(stack.url + canceled["status_url"]).status_code == 204
@@ -277,13 +301,26 @@ def test_canceled_and_failed_requests_post_their_events(stack_factory: Callable[
 
 
 REFUSED_URLS = [
-    "http://127.0.0.1:9/hook", "http://localhost/hook", "http://[::1]:8080/", "http://10.1.2.3/",
-    "http://192.168.0.10/", "https://169.254.169.254/latest/meta-data/", "http://[::ffff:127.0.0.1]/",
-    "http://224.0.0.1/", "http://0.0.0.0/", "ftp://example.com/", "/relative/path", "http://example.com:99999/",
-    "http://exa mple.com/", "http://no-such-host.invalid/",
+    "http://127.0.0.1:9/hook",
+    "http://localhost/hook",
+    "http://[::1]:8080/",
+    "http://10.1.2.3/",
+    "http://192.168.0.10/",
+    "https://169.254.169.254/latest/meta-data/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://224.0.0.1/",
+    "http://0.0.0.0/",
+    "ftp://example.com/",
+    "/relative/path",
+    "http://example.com:99999/",
+    "http://exa mple.com/",
+    "http://no-such-host.invalid/",
     # IPv6 wrappings of refused IPv4 addresses (API v1.2).
-    "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:7f00:1::1]/", "http://[::a9fe:a9fe]/",
-    "http://[2001:0:808:808::80ff:fffe]/", "http://[64:ff9b:1:a9fe:a9:fe00::]/",
+    "http://[64:ff9b::a9fe:a9fe]/",
+    "http://[2002:7f00:1::1]/",
+    "http://[::a9fe:a9fe]/",
+    "http://[2001:0:808:808::80ff:fffe]/",
+    "http://[64:ff9b:1:a9fe:a9:fe00::]/",
 ]
 
 
@@ -367,8 +404,9 @@ def test_without_a_secret_callback_urls_are_refused(stack_factory: Callable[...,
     assert r.status_code == 422 and r.json()["field"] == "callback_url" and "TTS_WEBHOOK_SECRET" in r.json()["detail"]
 
 
-def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(stack_factory: Callable[..., Stack],
-                                                                        receiver: Receiver, redis: Redis) -> None:
+def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
+) -> None:
     stack = _stack(stack_factory)
     url = receiver.url.replace("http://", "http://hook-user:hook-pass@") + "/hook/s3cr3t-path?token=t0psecret"
     _submit(stack, "Keep my secrets.", url)

@@ -66,21 +66,37 @@ def at_most(n: int) -> str:
 
 # -- field types --------------------------------------------------------------------
 
-Seed = Annotated[int, Meta(ge=0, le=SEED_MAX, description="Picks the voice; the same seed is the same voice "
-                                                          "on every device.")]
-Speaker = Annotated[str, Meta(
-    max_length=SPEAKER_MAX, pattern=rf"^\s*{_SPEAKER}\s*$", title="a ChatTTS speaker string",
-    description="A ChatTTS speaker string (GET /v1/voices/{seed}, or ChatTTS's sample_random_speaker()); one "
-                "that does not decode to this model's embedding size is 422.",
-    extra_json_schema={"format": "chattts-speaker"})]
-VoiceName = Annotated[str, Meta(
-    pattern=NAME_PATTERN, title="a voice name (a lowercase letter, then up to 63 lowercase letters, digits, _ or -)",
-    description="A saved voice (PUT /v1/voices/{name}) or a built-in one (an OpenAI voice name); an unknown "
-                "name is 422.")]
-Text = Annotated[str, Meta(
-    description="Normalized first (NFKC; zero-width, format and control characters dropped; runs of white "
-                "space made one space; ends stripped); empty after that, or longer than the limit, is 422.",
-    extra={"from_settings": {"maxLength": "max_chars"}})]
+Seed = Annotated[
+    int, Meta(ge=0, le=SEED_MAX, description="Picks the voice; the same seed is the same voice on every device.")
+]
+Speaker = Annotated[
+    str,
+    Meta(
+        max_length=SPEAKER_MAX,
+        pattern=rf"^\s*{_SPEAKER}\s*$",
+        title="a ChatTTS speaker string",
+        description="A ChatTTS speaker string (GET /v1/voices/{seed}, or ChatTTS's sample_random_speaker()); one "
+        "that does not decode to this model's embedding size is 422.",
+        extra_json_schema={"format": "chattts-speaker"},
+    ),
+]
+VoiceName = Annotated[
+    str,
+    Meta(
+        pattern=NAME_PATTERN,
+        title="a voice name (a lowercase letter, then up to 63 lowercase letters, digits, _ or -)",
+        description="A saved voice (PUT /v1/voices/{name}) or a built-in one (an OpenAI voice name); an unknown "
+        "name is 422.",
+    ),
+]
+Text = Annotated[
+    str,
+    Meta(
+        description="Normalized first (NFKC; zero-width, format and control characters dropped; runs of white "
+        "space made one space; ends stripped); empty after that, or longer than the limit, is 422.",
+        extra={"from_settings": {"maxLength": "max_chars"}},
+    ),
+]
 Unit = Annotated[float, Meta(gt=0, le=1)]
 
 
@@ -108,27 +124,47 @@ class TtsRequest(Body):
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
     top_k: Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")] = 20
     refine_text: Annotated[bool, Meta(description="Run ChatTTS's text refinement first.")] = False
-    oral: Annotated[int, Meta(ge=0, le=9, description="Refine prompt; only with refine_text: true.")] | UnsetType = UNSET
-    laugh: Annotated[int, Meta(ge=0, le=2, description="Refine prompt; only with refine_text: true.")] | UnsetType = UNSET
-    break_: Annotated[int, Meta(ge=0, le=7, description="Refine prompt; only with refine_text: true.")] | UnsetType = \
+    oral: Annotated[int, Meta(ge=0, le=9, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
+        UNSET
+    )
+    laugh: Annotated[int, Meta(ge=0, le=2, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
+        UNSET
+    )
+    break_: Annotated[int, Meta(ge=0, le=7, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
         msgspec.field(default=UNSET, name="break")
-    format: Annotated[str, Meta(
-        pattern=any_case(audio.TTS_FORMATS), title=f"one of {', '.join(audio.TTS_FORMATS)}",
-        description="Only echoed into audio_url (letter case and surrounding space ignored): audio is stored "
-                    "once and encoded on the way out.")] = "wav"
-    callback_url: Annotated[str, Meta(
-        max_length=2048, pattern=r"^https?://[!-~]+$", title="an absolute http or https URL",
-        description="Called (a signed JSON POST) when the request is finished, failed or canceled. Not part of "
-                    "the request's identity. A host on a loopback, private, link-local, multicast or metadata "
-                    "address is 422, as is any callback_url while the service has no webhook secret.")] \
-        | UnsetType = UNSET
+    )
+    format: Annotated[
+        str,
+        Meta(
+            pattern=any_case(audio.TTS_FORMATS),
+            title=f"one of {', '.join(audio.TTS_FORMATS)}",
+            description="Only echoed into audio_url (letter case and surrounding space ignored): audio is stored "
+            "once and encoded on the way out.",
+        ),
+    ] = "wav"
+    callback_url: (
+        Annotated[
+            str,
+            Meta(
+                max_length=2048,
+                pattern=r"^https?://[!-~]+$",
+                title="an absolute http or https URL",
+                description="Called (a signed JSON POST) when the request is finished, failed or canceled. Not part of "
+                "the request's identity. A host on a loopback, private, link-local, multicast or metadata "
+                "address is 422, as is any callback_url while the service has no webhook secret.",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 SpeechVoice = (
     Annotated[int, Meta(ge=0, le=SEED_MAX)]
     | Annotated[str, Meta(pattern=rf"^\s*(?:[A-Za-z][A-Za-z0-9_-]{{0,63}}|0*(?:{at_most(SEED_MAX)})|{_SPEAKER})\s*$")]
 )
-SpeechSpeed = Annotated[float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")]
+SpeechSpeed = Annotated[
+    float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")
+]
 TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
 
 
@@ -145,19 +181,28 @@ class SpeechRequest(Body):
 
     input: Annotated[Text, Meta(description="What to say.")]
     model: Annotated[str, Meta(description="Accepted and ignored: one model serves a deployment.")] | UnsetType = UNSET
-    voice: Annotated[SpeechVoice | VoiceRef, Meta(
-        title="a voice name, a seed or a ChatTTS speaker string",
-        description="A built-in (OpenAI) or saved voice name (any letter case), a seed (a number, or a string "
-                    "of digits), or a ChatTTS speaker string.")] = "alloy"
-    response_format: Annotated[SpeechFormat, Meta(
-        title=f"one of {', '.join(SPEECH_FORMATS)}", description="pcm: raw PCM16, 24 kHz, mono. Others are 400.")] \
-        = "mp3"
+    voice: Annotated[
+        SpeechVoice | VoiceRef,
+        Meta(
+            title="a voice name, a seed or a ChatTTS speaker string",
+            description="A built-in (OpenAI) or saved voice name (any letter case), a seed (a number, or a string "
+            "of digits), or a ChatTTS speaker string.",
+        ),
+    ] = "alloy"
+    response_format: Annotated[
+        SpeechFormat,
+        Meta(title=f"one of {', '.join(SPEECH_FORMATS)}", description="pcm: raw PCM16, 24 kHz, mono. Others are 400."),
+    ] = "mp3"
     speed: SpeechSpeed = 1.0
     instructions: Annotated[str, Meta(description="Accepted and ignored.")] | UnsetType = UNSET
-    stream_format: Annotated[Literal["audio", "sse"], Meta(
-        description="audio: the audio bytes as they are made (chunked transfer; a wav header of unknown length; "
-                    "flac comes whole). sse: text/event-stream of speech.audio.delta events (base64 of the next "
-                    "bytes in response_format), then one speech.audio.done with usage.")] = "audio"
+    stream_format: Annotated[
+        Literal["audio", "sse"],
+        Meta(
+            description="audio: the audio bytes as they are made (chunked transfer; a wav header of unknown length; "
+            "flac comes whole). sse: text/event-stream of speech.audio.delta events (base64 of the next "
+            "bytes in response_format), then one speech.audio.done with usage."
+        ),
+    ] = "audio"
 
 
 SessionFormat = Literal["pcm", "wav", "mp3", "opus", "aac"]
@@ -166,8 +211,10 @@ SessionFormat = Literal["pcm", "wav", "mp3", "opus", "aac"]
 class Session(Body):
     """The settings of a WebSocket session (WS /v1/audio/speech/websocket): what each spoken piece is made with."""
 
-    voice: Annotated[SpeechVoice, Meta(title="a voice name, a seed or a ChatTTS speaker string",
-                                       description="As POST /v1/audio/speech's.")] = "alloy"
+    voice: Annotated[
+        SpeechVoice,
+        Meta(title="a voice name, a seed or a ChatTTS speaker string", description="As POST /v1/audio/speech's."),
+    ] = "alloy"
     speed: SpeechSpeed = 1.0
     response_format: SessionFormat = "pcm"
     temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
@@ -215,8 +262,10 @@ class TextEnd(Body):
 
 # The messages a WebSocket session takes, by their `type`.
 MESSAGES: dict[str, type[Body]] = {
-    "session.update": SessionUpdate, "input_text.append": TextAppend,
-    "input_text.flush": TextFlush, "input_text.end": TextEnd,
+    "session.update": SessionUpdate,
+    "input_text.append": TextAppend,
+    "input_text.flush": TextFlush,
+    "input_text.end": TextEnd,
 }
 
 
@@ -225,7 +274,8 @@ class MixPart(Body):
 
     voice: Annotated[
         Seed | Annotated[str, Meta(pattern=rf"^\s*(?:[a-z][a-z0-9_-]{{0,63}}|{_SPEAKER})\s*$")],
-        Meta(title="a voice name, a seed or a ChatTTS speaker string")]
+        Meta(title="a voice name, a seed or a ChatTTS speaker string"),
+    ]
     weight: Annotated[float, Meta(gt=0, le=1_000_000)]
 
 
@@ -237,10 +287,18 @@ class VoiceRequest(Body):
 
     seed: Seed | UnsetType = UNSET
     speaker: Speaker | UnsetType = UNSET
-    mix: Annotated[list[MixPart], Meta(
-        min_length=2, max_length=8,
-        description="2 to 8 voices (saved or built-in names, seeds or speaker strings); the voice is the "
-                    "weighted mean of their embeddings.")] | UnsetType = UNSET
+    mix: (
+        Annotated[
+            list[MixPart],
+            Meta(
+                min_length=2,
+                max_length=8,
+                description="2 to 8 voices (saved or built-in names, seeds or speaker strings); the voice is the "
+                "weighted mean of their embeddings.",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
     description: Annotated[str, Meta(max_length=200)] = ""
 
 
@@ -322,7 +380,9 @@ def _parse(raw: bytes) -> Any:
     except RecursionError as exc:
         raise ApiError(400, "request body is not valid JSON we can read: it is nested too deeply") from exc
     except json.JSONDecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+        raise ApiError(
+            400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
 
 
 def shown(name: str) -> str:
@@ -353,8 +413,11 @@ def _prepare(data: Any, t: mi.Type, path: str) -> Any:
     t = _unwrap(t)
     if isinstance(t, mi.UnionType):
         kinds = [_unwrap(m) for m in t.types]
-        if isinstance(data, float) and any(isinstance(k, mi.IntType) for k in kinds) \
-                and not any(isinstance(k, mi.FloatType) for k in kinds):
+        if (
+            isinstance(data, float)
+            and any(isinstance(k, mi.IntType) for k in kinds)
+            and not any(isinstance(k, mi.FloatType) for k in kinds)
+        ):
             return int(data) if data.is_integer() else data
         struct = next((k for k in kinds if isinstance(k, mi.StructType)), None)
         return _prepare(data, struct, path) if struct is not None and isinstance(data, dict) else data
@@ -367,8 +430,7 @@ def _prepare(data: Any, t: mi.Type, path: str) -> Any:
         for key in list(data):
             name = f"{path}.{key}" if path else key
             if key not in fields:
-                raise _invalid(shown(name), f"unknown field; accepted fields are {', '.join(sorted(fields))}",
-                               t.cls)
+                raise _invalid(shown(name), f"unknown field; accepted fields are {', '.join(sorted(fields))}", t.cls)
             data[key] = _prepare(data[key], fields[key].type, name)
     return data
 
@@ -390,8 +452,7 @@ def _refusal(message: str, cls: type[Body], data: Any) -> ApiError:
     detail = f"must be {_expected(t)}" if t is not None else "is not valid"
     if ", got `" not in message and isinstance(value, (int, float)) and not isinstance(value, bool):
         # Numbers only (never a client's string), and only short ones.
-        shown_value = f"{value:.6g}" if isinstance(value, float) else (
-            str(value) if -10**24 < value < 10**24 else "")
+        shown_value = f"{value:.6g}" if isinstance(value, float) else (str(value) if -(10**24) < value < 10**24 else "")
         if shown_value:
             detail += f", got {shown_value}"
     return _invalid(path, detail, cls)
@@ -474,8 +535,9 @@ def _rules(body: Body, order: Callable[[], list[str]]) -> None:
         raise _invalid(second, f"give at most one of {', '.join(cls.one_of)} (this body also has {first})", cls)
     if cls.one_required and not chosen:
         raise ApiError(422, f"give one of {', '.join(cls.one_of)}", field="body")
-    needing = [name for name, (other, value) in cls.needs.items()
-               if given(name) and getattr(body, _attrs(cls)[other]) != value]
+    needing = [
+        name for name, (other, value) in cls.needs.items() if given(name) and getattr(body, _attrs(cls)[other]) != value
+    ]
     if needing:
         keys = order()
         name = min(needing, key=keys.index)

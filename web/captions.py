@@ -14,13 +14,12 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from web import tts
-from web import validation
-from web.replies import Captions, Cue
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
-from web.context import Context
 from common import audio
 from common.errors import ApiError
+from web import tts, validation
+from web.context import Context
+from web.replies import Captions, Cue
 
 FORMATS = ("vtt", "srt", "json")
 MEDIA = {"vtt": "text/vtt; charset=utf-8", "srt": "application/x-subrip; charset=utf-8", "json": "application/json"}
@@ -79,10 +78,16 @@ def srt(cues: Sequence[Span]) -> str:
 
 def as_json(request_id: str, cues: Sequence[Span], total_samples: int) -> bytes:
     """The JSON form: exact times in seconds (sample offset / 24000)."""
-    return msgspec.json.encode(Captions(
-        id=request_id, duration=total_samples / SAMPLE_RATE,
-        cues=[Cue(index=i, start=c.start / SAMPLE_RATE, end=c.end / SAMPLE_RATE, text=c.text)
-              for i, c in enumerate(cues, 1)]))
+    return msgspec.json.encode(
+        Captions(
+            id=request_id,
+            duration=total_samples / SAMPLE_RATE,
+            cues=[
+                Cue(index=i, start=c.start / SAMPLE_RATE, end=c.end / SAMPLE_RATE, text=c.text)
+                for i, c in enumerate(cues, 1)
+            ],
+        )
+    )
 
 
 async def captions(ctx: Context, request: Request) -> Response:

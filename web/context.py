@@ -13,15 +13,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import HTTPConnection
 
-
-from common import metrics
-from work import queueing
 from cache import AudioCache
-from common.model import ModelInfo
-from common.settings import Settings
-from work.status import OVER
+from common import metrics
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
+from common.model import ModelInfo
+from common.settings import Settings
+from work import queueing
+from work.status import OVER
 
 T = TypeVar("T")
 
@@ -65,8 +64,11 @@ class Context:
         """The published model; 503 while no worker has published one."""
         model = await self.model()
         if model is None:
-            raise ApiError(503, "no worker has started yet, so no model is loaded; start one (python worker.py)",
-                           headers={"Retry-After": "5"})
+            raise ApiError(
+                503,
+                "no worker has started yet, so no model is loaded; start one (python worker.py)",
+                headers={"Retry-After": "5"},
+            )
         return model
 
     async def guard(self, request: HTTPConnection, query: bool = False) -> bytes:
@@ -88,8 +90,11 @@ class Context:
         for key in keys:
             matched |= hmac.compare_digest(given_bytes, key.encode())
         if scheme.lower() != "bearer" or not matched:
-            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(
+                401,
+                "missing or wrong API key: send Authorization: Bearer <key>",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         await self.count(given_bytes)
         return given_bytes
 
@@ -105,8 +110,11 @@ class Context:
                 count, _ = await pipe.execute()
             if count > limit:
                 retry = 60 - int(time.time()) % 60
-                raise ApiError(429, f"rate limit of {limit} requests a minute reached for this key",
-                               headers={"Retry-After": str(max(1, retry))})
+                raise ApiError(
+                    429,
+                    f"rate limit of {limit} requests a minute reached for this key",
+                    headers={"Retry-After": str(max(1, retry))},
+                )
 
     async def listen(self, job_id: str) -> Listener:
         """A subscription to the events of job `job_id`; close it when done."""

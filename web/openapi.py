@@ -17,13 +17,11 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from common import audio
-from cache import ID_PATTERN
-from web import bodies
-from web import captions
-from web import replies
 import webhooks
+from cache import ID_PATTERN
+from common import audio
 from common.settings import Settings
+from web import bodies, captions, replies
 
 VERSION = "1.2"
 _JSON = "application/json"
@@ -34,10 +32,26 @@ _SPEECH_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in bodies.SPEECH_FORMATS})
 PUBLIC = frozenset({"/", "/healthz", "/readyz", "/openapi.json"})
 # Every JSON body asked or answered (and the types they use).
 SCHEMAS: tuple[type[msgspec.Struct], ...] = (
-    replies.Error, bodies.TtsRequest, replies.TtsSubmitted, replies.TtsStatus, bodies.SpeechRequest,
-    bodies.VoiceRequest, replies.SeedVoice, replies.SavedVoice, replies.VoiceList, replies.Captions,
-    webhooks.WebhookEvent, replies.Ready, replies.Health, replies.OpenAIError, replies.Delta, replies.Done,
-    *bodies.MESSAGES.values(), replies.SessionCreated, replies.SessionUpdated, replies.ErrorEvent,
+    replies.Error,
+    bodies.TtsRequest,
+    replies.TtsSubmitted,
+    replies.TtsStatus,
+    bodies.SpeechRequest,
+    bodies.VoiceRequest,
+    replies.SeedVoice,
+    replies.SavedVoice,
+    replies.VoiceList,
+    replies.Captions,
+    webhooks.WebhookEvent,
+    replies.Ready,
+    replies.Health,
+    replies.OpenAIError,
+    replies.Delta,
+    replies.Done,
+    *bodies.MESSAGES.values(),
+    replies.SessionCreated,
+    replies.SessionUpdated,
+    replies.ErrorEvent,
 )
 # OpenAPI has no WebSockets: they are described under this extension, their messages in the components.
 WEBSOCKETS = "x-websockets"
@@ -110,10 +124,14 @@ def _headers() -> dict[str, Any]:
         return {"description": description, "schema": {"type": "string", **schema}}
 
     return {
-        "Retry-After": {"description": "Seconds to wait before asking again.",
-                        "schema": {"type": "integer", "minimum": 1}},
+        "Retry-After": {
+            "description": "Seconds to wait before asking again.",
+            "schema": {"type": "integer", "minimum": 1},
+        },
         "Location": header("Where the request's status is."),
-        "ETag": header("The audio's id and format; send it back in If-None-Match.", pattern='^"[0-9a-f]{32}\\.[a-z0-9]+"$'),
+        "ETag": header(
+            "The audio's id and format; send it back in If-None-Match.", pattern='^"[0-9a-f]{32}\\.[a-z0-9]+"$'
+        ),
         "Cache-Control": header("Audio never changes under its URL."),
         "Content-Disposition": header("A file name for the download."),
         "X-Request-Id": header("The /v1/tts id of the same request.", pattern=ID_PATTERN),
@@ -154,7 +172,9 @@ def schema(settings: Settings) -> dict[str, Any]:
         "504": _error(f"No worker exported a seed's voice within {settings.speech_wait} s.", "Retry-After"),
     }
     not_ready = {
-        "202": _json(_ref("TtsStatus"), "Not finished yet.", {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
+        "202": _json(
+            _ref("TtsStatus"), "Not finished yet.", {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
+        ),
         "404": _error("Unknown id, or its audio expired."),
         "409": _error("The request was canceled; submit it again."),
         "500": _error("Synthesis failed; the message is safe to show."),
@@ -166,7 +186,9 @@ def schema(settings: Settings) -> dict[str, Any]:
         "captions": {"operationId": "getCaptions", "parameters": {"id": "$response.body#/id"}},
         "cancel": {"operationId": "cancel", "parameters": {"id": "$response.body#/id"}},
     }
-    immutable = {name: {"$ref": f"#/components/headers/{name}"} for name in ("ETag", "Cache-Control", "Content-Disposition")}
+    immutable = {
+        name: {"$ref": f"#/components/headers/{name}"} for name in ("ETag", "Cache-Control", "Content-Disposition")
+    }
     paths: dict[str, Any] = {
         "/v1/tts": {
             "post": {
@@ -174,11 +196,18 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "summary": "Submit a synthesis",
                 "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("TtsRequest")}}},
                 "responses": {
-                    "200": {**_json(_ref("TtsSubmitted"), "Every chunk's audio is stored: nothing was queued."),
-                            "links": submit_links},
-                    "202": {**_json(_ref("TtsSubmitted"), "Queued (or joined a job in flight).",
-                                    {"Location": {"$ref": "#/components/headers/Location"}}),
-                            "links": submit_links},
+                    "200": {
+                        **_json(_ref("TtsSubmitted"), "Every chunk's audio is stored: nothing was queued."),
+                        "links": submit_links,
+                    },
+                    "202": {
+                        **_json(
+                            _ref("TtsSubmitted"),
+                            "Queued (or joined a job in flight).",
+                            {"Location": {"$ref": "#/components/headers/Location"}},
+                        ),
+                        "links": submit_links,
+                    },
                     **common,
                     **body_errors,
                     "504": _error(f"No worker exported a seed's voice within {settings.speech_wait} s.", "Retry-After"),
@@ -215,26 +244,59 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "operationId": "getAudio",
                 "summary": "The audio",
                 "parameters": [
-                    {"name": "format", "in": "query", "required": False,
-                     "schema": {"type": "string", "enum": list(audio.TTS_FORMATS), "default": "wav"}},
-                    {"name": "wait", "in": "query", "required": False,
-                     "description": "Hold the request up to this many seconds for the audio (empty: 0).",
-                     "schema": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 60},
-                                          {"type": "string", "maxLength": 0}], "default": 0}},
-                    {"name": "stream", "in": "query", "required": False,
-                     "description": "true: a chunked 200 that starts with the first stored chunk and ends with "
-                     "the last (no ETag; a streamed WAV's header cannot know the length). Served whole once "
-                     "everything is stored. Also 1, yes, on (or empty) and 0, no, off, in any case.",
-                     "schema": {"anyOf": [{"type": "boolean"}, {"type": "string", "pattern": bodies.any_case(
-                         ("", "1", "true", "yes", "on", "0", "false", "no", "off"))}], "default": False}},
-                    {"name": "If-None-Match", "in": "header", "required": False,
-                     "description": "An ETag from an earlier answer: 304 when it matches.",
-                     "schema": {"type": "string"}},
+                    {
+                        "name": "format",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": list(audio.TTS_FORMATS), "default": "wav"},
+                    },
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "description": "Hold the request up to this many seconds for the audio (empty: 0).",
+                        "schema": {
+                            "anyOf": [
+                                {"type": "number", "minimum": 0, "maximum": 60},
+                                {"type": "string", "maxLength": 0},
+                            ],
+                            "default": 0,
+                        },
+                    },
+                    {
+                        "name": "stream",
+                        "in": "query",
+                        "required": False,
+                        "description": "true: a chunked 200 that starts with the first stored chunk and ends with "
+                        "the last (no ETag; a streamed WAV's header cannot know the length). Served whole once "
+                        "everything is stored. Also 1, yes, on (or empty) and 0, no, off, in any case.",
+                        "schema": {
+                            "anyOf": [
+                                {"type": "boolean"},
+                                {
+                                    "type": "string",
+                                    "pattern": bodies.any_case(
+                                        ("", "1", "true", "yes", "on", "0", "false", "no", "off")
+                                    ),
+                                },
+                            ],
+                            "default": False,
+                        },
+                    },
+                    {
+                        "name": "If-None-Match",
+                        "in": "header",
+                        "required": False,
+                        "description": "An ETag from an earlier answer: 304 when it matches.",
+                        "schema": {"type": "string"},
+                    },
                 ],
                 "responses": {
                     "200": _binary(_TTS_MEDIA, "The audio.", immutable),
-                    "304": {"description": "Not modified (If-None-Match matched).",
-                            "headers": {"ETag": {"$ref": "#/components/headers/ETag"}}},
+                    "304": {
+                        "description": "Not modified (If-None-Match matched).",
+                        "headers": {"ETag": {"$ref": "#/components/headers/ETag"}},
+                    },
                     **not_ready,
                     "422": _error("format, wait or stream is not valid; `field` names it."),
                     **common,
@@ -247,8 +309,12 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "operationId": "getCaptions",
                 "summary": "Timed captions: one cue per chunk, at its exact samples in the WAV",
                 "parameters": [
-                    {"name": "format", "in": "query", "required": False,
-                     "schema": {"type": "string", "enum": list(captions.FORMATS), "default": "vtt"}},
+                    {
+                        "name": "format",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": list(captions.FORMATS), "default": "vtt"},
+                    },
                 ],
                 "responses": {
                     "200": {
@@ -275,8 +341,7 @@ def schema(settings: Settings) -> dict[str, Any]:
                     "200": _speech_answer(),
                     "409": _error("The request was canceled while it waited."),
                     "500": _error("Synthesis failed; the message is safe to show."),
-                    "504": _error(f"Not ready within {settings.speech_wait} s; it goes on: poll Location.",
-                                  "Location"),
+                    "504": _error(f"Not ready within {settings.speech_wait} s; it goes on: poll Location.", "Location"),
                     **common,
                     **body_errors,
                     "400": _error("The body is not JSON, or response_format is not supported."),
@@ -294,15 +359,23 @@ def schema(settings: Settings) -> dict[str, Any]:
             "get": {
                 "operationId": "getVoice",
                 "summary": "A voice: a saved or built-in one by name, or the speaker string of a seed (digits)",
-                "parameters": [{
-                    "name": "name", "in": "path", "required": True,
-                    "description": "A voice name, or a seed (0-4294967295).",
-                    "schema": {"type": "string",
-                               "pattern": f"^(?:{bodies.NAME_PATTERN[1:-1]}|0*(?:{bodies.at_most(bodies.SEED_MAX)}))$"},
-                }],
+                "parameters": [
+                    {
+                        "name": "name",
+                        "in": "path",
+                        "required": True,
+                        "description": "A voice name, or a seed (0-4294967295).",
+                        "schema": {
+                            "type": "string",
+                            "pattern": f"^(?:{bodies.NAME_PATTERN[1:-1]}|0*(?:{bodies.at_most(bodies.SEED_MAX)}))$",
+                        },
+                    }
+                ],
                 "responses": {
-                    "200": _json({"anyOf": [_ref("SavedVoice"), _ref("SeedVoice")]},
-                                 "The voice (a worker makes a seed's speaker string on first request)."),
+                    "200": _json(
+                        {"anyOf": [_ref("SavedVoice"), _ref("SeedVoice")]},
+                        "The voice (a worker makes a seed's speaker string on first request).",
+                    ),
                     "404": _error("No voice has that name."),
                     "422": _error("Neither a voice name nor a seed from 0 to 4294967295."),
                     **model_wait,
@@ -319,8 +392,10 @@ def schema(settings: Settings) -> dict[str, Any]:
                     "409": _error("A built-in voice's name."),
                     "400": _error("The body is not JSON (or not UTF-8)."),
                     "413": _error(f"The body is over {settings.max_body} bytes."),
-                    "422": _error(f"A field is not valid (`field` names it), or {settings.max_voices} voices are "
-                                  "saved already (`name`)."),
+                    "422": _error(
+                        f"A field is not valid (`field` names it), or {settings.max_voices} voices are "
+                        "saved already (`name`)."
+                    ),
                     **model_wait,
                 },
             },
@@ -349,10 +424,16 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "operationId": "readyz",
                 "summary": "Readiness of this web process: Redis answers (workers are counted, 0 included)",
                 "responses": {
-                    "200": _json(_ref("Ready"), "Redis answers: stored audio is served and new work queued; "
-                                 "`workers` counts the registered workers, `model` names their model."),
-                    "503": _json(_ref("Ready"), "Redis does not answer; `detail` says so.",
-                                 {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}),
+                    "200": _json(
+                        _ref("Ready"),
+                        "Redis answers: stored audio is served and new work queued; "
+                        "`workers` counts the registered workers, `model` names their model.",
+                    ),
+                    "503": _json(
+                        _ref("Ready"),
+                        "Redis does not answer; `detail` says so.",
+                        {"Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                    ),
                 },
             }
         },
@@ -360,9 +441,13 @@ def schema(settings: Settings) -> dict[str, Any]:
             "get": {
                 "operationId": "metrics",
                 "summary": "Prometheus text format",
-                "responses": {"200": {"description": "The metrics of every web process and worker.",
-                                      "content": {"text/plain": {"schema": {"type": "string"}}}},
-                              **common},
+                "responses": {
+                    "200": {
+                        "description": "The metrics of every web process and worker.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **common,
+                },
             }
         },
         "/openapi.json": {
@@ -376,7 +461,9 @@ def schema(settings: Settings) -> dict[str, Any]:
             "get": {
                 "operationId": "page",
                 "summary": "A page: every control of POST /v1/tts, voices, captions, history, play and download",
-                "responses": {"200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}},
+                "responses": {
+                    "200": {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}}
+                },
             }
         },
     }
@@ -407,7 +494,8 @@ def schema(settings: Settings) -> dict[str, Any]:
                 operation["responses"]["401"] = _error("Missing or wrong API key.", "WWW-Authenticate")
                 if settings.rate_limit:
                     operation["responses"].setdefault(
-                        "429", _error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After"))
+                        "429", _error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After")
+                    )
         _openai_errors(paths)
     return doc
 
@@ -417,12 +505,13 @@ def _speech_socket() -> dict[str, Any]:
     return {
         "summary": "Text in as it is written, audio out as it is made (OpenAI-style events)",
         "description": "Each sentence is spoken as soon as more text follows its end, as an ordinary request "
-                       "(keyed, stored, shared). A bad message gets an error event and the session goes on; "
-                       "input_text.end closes with 1000 after the last audio. With API keys: Authorization: "
-                       "Bearer or ?api_key=, else an error event and close 1008.",
+        "(keyed, stored, shared). A bad message gets an error event and the session goes on; "
+        "input_text.end closes with 1000 after the last audio. With API keys: Authorization: "
+        "Bearer or ?api_key=, else an error event and close 1008.",
         "client": {"oneOf": [_ref(cls.__name__) for cls in bodies.MESSAGES.values()]},
-        "server": {"oneOf": [_ref(name) for name in
-                             ("SessionCreated", "SessionUpdated", "Delta", "Done", "ErrorEvent")]},
+        "server": {
+            "oneOf": [_ref(name) for name in ("SessionCreated", "SessionUpdated", "Delta", "Done", "ErrorEvent")]
+        },
     }
 
 
@@ -440,22 +529,34 @@ def _openai_errors(paths: dict[str, Any]) -> None:
 
 def _speech_answer() -> dict[str, Any]:
     """POST /v1/audio/speech's 200: the audio as it is made, or server-sent events (stream_format)."""
-    answer = _binary(_SPEECH_MEDIA, "stream_format audio: the audio bytes as they are made (chunked transfer; "
-                                     "a stored request comes whole, with its length; flac always whole).",
-                     {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}})
-    answer["description"] += (" stream_format sse: text/event-stream, each event `data: <JSON>` and a blank line: "
-                              "speech.audio.delta events (Delta: base64 of the next bytes in "
-                              "response_format) in order, then one speech.audio.done (Done, with usage). "
-                              "A stream whose synthesis fails midway ends without its last chunk (an "
-                              "incomplete transfer).")
+    answer = _binary(
+        _SPEECH_MEDIA,
+        "stream_format audio: the audio bytes as they are made (chunked transfer; "
+        "a stored request comes whole, with its length; flac always whole).",
+        {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}},
+    )
+    answer["description"] += (
+        " stream_format sse: text/event-stream, each event `data: <JSON>` and a blank line: "
+        "speech.audio.delta events (Delta: base64 of the next bytes in "
+        "response_format) in order, then one speech.audio.done (Done, with usage). "
+        "A stream whose synthesis fails midway ends without its last chunk (an "
+        "incomplete transfer)."
+    )
     # Each event, as OpenAPI 3.2 describes a stream's items (a 3.1 `schema` of
     # an event stream is read per event): its `data` is JSON of Delta or Done.
-    answer["content"]["text/event-stream"] = {"schema": {
-        "type": "object",
-        "required": ["data"],
-        "properties": {"data": {"type": "string", "contentMediaType": _JSON,
-                                "contentSchema": {"oneOf": [_ref("Delta"), _ref("Done")]}}},
-    }}
+    answer["content"]["text/event-stream"] = {
+        "schema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "contentMediaType": _JSON,
+                    "contentSchema": {"oneOf": [_ref("Delta"), _ref("Done")]},
+                }
+            },
+        }
+    }
     return answer
 
 
@@ -470,13 +571,21 @@ def _event_operation() -> dict[str, Any]:
         "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
         "backoff for about 10 minutes, then given up. Redirects are not followed.",
         "parameters": [
-            {"name": "webhook-id", "in": "header", **header("Unique per event, the same on every try: "
-                                                            "drop repeats by it.")},
+            {
+                "name": "webhook-id",
+                "in": "header",
+                **header("Unique per event, the same on every try: drop repeats by it."),
+            },
             {"name": "webhook-timestamp", "in": "header", **header("Unix seconds of this try.")},
-            {"name": "webhook-signature", "in": "header",
-             **header('Standard Webhooks: "v1," and the base64 HMAC-SHA256 of '
-                      '"<webhook-id>.<webhook-timestamp>.<raw body>", one per secret of TTS_WEBHOOK_SECRET, '
-                      "separated by spaces.")},
+            {
+                "name": "webhook-signature",
+                "in": "header",
+                **header(
+                    'Standard Webhooks: "v1," and the base64 HMAC-SHA256 of '
+                    '"<webhook-id>.<webhook-timestamp>.<raw body>", one per secret of TTS_WEBHOOK_SECRET, '
+                    "separated by spaces."
+                ),
+            },
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
         "responses": {"2XX": {"description": "Received; any other answer is retried."}},

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+from prometheus_client.core import GaugeMetricFamily
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
-from prometheus_client.core import GaugeMetricFamily
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-
-from common import metrics
+from common import keys, metrics
 from common.redact import safe_url
-from work import queueing
-from web.replies import Health, Ready, ReadyModel, reply
 from web.context import Context
-from common import keys
+from web.replies import Health, Ready, ReadyModel, reply
+from work import queueing
 
 
 async def healthz(ctx: Context, request: Request) -> Response:
@@ -38,8 +36,13 @@ async def readyz(ctx: Context, request: Request) -> Response:
         workers = (await run_in_threadpool(queueing.census, ctx.sync_redis, ctx.settings.queue)).live
         model = await ctx.model()
     except (RedisConnectionError, RedisTimeoutError, OSError):
-        body = Ready(status="not ready", workers=0, queue=ctx.settings.queue, model=None,
-                     detail=f"Redis at {safe_url(ctx.settings.redis_url)} does not answer")
+        body = Ready(
+            status="not ready",
+            workers=0,
+            queue=ctx.settings.queue,
+            model=None,
+            detail=f"Redis at {safe_url(ctx.settings.redis_url)} does not answer",
+        )
         return reply(body, status=503, headers={"Retry-After": "5"})
     missing = []
     if workers == 0:
@@ -50,8 +53,7 @@ async def readyz(ctx: Context, request: Request) -> Response:
         status="ready",
         workers=workers,
         queue=ctx.settings.queue,
-        model=None if model is None else ReadyModel(name=model.name, id=model.id, tiny=model.tiny,
-                                                    device=model.device),
+        model=None if model is None else ReadyModel(name=model.name, id=model.id, tiny=model.tiny, device=model.device),
     )
     if missing:
         body.detail = "; ".join(missing)
@@ -69,4 +71,3 @@ async def prometheus(ctx: Context, request: Request) -> Response:
         return metrics.queue_gauges(live, ctx.queue, hooks)
 
     return Response(metrics.render(stored, await run_in_threadpool(gauges)), media_type=metrics.CONTENT_TYPE)
-

@@ -19,8 +19,8 @@ import math
 import time
 from typing import Any, AsyncGenerator
 
-from common import audio
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
+from common import audio
 from common.keys import chunk_key, pieces_key
 from web.context import Context, Listener
 
@@ -50,8 +50,9 @@ class Relay:
     starved a player that started on the first piece).
     """
 
-    def __init__(self, ctx: Context, request_id: str, layout: dict[str, Any], route: str,
-                 started: float | None = None) -> None:
+    def __init__(
+        self, ctx: Context, request_id: str, layout: dict[str, Any], route: str, started: float | None = None
+    ) -> None:
         self.ctx = ctx
         self.request_id = request_id
         self.chunk_ids: list[str] = layout["chunks"]
@@ -115,7 +116,9 @@ class Relay:
         self.ctx.metrics.observe("tts_playback_gap_seconds", self.worst_gap, route=self.route)
 
 
-async def _chunk_pieces(ctx: Context, listener: Listener, chunk_id: str, deadline: float) -> AsyncGenerator[bytes, None]:
+async def _chunk_pieces(
+    ctx: Context, listener: Listener, chunk_id: str, deadline: float
+) -> AsyncGenerator[bytes, None]:
     """One chunk's audio in pieces as they arrive; nothing if the job is over without it or `deadline` passes.
 
     The worker appends a decoding chunk's pieces to `pieces_key(chunk)` and

@@ -59,15 +59,27 @@ class OpenAIError(Reply):
 
 
 # Short codes for OpenAI clients that branch on them; other statuses have none.
-_CODES = {401: "invalid_api_key", 404: "not_found", 409: "canceled", 413: "body_too_large",
-          429: "rate_limit_exceeded", 503: "unavailable", 504: "timeout"}
+_CODES = {
+    401: "invalid_api_key",
+    404: "not_found",
+    409: "canceled",
+    413: "body_too_large",
+    429: "rate_limit_exceeded",
+    503: "unavailable",
+    504: "timeout",
+}
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     """The OpenAI error body for an HTTP `status`: invalid_request_error for 4xx, server_error for 5xx."""
-    return OpenAIError(error=OpenAIErrorDetail(
-        message=message, type="server_error" if status >= 500 else "invalid_request_error",
-        param=param, code=code if code is not None else _CODES.get(status)))
+    return OpenAIError(
+        error=OpenAIErrorDetail(
+            message=message,
+            type="server_error" if status >= 500 else "invalid_request_error",
+            param=param,
+            code=code if code is not None else _CODES.get(status),
+        )
+    )
 
 
 class Usage(Reply):
@@ -81,8 +93,13 @@ class Usage(Reply):
 class Delta(Reply, tag_field="type", tag="speech.audio.delta"):
     """A server-sent event (and WebSocket message): the next audio."""
 
-    audio: Annotated[str, Meta(description="Base64 of the next bytes of the audio, in response_format.",
-                               extra_json_schema={"contentEncoding": "base64"})]
+    audio: Annotated[
+        str,
+        Meta(
+            description="Base64 of the next bytes of the audio, in response_format.",
+            extra_json_schema={"contentEncoding": "base64"},
+        ),
+    ]
 
 
 class Done(Reply, tag_field="type", tag="speech.audio.done"):
@@ -192,8 +209,16 @@ class Ready(Reply):
     workers: Annotated[int, Meta(ge=0)]
     queue: str
     model: ReadyModel | None
-    detail: Annotated[str, Meta(description="What is missing: Redis (503), or a worker or a published model "
-                                          "(200: stored audio is served and new work is queued).")] | UnsetType = UNSET
+    detail: (
+        Annotated[
+            str,
+            Meta(
+                description="What is missing: Redis (503), or a worker or a published model "
+                "(200: stored audio is served and new work is queued)."
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class Health(Reply):

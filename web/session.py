@@ -33,8 +33,7 @@ from web import bodies, openapi, speech, tts
 from web.bodies import Session, SessionUpdate, TextAppend, TextEnd, TextFlush
 from web.context import Context
 from web.relay import Cut, Relay
-from web.replies import (Delta, Done, ErrorEvent, Failure, SessionCreated, SessionUpdated, Usage,
-                         openai_error)
+from web.replies import Delta, Done, ErrorEvent, Failure, SessionCreated, SessionUpdated, Usage, openai_error
 
 logger = logging.getLogger("service")
 
@@ -80,8 +79,7 @@ async def serve(ctx: Context, websocket: WebSocket, failure: Callable[[Exception
 class _Session:
     """One socket's state: its settings, the text not yet spoken, and the pieces waiting to be relayed."""
 
-    def __init__(self, ctx: Context, websocket: WebSocket, key: bytes,
-                 failure: Callable[[Exception], Failure]) -> None:
+    def __init__(self, ctx: Context, websocket: WebSocket, key: bytes, failure: Callable[[Exception], Failure]) -> None:
         self.ctx = ctx
         self.ws = websocket
         self.key = key
@@ -139,10 +137,14 @@ class _Session:
 
     async def _update(self, body: SessionUpdate) -> None:
         if self.open or self.text.strip():
-            raise ApiError(400, "session.update is taken only between generations: send input_text.flush first",
-                           field="session")
-        patch = {name: value for name in body.session.__struct_fields__
-                 if (value := getattr(body.session, name)) is not UNSET}
+            raise ApiError(
+                400, "session.update is taken only between generations: send input_text.flush first", field="session"
+            )
+        patch = {
+            name: value
+            for name in body.session.__struct_fields__
+            if (value := getattr(body.session, name)) is not UNSET
+        }
         if "seed" in patch:
             patch["voice"] = patch.pop("seed")
         self.session = msgspec.structs.replace(self.session, **patch)
@@ -151,8 +153,12 @@ class _Session:
     async def _append(self, delta: str) -> None:
         limit = self.ctx.settings.max_chars
         if len(self.text) + len(delta) > limit:
-            raise ApiError(422, f"text: the text not yet spoken would be over {limit} characters; end a sentence "
-                                "or send input_text.flush", field="text")
+            raise ApiError(
+                422,
+                f"text: the text not yet spoken would be over {limit} characters; end a sentence "
+                "or send input_text.flush",
+                field="text",
+            )
         self.text += delta
         cut = complete_until(self.text)
         if cut:
@@ -182,8 +188,15 @@ class _Session:
             if isinstance(item, _End):
                 if encoder is not None:
                     await self._delta(await run_in_threadpool(encoder.close))
-                await self.send(Done(usage=Usage(input_tokens=text_tokens, output_tokens=audio_tokens,
-                                                 total_tokens=text_tokens + audio_tokens)))
+                await self.send(
+                    Done(
+                        usage=Usage(
+                            input_tokens=text_tokens,
+                            output_tokens=audio_tokens,
+                            total_tokens=text_tokens + audio_tokens,
+                        )
+                    )
+                )
                 encoder, previous, text_tokens, audio_tokens = None, None, 0, 0
                 if item.close:
                     await self.ws.close(code=NORMAL)
@@ -211,8 +224,11 @@ class _Session:
             await tts.not_ready(self.ctx, request_id, item.layout)
         except Exception as exc:
             return exc
-        return ApiError(504, f"the audio of {request_id} was not ready within {self.ctx.settings.speech_wait} s; "
-                             f"it goes on: GET {urls.audio_url(request_id)}")
+        return ApiError(
+            504,
+            f"the audio of {request_id} was not ready within {self.ctx.settings.speech_wait} s; "
+            f"it goes on: GET {urls.audio_url(request_id)}",
+        )
 
     async def _delta(self, data: bytes) -> None:
         if data:

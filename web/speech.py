@@ -24,9 +24,9 @@ from common import audio, urls
 from common.errors import ApiError
 from web import bodies, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
-from web.replies import Delta, Done, Usage
 from web.context import Context
 from web.relay import Relay
+from web.replies import Delta, Done, Usage
 
 ROUTE = "/v1/audio/speech"
 # The OpenAI route names these of our fields by its own.
@@ -82,8 +82,9 @@ async def speech(ctx: Context, request: Request) -> Response:
     return tts.AudioStream(tts.encoded(pieces, fmt), media_type=audio.FORMATS[fmt][0], headers=headers)
 
 
-async def _whole(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: bool,
-                 headers: dict[str, str]) -> Response:
+async def _whole(
+    ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: bool, headers: dict[str, str]
+) -> Response:
     """The whole file: at once when stored, else (flac, which is not streamed) once made."""
     if wait:
         await tts.wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
@@ -96,9 +97,12 @@ async def _whole(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str
 
 
 def _late(ctx: Context, request_id: str) -> ApiError:
-    return ApiError(504, f"the audio was not ready within {ctx.settings.speech_wait} s; "
-                         f"it is still being made: GET {urls.audio_url(request_id)}",
-                    headers={"Location": urls.status_url(request_id)})
+    return ApiError(
+        504,
+        f"the audio was not ready within {ctx.settings.speech_wait} s; "
+        f"it is still being made: GET {urls.audio_url(request_id)}",
+        headers={"Location": urls.status_url(request_id)},
+    )
 
 
 def event(payload: msgspec.Struct) -> bytes:
@@ -106,7 +110,9 @@ def event(payload: msgspec.Struct) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
-async def _events(pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, relay: Relay) -> AsyncGenerator[bytes | None, None]:
+async def _events(
+    pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, relay: Relay
+) -> AsyncGenerator[bytes | None, None]:
     """The SSE body: a delta per encoded piece, then done with usage; cut short (None) if the relay is."""
     whole: list[bytes] | None = [] if fmt == "flac" else None  # flac is encoded once, at the end
     async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):
@@ -121,4 +127,3 @@ async def _events(pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, rel
         data = await run_in_threadpool(audio.encode, b"".join(whole), fmt)
         yield event(Delta(audio=base64.b64encode(data).decode()))
     yield event(Done(usage=usage(spec, relay)))
-

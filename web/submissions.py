@@ -32,5 +32,10 @@ class Submission:
 
     def size(self, body: bytes) -> int:
         """Bytes this Submission and its `body` key hold, roughly (texts twice: the body and the chunks)."""
-        return len(body) + 2 * sum(map(len, self.spec.chunks)) + len(self.stored_answer) + _OVERHEAD + (
-            len(self.voice[1]) if self.voice else 0)
+        return (
+            len(body)
+            + 2 * sum(map(len, self.spec.chunks))
+            + len(self.stored_answer)
+            + _OVERHEAD
+            + (len(self.voice[1]) if self.voice else 0)
+        )

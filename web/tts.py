@@ -14,26 +14,21 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-from common import audio
-from web import bodies
-from common import metrics
-from work import lifetime
-from work import queueing
-from web import validation
-from web import voices
 import webhooks
-from web.bodies import TtsRequest
-from web.replies import Progress, TtsStatus, TtsSubmitted, reply
 from cache import Spec, is_well_formed_id
-from web.context import Context
-from web.relay import Cut, Relay
+from common import audio, keys, metrics, urls
+from common.errors import ApiError
 from common.settings import Settings
 from splitter import split
+from web import bodies, validation, voices
+from web.bodies import TtsRequest
+from web.context import Context
 from web.lru import BoundedLRU
+from web.relay import Cut, Relay
+from web.replies import Progress, TtsStatus, TtsSubmitted, reply
 from web.submissions import Submission
+from work import lifetime, queueing
 from work.status import State, failure, state_of
-from common.errors import ApiError
-from common import keys, urls
 
 logger = logging.getLogger("service")
 
@@ -69,14 +64,18 @@ class SubmitRoute:
     def __init__(self, settings: Settings) -> None:
         # Below the TTL, so that audio renewed at one look cannot expire before the next.
         self.recent: BoundedLRU[tuple[str, bytes], Submission] = BoundedLRU(
-            SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2), largest_share=16)
+            SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2), largest_share=16
+        )
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         raw = await bodies.read(request, ctx.settings.max_body)
         model = await ctx.model()
         known = None if model is None else self.recent.get((model.id, raw))
-        if known is not None and known.voice is not None \
-                and await voices.saved_speaker(ctx, known.voice[0]) != known.voice[1]:
+        if (
+            known is not None
+            and known.voice is not None
+            and await voices.saved_speaker(ctx, known.voice[0]) != known.voice[1]
+        ):
             known = None  # the saved voice was replaced or deleted: work the body out again
         if known is not None and self.recent.recent((known.spec.model, raw)):
             metrics.record_lookup(ctx.metrics, len(known.spec.chunks), 0)
@@ -89,8 +88,9 @@ class SubmitRoute:
         request_id = known.request_id
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            await webhooks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl,
-                                    ctx.settings.max_callback_urls)
+            await webhooks.register(
+                ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl, ctx.settings.max_callback_urls
+            )
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
         missing, job = await ensure(ctx, known.spec, request_id)
@@ -193,8 +193,9 @@ async def manifest_of(ctx: Context, request_id: str) -> dict[str, Any]:
     if layout is None:
         # Lost (evicted, or a TTL that ran out before a fix): while its job is
         # there, the job's arguments say what it was.
-        layout = await run_in_threadpool(queueing.manifest_from_job, ctx.sync_redis, request_id,
-                                         ctx.settings.result_ttl)
+        layout = await run_in_threadpool(
+            queueing.manifest_from_job, ctx.sync_redis, request_id, ctx.settings.result_ttl
+        )
     if layout is None:
         raise not_found(request_id)
     return layout
@@ -216,8 +217,7 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
     if status == "finished":
         if not await ctx.cache.missing(chunk_ids):
             # It finished between the look at the audio and the look at the job.
-            return TtsStatus(id=request_id, status="finished",
-                             progress=Progress(chunks_done=total, chunks_total=total))
+            return TtsStatus(id=request_id, status="finished", progress=Progress(chunks_done=total, chunks_total=total))
         # The job ran, but some of its audio has since expired or been evicted.
         raise not_found(request_id)
     answer = TtsStatus(id=request_id, status=status, progress=progress)
@@ -290,7 +290,8 @@ class AudioRoute:
         # Encoding mp3/ogg costs far more than reading PCM from Redis: a hot
         # item is encoded once per process. Safe, since an id's audio never changes.
         self.encoded: BoundedLRU[tuple[str, str], bytes] = BoundedLRU(
-            settings.encoded_cache_mb * 1024 * 1024, ENCODED_RECHECK, largest_share=4)
+            settings.encoded_cache_mb * 1024 * 1024, ENCODED_RECHECK, largest_share=4
+        )
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         request_id = request.path_params["id"]

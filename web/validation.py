@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from common import audio
 from cache import normalize
+from common import audio
 from common.errors import invalid
 from common.speakers import decode_speaker
 
@@ -27,11 +27,17 @@ def check_speaker(speaker: str, dim: int | None, field: str = "speaker") -> np.n
     try:
         values = decode_speaker(speaker)
     except ValueError:
-        raise invalid(field, "does not decode as a ChatTTS speaker string (base16384 of an LZMA2-packed "
-                             "float16 embedding); get one from GET /v1/voices/{seed}") from None
+        raise invalid(
+            field,
+            "does not decode as a ChatTTS speaker string (base16384 of an LZMA2-packed "
+            "float16 embedding); get one from GET /v1/voices/{seed}",
+        ) from None
     if dim is not None and values.size != dim:
-        raise invalid(field, f"is a speaker embedding of {values.size} values; this model's have {dim} "
-                             "(a speaker string from another model?)")
+        raise invalid(
+            field,
+            f"is a speaker embedding of {values.size} values; this model's have {dim} "
+            "(a speaker string from another model?)",
+        )
     if not np.isfinite(values.astype(np.float32)).all():
         raise invalid(field, "decodes to an embedding with infinite or NaN values")
     return values

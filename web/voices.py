@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,22 +22,32 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from web import bodies
-from work import queueing
-from web import validation
-from common.speakers import encode_speaker
-from web.bodies import MixPart, VoiceRequest
-from web.replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
 from cache import normalize
-from web.context import Context
 from common.errors import ApiError, invalid
 from common.keys import VOICES_KEY, voice_key
+from common.speakers import encode_speaker
+from web import bodies, validation
+from web.bodies import MixPart, VoiceRequest
+from web.context import Context
+from web.replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
+from work import queueing
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
 # were picked once and must never change, or cached audio changes voice).
 BUILTIN = {
-    "alloy": 1001, "ash": 1002, "ballad": 1003, "coral": 1004, "echo": 1005, "fable": 1006, "onyx": 1007,
-    "nova": 1008, "sage": 1009, "shimmer": 1010, "verse": 1011, "marin": 1012, "cedar": 1013,
+    "alloy": 1001,
+    "ash": 1002,
+    "ballad": 1003,
+    "coral": 1004,
+    "echo": 1005,
+    "fable": 1006,
+    "onyx": 1007,
+    "nova": 1008,
+    "sage": 1009,
+    "shimmer": 1010,
+    "verse": 1011,
+    "marin": 1012,
+    "cedar": 1013,
 }
 _NAME = re.compile(bodies.NAME_PATTERN)
 # Saves one voice unless the registry is full; keeps the first save's `created`.
@@ -71,14 +81,19 @@ def _now() -> str:
 def _name(segment: str) -> str:
     """A voice name from the path; 422 naming `name` when it cannot be one."""
     if not _NAME.fullmatch(segment):
-        raise invalid("name", "must be a voice name: a lowercase letter, then up to 63 lowercase letters, "
-                              "digits, _ or -")
+        raise invalid(
+            "name", "must be a voice name: a lowercase letter, then up to 63 lowercase letters, digits, _ or -"
+        )
     return segment
 
 
 def _builtin_refused(name: str, what: str) -> ApiError:
-    return ApiError(409, f"{name!r} is a built-in voice (OpenAI's name for seed {BUILTIN[name]}); it cannot be "
-                         f"{what}: pick another name", field="name")
+    return ApiError(
+        409,
+        f"{name!r} is a built-in voice (OpenAI's name for seed {BUILTIN[name]}); it cannot be "
+        f"{what}: pick another name",
+        field="name",
+    )
 
 
 async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
@@ -94,8 +109,12 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
         job = await run_in_threadpool(queueing.request_voice, ctx.queue, model.id, seed, ctx.settings)
         value = await ctx.wait(job.id, speaker, time.monotonic() + ctx.settings.speech_wait)
     if value is None:
-        raise ApiError(504, f"no worker exported the voice within {ctx.settings.speech_wait} s "
-                            "(are all workers busy or stopped?); try again", headers={"Retry-After": "5"})
+        raise ApiError(
+            504,
+            f"no worker exported the voice within {ctx.settings.speech_wait} s "
+            "(are all workers busy or stopped?); try again",
+            headers={"Retry-After": "5"},
+        )
     return value.decode()
 
 
@@ -120,8 +139,11 @@ async def resolve(ctx: Context, name: str, model: Any, field: str) -> tuple[int 
     try:
         validation.check_speaker(record["speaker"], model.speaker_dim, field)
     except ApiError:
-        raise invalid(field, f"the voice {name!r} was saved for another model, whose speaker embeddings do not "
-                             "fit the loaded one; save it again") from None
+        raise invalid(
+            field,
+            f"the voice {name!r} was saved for another model, whose speaker embeddings do not "
+            "fit the loaded one; save it again",
+        ) from None
     return None, record["speaker"]
 
 
@@ -170,8 +192,15 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
 
 
 def _record(name: str, raw: dict[str, Any]) -> SavedVoice:
-    return SavedVoice(name=name, speaker=raw["speaker"], description=raw["description"], model=raw["model"],
-                      builtin=False, created=raw["created"], updated=raw["updated"])
+    return SavedVoice(
+        name=name,
+        speaker=raw["speaker"],
+        description=raw["description"],
+        model=raw["model"],
+        builtin=False,
+        created=raw["created"],
+        updated=raw["updated"],
+    )
 
 
 # -- handlers ---------------------------------------------------------------------------
@@ -194,8 +223,17 @@ async def _get(ctx: Context, request: Request) -> Response:
     if name in BUILTIN:
         model = await ctx.require_model()
         speaker = await seed_speaker(ctx, model, BUILTIN[name])
-        return reply(SavedVoice(name=name, speaker=speaker, description=f"built in: seed {BUILTIN[name]}",
-                                model=model.id, builtin=True, created=None, updated=None))
+        return reply(
+            SavedVoice(
+                name=name,
+                speaker=speaker,
+                description=f"built in: seed {BUILTIN[name]}",
+                model=model.id,
+                builtin=True,
+                created=None,
+                updated=None,
+            )
+        )
     record = await _saved(ctx, name)
     if record is None:
         raise ApiError(404, f"no voice is named {name!r} (GET /v1/voices lists them)")
@@ -210,12 +248,19 @@ async def _put(ctx: Context, request: Request) -> Response:
     model = await ctx.require_model()
     speaker = await _speaker_of(ctx, body, model)
     now = _now()
-    record = {"speaker": speaker, "description": normalize(body.description), "model": model.id,
-              "created": now, "updated": now}
+    record = {
+        "speaker": speaker,
+        "description": normalize(body.description),
+        "model": model.id,
+        "created": now,
+        "updated": now,
+    }
     replaced, saved = await ctx.redis.eval(_SAVE, 1, VOICES_KEY, name, json.dumps(record), ctx.settings.max_voices)
     if replaced == -1:
-        raise invalid("name", f"there are already {ctx.settings.max_voices} saved voices, the most this service "
-                              "keeps; delete one first")
+        raise invalid(
+            "name",
+            f"there are already {ctx.settings.max_voices} saved voices, the most this service keeps; delete one first",
+        )
     return reply(_record(name, json.loads(saved)), status=200 if replaced else 201)
 
 
@@ -234,6 +279,12 @@ async def listing(ctx: Context, request: Request) -> Response:
     voices = []
     for raw_name, raw in sorted(saved.items()):
         record = json.loads(raw)
-        voices.append(VoiceSummary(name=raw_name.decode() if isinstance(raw_name, bytes) else raw_name, description=record["description"],
-                                   created=record["created"], updated=record["updated"]))
+        voices.append(
+            VoiceSummary(
+                name=raw_name.decode() if isinstance(raw_name, bytes) else raw_name,
+                description=record["description"],
+                created=record["created"],
+                updated=record["updated"],
+            )
+        )
     return reply(VoiceList(voices=voices, builtin=sorted(BUILTIN)))

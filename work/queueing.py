@@ -18,15 +18,15 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry, Worker
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
-from rq.worker import WorkerStatus
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 
 from cache import Spec, manifest, stored
+from common.keys import cancel_key, lock_key, request_key
+from common.settings import Settings
 from work import lifetime
 from work.scheduler import Pool
-from common.settings import Settings
 from work.status import ACTIVE, WAITING
-from common.keys import cancel_key, lock_key, request_key
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ VOICE = "jobs.voice"
 
 class QueueFull(RuntimeError):
     """The queue is deeper than the configured limit; nothing was enqueued."""
-
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:
@@ -85,8 +84,7 @@ def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
             meta={"progress": {"chunks_done": 0, "chunks_total": len(spec.chunks)}},
         )
 
-    job = _enqueue_once(q.connection, request_id, enqueue,
-                        done=lambda: all(stored(q.connection, spec.chunk_ids())))
+    job = _enqueue_once(q.connection, request_id, enqueue, done=lambda: all(stored(q.connection, spec.chunk_ids())))
     if job.get_status(refresh=False) != JobStatus.FINISHED:
         Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
         # Its manifest and callback URLs now live as long as the job does.
@@ -127,8 +125,18 @@ def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job
     def enqueue() -> Job:
         if q.count >= settings.max_queue:
             raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
-        return q.enqueue(VOICE, seed, model_id, job_id=job_id, unique=True, at_front=True, job_timeout=60,
-                         result_ttl=600, failure_ttl=600, description=f"voice of seed {seed}")
+        return q.enqueue(
+            VOICE,
+            seed,
+            model_id,
+            job_id=job_id,
+            unique=True,
+            at_front=True,
+            job_timeout=60,
+            result_ttl=600,
+            failure_ttl=600,
+            description=f"voice of seed {seed}",
+        )
 
     return _enqueue_once(q.connection, job_id, enqueue)
 
@@ -137,8 +145,7 @@ def voice_job_id(model_id: str, seed: int) -> str:
     return f"voice-{model_id}-{seed}"
 
 
-def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job],
-                  done: Callable[[], bool] | None = None) -> Job:
+def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job], done: Callable[[], bool] | None = None) -> Job:
     """The active job under `job_id`, or a new one from `enqueue()` (which must use unique=True).
 
     RQ's `unique` enqueue is atomic, so concurrent callers share one job. A

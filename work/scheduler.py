@@ -34,10 +34,9 @@ from typing import Any, Iterable, Sequence
 
 from redis import Redis
 
-from common import metrics
 from cache import Spec
+from common import keys, metrics
 from common.keys import chunk_key, events_channel, pieces_key, pool_entry_key, pool_key
-from common import keys
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -98,7 +97,9 @@ local function forget(pool, w, task, cid, events, slot, now)
 end
 """
 
-_CLAIM = _FORGET + """
+_CLAIM = (
+    _FORGET
+    + """
 local p, q = ARGV[1], ARGV[2]
 local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
@@ -199,8 +200,11 @@ for _, member in ipairs(orphans) do redis.call('ZREM', pool, member) end
 out[#out + 1] = tostring(more)
 return out
 """
+)
 
-_COMPLETE = _FORGET + """
+_COMPLETE = (
+    _FORGET
+    + """
 -- KEYS: pool, then (waiters, task, claim) per chunk; ARGV: token, slot, events prefix, then the chunk ids.
 local pool, token, slot, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local t = redis.call('TIME')
@@ -213,8 +217,11 @@ for c = 0, #ARGV - 4 do
 end
 return firsts
 """
+)
 
-_FAIL = _FORGET + """
+_FAIL = (
+    _FORGET
+    + """
 -- KEYS: pool, then (failed, waiters, task, claim) per chunk; ARGV: token, slot, reason, ttl, events prefix,
 -- then the chunk ids.
 local pool, token, slot, reason, ttl, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
@@ -227,6 +234,7 @@ for c = 0, #ARGV - 6 do
 end
 return 1
 """
+)
 
 _RENEW = """
 -- KEYS: the claims; ARGV: token, lease (ms).
@@ -333,8 +341,16 @@ class Pool:
             return 0
         return int(self._register(keys=script_keys, args=[request_id, self.ttl, self.needed_field, SLOT, *args]))
 
-    def claim(self, token: str, size: int, lease_ms: int, cross: bool, own: str | None = None,
-              own_chunks: Sequence[str] = (), share: int = 1) -> tuple[list[Claimed], bool]:
+    def claim(
+        self,
+        token: str,
+        size: int,
+        lease_ms: int,
+        cross: bool,
+        own: str | None = None,
+        own_chunks: Sequence[str] = (),
+        share: int = 1,
+    ) -> tuple[list[Claimed], bool]:
         """Lease up to `size` open chunks that can share one model call, in fair order.
 
         With `own`, that request's earliest open chunk among `own_chunks` (in
@@ -344,9 +360,24 @@ class Pool:
         Returns the claimed chunks and whether open work was left in the pool
         for another worker.
         """
-        reply = self._claim(args=[keys.POOL_ENTRY_PREFIX, self.queue, size, lease_ms, token,
-                                  "1" if cross else "0", SCAN_LIMIT, SLOT, own or "", max(1, share),
-                                  pool_key(self.queue), events_channel(""), chunk_key(""), *own_chunks])
+        reply = self._claim(
+            args=[
+                keys.POOL_ENTRY_PREFIX,
+                self.queue,
+                size,
+                lease_ms,
+                token,
+                "1" if cross else "0",
+                SCAN_LIMIT,
+                SLOT,
+                own or "",
+                max(1, share),
+                pool_key(self.queue),
+                events_channel(""),
+                chunk_key(""),
+                *own_chunks,
+            ]
+        )
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
         claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
         return claimed, more == "1"
@@ -365,16 +396,22 @@ class Pool:
         """
         if not chunk_ids:
             return []
-        flat = [x.decode() if isinstance(x, bytes) else x for x in
-                self._complete(keys=self._keys(chunk_ids, "waiters", "task", "claim"),
-                               args=[token, SLOT, events_channel(""), *chunk_ids])]
+        flat = [
+            x.decode() if isinstance(x, bytes) else x
+            for x in self._complete(
+                keys=self._keys(chunk_ids, "waiters", "task", "claim"),
+                args=[token, SLOT, events_channel(""), *chunk_ids],
+            )
+        ]
         return [(flat[i], float(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
 
     def fail(self, token: str, chunk_ids: Sequence[str], reason: str, ttl: int = 600) -> None:
         """Mark chunks that the model could not make: their requests fail (and may retry)."""
         if chunk_ids:
-            self._fail(keys=self._keys(chunk_ids, "failed", "waiters", "task", "claim"),
-                       args=[token, SLOT, reason, ttl, events_channel(""), *chunk_ids])
+            self._fail(
+                keys=self._keys(chunk_ids, "failed", "waiters", "task", "claim"),
+                args=[token, SLOT, reason, ttl, events_channel(""), *chunk_ids],
+            )
 
     def release(self, token: str, chunk_ids: Sequence[str]) -> None:
         """Give up this worker's leases: the chunks are open again at once."""

@@ -30,6 +30,8 @@ OVER = frozenset({"finished", "failed", "stopped", "canceled"})
 def state_of(rq_status: str | None) -> State:
     """The API's word for an RQ job status (an unknown or missing one reads as queued)."""
     return _STATES.get(rq_status or "queued", "queued")
+
+
 # Safe words for a failed job, by exception class; anything else is generic.
 FAILURES = {
     "ModelMismatch": "the workers changed model after this request was queued; submit it again",

@@ -51,12 +51,36 @@ class Plan:
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(rounds=1, hit_seconds=1.0, overhead_requests=5, mixed_seconds=5.0, open_seconds=5.0,
-                       mixed_connections=8, dedupe_clients=50, scaling_jobs=4, batch_chunks=8, footprint_starts=1,
-                       burst_requests=16, long_chunks=16, first_chunk_requests=6)
-        return cls(rounds=3, hit_seconds=1.5, overhead_requests=12, mixed_seconds=10.0, open_seconds=15.0,
-                   mixed_connections=8, dedupe_clients=50, scaling_jobs=12, batch_chunks=16, footprint_starts=3,
-                   burst_requests=16, long_chunks=16, first_chunk_requests=12)
+            return cls(
+                rounds=1,
+                hit_seconds=1.0,
+                overhead_requests=5,
+                mixed_seconds=5.0,
+                open_seconds=5.0,
+                mixed_connections=8,
+                dedupe_clients=50,
+                scaling_jobs=4,
+                batch_chunks=8,
+                footprint_starts=1,
+                burst_requests=16,
+                long_chunks=16,
+                first_chunk_requests=6,
+            )
+        return cls(
+            rounds=3,
+            hit_seconds=1.5,
+            overhead_requests=12,
+            mixed_seconds=10.0,
+            open_seconds=15.0,
+            mixed_connections=8,
+            dedupe_clients=50,
+            scaling_jobs=12,
+            batch_chunks=16,
+            footprint_starts=3,
+            burst_requests=16,
+            long_chunks=16,
+            first_chunk_requests=12,
+        )
 
 
 @dataclass
@@ -90,8 +114,12 @@ class Bench:
 
     def model_env(self, **extra: str) -> dict[str, str]:
         """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says)."""
-        return {"TTS_MODEL_PATH": str(self.model_dir), "TTS_BATCH_SIZE": str(self.batch), "TTS_TORCH_THREADS": "1",
-                **extra}
+        return {
+            "TTS_MODEL_PATH": str(self.model_dir),
+            "TTS_BATCH_SIZE": str(self.batch),
+            "TTS_TORCH_THREADS": "1",
+            **extra,
+        }
 
 
 @dataclass
@@ -159,8 +187,10 @@ def perform(scenario: Scenario) -> None:
 def _record(comparison: Comparison, side: str, readings: Sequence[Reading]) -> None:
     """Put the readings of one run of `side` in their figures' columns."""
     if len(readings) != len(comparison.figures):
-        raise BenchError(f"{len(readings)} readings for {len(comparison.figures)} figures: "
-                         + ", ".join(f.name for f in comparison.figures))
+        raise BenchError(
+            f"{len(readings)} readings for {len(comparison.figures)} figures: "
+            + ", ".join(f.name for f in comparison.figures)
+        )
     of_baseline = len(comparison.sides) == 2 and side == comparison.sides[0]
     for figure, reading in zip(comparison.figures, readings):
         if isinstance(reading, tuple):
@@ -190,5 +220,10 @@ def _made_once(b: Bench, number: str, made_before: float, needed_before: float) 
         made, needed = wait_for(settled, 30, "the workers to count the chunks they made", interval=0.1)
     except BenchError:
         made, needed = counts()
-    return Figure(number, f"chunks synthesized per chunk needed ({made:.0f} / {needed:.0f})", "x",
-                  values=[made / needed if needed else float("nan")], target=("exactly 1.0", lambda v: v == 1.0))
+    return Figure(
+        number,
+        f"chunks synthesized per chunk needed ({made:.0f} / {needed:.0f})",
+        "x",
+        values=[made / needed if needed else float("nan")],
+        target=("exactly 1.0", lambda v: v == 1.0),
+    )

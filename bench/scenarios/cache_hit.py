@@ -10,6 +10,7 @@ import loadgen
 import procfile
 import wrk
 from harness import BenchError, Figure, Proc
+
 from scenarios import Comparison, Reading, Scenario
 
 # (method, path, body, smallest answer) of one kind of request on one side.
@@ -49,10 +50,12 @@ class CacheHit(Scenario):
         self.cases: dict[str, dict[str, Case]] = {
             "GET /v1/tts/{id}/audio": {
                 "subject": ("GET", f"/v1/tts/{request_id}/audio", None, len(answer)),
-                "bare": ("GET", "/raw/bench:bare:wav", None, len(answer))},
+                "bare": ("GET", "/raw/bench:bare:wav", None, len(answer)),
+            },
             "POST /v1/tts (stored)": {
                 "subject": ("POST", "/v1/tts", payload, len(post_answer)),
-                "bare": ("POST", "/raw/bench:bare:post", payload, len(post_answer))},
+                "bare": ("POST", "/raw/bench:bare:post", payload, len(post_answer)),
+            },
         }
         # wrk runs whole seconds and has no warm-up of its own: twice the plan's time.
         self.seconds = max(1, round(2 * b.plan.hit_seconds))
@@ -64,7 +67,8 @@ class CacheHit(Scenario):
             f"1: driven by wrk ({wrk.version()}, 1 thread, {self.seconds} s a run) on the same 2 cores; service "
             "and bare app both run uvicorn with the Procfile's web flags (uvloop, httptools), each in its own "
             f"process(es). The stored request has 1 chunk; its WAV is {len(answer) / 1024:.0f} KiB, the POST answer "
-            f"{len(post_answer)} bytes. WEB_CONCURRENCY=2: two uvicorn processes on one socket, against one.")
+            f"{len(post_answer)} bytes. WEB_CONCURRENCY=2: two uvicorn processes on one socket, against one."
+        )
 
     def port(self, side: str) -> int:
         return self.servers[side][1]
@@ -77,22 +81,40 @@ class CacheHit(Scenario):
         rounds = self.b.plan.rounds
         for connections in (1, 32):
             for label, sides in self.cases.items():
-                yield Comparison([
-                    Figure("1", f"{label}, {connections} conn: throughput", "req/s",
-                           target=(">= 0.8x", lambda r: r >= 0.8)),
-                    Figure("1", f"{label}, {connections} conn: p50 latency", "ms"),
-                    Figure("1", f"{label}, {connections} conn: p99 latency", "ms",
-                           target=("<= 1.5x", lambda r: r <= 1.5)),
-                ], self.measure(sides, connections), rounds, ("bare", "subject"))
+                yield Comparison(
+                    [
+                        Figure(
+                            "1",
+                            f"{label}, {connections} conn: throughput",
+                            "req/s",
+                            target=(">= 0.8x", lambda r: r >= 0.8),
+                        ),
+                        Figure("1", f"{label}, {connections} conn: p50 latency", "ms"),
+                        Figure(
+                            "1",
+                            f"{label}, {connections} conn: p99 latency",
+                            "ms",
+                            target=("<= 1.5x", lambda r: r <= 1.5),
+                        ),
+                    ],
+                    self.measure(sides, connections),
+                    rounds,
+                    ("bare", "subject"),
+                )
         for label, sides in self.cases.items():
-            yield Comparison([
-                Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: throughput", "req/s"),
-                Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: p99 latency", "ms"),
-            ], self.measure({"subject": sides["subject"], "subject x2": sides["subject"]}, 32, p50=False), rounds,
-                ("subject", "subject x2"))
+            yield Comparison(
+                [
+                    Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: throughput", "req/s"),
+                    Figure("1", f"{label}, 32 conn, WEB_CONCURRENCY=2 vs 1: p99 latency", "ms"),
+                ],
+                self.measure({"subject": sides["subject"], "subject x2": sides["subject"]}, 32, p50=False),
+                rounds,
+                ("subject", "subject x2"),
+            )
 
-    def measure(self, requests: dict[str, Case], connections: int,
-                p50: bool = True) -> Callable[[str, int], list[Reading]]:
+    def measure(
+        self, requests: dict[str, Case], connections: int, p50: bool = True
+    ) -> Callable[[str, int], list[Reading]]:
         """One wrk run of a side with its request: throughput, p50 (unless not wanted) and p99."""
 
         def run(side: str, round_: int) -> list[Reading]:

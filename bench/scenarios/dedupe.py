@@ -7,6 +7,7 @@ from typing import Iterator
 
 import loadgen
 from harness import Figure, finished_job, jobs_run, make_spec, wait_for
+
 from scenarios import Comparison, Reading, Scenario
 
 
@@ -17,13 +18,22 @@ class Dedupe(Scenario):
 
     def comparisons(self) -> Iterator[Comparison]:
         n = self.b.plan.dedupe_clients
-        yield Comparison([
-            Figure("4", f"jobs run for {n} identical concurrent requests", "jobs",
-                   target=("exactly 1", lambda v: v == 1)),
-            Figure("4", "chunks synthesized for them (request of 4 chunks)", "chunks",
-                   target=("4", lambda v: v == 4)),
-            Figure("4", f"of the {n}, answered with the audio", "requests", target=(f"{n}", lambda v: v == n)),
-        ], self.measure, self.b.plan.rounds)
+        yield Comparison(
+            [
+                Figure(
+                    "4",
+                    f"jobs run for {n} identical concurrent requests",
+                    "jobs",
+                    target=("exactly 1", lambda v: v == 1),
+                ),
+                Figure(
+                    "4", "chunks synthesized for them (request of 4 chunks)", "chunks", target=("4", lambda v: v == 4)
+                ),
+                Figure("4", f"of the {n}, answered with the audio", "requests", target=(f"{n}", lambda v: v == n)),
+            ],
+            self.measure,
+            self.b.plan.rounds,
+        )
 
     def measure(self, side: str, round_: int) -> list[Reading]:
         """`dedupe_clients` clients send the same new 4-chunk request at once and wait for its audio."""
@@ -33,12 +43,16 @@ class Dedupe(Scenario):
         before = jobs_run(redis, "tts")
 
         async def all_clients() -> list[tuple[int, float, bytes]]:
-            return await asyncio.gather(*(loadgen.submit_and_fetch(b.web_port, body)
-                                          for _ in range(b.plan.dedupe_clients)))
+            return await asyncio.gather(
+                *(loadgen.submit_and_fetch(b.web_port, body) for _ in range(b.plan.dedupe_clients))
+            )
 
         results = asyncio.run(all_clients())
         job = finished_job(redis, make_spec(body["text"], b.model_id()).request_id())
         # RQ counts a job in its worker's hash just after recording its end.
         wait_for(lambda: jobs_run(redis, "tts") > before, 10, "the worker to count the job")
-        return [float(jobs_run(redis, "tts") - before), float(job.return_value()["chunks_synthesized"]),
-                float(sum(1 for status, _, audio in results if status == 200 and audio))]
+        return [
+            float(jobs_run(redis, "tts") - before),
+            float(job.return_value()["chunks_synthesized"]),
+            float(sum(1 for status, _, audio in results if status == 200 and audio)),
+        ]

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 import loadgen
 from harness import BenchError, Figure, percentile
+
 from scenarios import Comparison, Reading, Scenario
 
 REPEATS = 0.65
@@ -17,8 +18,10 @@ SIDES = ("naive", "subject")
 
 class Mixed(Scenario):
     number = "3"
-    title = ("mixed load: 65% repeats vs the naive in-process server; closed loop, then open loop at 70% of the "
-             "naive server's throughput")
+    title = (
+        "mixed load: 65% repeats vs the naive in-process server; closed loop, then open loop at 70% of the "
+        "naive server's throughput"
+    )
     counts_chunks = True
 
     def setup(self) -> None:
@@ -36,18 +39,34 @@ class Mixed(Scenario):
     def comparisons(self) -> Iterator[Comparison]:
         plan = self.b.plan
         conns = plan.mixed_connections
-        closed = [Figure("3", f"mixed, closed loop, {conns} conn: throughput (vs naive)", "req/s",
-                         target=(">= 5x", lambda r: r >= 5)),
-                  Figure("3", f"mixed, closed loop, {conns} conn: p50 latency (vs naive)", "ms"),
-                  Figure("3", f"mixed, closed loop, {conns} conn: p99 latency (vs naive)", "ms")]
+        closed = [
+            Figure(
+                "3",
+                f"mixed, closed loop, {conns} conn: throughput (vs naive)",
+                "req/s",
+                target=(">= 5x", lambda r: r >= 5),
+            ),
+            Figure("3", f"mixed, closed loop, {conns} conn: p50 latency (vs naive)", "ms"),
+            Figure("3", f"mixed, closed loop, {conns} conn: p99 latency (vs naive)", "ms"),
+        ]
         yield Comparison(closed, self.closed_loop, plan.rounds, SIDES)
         self.rate = 0.7 * statistics.median(closed[0].baseline)
-        yield Comparison([Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p50 latency (vs naive)", "ms"),
-                          Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p99 latency (vs naive)", "ms")],
-                         self.open_loop, plan.rounds, SIDES)
+        yield Comparison(
+            [
+                Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p50 latency (vs naive)", "ms"),
+                Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p99 latency (vs naive)", "ms"),
+            ],
+            self.open_loop,
+            plan.rounds,
+            SIDES,
+        )
         # One run holds some 50 requests, so its p99 is about its slowest one; all runs together say more.
-        pooled = Figure("3", f"mixed, open loop: p99 latency of all runs' {len(self.pooled['subject'])} requests "
-                             "(vs naive)", "ms", target=("<= 0.5x ('far below')", lambda r: r <= 0.5))
+        pooled = Figure(
+            "3",
+            f"mixed, open loop: p99 latency of all runs' {len(self.pooled['subject'])} requests (vs naive)",
+            "ms",
+            target=("<= 0.5x ('far below')", lambda r: r <= 0.5),
+        )
         yield Comparison([pooled], lambda side, _: [percentile(self.pooled[side], 99) * 1000], 1, SIDES)
         self.b.notes.append(
             f"3: share of repeats actually sent: subject {self.sent['subject'][-1]:.2f}, naive "
@@ -56,18 +75,23 @@ class Mixed(Scenario):
             "same model and threads. Closed loop: each connection sends its next request when the last is answered, "
             "so new requests queue up to the number of connections on both sides and p99 is that queue. Open loop: "
             "Poisson arrivals at 70% of the naive server's closed-loop throughput, latency from the scheduled "
-            "arrival.")
+            "arrival."
+        )
 
     def closed_loop(self, side: str, round_: int) -> list[Reading]:
         plan = self.b.plan
-        res = loadgen.run_sync(self.ports[side], self.requests(1000 + round_, side), plan.mixed_connections,
-                               plan.mixed_seconds, warmup=0.5)
+        res = loadgen.run_sync(
+            self.ports[side], self.requests(1000 + round_, side), plan.mixed_connections, plan.mixed_seconds, warmup=0.5
+        )
         return [res.rps, res.p(50), res.p(99)]
 
     def open_loop(self, side: str, round_: int) -> list[Reading]:
         # The same seed on both sides: the same arrival times, the same repeats and new texts' lengths.
-        res = asyncio.run(loadgen.run_open(self.ports[side], self.requests(2000 + round_, side), self.rate,
-                                           self.b.plan.open_seconds, seed=round_))
+        res = asyncio.run(
+            loadgen.run_open(
+                self.ports[side], self.requests(2000 + round_, side), self.rate, self.b.plan.open_seconds, seed=round_
+            )
+        )
         self.pooled[side] += res.latencies
         return [res.p(50), res.p(99)]
 

@@ -11,11 +11,16 @@ from typing import Iterator
 
 import loadgen
 from harness import BenchError, Figure, finished_job, percentile
+
 from scenarios import Comparison, Reading, Scenario
 
 # The steps of a request, each timed from RQ's own records of its job.
-PARTS = ("POST /v1/tts answered", "enqueued -> job started", "job started -> ended, minus synthesis",
-         "job ended -> audio received")
+PARTS = (
+    "POST /v1/tts answered",
+    "enqueued -> job started",
+    "job started -> ended, minus synthesis",
+    "job ended -> audio received",
+)
 
 
 class QueueOverhead(Scenario):
@@ -24,14 +29,22 @@ class QueueOverhead(Scenario):
     counts_chunks = True
 
     def comparisons(self) -> Iterator[Comparison]:
-        yield Comparison([
-            Figure("2", "queue overhead p50 (end to end - synthesis_seconds)", "ms",
-                   target=("<= 10 ms", lambda v: v <= 10)),
-            Figure("2", "queue overhead p99", "ms"),
-            Figure("2", "end to end p50, one-chunk request", "ms"),
-            Figure("2", "worker's synthesis_seconds p50", "ms"),
-            *(Figure("2", f"  of which: {name} (p50)", "ms") for name in PARTS),
-        ], self.measure, self.b.plan.rounds)
+        yield Comparison(
+            [
+                Figure(
+                    "2",
+                    "queue overhead p50 (end to end - synthesis_seconds)",
+                    "ms",
+                    target=("<= 10 ms", lambda v: v <= 10),
+                ),
+                Figure("2", "queue overhead p99", "ms"),
+                Figure("2", "end to end p50, one-chunk request", "ms"),
+                Figure("2", "worker's synthesis_seconds p50", "ms"),
+                *(Figure("2", f"  of which: {name} (p50)", "ms") for name in PARTS),
+            ],
+            self.measure,
+            self.b.plan.rounds,
+        )
 
     def measure(self, side: str, round_: int) -> list[Reading]:
         rows = asyncio.run(self.requests())
@@ -58,12 +71,20 @@ class QueueOverhead(Scenario):
                     raise BenchError(f"GET audio answered {status}: {audio[:300]!r}")
                 job = await asyncio.to_thread(finished_job, redis, request_id)
                 synth = float(job.return_value()["synthesis_seconds"])
-                enq, start, end = (d.replace(tzinfo=timezone.utc).timestamp()
-                                   for d in (job.enqueued_at, job.started_at, job.ended_at))
-                rows.append({
-                    "e2e": t1 - t0, "synth": synth, "overhead": t1 - t0 - synth,
-                    PARTS[0]: t_post - t0, PARTS[1]: start - enq, PARTS[2]: end - start - synth, PARTS[3]: t1 - end,
-                })
+                enq, start, end = (
+                    d.replace(tzinfo=timezone.utc).timestamp() for d in (job.enqueued_at, job.started_at, job.ended_at)
+                )
+                rows.append(
+                    {
+                        "e2e": t1 - t0,
+                        "synth": synth,
+                        "overhead": t1 - t0 - synth,
+                        PARTS[0]: t_post - t0,
+                        PARTS[1]: start - enq,
+                        PARTS[2]: end - start - synth,
+                        PARTS[3]: t1 - end,
+                    }
+                )
         finally:
             await conn.close()
         return rows

@@ -7,6 +7,7 @@ import time
 from typing import Iterator
 
 from harness import Figure, Proc, make_spec, run_jobs, say
+
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
 
@@ -44,16 +45,23 @@ class Scaling(Scenario):
         rounds = self.b.plan.rounds
         sleeping = [name for name in self.pools if name != MAIN]
         rates: dict[str, list[float]] = {}
-        yield Comparison([Figure("6", f"worker throughput, {MAIN} (workers x threads)", "chunks/s"),
-                          *(Figure("6", f"worker throughput, {name} (vs {MAIN})", "chunks/s") for name in sleeping)],
-                         lambda side, r: self.rotation(r, rates), rounds)
+        yield Comparison(
+            [
+                Figure("6", f"worker throughput, {MAIN} (workers x threads)", "chunks/s"),
+                *(Figure("6", f"worker throughput, {name} (vs {MAIN})", "chunks/s") for name in sleeping),
+            ],
+            lambda side, r: self.rotation(r, rates),
+            rounds,
+        )
         self.stop(sleeping)
         for pool in POOLS:
             if spins(pool):
                 self.start(*pool)
-                yield Comparison([Figure("6", f"worker throughput, {pool[0]} (vs {MAIN})", "chunks/s")],
-                                 lambda side, r, name=pool[0]: [(self.rate(name), rates[MAIN][r])],  # type: ignore[misc]
-                                 rounds)
+                yield Comparison(
+                    [Figure("6", f"worker throughput, {pool[0]} (vs {MAIN})", "chunks/s")],
+                    lambda side, r, name=pool[0]: [(self.rate(name), rates[MAIN][r])],  # type: ignore[misc]
+                    rounds,
+                )
                 self.stop([pool[0]])
 
     def rotation(self, round_: int, rates: dict[str, list[float]]) -> list[Reading]:

@@ -25,8 +25,10 @@ class Scheduling(Scenario):
     TTS_CROSS_BATCH=false, and a pair on one queue."""
 
     number = "8"
-    title = ("scheduling: bursts on one worker with cross-request batching on vs off; a long request on 2 workers "
-             "vs 1; first chunks of short requests behind a long one")
+    title = (
+        "scheduling: bursts on one worker with cross-request batching on vs off; a long request on 2 workers "
+        "vs 1; first chunks of short requests behind a long one"
+    )
     counts_chunks = True
 
     def setup(self) -> None:
@@ -37,22 +39,51 @@ class Scheduling(Scenario):
         # Five full calls of the main worker, at least 40 chunks.
         self.long_chunks = max(40, 5 * b.batch)
         # Requests the mixed load left in flight would share the cores with what is measured here.
-        wait_for(lambda: all(self.idle(queue) for queue, _ in self.workers.values()), 300,
-                 "the queues to drain before scenario 8", interval=0.1)
+        wait_for(
+            lambda: all(self.idle(queue) for queue, _ in self.workers.values()),
+            300,
+            "the queues to drain before scenario 8",
+            interval=0.1,
+        )
 
     def comparisons(self) -> Iterator[Comparison]:
         plan = self.b.plan
         for chunks, target in (((1, 1), (">= 2.5x", lambda r: r >= 2.5)), ((1, 3), None)):
             size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
-            yield Comparison([Figure("8", f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
-                                          "cross-request batching on (vs off)", "req/s", target=target)],
-                             lambda side, _, chunks=chunks: [self.burst(side, chunks)],  # type: ignore[misc]
-                             plan.rounds, ("off", "on"))
-        yield Comparison([Figure("8", f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)",
-                                 "s", target=("<= 0.6x", lambda r: r <= 0.6))],
-                         lambda side, _: [self.spread(side)], plan.rounds, ("one", "two"))
-        first = Figure("8", f"time to first chunk of a short request while a {self.long_chunks}-chunk request "
-                            "runs, p95 (vs one batch's time)", "ms", target=("<= 2x", lambda r: r <= 2))
+            yield Comparison(
+                [
+                    Figure(
+                        "8",
+                        f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
+                        "cross-request batching on (vs off)",
+                        "req/s",
+                        target=target,
+                    )
+                ],
+                lambda side, _, chunks=chunks: [self.burst(side, chunks)],  # type: ignore[misc]
+                plan.rounds,
+                ("off", "on"),
+            )
+        yield Comparison(
+            [
+                Figure(
+                    "8",
+                    f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)",
+                    "s",
+                    target=("<= 0.6x", lambda r: r <= 0.6),
+                )
+            ],
+            lambda side, _: [self.spread(side)],
+            plan.rounds,
+            ("one", "two"),
+        )
+        first = Figure(
+            "8",
+            f"time to first chunk of a short request while a {self.long_chunks}-chunk request "
+            "runs, p95 (vs one batch's time)",
+            "ms",
+            target=("<= 2x", lambda r: r <= 2),
+        )
         yield Comparison([first], lambda side, _: [self.first_chunks()], plan.rounds)
 
     def burst(self, side: str, chunks: tuple[int, int]) -> Reading:
@@ -117,8 +148,9 @@ class Scheduling(Scenario):
         q = queueing.queue(redis, settings)
         count = self.b.plan.first_chunk_requests
         long = queueing.submit(q, long_spec, settings)
-        wait_for(lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk",
-                 interval=0.005)
+        wait_for(
+            lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk", interval=0.005
+        )
         shorts: list[tuple[float, str]] = []
         waits: dict[int, float] = {}
         lock = threading.Lock()
@@ -134,8 +166,9 @@ class Scheduling(Scenario):
             return len(waits) == count
 
         # Heard while they are still being sent: the poller runs beside the sender.
-        poller = threading.Thread(target=wait_for, args=(all_heard, 120, "every short request's first chunk", 0.002),
-                                  daemon=True)
+        poller = threading.Thread(
+            target=wait_for, args=(all_heard, 120, "every short request's first chunk", 0.002), daemon=True
+        )
         poller.start()
         for _ in range(count):
             spec = make_spec(self.b.texts.text(1), self.model_id)
@@ -147,7 +180,8 @@ class Scheduling(Scenario):
         if len(waits) < len(shorts):
             raise BenchError("not every short request's first chunk was stored within 120 s")
         if long.get_status(refresh=True) == "finished":
-            raise BenchError(f"the {self.long_chunks}-chunk request ended before the short ones were heard: "
-                             "make it longer")
+            raise BenchError(
+                f"the {self.long_chunks}-chunk request ended before the short ones were heard: make it longer"
+            )
         wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
         return list(waits.values())
