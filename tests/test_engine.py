@@ -50,7 +50,7 @@ def test_every_switch_keeps_the_first_step_logits_of_float32(
     chat = plain[0].chat
     base = (chat.gpt.gpt, chat.decoder)
     result = fidelity.compare(chat, base, tuning.variant(*base, tuning.Tuning.from_label(label)), TEXT, seed=2)
-    record_property("fidelity", result)
+    record_property("fidelity", str(result))
     assert result.passes, result
     assert result.decoder_cosine >= fidelity.MIN_COSINE, result
     assert 0 <= result.prefix <= result.matching <= result.steps == 64
