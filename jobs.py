@@ -211,7 +211,7 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
         outcome = "finished"
     except Exception as exc:
         if isinstance(exc, JobTimeoutException):
-            _release_all(state)
+            _after_alarm(state)
         _abandon(state, request)
         raise
     finally:
@@ -332,6 +332,9 @@ def assist(queue_name: str) -> dict[str, Any]:
                 _spawn_assist(state)
         if state.stopping.is_set():
             _release_all(state)
+    except JobTimeoutException:
+        _after_alarm(state)
+        raise
     finally:
         _hand_over(state, run)
         state.figures.inc("tts_assist_jobs_total")
@@ -412,8 +415,11 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
             state.making[c.chunk_id] = []
     try:
         state.decoder.join([(c.chunk_id, c.row) for c in claimed])
-    except BaseException:
-        _release_all(state)
+    except BaseException as exc:
+        if isinstance(exc, JobTimeoutException):
+            _after_alarm(state)
+        else:
+            _release_all(state)
         raise
     state.figures.observe("tts_batch_rows", len(claimed))
 
@@ -424,7 +430,7 @@ def _step(state: WorkerState, run: _Run) -> None:
     try:
         pieces = state.decoder.step()
     except JobTimeoutException:
-        _release_all(state)
+        _after_alarm(state)
         raise
     except Exception as exc:
         # A step is one forward of every row: its failure names no row.
@@ -519,8 +525,27 @@ def _hand_over(state: WorkerState, run: _Run) -> None:
         if state.stopping.is_set():
             _release_all(state)
     except JobTimeoutException:
-        _release_all(state)
+        _after_alarm(state)
         raise
+
+
+def _after_alarm(state: WorkerState) -> None:
+    """After RQ's time-limit alarm: fresh Redis connections, then every row back to the pool.
+
+    The alarm (SIGALRM) can land while a Redis reply is half read: that
+    connection goes back to the pool with the reply still waiting, and the
+    next command on it would read the stale reply (redis-py then fails with
+    "Bad response from PING health check", and the job's failure would name
+    the wrong cause). Closing the idle connections drops it; connections in
+    use by other threads are left alone.
+    """
+    drop_idle_connections(state.redis)
+    _release_all(state)
+
+
+def drop_idle_connections(redis: Redis) -> None:
+    """Close the pool's idle connections (the next command opens a fresh one); those in use stay."""
+    redis.connection_pool.disconnect(inuse_connections=False)
 
 
 def _release_all(state: WorkerState) -> None:

@@ -261,6 +261,36 @@ def test_redis_restarted_empty_gets_worker_and_model_back(outage_stack: Stack, p
     _finish(stack, "After an empty restart.")
 
 
+def test_an_alarm_between_request_and_reply_leaves_no_stale_reply(redis_url: str, redis: Redis) -> None:
+    # RQ's time limit is a SIGALRM; landing between a command sent and its
+    # reply read (between two replies of a pipeline, say), it unwinds past
+    # redis-py's own cleanup, and the connection returns to the pool with a
+    # reply still to read. Seen in CI: the job's next command read it and
+    # failed as "Bad response from PING health check", so the job failed for
+    # the wrong reason. The window is a few bytecodes wide; this test leaves a
+    # connection in exactly that state instead of aiming a signal at it.
+    import jobs
+
+    redis.set("faults:key", "fresh")
+    redis.set("faults:other", "stale")
+
+    def leave_a_reply_unread(client: Redis) -> None:
+        conn = client.connection_pool.get_connection()
+        conn.send_command("GET", "faults:other")
+        client.connection_pool.release(conn)
+
+    bare = Redis.from_url(redis_url)
+    leave_a_reply_unread(bare)
+    assert bare.get("faults:key") == b"stale"  # the stale reply: what the fix is for
+    bare.close()
+
+    fixed = Redis.from_url(redis_url)
+    leave_a_reply_unread(fixed)
+    jobs.drop_idle_connections(fixed)
+    assert fixed.get("faults:key") == b"fresh"
+    fixed.close()
+
+
 def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(
     stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
 ) -> None:
