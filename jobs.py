@@ -59,10 +59,17 @@ ASSIST_SECONDS = 30
 # A request job whose chunks are all in other workers' hands re-checks this
 # often even without news (a worker that died says nothing).
 IDLE_CHECK = 1.0
-# A loop with free slots that found the pool empty asks it again after this
-# many steps (or at once when a row ends): a claim scans the pool, and asking
-# at every step of a busy loop would cost more than a step of the tiny model.
-CLAIM_EVERY = 4
+# A busy loop looks at Redis (the pool for new rows, cancels and leases of its
+# rows, the request's stored chunks) at most this often, and at once when one
+# of its rows ends: a look is a few round trips, far more than a step of a
+# small model on the CPU (measured: one chunk of the tiny model took 2.5x as
+# long with a look at every step). A step of the real model on a GPU takes
+# about this long, so there it is every step; a new row waits at most this
+# long for its slot, and a canceled row leaves within it.
+LOOK_EVERY = 0.02
+# The idle workers of the queue (which decide whether to ask one for help)
+# are counted at most this often: a census reads every worker's hash.
+CENSUS_EVERY = 1.0
 
 
 @dataclass
@@ -89,8 +96,14 @@ class WorkerState:
     interrupted: set[str] = field(default_factory=set)
     # This process's figures, added to Redis after each job run (see metrics.py).
     figures: metrics.Recorder = field(default_factory=metrics.Recorder)
-    # Steps since the last claim that found nothing (see CLAIM_EVERY).
-    idle_steps: int = CLAIM_EVERY
+    # When the loop next asks the pool for rows, and next checks its rows are
+    # still wanted (time.monotonic(); see LOOK_EVERY).
+    next_claim: float = 0.0
+    next_drop: float = 0.0
+    # Rows this process finished, ever: a job looks at its stored chunks at once when it grew.
+    finished: int = 0
+    # (when counted, idle workers) of the last census (see CENSUS_EVERY).
+    census: tuple[float, int] = (-CENSUS_EVERY, 0)
 
     def stop_after_step(self) -> None:
         """Make the running job, if any, return before its next step: the worker is shutting down.
@@ -171,6 +184,9 @@ class _Request:
     cached: int
     events: PubSub
     limit: float | None
+    # When to look at Redis next (LOOK_EVERY), and the worker's `finished` count at the last look.
+    next_look: float = 0.0
+    seen: int = -1
 
 
 # -- the request's job ----------------------------------------------------------
@@ -199,15 +215,19 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     try:
         _progress(state, request)
         while request.missing:
-            stop = _stop_reason(state, request, run)
+            look = _look_due(state, request)
+            stop = _stop_reason(state, request, run, look)
             if stop is not None:
                 outcome = stop
                 return _summary(state, request, run, **{stop: True})
-            if not _advance(state, run, request) and request.events.get_message(timeout=IDLE_CHECK) is None:
-                # A second without news: put back any chunk the pool lost
-                # (a Redis that restarted empty); a no-op otherwise.
-                state.pool.register(request.id, request.spec)
-            _refresh(state, request)
+            if not _advance(state, run, request):
+                if request.events.get_message(timeout=IDLE_CHECK) is None:
+                    # A second without news: put back any chunk the pool lost
+                    # (a Redis that restarted empty); a no-op otherwise.
+                    state.pool.register(request.id, request.spec)
+                request.next_look = 0.0
+            if look:
+                _refresh(state, request)
         outcome = "finished"
     except Exception as exc:
         if isinstance(exc, JobTimeoutException):
@@ -248,9 +268,12 @@ def _open(state: WorkerState, spec: Spec) -> _Request:
     return _Request(request_id, spec, job, chunk_ids, todo, list(todo), _done(chunk_ids, todo), events, limit)
 
 
-def _stop_reason(state: WorkerState, request: _Request, run: _Run) -> str | None:
-    """ "canceled" or "requeued" when the job must stop now; raises past its time limit or on a failed chunk."""
-    if state.redis.exists(cancel_key(request.id)):
+def _stop_reason(state: WorkerState, request: _Request, run: _Run, look: bool) -> str | None:
+    """ "canceled" or "requeued" when the job must stop now; raises past its time limit or on a failed chunk.
+
+    Cancels and failed chunks are read from Redis only on a `look` (`_look_due`).
+    """
+    if look and state.redis.exists(cancel_key(request.id)):
         logger.info("job %s canceled with %d chunk(s) to go", request.id, len(request.missing))
         state.pool.withdraw(request.id, request.missing)
         _event(state, request.id, "canceled")
@@ -264,10 +287,20 @@ def _stop_reason(state: WorkerState, request: _Request, run: _Run) -> str | None
         return "requeued"
     if request.limit is not None and time.monotonic() - run.started > request.limit:
         raise JobTimeoutException(f"job ran past its {request.limit} s time limit")
-    failed = state.pool.failures(request.missing)
+    failed = state.pool.failures(request.missing) if look else {}
     if failed:
         raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
     return None
+
+
+def _look_due(state: WorkerState, request: _Request) -> bool:
+    """Is a look at Redis due for this request (LOOK_EVERY passed, or the worker finished a row since the
+    last)? When it is, the next one is due LOOK_EVERY from now."""
+    now = time.monotonic()
+    if now < request.next_look and state.finished == request.seen:
+        return False
+    request.next_look, request.seen = now + LOOK_EVERY, state.finished
+    return True
 
 
 def _refresh(state: WorkerState, request: _Request) -> None:
@@ -370,8 +403,11 @@ def _spawn_assist(state: WorkerState) -> None:
 
 
 def _idle_workers(state: WorkerState) -> int:
-    """Live workers of the queue waiting for a job."""
-    return census(state.redis, state.queue.name).idle
+    """Live workers of the queue waiting for a job (counted at most every CENSUS_EVERY s)."""
+    now = time.monotonic()
+    if now - state.census[0] >= CENSUS_EVERY:
+        state.census = (now, census(state.redis, state.queue.name).idle)
+    return state.census[1]
 
 
 # -- the decode loop ------------------------------------------------------------
@@ -380,7 +416,7 @@ def _idle_workers(state: WorkerState) -> int:
 def _advance(state: WorkerState, run: _Run, request: _Request | None) -> bool:
     """Fill the loop's free slots from the pool, then step it once. False when the loop was empty."""
     free = state.decoder.capacity - len(state.decoder.keys())
-    if free > 0 and (state.idle_steps >= CLAIM_EVERY or not state.decoder.keys()):
+    if free > 0 and (time.monotonic() >= state.next_claim or not state.decoder.keys()):
         _fill(state, free, request)
     if not state.decoder.keys():
         return False
@@ -403,7 +439,7 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
     )
     if more and idle:
         _spawn_assist(state)
-    state.idle_steps = 0 if claimed else 1
+    state.next_claim = time.monotonic() + LOOK_EVERY
     wrong = [c.chunk_id for c in claimed if c.row.model != state.model.id]
     if wrong:
         state.pool.fail(state.token, wrong, "ModelMismatch")
@@ -443,10 +479,10 @@ def _step(state: WorkerState, run: _Run) -> None:
     ended = [piece for piece in pieces if _store(state, piece)]
     if ended:
         _complete(state, run, ended)
-        state.idle_steps = CLAIM_EVERY
-    else:
-        state.idle_steps += 1
-    _drop_unneeded(state)
+        state.next_claim = 0.0
+    if time.monotonic() >= state.next_drop:
+        state.next_drop = time.monotonic() + LOOK_EVERY
+        _drop_unneeded(state)
 
 
 def _store(state: WorkerState, piece: Piece) -> bool:
@@ -487,6 +523,7 @@ def _complete(state: WorkerState, run: _Run, ended: Sequence[Piece]) -> None:
     for _, waited in state.pool.complete(state.token, list(whole)):
         state.figures.observe("tts_time_to_first_chunk_seconds", waited)
     state.figures.inc("tts_chunks_synthesized_total", len(ended))
+    state.finished += len(ended)
 
 
 def _while_full(state: WorkerState, write: Callable[[], T]) -> T:
@@ -520,7 +557,12 @@ def _drop_unneeded(state: WorkerState) -> None:
 def _hand_over(state: WorkerState, run: _Run) -> None:
     """At a job's end: rows left in the loop wait for the worker's next job, or are finished now if none waits."""
     try:
-        while state.decoder.keys() and not state.stopping.is_set() and state.queue.count == 0:
+        waiting, asked = 0, 0.0
+        while state.decoder.keys() and not state.stopping.is_set():
+            if time.monotonic() - asked >= LOOK_EVERY:
+                waiting, asked = state.queue.count, time.monotonic()
+            if waiting:
+                break
             _step(state, run)
         if state.stopping.is_set():
             _release_all(state)
