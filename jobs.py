@@ -427,7 +427,13 @@ def _advance(state: WorkerState, run: _Run, request: _Request | None) -> bool:
 def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
     """Claim up to `free` open chunks and join them to the loop (prefilled together)."""
     idle = _idle_workers(state)
-    own = request.id if request is not None else None
+    # The request's own earliest open chunk goes first only while none of its
+    # rows is in the loop: that is enough for its job to make progress and keep
+    # its time limit, and leaves every other free slot to the pool's fair
+    # order, where a newer request's first chunk comes before this one's later
+    # chunks (its first audio does not wait for a long request's every row).
+    mine = request is not None and not set(request.missing).isdisjoint(state.decoder.keys())
+    own = request.id if request is not None and not mine else None
     claimed, more = state.pool.claim(
         state.token,
         free,

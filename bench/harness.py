@@ -369,10 +369,11 @@ def finished_job(redis: Redis, request_id: str, timeout: float = 30) -> Job:
     return wait_for(finished, timeout, f"job {request_id} to be recorded as finished", interval=0.005)
 
 
-def write_tiny_model(directory: Path) -> Path:
-    """The tiny ChatTTS checkpoint, written by the documented command."""
+def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
+    """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk)."""
+    cap = ["--max-new-token", str(max_new_token)] if max_new_token else []
     subprocess.run(
-        [sys.executable, "-m", "engines.tiny_checkpoint", str(directory)],
+        [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), *cap],
         cwd=ROOT,
         check=True,
         stdout=subprocess.DEVNULL,

@@ -61,6 +61,7 @@ from harness import (  # noqa: E402
 from scenarios import Bench, Plan, Scenario, perform  # noqa: E402
 from scenarios.batching import Batching  # noqa: E402
 from scenarios.cache_hit import CacheHit  # noqa: E402
+from scenarios.continuous import Continuous  # noqa: E402
 from scenarios.dedupe import Dedupe  # noqa: E402
 from scenarios.footprint import Footprint  # noqa: E402
 from scenarios.mixed import Mixed  # noqa: E402
@@ -75,7 +76,17 @@ END = "<!-- bench:end -->"
 BATCH = int(os.environ.get("BENCH_BATCH") or 8)
 # In the order they run: the footprint first, before anything of ours loads
 # the machine; the stack starts before the first one that needs it.
-SCENARIOS: list[type[Scenario]] = [Footprint, CacheHit, QueueOverhead, Dedupe, Mixed, Scheduling, Scaling, Batching]
+SCENARIOS: list[type[Scenario]] = [
+    Footprint,
+    CacheHit,
+    QueueOverhead,
+    Dedupe,
+    Mixed,
+    Scheduling,
+    Continuous,
+    Scaling,
+    Batching,
+]
 # Scenario 8's workers besides the main one (cross-request batching on):
 # name, workers, extra environment.
 SCHED_POOLS: list[tuple[str, int, dict[str, str]]] = [

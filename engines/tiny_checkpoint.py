@@ -255,9 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", help="where to write the checkpoint (replaced if it exists)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    parser.add_argument(
+        "--max-new-token",
+        type=int,
+        default=None,
+        help=f"cap on each chunk's tokens (default {MAX_NEW_TOKEN}); a higher one lets each row run to its token "
+        "budget, as real weights' rows run to their end tokens",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    path = write(args.directory, seed=args.seed)
+    path = write(args.directory, seed=args.seed, max_new_token=args.max_new_token)
     logger.info("wrote tiny ChatTTS checkpoint to %s", path)
     return 0
 

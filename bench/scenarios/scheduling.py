@@ -36,8 +36,10 @@ class Scheduling(Scenario):
         self.redis = b.cluster.redis()
         self.model_id = b.model_id()
         self.workers = {"on": b.main, "one": b.main, "off": b.sched["off"], "two": b.sched["two"]}
-        # Five full calls of the main worker, at least 40 chunks.
-        self.long_chunks = max(40, 5 * b.batch)
+        # Twelve full calls of the main worker: it must outlast the short
+        # requests' submissions (first_chunk_requests x SHORT_EVERY) and the
+        # wait for the last one's first chunk, on a continuous loop too.
+        self.long_chunks = max(40, 12 * b.batch)
         # Requests the mixed load left in flight would share the cores with what is measured here.
         wait_for(
             lambda: all(self.idle(queue) for queue, _ in self.workers.values()),
