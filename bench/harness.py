@@ -20,7 +20,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
@@ -34,7 +36,7 @@ from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker import BaseWorker, Worker  # noqa: E402
 
 from cache import Spec, normalize  # noqa: E402
-from common.keys import MODEL_KEY  # noqa: E402
+from common.keys import MODEL_KEY, events_channel  # noqa: E402
 from common.model import ModelInfo  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
@@ -448,6 +450,32 @@ class Texts:
     def mixed(self, low: int = 1, high: int = 3) -> str:
         """A text of `low`..`high` sentences (chunks)."""
         return self.text(self.rng.randint(low, high))
+
+
+@contextmanager
+def progress_ticks(redis: Redis, request_id: str) -> Iterator[list[float]]:
+    """While the block runs, the monotonic times of the request's progress events, appended as they arrive
+    (a listener thread: a message read later would carry the wrong time)."""
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(events_channel(request_id))
+    ticks: list[float] = []
+    listening = threading.Event()
+    listening.set()
+
+    def listen() -> None:
+        while listening.is_set():
+            message = pubsub.get_message(timeout=0.1)
+            if message is not None and json.loads(message["data"]).get("event") == "progress":
+                ticks.append(time.monotonic())
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    try:
+        yield ticks
+    finally:
+        listening.clear()
+        listener.join()
+        pubsub.close()
 
 
 def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:

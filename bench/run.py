@@ -24,7 +24,10 @@ Scenarios (numbers as in BENCHMARKS.md):
     batching on vs off; a 16-chunk request on 2 workers vs 1; time to first
     chunk of short requests while a 40-chunk request runs, against one
     batch's synthesis time; and in every scenario, chunks synthesized per
-    chunk needed (counted by the workers and the pool).
+    chunk needed (counted by the workers and the pool);
+ 9. continuous vs static scheduling on two workers of its own, the tiny
+    checkpoint's cap lifted so that rows run to their token budgets: a
+    staggered burst, a full loop, short requests behind a long one.
 
 Each scenario is a module of bench/scenarios/, in one shape (setup, measure
 one side, teardown); bench/README.md says how to add one.

@@ -9,6 +9,7 @@ and one decode of them gives `Chat.infer`'s samples up to its trim.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -257,11 +258,12 @@ def test_stored_chunks_are_their_announced_pieces_joined(
             assert announced == list(range(len(pieces)))
 
 
-def test_a_canceled_row_leaves_at_the_next_step_and_a_shared_one_stays(
+def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
 ) -> None:
     """Two requests share a chunk; the loop holds the shared chunk and one of the canceled request's own.
-    After the cancel, the next step drops the canceled row and keeps decoding the shared one to the end."""
+    After the cancel, the first step that ends a look (jobs.LOOK_EVERY) after it drops the canceled row, and
+    the loop keeps decoding the shared one to the end."""
     state, settings = _in_process_worker(redis, redis_url, engine, TTS_BATCH_SIZE="4")
     q = queueing.queue(redis, settings)
     shared = "The shared sentence is here."
@@ -281,9 +283,17 @@ def test_a_canceled_row_leaves_at_the_next_step_and_a_shared_one_stays(
         jobs._advance(state, run, None)
         assert sorted(state.decoder.keys()) == sorted([own, shared_id])
         jobs._advance(state, run, None)
+        canceled_at = time.monotonic()
         queueing.cancel(q, canceled.request_id(), canceled.chunk_ids(), settings.result_ttl)
-        jobs._advance(state, run, None)
+        kept_until = []  # when each step that kept the canceled row ended
+        rows = state.decoder.keys
+        while own in rows() and shared_id in rows():
+            jobs._advance(state, run, None)
+            if own in rows():
+                kept_until.append(time.monotonic())
         assert state.decoder.keys() == [shared_id]
+        # A step ending a look's interval after the cancel would have dropped it.
+        assert all(t < canceled_at + jobs.LOOK_EVERY for t in kept_until), (kept_until, canceled_at)
         assert Pool(redis, "tts", 60).live(state.token, [own]) == [False]
         while state.decoder.keys():
             jobs._advance(state, run, None)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, ClassVar, Iterator, Sequence
 
 from harness import BenchError, Cluster, Figure, Proc, Texts, interleaved, model_info, say, wait_for
+from redis import Redis
 
 from common.metrics import read_counter
 
@@ -162,13 +163,17 @@ class Scenario:
     def teardown(self) -> None:
         """Stop what `setup` started; runs after an error too, even one in `setup` itself."""
 
+    def counted_in(self) -> Redis:
+        """The Redis whose metrics count the chunks this scenario's workers make (`counts_chunks`)."""
+        return self.b.cluster.redis()
+
 
 def perform(scenario: Scenario) -> None:
     """Run `scenario`: setup, every comparison side by side, teardown; its figures go to the Bench."""
     b = scenario.b
     before = None
     if scenario.counts_chunks:
-        redis = b.cluster.redis()
+        redis = scenario.counted_in()
         before = (read_counter(redis, MADE), read_counter(redis, NEEDED))
     say(f"{scenario.number} {scenario.title}")
     try:
@@ -181,7 +186,7 @@ def perform(scenario: Scenario) -> None:
     finally:
         scenario.teardown()
     if before is not None:
-        b.figures.append(_made_once(b, scenario.number, *before))
+        b.figures.append(_made_once(scenario.counted_in(), scenario.number, *before))
 
 
 def _record(comparison: Comparison, side: str, readings: Sequence[Reading]) -> None:
@@ -205,9 +210,8 @@ def _summary(figure: Figure) -> str:
     return f"{figure.name}: {statistics.median(figure.values):.4g}{vs} {figure.unit}" if figure.values else figure.name
 
 
-def _made_once(b: Bench, number: str, made_before: float, needed_before: float) -> Figure:
+def _made_once(redis: Redis, number: str, made_before: float, needed_before: float) -> Figure:
     """Chunks the workers synthesized per chunk the pool was asked for since the counts before the scenario."""
-    redis = b.cluster.redis()
 
     def counts() -> tuple[float, float]:
         return read_counter(redis, MADE) - made_before, read_counter(redis, NEEDED) - needed_before

@@ -33,13 +33,14 @@ from harness import (
     make_spec,
     model_info,
     percentile,
+    progress_ticks,
     wait_for,
     workers_of,
     write_tiny_model,
 )
 from redis import Redis
 
-from common.keys import events_channel, pieces_key
+from common.keys import pieces_key
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
 from work import queueing
@@ -62,13 +63,15 @@ class Continuous(Scenario):
 
     number = "9"
     needs_stack = False  # its own workers and Redis database
-    title = "continuous vs static scheduling, rows of their own lengths (token budgets): staggered burst, short behind long"
+    counts_chunks = True
+    title = (
+        "continuous vs static scheduling, rows of their own lengths (token budgets): staggered burst, short behind long"
+    )
 
     def setup(self) -> None:
         b = self.b
         directory = write_tiny_model(b.cluster.tmp / "tiny-budget", max_new_token=CAP)
-        base = Redis.from_url(b.cluster.redis_url).connection_pool.connection_kwargs
-        url = f"redis://{base['host']}:{base['port']}/1"
+        url = self.url()
         self.redis = Redis.from_url(url)
         self.procs: dict[str, Proc] = {}
         for scheduling in SCHEDULERS:
@@ -91,6 +94,14 @@ class Continuous(Scenario):
         self.model_id = model_info(self.redis).id
         self.rng = b.texts.rng
         self.seen: set[str] = set()
+
+    def url(self) -> str:
+        """Database 1 of the run's redis-server."""
+        base = Redis.from_url(self.b.cluster.redis_url).connection_pool.connection_kwargs
+        return f"redis://{base['host']}:{base['port']}/1"
+
+    def counted_in(self) -> Redis:
+        return Redis.from_url(self.url())
 
     def registered(self, proc: Proc, scheduling: str) -> bool:
         proc.check()
@@ -201,31 +212,13 @@ class Continuous(Scenario):
         long_spec = make_spec(" ".join(self.sentence(100, 170) for _ in range(long_chunks)), self.model_id)
         if len(long_spec.chunks) != long_chunks:
             raise BenchError(f"the long request split into {len(long_spec.chunks)} chunks, not {long_chunks}")
-        progress = self.redis.pubsub(ignore_subscribe_messages=True)
-        progress.subscribe(events_channel(long_spec.request_id()))
-        ticks: list[float] = []
-        listening = threading.Event()
-        listening.set()
-
-        def listen() -> None:
-            while listening.is_set():
-                message = progress.get_message(timeout=0.1)
-                if message is not None and b'"progress"' in message["data"]:
-                    ticks.append(time.monotonic())
-
-        listener = threading.Thread(target=listen, daemon=True)
-        listener.start()
-        try:
+        with progress_ticks(self.redis, long_spec.request_id()) as ticks:
             long = queueing.submit(q, long_spec, settings)
             wait_for(lambda: len(ticks) >= 1, 300, "the long request's first chunk", interval=0.005)
             waits = self.time_shorts(q, settings)
             if long.get_status(refresh=True) == "finished":
                 raise BenchError("the long request ended before the short ones were heard: make it longer")
             wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
-        finally:
-            listening.clear()
-            listener.join()
-            progress.close()
         gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
         if not gaps:
             raise BenchError("no two progress events of the long request were seen")

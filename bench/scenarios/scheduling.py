@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 import time
 from typing import Any, Iterator
 
-from harness import BenchError, Figure, make_spec, percentile, run_jobs, wait_for
+from harness import BenchError, Figure, make_spec, percentile, progress_ticks, run_jobs, wait_for
 
 from cache import stored
-from common.keys import events_channel, pool_key
+from common.keys import pool_key
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
 from work import queueing
@@ -118,27 +117,8 @@ class Scheduling(Scenario):
         and storing included.
         """
         long_spec = make_spec(self.b.texts.text(self.long_chunks), self.model_id)
-        progress = self.redis.pubsub(ignore_subscribe_messages=True)
-        progress.subscribe(events_channel(long_spec.request_id()))
-        ticks: list[float] = []
-        listening = threading.Event()
-        listening.set()
-
-        def listen() -> None:
-            # Timed as they arrive: a message read later would carry the wrong time.
-            while listening.is_set():
-                message = progress.get_message(timeout=0.1)
-                if message is not None and json.loads(message["data"]).get("event") == "progress":
-                    ticks.append(time.monotonic())
-
-        listener = threading.Thread(target=listen, daemon=True)
-        listener.start()
-        try:
+        with progress_ticks(self.redis, long_spec.request_id()) as ticks:
             waits = self.time_shorts(long_spec)
-        finally:
-            listening.clear()
-            listener.join()
-            progress.close()
         gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
         if not gaps:
             raise BenchError("no batch of the long request was seen")
