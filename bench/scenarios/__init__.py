@@ -12,6 +12,7 @@ ports and workers, the texts, the plan) is on `Bench`.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -114,11 +115,17 @@ class Bench:
         return model_info(self.cluster.redis()).id
 
     def model_env(self, **extra: str) -> dict[str, str]:
-        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says)."""
+        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says).
+
+        BENCH_SCHEDULING=static|continuous sets every such worker's TTS_SCHEDULING (default: the service's), to
+        measure the static path against a revision from before the decode loop.
+        """
+        scheduling = os.environ.get("BENCH_SCHEDULING")
         return {
             "TTS_MODEL_PATH": str(self.model_dir),
             "TTS_BATCH_SIZE": str(self.batch),
             "TTS_TORCH_THREADS": "1",
+            **({"TTS_SCHEDULING": scheduling} if scheduling else {}),
             **extra,
         }
 
