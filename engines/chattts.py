@@ -22,6 +22,7 @@ from common.settings import Settings
 from engines import spoken
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
 from engines.decoders import StaticDecoder
+from engines.refine import refine
 
 logger = logging.getLogger("engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -138,18 +139,7 @@ class ChatTTSEngine:
         # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
         normed = [chat.normalizer(spoken.speak(row.chunks[0]), True, True, None) for row in rows]
         if first.refine_text:
-            prompt = "".join(
-                f"[{name}_{value}]"
-                for name, value in (("oral", first.oral), ("laugh", first.laugh), ("break", first.break_))
-                if value is not None
-            )
-            refine = chat.RefineTextParams(
-                prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
-            )
-            refined = chat._refine_text(normed, chat.device, refine)
-            ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
-            normed = chat.tokenizer.decode(ids)
-            refined.destroy()
+            normed = refine(chat, first, normed, seed, self.max_new_token)
         texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
         result = next(chat._infer_code(texts, False, chat.device, True, params))
         lengths = [min(int(h.size(0)), budget) for h, budget in zip(result.hiddens, budgets)]

@@ -34,6 +34,7 @@ from cache import Spec
 from common import audio
 from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
 from engines import spoken
+from engines.refine import refine
 
 # Tokens of context decoded on each side of a piece, so that its edges sound
 # as they would in one decode of the whole chunk (tests/test_loop.py measures
@@ -126,7 +127,7 @@ class ChatTTSLoop:
         seed = row_seed(spec, key)
         text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
         if spec.refine_text:
-            text = self._refine(spec, text, seed)
+            text = refine(chat, spec, [text], seed, self.max_new_token)[0]
         emb_spk = self.speaker(spec.seed, spec.speaker)
         prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(
@@ -154,22 +155,6 @@ class ChatTTSLoop:
         row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
         self._sample([row], hidden)
         return row, cache
-
-    def _refine(self, spec: Spec, text: str, seed: int) -> str:
-        chat = self.chat
-        prompt = "".join(
-            f"[{name}_{value}]"
-            for name, value in (("oral", spec.oral), ("laugh", spec.laugh), ("break", spec.break_))
-            if value is not None
-        )
-        params = chat.RefineTextParams(
-            prompt=prompt, max_new_token=min(384, self.max_new_token), manual_seed=seed, show_tqdm=False
-        )
-        refined = chat._refine_text([text], chat.device, params)
-        ids = [i[i.less(chat.tokenizer.break_0_ids)] for i in refined.ids]
-        out = chat.tokenizer.decode(ids)[0]
-        refined.destroy()
-        return out
 
     def _warpers_of(self, top_p: float, top_k: int) -> tuple[list[Any], list[Any]]:
         """ChatTTS's (processors, warpers) for these settings, as GPT.generate makes them (one set per key)."""

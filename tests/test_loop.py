@@ -26,6 +26,7 @@ from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
 from common.settings import from_env
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.loop import ChatTTSLoop, row_seed
+from engines.refine import refine
 from work import queueing
 from work.scheduler import Pool
 
@@ -299,3 +300,27 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
             jobs._advance(state, run, None)
     assert redis.exists(chunk_key(shared_id)) and not redis.exists(chunk_key(own)), (run.tokens, own)
     assert not redis.exists(f"tts:claim:tts:{own}"), "the canceled row's lease was given up"
+
+
+def test_refinement_is_chat_infers_own_pass_and_both_schedulers_take_it(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """engines.refine (both schedulers' one refinement pass) gives what Chat.infer(refine_text_only=True)
+    gives for the same prompt and seed; a row asking for it makes audio on either scheduler."""
+    chat = engine[0].chat
+    spec = Spec(chunks=("Hello there, a refined sentence.",), model=engine[1].id, seed=3, refine_text=True, oral=2)
+    text = "hello there, a refined sentence."
+    with torch.inference_mode():
+        ours = refine(chat, spec, [text], 7, 48)
+        theirs = chat.infer(
+            [text],
+            refine_text_only=True,
+            do_text_normalization=False,
+            split_text=False,
+            params_refine_text=chat.RefineTextParams(
+                prompt="[oral_2]", manual_seed=7, max_new_token=48, show_tqdm=False
+            ),
+        )
+    assert ours == (theirs if isinstance(theirs, list) else [theirs]) and ours[0].strip()
+    for continuous in (False, True):
+        with torch.inference_mode():
+            pieces = decode_all(engine[0].decoder(2, 24, continuous), [("refined", spec.row(0))])["refined"]
+        assert pieces and pieces[-1].last and sum(len(p.samples) for p in pieces) > 0, continuous
