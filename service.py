@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket
 from common import logs, metrics
 from common.errors import ApiError
 from common.settings import Settings, from_env
-from web import captions, openapi, ops, session, speech, tts, voices
+from web import captions, heap, openapi, ops, session, speech, tts, voices
 from web.context import Context
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Ends after uvicorn's graceful shutdown has let in-flight requests finish.
-        async with metrics.flushing(ctx.metrics, ctx.redis):
+        async with metrics.flushing(ctx.metrics, ctx.redis), heap.trimming():
             yield
         await ctx.close()
 

@@ -295,7 +295,7 @@ class Cluster:
             "--log-level",
             "warning",
         ]
-        proc = self.spawn(name, args, bench_env(REDIS_URL=self.redis_url, **env))
+        proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
         wait_for(
             lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
             timeout,
@@ -304,12 +304,16 @@ class Cluster:
         return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
-        """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`)."""
-        return self.spawn(name, [sys.executable, "worker.py"], bench_env(REDIS_URL=self.redis_url, **env))
+        """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`); `env` may set
+        REDIS_URL (another database)."""
+        return self.spawn(name, [sys.executable, "worker.py"], bench_env(**{"REDIS_URL": self.redis_url, **env}))
 
-    def wait_workers(self, workers: Iterable[Proc], queue: str, timeout: float = 240) -> float:
-        """Wait until each worker is registered on `queue` (model loaded and warm); seconds waited."""
-        redis = self.redis()
+    def wait_workers(
+        self, workers: Iterable[Proc], queue: str, timeout: float = 240, redis: Redis | None = None
+    ) -> float:
+        """Wait until each worker is registered on `queue` (model loaded and warm) in `redis` (default: the
+        cluster's database 0); seconds waited."""
+        redis = redis or self.redis()
         pending = list(workers)
         started = time.monotonic()
 

@@ -8,6 +8,7 @@ can be served with the same flags, so a baseline runs on the same stack.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Mapping
@@ -44,11 +45,12 @@ def start_web(
 ) -> tuple[Proc, int]:
     """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers.
 
-    `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads).
+    `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads; REDIS_URL for another database).
     """
     port = free_port()
-    args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
-    proc = cluster.spawn(name, args, bench_env(REDIS_URL=cluster.redis_url, **dict(env or {})))
+    launcher = [str(ROOT / "bench" / "heapweb.py")] if os.environ.get("HEAP_DIR") else ["-m", "uvicorn"]
+    args = [sys.executable, *launcher, app, *web_flags(port), "--app-dir", app_dir]
+    proc = cluster.spawn(name, args, bench_env(**{"REDIS_URL": cluster.redis_url, **dict(env or {})}))
     wait_for(
         lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
         timeout,

@@ -27,7 +27,11 @@ Scenarios (numbers as in BENCHMARKS.md):
     chunk needed (counted by the workers and the pool);
  9. continuous vs static scheduling on two workers of its own, the tiny
     checkpoint's cap lifted so that rows run to their token budgets: a
-    staggered burst, a full loop, short requests behind a long one.
+    staggered burst, a full loop, short requests behind a long one;
+10. real-time clients on a web process and worker of its own: streamed
+    speech's first audio against the whole file, idle and under scenario
+    3's load, with the worst playback gap; the WebSocket's sentence-to-audio
+    time beside a second stream; an LLM-like client's playback gaps.
 
 Each scenario is a module of bench/scenarios/, in one shape (setup, measure
 one side, teardown); bench/README.md says how to add one.
@@ -69,6 +73,7 @@ from scenarios.dedupe import Dedupe  # noqa: E402
 from scenarios.footprint import Footprint  # noqa: E402
 from scenarios.mixed import Mixed  # noqa: E402
 from scenarios.overhead import QueueOverhead  # noqa: E402
+from scenarios.realtime import Realtime  # noqa: E402
 from scenarios.scaling import Scaling  # noqa: E402
 from scenarios.scheduling import Scheduling  # noqa: E402
 
@@ -87,6 +92,7 @@ SCENARIOS: list[type[Scenario]] = [
     Mixed,
     Scheduling,
     Continuous,
+    Realtime,
     Scaling,
     Batching,
 ]

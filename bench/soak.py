@@ -37,7 +37,12 @@ is down or full, plus `GRACE` s; a 404 for a repeat of audio the eviction
 phase took; a 500 "Redis is full" for a request whose job could not store),
 accepted requests that never finished nor failed with a reason, web and
 worker RSS at start and end, and Redis memory against the audio it holds.
-Exits 1 when any of those checks fails.
+Exits 1 when any of those checks fails, or when the web process's highest
+RSS in the run's second half exceeds its first half's by more than WEB_FLAT.
+
+With HEAP_DIR set, the web process runs under `bench/heapweb.py` and each
+sample also writes its heap figures (and, unless HEAP_FRAMES=0, a
+tracemalloc snapshot) there: how to find what grows.
 """
 
 from __future__ import annotations
@@ -105,6 +110,10 @@ GRACE = 3.0
 # The mix of arrivals: new requests, then repeats of stored ones.
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
+# The web process's highest RSS in the second half of the run may exceed the first half's by this factor: its
+# bounded memories (encoded audio, submissions) fill in the first, and glibc's free pages are handed back
+# every few seconds (web.heap), so more is growth.
+WEB_FLAT = 1.10
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
 
@@ -269,6 +278,8 @@ def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
     row: dict[str, Any] = {"label": label, "t": t}
     assert s.web is not None
     row["web"] = rss_bytes(s.web.pid) / MIB
+    if os.environ.get("HEAP_DIR"):
+        os.kill(s.web.pid, signal.SIGUSR1)
     row["workers"] = {}
     row["restarting"] = set()
     for slot, proc in s.workers.items():
@@ -451,7 +462,19 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
             f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {keys} chunks ({memory / max(audio, 1):.2f}x)",
         ),
     ]
+    half = s.samples[-1]["t"] / 2
+    early = max((r["web"] for r in s.samples if r["t"] <= half), default=0.0)
+    late = max((r["web"] for r in s.samples if r["t"] > half), default=0.0)
+    lines.append(
+        (
+            f"web RSS flat: highest sample in the run's second half vs its first (target <= {WEB_FLAT:.2f}x; the "
+            "bounded memories fill in the first)",
+            f"{late:.1f} vs {early:.1f} MiB ({late / max(early, 1e-9):.2f}x)",
+        )
+    )
     failures = []
+    if late > WEB_FLAT * early:
+        failures.append(f"the web process's RSS grew in the second half: {early:.1f} -> {late:.1f} MiB")
     gone_early = [rid for rid in s.record.resubmitted if s.evicting is None]
     if gone_early:
         failures.append(f"{len(gone_early)} ids answered 404 once over with no eviction phase: {gone_early[:5]}")

@@ -49,6 +49,8 @@ class Plan:
     burst_requests: int
     long_chunks: int
     first_chunk_requests: int
+    llm_seconds: float
+    socket_sentences: int
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
@@ -67,6 +69,8 @@ class Plan:
                 burst_requests=16,
                 long_chunks=16,
                 first_chunk_requests=6,
+                llm_seconds=3.0,
+                socket_sentences=3,
             )
         return cls(
             rounds=3,
@@ -82,6 +86,8 @@ class Plan:
             burst_requests=16,
             long_chunks=16,
             first_chunk_requests=12,
+            llm_seconds=30.0,
+            socket_sentences=8,
         )
 
 
@@ -102,6 +108,8 @@ class Bench:
     bare_port: int = 0
     naive_port: int = 0
     worker: Proc | None = None
+    # Scenario 3's open-loop rate (70 % of the naive server's closed-loop throughput), once measured.
+    mixed_rate: float = 0.0
     # Scenario 8's own workers: name -> (queue, its workers).
     sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
 

@@ -8,7 +8,7 @@ import statistics
 from typing import Any, Callable, Iterator
 
 import loadgen
-from harness import BenchError, Figure, percentile
+from harness import BenchError, Figure, Texts, percentile
 
 from scenarios import Comparison, Reading, Scenario
 
@@ -31,10 +31,7 @@ class Mixed(Scenario):
         self.sent: dict[str, list[float]] = {side: [] for side in SIDES}
         self.pooled: dict[str, list[float]] = {side: [] for side in SIDES}
 
-        async def seed() -> None:
-            await asyncio.gather(*(_speech(b.web_port, text) for text in self.pool))
-
-        asyncio.run(seed())
+        asyncio.run(seed_pool(b.web_port, self.pool))
 
     def comparisons(self) -> Iterator[Comparison]:
         plan = self.b.plan
@@ -50,7 +47,7 @@ class Mixed(Scenario):
             Figure("3", f"mixed, closed loop, {conns} conn: p99 latency (vs naive)", "ms"),
         ]
         yield Comparison(closed, self.closed_loop, plan.rounds, SIDES)
-        self.rate = 0.7 * statistics.median(closed[0].baseline)
+        self.rate = self.b.mixed_rate = 0.7 * statistics.median(closed[0].baseline)
         yield Comparison(
             [
                 Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p50 latency (vs naive)", "ms"),
@@ -97,26 +94,39 @@ class Mixed(Scenario):
 
     def requests(self, seed: int, side: str) -> Callable[[], bytes]:
         """65% repeats of texts asked before (the seeded pool and this run's), 35% new texts."""
-        rng = random.Random(seed)
-        texts = list(self.pool)
-        counts = [0, 0]
+        return mixed_requests(self.b.texts, self.pool, seed, self.sent[side])
 
-        def next_request() -> bytes:
-            if rng.random() < REPEATS:
-                text = rng.choice(texts)
-                counts[0] += 1
-            else:
-                text = self.b.texts.mixed()
-                texts.append(text)
-                counts[1] += 1
-            self.sent[side].append(counts[0] / sum(counts))
-            return loadgen.request("POST", "/v1/audio/speech", speech_body(text))
 
-        return next_request
+def mixed_requests(texts: Texts, pool: list[str], seed: int, shares: list[float] | None = None) -> Callable[[], bytes]:
+    """Scenario 3's load: POST /v1/audio/speech (WAV), REPEATS of them texts asked before (`pool` and this
+    generator's own new ones), the rest new texts of 1-3 chunks. Appends the share of repeats so far to `shares`
+    at each request."""
+    rng = random.Random(seed)
+    asked = list(pool)
+    counts = [0, 0]
+
+    def next_request() -> bytes:
+        if rng.random() < REPEATS:
+            text = rng.choice(asked)
+            counts[0] += 1
+        else:
+            text = texts.mixed()
+            asked.append(text)
+            counts[1] += 1
+        if shares is not None:
+            shares.append(counts[0] / sum(counts))
+        return loadgen.request("POST", "/v1/audio/speech", speech_body(text))
+
+    return next_request
 
 
 def speech_body(text: str) -> dict[str, Any]:
     return {"model": "tts-1", "input": text, "voice": "alloy", "response_format": "wav"}
+
+
+async def seed_pool(port: int, texts: list[str]) -> None:
+    """Ask for each of `texts` once (stored, so that the load's repeats of them are hits)."""
+    await asyncio.gather(*(_speech(port, text) for text in texts))
 
 
 async def _speech(port: int, text: str) -> bytes:

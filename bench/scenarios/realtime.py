@@ -1,0 +1,283 @@
+"""10. Real-time clients: streamed speech (first audio against the whole file, idle and under scenario 3's load),
+the WebSocket beside a second stream, and an LLM-like client's playback gaps.
+
+A web process (the Procfile's flags) and a worker of their own, in database
+2 of the run's redis-server, on the run's tiny checkpoint with
+`TTS_STREAM_TOKENS` = STREAM_TOKENS: the checkpoint caps a chunk at 48
+tokens, and with the service's default of 24 the first piece of a chunk
+would wait for 24 + 8 (look-ahead) of them, two thirds of the chunk. Every
+text is new (nothing is answered from the store) unless it is one of scenario
+3's repeats.
+
+A player is taken to start on the first byte with no buffer of its own: a
+gap is how far a piece arrives after the audio sent before it would have
+finished playing (vLLM-Omni's "underrun"). That is the strictest reading;
+a real player's buffer hides short gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import statistics
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import loadgen
+import procfile
+from harness import Figure, Proc, Texts, percentile
+from redis import Redis
+from websockets.sync.client import connect
+
+from scenarios import Comparison, Reading, Scenario
+from scenarios.mixed import mixed_requests, seed_pool
+
+# Tokens a piece of a chunk: the first piece leaves once a row has made this many plus the decoder's look-ahead (8).
+STREAM_TOKENS = 4
+LOOKAHEAD = 8  # engines.loop.LOOKAHEAD; the bench does not import the worker side
+DATABASE = 2
+BYTES_PER_SECOND = 2 * 24000  # pcm: 16-bit mono at 24 kHz
+# A word every this many seconds: the LLM-like client's pace.
+WORD_EVERY = 0.05
+
+
+class Realtime(Scenario):
+    number = "10"
+    title = (
+        "real-time clients: streamed speech (first audio vs the whole file, idle and under scenario 3's load), "
+        "the WebSocket beside a second stream, an LLM-like client"
+    )
+    # The stack's naive server gives scenario 3's load rate when scenario 3 did not run.
+    needs_stack = True
+    counts_chunks = True
+
+    def setup(self) -> None:
+        b = self.b
+        c = b.cluster
+        self.procs: list[Proc] = []
+        worker_env = b.model_env(TTS_STREAM_TOKENS=str(STREAM_TOKENS), REDIS_URL=self.redis_url)
+        self.procs.append(c.start_worker("realtime-worker", worker_env))
+        web, self.port = procfile.start_web(c, "realtime-web", env={"REDIS_URL": self.redis_url})
+        self.procs.append(web)
+        c.wait_workers(self.procs[:1], "tts", redis=self.counted_in())
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.pool = [b.texts.mixed() for _ in range(10)]
+        asyncio.run(seed_pool(self.port, self.pool))
+        speech_round(self.url, b.texts.text(3))  # the web process's first stream, the worker's first pieces
+
+    @property
+    def redis_url(self) -> str:
+        """Database DATABASE of the run's redis-server."""
+        base = Redis.from_url(self.b.cluster.redis_url).connection_pool.connection_kwargs
+        return f"redis://{base['host']}:{base['port']}/{DATABASE}"
+
+    def counted_in(self) -> Redis:
+        return Redis.from_url(self.redis_url)
+
+    def teardown(self) -> None:
+        for proc in getattr(self, "procs", []):
+            self.b.cluster.stop(proc)
+
+    def comparisons(self) -> Iterator[Comparison]:
+        plan = self.b.plan
+        yield Comparison(
+            [
+                Figure(
+                    "10",
+                    f"POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS="
+                    f"{STREAM_TOKENS}: time to first audio (vs the whole file)",
+                    "s",
+                    target=("p50 <= 0.5x", lambda r: r <= 0.5),
+                ),
+                Figure("10", "... worst playback gap of a stream", "s"),
+            ],
+            lambda _, r: self.idle(),
+            3 * plan.rounds,
+        )
+        rate = self.b.mixed_rate or self.naive_rate()
+        yield Comparison(
+            [
+                Figure(
+                    "10",
+                    f"the same under scenario 3's mixed load (open loop, {rate:.1f} req/s): time to first audio p95 "
+                    "(vs the whole file p95)",
+                    "s",
+                ),
+                Figure(
+                    "10",
+                    "... worst playback gap of a stream, p95",
+                    "s",
+                    target=("0: no gap once playback started", lambda v: v == 0),
+                ),
+            ],
+            lambda _, r: self.under_load(r, rate),
+            plan.rounds,
+        )
+        yield Comparison(
+            [
+                Figure("10", "WebSocket beside a second client's stream: sentence end to first audio delta, p50", "s"),
+                Figure("10", "... p95", "s"),
+            ],
+            lambda _, r: self.socket(),
+            plan.rounds,
+        )
+        yield Comparison(
+            [
+                Figure(
+                    "10",
+                    f"WebSocket, an LLM-like client (a word every {WORD_EVERY * 1000:.0f} ms for "
+                    f"{plan.llm_seconds:g} s): total playback gaps",
+                    "s",
+                ),
+                Figure("10", "... its worst gap", "s"),
+                Figure("10", "... audio deltas received", ""),
+            ],
+            lambda _, r: list(llm_round(self.url, self.b.texts, plan.llm_seconds)),
+            plan.rounds,
+        )
+        first = STREAM_TOKENS + LOOKAHEAD
+        self.b.notes.append(
+            f"10: a web process and a worker of its own (database {DATABASE}), TTS_STREAM_TOKENS={STREAM_TOKENS}: "
+            f"a chunk's first piece leaves once its row has made {first} tokens (the piece and its look-ahead), "
+            f"{first / 48:.0%} of the tiny checkpoint's 48-token chunks. The same setting on a 700-token chunk of real speech "
+            f"(15 s) sends the first piece after {first} tokens, {first / 700:.1%} of the chunk's steps; the "
+            f"default, 24, after {24 + LOOKAHEAD} ({(24 + LOOKAHEAD) / 700:.1%}). Gaps are judged for a player "
+            "that starts on the first byte with no buffer of its own. A chunk of the tiny checkpoint is 1 s of audio "
+            "whatever its text; a sentence of an LLM-like client's text takes about as long to write, so its audio "
+            "barely keeps ahead of the text (real speech runs 5-10 s for such a sentence)."
+        )
+
+    # -- the measurements ----------------------------------------------------------
+
+    def idle(self) -> list[Reading]:
+        first, whole, gap = speech_round(self.url, self.b.texts.text(3))
+        return [(first, whole), gap]
+
+    def naive_rate(self) -> float:
+        """Scenario 3's open-loop rate: 70 % of the naive server's closed-loop throughput on its load."""
+        plan = self.b.plan
+        load = mixed_requests(self.b.texts, self.pool, seed=1000)
+        res = loadgen.run_sync(self.b.naive_port, load, plan.mixed_connections, plan.mixed_seconds, warmup=0.5)
+        return 0.7 * res.rps
+
+    def under_load(self, round_: int, rate: float) -> list[Reading]:
+        """New 3-chunk streams one after another while scenario 3's open loop runs; p95 of each figure."""
+        load = mixed_requests(self.b.texts, self.pool, seed=2000 + round_)
+        seconds = self.b.plan.open_seconds
+        driver = threading.Thread(
+            target=lambda: asyncio.run(loadgen.run_open(self.port, load, rate, seconds, seed=round_)), daemon=True
+        )
+        end = time.monotonic() + seconds
+        driver.start()
+        rounds: list[tuple[float, float, float]] = []
+        while time.monotonic() < end or not rounds:
+            rounds.append(speech_round(self.url, self.b.texts.text(3)))
+        driver.join(600)
+        first, whole, gaps = zip(*rounds)
+        return [(percentile(first, 95), percentile(whole, 95)), percentile(gaps, 95)]
+
+    def socket(self) -> list[Reading]:
+        """The plan's sentences' end-to-first-delta times while another client streams speech all along."""
+        stop = threading.Event()
+
+        def second_client() -> None:
+            while not stop.is_set():
+                speech_round(self.url, self.b.texts.text(2))
+
+        other = threading.Thread(target=second_client, daemon=True)
+        other.start()
+        try:
+            waits = [
+                socket_round(self.url, self.b.texts.sentence(), self.b.texts.sentence())
+                for _ in range(self.b.plan.socket_sentences)
+            ]
+        finally:
+            stop.set()
+            other.join(600)
+        return [statistics.median(waits), percentile(waits, 95)]
+
+
+def speech_round(url: str, text: str) -> tuple[float, float, float]:
+    """One streamed speech (pcm): seconds to the first audio byte, to the last, and the worst playback gap."""
+    started = time.monotonic()
+    first = None
+    played_until = 0.0
+    worst = 0.0
+    with httpx.stream(
+        "POST", url + "/v1/audio/speech", timeout=600, json={"model": "tts-1", "input": text, "response_format": "pcm"}
+    ) as r:
+        r.raise_for_status()
+        for piece in r.iter_bytes():
+            now = time.monotonic()
+            if first is None:
+                first, played_until = now - started, now
+            worst = max(worst, now - played_until)
+            played_until = max(played_until, now) + len(piece) / BYTES_PER_SECOND
+    assert first is not None, "the stream ended without audio"
+    return first, time.monotonic() - started, worst
+
+
+def socket_round(url: str, sentence: str, rest: str) -> float:
+    """Seconds from the text that completes `sentence` (its end and the next word's start) to its first delta."""
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "input_text.append", "text": sentence}))
+        sent = time.monotonic()
+        ws.send(json.dumps({"type": "input_text.append", "text": " " + rest[:3]}))  # now the sentence is complete
+        while True:
+            event = json.loads(ws.recv(timeout=600))
+            if event["type"] == "speech.audio.delta" and base64.b64decode(event["audio"]):
+                took = time.monotonic() - sent
+                break
+            if event["type"] == "error":
+                raise RuntimeError(f"the WebSocket answered an error: {event}")
+        ws.send(json.dumps({"type": "input_text.append", "text": rest[3:]}))
+        ws.send(json.dumps({"type": "input_text.end"}))
+        while json.loads(ws.recv(timeout=600))["type"] != "speech.audio.done":
+            pass
+    return took
+
+
+def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, float]:
+    """An LLM-like client: a word every WORD_EVERY s for `seconds` s, then `.end`.
+
+    Returns the playback gaps a player starting on the first delta would
+    hear (their total and the worst, in seconds) and the deltas received.
+    """
+    words = " ".join(texts.sentence() for _ in range(int(seconds / WORD_EVERY) // 8 + 2)).split()
+    arrivals: list[tuple[float, int]] = []  # (when, bytes) of each delta
+    errors: list[dict] = []
+
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+
+        def listen() -> None:
+            for message in ws:
+                event = json.loads(message)
+                if event["type"] == "speech.audio.delta":
+                    arrivals.append((time.monotonic(), len(base64.b64decode(event["audio"]))))
+                elif event["type"] == "error":
+                    errors.append(event)
+
+        reader = threading.Thread(target=listen)
+        reader.start()
+        end = time.monotonic() + seconds
+        for word in words:
+            if time.monotonic() > end:
+                break
+            ws.send(json.dumps({"type": "input_text.append", "text": word + " "}))
+            time.sleep(WORD_EVERY)  # the client's pace: this is the load, not a wait for a result
+        ws.send(json.dumps({"type": "input_text.end"}))
+        reader.join(600)
+    if errors or not arrivals:
+        raise RuntimeError(f"the LLM-like client got {len(arrivals)} deltas and these errors: {errors}")
+    total = worst = 0.0
+    played_until = arrivals[0][0] if arrivals else 0.0
+    for when, size in arrivals:
+        gap = max(0.0, when - played_until)
+        total, worst = total + gap, max(worst, gap)
+        played_until = max(played_until, when) + size / BYTES_PER_SECOND
+    return total, worst, float(len(arrivals))

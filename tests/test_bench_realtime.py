@@ -1,0 +1,46 @@
+"""Scenario 10 of bench/run.py (real-time clients) runs end to end in its quick plan, on the tiny ChatTTS
+checkpoint, a private redis-server, a web process with the Procfile's flags and a worker of its own."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness import Cluster, write_tiny_model  # noqa: E402
+from scenarios import (  # noqa: E402
+    Bench,
+    Plan,
+    perform,
+    realtime,  # noqa: E402
+)
+from scenarios.realtime import STREAM_TOKENS, Realtime  # noqa: E402
+
+from engines import loop  # noqa: E402
+
+
+def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
+    with Cluster() as cluster:
+        cluster.start_redis()
+        b = Bench(plan=Plan.make(quick=True), cluster=cluster, model_dir=write_tiny_model(cluster.tmp / "m"), batch=4)
+        b.mixed_rate = 2.0  # as scenario 3 would have measured: no naive server here
+        perform(Realtime(b))
+    by_name = {f.name.split(":")[-1].strip(): f for f in b.figures}
+    first = next(f for f in b.figures if "time to first audio (vs the whole file)" in f.name)
+    # Every idle stream: first audio no later than the whole file, and both measured.
+    assert len(first.values) == 3 * b.plan.rounds and all(0 < v <= w for v, w in zip(first.values, first.baseline))
+    loaded = next(f for f in b.figures if "under scenario 3's mixed load" in f.name)
+    assert loaded.values and loaded.baseline
+    socket = next(f for f in b.figures if "sentence end to first audio delta" in f.name)
+    assert socket.values and all(v > 0 for v in socket.values)
+    deltas = by_name["... audio deltas received"]
+    assert deltas.values and all(v >= 1 for v in deltas.values)
+    made = next(f for f in b.figures if f.name.startswith("chunks synthesized per chunk needed"))
+    assert made.values == [1.0], made.name
+    assert any(note.startswith("10: ") and f"TTS_STREAM_TOKENS={STREAM_TOKENS}" in note for note in b.notes)
+
+
+def test_the_scenario_knows_the_decoders_look_ahead() -> None:
+    assert realtime.LOOKAHEAD == loop.LOOKAHEAD
