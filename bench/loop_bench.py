@@ -2,7 +2,8 @@
 
     python bench/loop_bench.py [--model DIR] [--batch 4] [--rows 16] [--gap-ms 20] [--threads 1]
 
-Writes the tiny random checkpoint (or uses --model) with its manifest's
+Writes the tiny random checkpoint (or uses --model: for the full-size one,
+`bench/random_checkpoint.py DIR --max-new-token 2048`) with its manifest's
 48-token cap lifted, so that each row runs to its own token budget
 (common.model.token_budget, proportional to its text) or to an end token the
 random weights happen to draw: rows get realistic, different lengths, as
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(f"full loop: tokens/s continuous/static = {(c.tokens / c.seconds) / (s.tokens / s.seconds):.2f}x")
 
     print(
-        f"tiny checkpoint, budgets on, batch {args.batch}, stream every {args.stream_tokens} tokens, "
+        f"{'tiny checkpoint' if args.model is None else f'checkpoint {args.model}'}, budgets on, batch "
+        f"{args.batch}, stream every {args.stream_tokens} tokens, "
         f"{args.threads} torch thread(s)\n"
     )
     print("\n".join(lines))
