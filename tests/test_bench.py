@@ -182,7 +182,8 @@ def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Red
 def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
     """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
     offline into a temporary folder and imported from there; tiny model, engine alone in float32 and
-    bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, one table."""
+    bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, both schedulers at 1 and 4 streams,
+    one table."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
     env["PYTHON"] = sys.executable
     kit = subprocess.run(["bash", "bench/kit.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -202,5 +203,8 @@ def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
         "time to first chunk",
         "1 worker(s) per machine: throughput",
         "2 worker(s) per machine: throughput (vs 1)",
+        "4 concurrent stream(s), continuous (vs static): real-time factor per stream",
+        "4 concurrent stream(s), continuous (vs static): time to first audio p95",
+        "1 concurrent stream(s), continuous (vs static): RSS above idle at the peak",
     ):
         assert line in out, out
