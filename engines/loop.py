@@ -1,8 +1,9 @@
 """ChatTTS's GPT decode as a loop that rows join and leave between steps (continuous batching).
 
-Each row is prefilled alone (exactly as `GPT.generate` prefills a batch of
-one) and its KV cache is merged into the running batch's: the batch cache is
-left-padded to its longest row, each row's real positions right-aligned, and
+Rows that join together are prefilled together (exactly as `GPT.generate`
+prefills a batch: left-padded to the longest prompt; a row that joins alone,
+as it prefills a batch of one), and their KV cache is merged into the running
+batch's: the batch cache is left-padded to its longest row, each row's real positions right-aligned, and
 the attention mask and position ids say which columns are real. A step feeds
 every row its last token (one Llama forward), samples each row's next four
 codes with the row's own settings and generator, and drops the columns no
@@ -112,49 +113,67 @@ class ChatTTSLoop:
     # -- joining -------------------------------------------------------------
 
     def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+        """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
+        codes, and add those that did not end at once to the running batch."""
         if len(self._rows) + len(self._ended) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
-        for key, spec in rows:
-            row, cache = self._prefill(key, spec)
+        if not rows:
+            return
+        joined, cache = self._prefill(rows)
+        for row in joined:
             if row.done:
                 self._ended.append(row)
-            else:
-                self._merge(row, cache)
+        going = [i for i, row in enumerate(joined) if not row.done]
+        if going:
+            if len(going) < len(joined):
+                cache = self._select(cache, going)
+            self._merge([joined[i] for i in going], cache)
 
-    def _prefill(self, key: str, spec: Spec) -> tuple[_Row, Any]:
-        """Prefill one row alone and sample its first codes, as GPT.generate's first step does."""
+    def _prefill(self, rows: Sequence[tuple[str, Spec]]) -> tuple[list[_Row], Any]:
+        """Prefill rows in one forward and sample their first codes, as GPT.generate's first step does for a
+        batch: prompts left-padded to the longest, the mask and position ids over each row's real tokens."""
         torch, chat = self.torch, self.chat
-        seed = row_seed(spec, key)
-        text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
-        if spec.refine_text:
-            text = refine(chat, spec, [text], seed, self.max_new_token)[0]
-        emb_spk = self.speaker(spec.seed, spec.speaker)
-        prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
+        seeds = [row_seed(spec, key) for key, spec in rows]
+        prompts, speakers = [], []
+        for (_, spec), seed in zip(rows, seeds):
+            text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
+            if spec.refine_text:
+                text = refine(chat, spec, [text], seed, self.max_new_token)[0]
+            emb_spk = self.speaker(spec.seed, spec.speaker)
+            speakers.append(emb_spk)
+            prompts += chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-            prompt, self.num_vq, prompt=None, device=chat.device_gpt
+            prompts, self.num_vq, prompt=None, device=chat.device_gpt
         )
         emb = chat.embed(input_ids, text_mask)
-        # A 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does.
+        # One row: a 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does; several: one
+        # embedding a row (engines.chattts extends Speaker.apply to that, as the static path uses it).
+        emb_spk = speakers[0] if len(rows) == 1 else torch.stack(speakers)
         chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
-        length = int(input_ids.shape[1])
+        width = int(input_ids.shape[1])
         position_ids = attention_mask.long().cumsum(-1) - 1
         position_ids.masked_fill_(attention_mask.eq(0), 1)
-        hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, length), None)
-        row = _Row(
-            key=key,
-            seed=seed,
-            budget=token_budget(spec.chunks[0], self.max_new_token),
-            temperature=torch.tensor([spec.temperature] * self.num_vq, device=chat.device).view(-1, 1),
-            processors=self._warpers_of(spec.top_p, spec.top_k)[0],
-            warpers=self._warpers_of(spec.top_p, spec.top_k)[1],
-            warp_key=(spec.top_p, spec.top_k),
-            generator=torch.Generator(device=chat.device),
-            codes=None,
-            length=length,
-        )
-        row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
-        self._sample([row], hidden)
-        return row, cache
+        hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, width), None)
+        lengths = attention_mask.sum(1).tolist()
+        joined = []
+        for (key, spec), seed, length in zip(rows, seeds, lengths):
+            processors, warpers = self._warpers_of(spec.top_p, spec.top_k)
+            row = _Row(
+                key=key,
+                seed=seed,
+                budget=token_budget(spec.chunks[0], self.max_new_token),
+                temperature=torch.tensor([spec.temperature] * self.num_vq, device=chat.device).view(-1, 1),
+                processors=processors,
+                warpers=warpers,
+                warp_key=(spec.top_p, spec.top_k),
+                generator=torch.Generator(device=chat.device),
+                codes=None,
+                length=int(length),
+            )
+            row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
+            joined.append(row)
+        self._sample(joined, hidden)
+        return joined, cache
 
     def _warpers_of(self, top_p: float, top_k: int) -> tuple[list[Any], list[Any]]:
         """ChatTTS's (processors, warpers) for these settings, as GPT.generate makes them (one set per key)."""
@@ -165,21 +184,29 @@ class ChatTTSLoop:
             self._warpers[(top_p, top_k)] = (processors, warpers)
         return self._warpers[(top_p, top_k)]
 
-    def _merge(self, row: _Row, cache: Any) -> None:
-        """Add a prefilled row's cache to the batch's, left-padding whichever is shorter."""
+    def _merge(self, rows: list[_Row], cache: Any) -> None:
+        """Add prefilled rows' cache to the batch's, left-padding whichever is shorter."""
         torch = self.torch
         if self._cache is None:
-            self._cache, self._rows = cache, [row]
+            self._cache, self._rows = cache, list(rows)
             return
         width = self._width()
-        total = max(width, row.length)
+        total = max(width, int(cache.layers[0].keys.shape[2]))
         for mine, theirs in zip(self._cache.layers, cache.layers):
             for name in ("keys", "values"):
                 a, b = getattr(mine, name), getattr(theirs, name)
                 a = torch.nn.functional.pad(a, (0, 0, total - a.shape[2], 0))
                 b = torch.nn.functional.pad(b, (0, 0, total - b.shape[2], 0))
                 setattr(mine, name, torch.cat([a, b], dim=0))
-        self._rows.append(row)
+        self._rows += rows
+
+    def _select(self, cache: Any, indices: list[int]) -> Any:
+        """`cache` with only these batch rows."""
+        index = self.torch.tensor(indices)
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                setattr(layer, name, getattr(layer, name).index_select(0, index))
+        return cache
 
     def _width(self) -> int:
         return int(self._cache.layers[0].keys.shape[2]) if self._cache is not None else 0

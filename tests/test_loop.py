@@ -190,13 +190,41 @@ def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tu
             decode_all(loop, rows)
     finally:
         hook.remove()
-    # One prefill per row, then forwards of all three rows together.
-    assert forwards[:3] == [1, 1, 1] and forwards[3] == 3
+    # One prefill of the three rows together, then forwards of all three.
+    assert forwards[:2] == [3, 3]
     assert loop.steps[0] == ["a", "b", "c"]
     codes = {key: _rec(loop)[key][0] for key, _ in rows}
     assert not torch.equal(codes["a"][:8], codes["b"][:8]), "each row samples with its own settings"
     for key, spec in rows:
         assert torch.equal(codes[key], _alone(eng, key, spec))
+
+
+def test_rows_that_join_together_are_prefilled_in_one_forward_and_make_what_they_make_alone(
+    engine: tuple[ChatTTSEngine, Any], record_property: Any
+) -> None:
+    """Four rows of different lengths join at once: one prefill forward, left-padded to the longest prompt, as
+    ChatTTS pads a batch; each row's codes are those it makes alone (share recorded, as above)."""
+    eng, info = engine
+    rows = [(f"t{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=10 + i)) for i in (0, 3, 4, 6)]
+    loop = _loop(eng)
+    shapes: list[tuple[int, int]] = []
+    padded: list[bool] = []
+
+    def spy(_m: Any, _a: Any, kw: dict[str, Any]) -> None:
+        shapes.append(tuple(kw["inputs_embeds"].shape[:2]))
+        padded.append(not bool(kw["attention_mask"].all()))
+
+    hook = eng.chat.gpt.gpt.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        with torch.inference_mode():
+            decode_all(loop, rows)
+    finally:
+        hook.remove()
+    assert shapes[0][0] == 4 and padded[0], "one prefill of the four rows, the shorter ones left-padded"
+    assert shapes[1] == (4, 1), shapes[:2]
+    same = [key for key, spec in rows if torch.equal(_rec(loop)[key][0], _alone(eng, key, spec))]
+    record_property("identical_share", f"{len(same)}/{len(rows)}")
+    assert len(same) >= len(rows) - 1, f"identical alone and prefilled together: {same}"
 
 
 def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any], record_property: Any) -> None:
