@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
-    b.figures.sort(key=lambda f: f.scenario)
+    # By scenario number (10 after 9; a stable sort keeps each scenario's own order).
+    b.figures.sort(key=lambda f: int(f.scenario) if f.scenario.isdigit() else 0)
     seconds = time.monotonic() - started
     info["load average (1, 5, 15 min) at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print()
