@@ -3,7 +3,9 @@
 Upstream equivalence stands in for real weights: a row alone in the loop
 makes the very codes and hidden states of ChatTTS's own `_infer_code`
 (what `Chat.infer(split_text=False)` runs) on the same text, voice and seed,
-and one decode of them gives `Chat.infer`'s samples up to its trim.
+and one decode of them gives `Chat.infer`'s samples up to its trim; the same
+holds for a static call. Both are checked on the tiny checkpoint and on
+ChatTTS at its real size with random weights.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from common import audio
 from common.keys import pieces_key
 from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
 from common.settings import from_env
+from engines import tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.loop import ChatTTSLoop, row_seed
 from engines.refine import refine
 from work import queueing
 from work.scheduler import Pool
 
+# Tokens a chunk of the full-size random checkpoint: its random weights never draw the end token, so every row
+# runs to this cap (the real cost of a step, few steps).
+FULL_TOKENS = 20
 TEXTS = [
     "Hello world, this is the loop test.",
     "Another sentence joins the loop here.",
@@ -53,6 +59,32 @@ def engine(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
                 "TTS_QUANTIZE": "none",
             }
         )
+    )
+
+
+@pytest.fixture(scope="module")
+def full_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[ChatTTSEngine, Any]:
+    """ChatTTS at its real size with random weights (about 1 GB), capped at FULL_TOKENS tokens a chunk."""
+    directory = tiny_checkpoint.write(
+        tmp_path_factory.mktemp("full") / "model", full_size=True, max_new_token=FULL_TOKENS
+    )
+    return load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(directory),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
+
+
+@pytest.fixture(params=["tiny", "full-size"])
+def either(request: pytest.FixtureRequest) -> tuple[ChatTTSEngine, Any]:
+    """The tiny checkpoint, then the full-size random one: upstream equivalence holds on both."""
+    return cast(
+        tuple[ChatTTSEngine, Any], request.getfixturevalue("engine" if request.param == "tiny" else "full_engine")
     )
 
 
@@ -90,9 +122,9 @@ def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
 
 @pytest.mark.parametrize("voice", [{"seed": 7}, {"speaker": "from-seed-5"}], ids=["seed", "speaker"])
 def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
-    engine: tuple[ChatTTSEngine, Any], voice: dict[str, Any]
+    either: tuple[ChatTTSEngine, Any], voice: dict[str, Any]
 ) -> None:
-    eng, info = engine
+    eng, info = either
     if "speaker" in voice:
         voice = {"speaker": eng.speaker(5), "seed": None}
     spec = Spec(chunks=(TEXTS[0],), model=info.id, temperature=0.5, top_k=12, **voice)
@@ -121,8 +153,8 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
     )
 
 
-def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(engine: tuple[ChatTTSEngine, Any]) -> None:
-    eng, info = engine
+def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(either: tuple[ChatTTSEngine, Any]) -> None:
+    eng, info = either
     spec = Spec(chunks=(TEXTS[1],), model=info.id, seed=3)
     chat = eng.chat
     with torch.inference_mode():

@@ -139,7 +139,7 @@ class Continuous(Scenario):
             lambda _, r: [self.both(r, self.full)],
             rounds,
         )
-        long_chunks = 3 * self.b.batch
+        long_chunks = 5 * self.b.batch  # five loops' worth: 40 rows at the default batch of 8
         yield Comparison(
             [
                 Figure(
