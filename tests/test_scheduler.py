@@ -419,6 +419,12 @@ def test_a_long_request_spreads_over_two_workers(
     assert sorted(made)[0] >= 4 and sum(made) == 16, f"chunks made by each worker: {made}"
     helped = [j for w in workers for j in log_events(w.output(), "job") if j["status"] == "assisted"]
     assert helped and sum(j["synthesized"] for j in helped) >= 4
+    # Straight after: a second long request spreads too, though the worker that takes its job last counted
+    # the idle workers under a second ago, while the other one was busy.
+    second = httpx.post(stack.url + "/v1/tts", json={"text": text.replace("of a long one", "of another")}).json()
+    wait_audio(stack, second["id"], 300)
+    again = [sum(j["synthesized"] for j in log_events(w.output(), "job")) - m for w, m in zip(workers, made)]
+    assert sorted(again)[0] >= 4 and sum(again) == 16, f"chunks of the second request made by each worker: {again}"
 
 
 def test_a_chunk_the_model_cannot_make_fails_only_the_requests_that_need_it(redis: Redis, redis_url: str) -> None:
