@@ -329,11 +329,14 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     q = queueing.queue(redis, settings)
     shared = "The shared sentence is here."
 
-    def lasting(seed: int) -> bool:  # random weights end some rows within a few tokens: not these
+    def lasting(seed: int) -> bool:
+        # Random weights end some rows within a few tokens: not these. Both rows must outlast the steps that
+        # fit in a look's interval after the cancel (a step of the tiny model is a millisecond or two), or the
+        # shared row may end on its own before the cancel is seen.
         spec = Spec(chunks=(TEXTS[2], shared), model=engine[1].id, seed=seed)
-        return all(len(_alone(engine[0], cid, spec.row(i))) > 8 for i, cid in enumerate(spec.chunk_ids()))
+        return all(len(_alone(engine[0], cid, spec.row(i))) >= 40 for i, cid in enumerate(spec.chunk_ids()))
 
-    seed = next(s for s in range(1, 20) if lasting(s))
+    seed = next(s for s in range(1, 100) if lasting(s))
     canceled = Spec(chunks=(TEXTS[2], shared), model=engine[1].id, seed=seed)
     other = Spec(chunks=(shared,), model=engine[1].id, seed=seed)
     for spec in (canceled, other):
