@@ -187,6 +187,8 @@ class _Request:
     # When to look at Redis next (LOOK_EVERY), and the worker's `finished` count at the last look.
     next_look: float = 0.0
     seen: int = -1
+    # Whether this run has counted the idle workers afresh (its first claim does).
+    counted: bool = False
 
 
 # -- the request's job ----------------------------------------------------------
@@ -433,11 +435,14 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
     # chunks (its first audio does not wait for a long request's every row).
     mine = request is not None and not set(request.missing).isdisjoint(state.decoder.keys())
     own = request.id if request is not None and not mine else None
-    # A job's first claims count the idle workers afresh: a count up to a
+    # A job's first claim counts the idle workers afresh: a count up to a
     # second old may predate the other workers' going idle, and the request
     # would start on this worker alone (a 16-chunk request on 2 workers took
     # 0.78x the time of 1 with the stale count, 0.62x with a fresh one).
-    idle = _idle_workers(state, LOOK_EVERY if own is not None else CENSUS_EVERY)
+    fresh = request is not None and not request.counted
+    if request is not None:
+        request.counted = True
+    idle = _idle_workers(state, 0.0 if fresh else CENSUS_EVERY)
     claimed, more = state.pool.claim(
         state.token,
         free,
