@@ -2,8 +2,9 @@
 
 Rows that join together are prefilled together (exactly as `GPT.generate`
 prefills a batch: left-padded to the longest prompt; a row that joins alone,
-as it prefills a batch of one), and their KV cache is merged into the running
-batch's: the batch cache is left-padded to its longest row, each row's real positions right-aligned, and
+as it prefills a batch of one), and their KV cache is merged into the
+running batch's: the batch cache is left-padded to its longest row, each
+row's real positions right-aligned, and
 the attention mask and position ids say which columns are real. A step feeds
 every row its last token (one Llama forward), samples each row's next four
 codes with the row's own settings and generator, and drops the columns no
