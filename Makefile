@@ -23,7 +23,7 @@ $(VENV)/.test: requirements-test.txt
 
 define venv_install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --require-hashes -r $(1)
+	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
