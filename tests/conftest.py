@@ -44,8 +44,11 @@ def mp3_samples(body: bytes) -> int:
     """
     import av
 
+    samples = 0
     with av.open(io.BytesIO(body), format="mp3") as container:
-        return sum(frame.samples for frame in container.decode(audio=0))
+        for frame in container.decode(audio=0):
+            samples += int(frame.samples)
+    return samples
 
 
 def _with_db(url: str, db: int) -> str:
