@@ -62,7 +62,9 @@ def test_the_cpu_locks_hold_torchs_cpu_build_and_the_gpu_lock_pypis() -> None:
         assert got["torch"][0] == "2.13.0+cpu" and not [n for n in got if n.startswith("nvidia-")], lock
         text = (ROOT / lock).read_text()
         # Linux takes the CPU build; macOS PyPI's (a CPU and MPS build there).
-        assert "torch==2.13.0+cpu ; sys_platform == 'linux'" in text and "torch==2.13.0 ; sys_platform != 'linux'" in text
+        assert (
+            "torch==2.13.0+cpu ; sys_platform == 'linux'" in text and "torch==2.13.0 ; sys_platform != 'linux'" in text
+        )
     got = locked("requirements-worker.txt")
     assert got["torch"][0] == "2.13.0" and [n for n in got if n.startswith("nvidia-")]
 
