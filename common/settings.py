@@ -60,8 +60,11 @@ class Settings:
     # (?wait, ?stream, /v1/audio/speech) holds one for its wait.
     redis_max_connections: int = 1000
     max_queue: int = 1000
-    # How long POST /v1/audio/speech holds the connection for its audio.
-    speech_wait: int = 120
+    # Seconds an answer may wait for audio before its first byte: POST
+    # /v1/audio/speech (flac: the whole file), ?stream=true's first chunk, a
+    # seed's voice export, a WebSocket sentence. At most 25 by default:
+    # Heroku-style routers drop an answer with no first byte in 30 s.
+    speech_wait: int = 25
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
     # Requests per minute per API key; 0: unlimited.

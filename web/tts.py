@@ -32,8 +32,6 @@ from work.status import State, failure, state_of
 
 logger = logging.getLogger("service")
 
-# How long ?stream=true waits for the first chunk before answering 202.
-STREAM_FIRST_WAIT = 60.0
 # Seconds a web process answers audio it holds encoded before asking Redis
 # again whether the id still exists (expired or evicted: 404).
 ENCODED_RECHECK = 1.0
@@ -339,11 +337,11 @@ def immutable(request_id: str, suffix: str) -> dict[str, str]:
 async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: float) -> Response:
     """The audio as it is made (relay.py): a chunked 200 whose first bytes are the first piece.
 
-    Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first piece
-    so that a job failing early still gets a proper error status.
+    Waits for the first piece (up to `wait` s, at least TTS_SPEECH_WAIT) so
+    that a job failing early still gets a proper error status.
     """
     relay = Relay(ctx, request_id, layout, "/v1/tts/{id}/audio")
-    started = await start(relay, max(wait, STREAM_FIRST_WAIT))
+    started = await start(relay, max(wait, ctx.settings.speech_wait))
     if started is None:
         return await not_ready(ctx, request_id, layout)
     return AudioStream(
