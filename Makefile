@@ -49,7 +49,7 @@ lint: $(VENV)/.test
 
 test: $(VENV)/.test lint
 	@url=$$(scripts/redis-url $(BIN)/python) && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS)
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS)
 
 tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)

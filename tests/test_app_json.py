@@ -31,7 +31,7 @@ def pins(requirements: str, options: tuple[str, ...] = ()) -> dict[str, str]:
     for line in (ROOT / requirements).read_text().splitlines():
         if not line or line[0] in " #" or line.split(" ", 1)[0].split("=", 1)[0] in options:
             continue
-        match = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+) \\", line)
+        match = re.fullmatch(r"([A-Za-z0-9._-]+)==(\S+)(?: ; [^\\]+)? \\", line)
         assert match, f"{requirements}: {line!r} is not a pinned name==version (an option, URL or path?)"
         found[match.group(1)] = match.group(2)
     return found
