@@ -249,7 +249,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
             f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
         )
-    named_keys = _parse(env, "TTS_API_KEYS", (), _named_keys, KEYS_ACCEPTED, secret=True)
+    none: tuple[tuple[str, str], ...] = ()
+    named_keys = _parse(env, "TTS_API_KEYS", none, _named_keys, KEYS_ACCEPTED, secret=True)
     return Settings(
         redis_url=redis_url,
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
