@@ -80,6 +80,12 @@ METRICS: dict[str, Metric] = {
             ("route", "method", "status"),
         ),
         Metric(
+            "tts_tenant_requests_total",
+            "counter",
+            "Requests admitted with an API key, by the key's tenant name (TTS_API_KEYS).",
+            ("tenant",),
+        ),
+        Metric(
             "tts_http_request_duration_seconds",
             "histogram",
             "Seconds from request to the end of the response (includes ?wait= holds).",
