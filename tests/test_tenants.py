@@ -284,9 +284,9 @@ def test_a_flooding_tenant_delays_another_tenants_request_by_about_one_batch(
     stack_factory: Callable[..., Stack], redis: Redis
 ) -> None:
     batch = 4
-    flood = 400
+    flood = 1000
     stack = _stack(stack_factory, worker=False, TTS_BATCH_SIZE=str(batch), TTS_MAX_QUEUE="5000")
-    # Alice's thousand-like flood is queued before bob asks for one sentence.
+    # Alice's thousand requests are queued before bob asks for one sentence.
     texts = [f"Flood request number {i}, long enough to take a few steps of the decode loop." for i in range(flood)]
     with httpx.Client(base_url=stack.url, headers=_auth(ALICE), timeout=30) as client:
         flooded = [client.post("/v1/tts", json={"text": t}) for t in texts]
