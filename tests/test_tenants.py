@@ -13,6 +13,7 @@ import pytest
 from conftest import Stack, wait_for
 from redis import Redis
 from test_webhooks import SECRET, Receiver, _verify
+from websockets.sync.client import connect
 
 from cache import Spec
 from common import keys
@@ -254,6 +255,32 @@ def test_tenant_names_appear_in_logs_and_metrics_and_keys_nowhere(
     everything = "".join(p.output() for p in stack.procs) + metrics
     for key in (ALICE, BOB, BARE, BARE.rstrip("=")):
         assert key not in everything
+
+
+def test_a_sockets_sentences_are_its_tenants(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    stack = _stack(stack_factory, worker=False)
+    put = httpx.put(f"{stack.url}/v1/voices/narrator", json={"speaker": _speaker(3)}, headers=_auth(BOB))
+    assert put.status_code == 201
+    socket = stack.url.replace("http://", "ws://") + "/v1/audio/speech/websocket?api_key="
+
+    def speak(key: str, refused: bool) -> None:
+        with connect(socket + key) as ws:
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            ws.send(json.dumps({"type": "session.update", "session": {"voice": "narrator"}}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.updated"
+            ws.send(json.dumps({"type": "input_text.append", "text": "Said on a socket. "}))
+            ws.send(json.dumps({"type": "input_text.flush"}))
+            if refused:  # a voice of that name is not the tenant's
+                error = json.loads(ws.recv(timeout=10))
+                assert error["type"] == "error" and error["error"]["param"] == "session.voice", error
+            else:
+                wait_for(lambda: redis.keys(keys.tenants_key("*")), 10, "the sentence to be submitted")
+
+    speak(BOB, refused=False)  # with bob's own voice
+    (wanted,) = redis.keys(keys.tenants_key("*"))
+    assert redis.smembers(wanted) == {b"bob"}  # submitted as bob's, in bob's lane
+    assert redis.zcard(keys.lane_key("tts", "bob")) == 1
+    speak(ALICE, refused=True)
 
 
 # -- isolated tenancy ---------------------------------------------------------------------------
