@@ -194,6 +194,15 @@ def test_a_tenants_delete_withdraws_only_its_own_interest(
     again = _submit(stack, ALICE, text)
     assert again.status_code == 200 and again.json()["status"] == "finished"
 
+    # One URL registered by two tenants is two callbacks, each its tenant's.
+    same = hooks.url + "/same"
+    third = _submit(stack, ALICE, "One URL, two tenants.", same).json()["id"]
+    assert _submit(stack, BOB, "One URL, two tenants.", same).json()["id"] == third
+    assert httpx.delete(f"{stack.url}/v1/tts/{third}", headers=_auth(ALICE)).status_code == 204
+    assert _verify(hooks.wait("/same", 1)[0])["status"] == "canceled"
+    stack.run_worker_burst()
+    assert [_verify(c)["status"] for c in hooks.wait("/same", 2)] == ["canceled", "finished"]
+
 
 # -- voices, logs and metrics (shared tenancy) ------------------------------------------------
 
