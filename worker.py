@@ -25,6 +25,7 @@ from rq.scheduler import RQScheduler
 
 import jobs
 import webhooks
+from common import logs
 from common.errors import RedisFull
 from common.settings import Settings
 from engines.config import ModelUnavailable
@@ -34,6 +35,8 @@ from work import lifetime, process, queueing
 from work.status import failure_words
 
 logger = logging.getLogger("worker")
+# Beats fail together while Redis is full or away: a line for the first, then a few.
+_MISSED_BEAT = logs.Throttled(logger, 60.0)
 # The job of a request (its id is the request id); its end fires the request's webhooks.
 REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
@@ -164,7 +167,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
                     self.maintain_heartbeats(job)
                     self.shared.renew_leases()
                 except Exception:  # a missed beat is retried; never kill the job for it
-                    logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
+                    _MISSED_BEAT.warning("heartbeat for job %s failed", job.id, exc_info=True)
 
         thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
         thread.start()

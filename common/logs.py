@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 import time
 from typing import IO, Any, Collection
 
@@ -178,3 +179,38 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
             continue
         uvicorn_logger.handlers[:] = []
         uvicorn_logger.propagate = True
+
+
+class Throttled:
+    """A recurring warning written at most once every `every` seconds (per process), with how many were held back.
+
+    For conditions that last (Redis full or away) and are met by every try
+    of a loop or every request: the first line says it at once, later ones
+    at most every `every` s. Thread-safe.
+    """
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+        self.logger = logger
+        self.every = every
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, msg: str, *args: object, exc_info: Any = None) -> bool:
+        """Log `msg % args` unless a line was written less than `every` s ago; True when it was written."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return False
+            held, self._held, self._next = self._held, 0, now + self.every
+        if held:
+            msg += " (%d more like it in the last %.0f s)"
+            args = (*args, held, self.every)
+        self.logger.warning(msg, *args, exc_info=exc_info)
+        return True
+
+    def reset(self) -> None:
+        """The condition is over: the next `warning` is written at once."""
+        with self._lock:
+            self._next, self._held = 0.0, 0
