@@ -225,28 +225,40 @@ async def check(url: str, settings: Settings) -> str:
 # -- registering and firing --------------------------------------------------------------
 
 
-# KEYS[1] the request's hooks; ARGV url, format, limit, ttl. 0 when the request has `limit` other URLs already.
+# KEYS[1] the request's hooks; ARGV url, format, limit, ttl. 0 when the request has `limit` other URLs already,
+# 2 when `url` is new, 1 when it was registered already.
 _REGISTER = """
+local added = 1
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  added = 2
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
+return added
 """
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int) -> None:
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int) -> bool:
     """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured.
 
     A request takes at most `limit` distinct URLs: 422 naming callback_url past that.
+    Returns whether `url` is new (else an earlier submission registered it): a
+    submission refused afterwards (`unregister`) takes back only what it added.
     """
-    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl):
+    found = await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl)
+    if not found:
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
         )
+    return int(found) == 2
+
+
+async def unregister(redis: Any, request_id: str, url: str) -> None:
+    """Take back `url`, registered by a submission that was then refused (429, 503): no event for it."""
+    await redis.hdel(hooks_key(request_id), url)
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
@@ -272,14 +284,15 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     or fails for good, its retries spent (`error`: safe words for why). The
     event says "finished" whenever all the request's audio is stored, else
     "failed" (with `error`) or "canceled". Only Redis is touched: delivery
-    is the webhooks process's.
+    is the webhooks process's. Raises RedisError when Redis refuses; the
+    URLs not yet queued stay registered, so calling it again queues them.
     """
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(hooks_key(request_id))
-        pipe.delete(hooks_key(request_id))
-        hooks, _ = pipe.execute()
-    if hooks:
-        _enqueue_events(redis, request_id, hooks, settings, error)
+    hooks = redis.hgetall(hooks_key(request_id))
+    for url, fmt in hooks.items():
+        # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
+        # registered for the next try rather than lost; at worst it hears its event twice.
+        _enqueue_events(redis, request_id, {url: fmt}, settings, error)
+        redis.hdel(hooks_key(request_id), url)
     return len(hooks)
 
 
