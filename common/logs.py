@@ -15,6 +15,8 @@ from typing import IO, Any, Collection
 
 import msgspec
 
+from common import redact
+
 # Lines kept for one write at most: a loop pass that finishes more requests writes early.
 MAX_KEPT_LINES = 256
 # The logger of the web process's line per request (metrics.RequestTelemetry).
@@ -149,6 +151,23 @@ class LoopPassHandler(logging.StreamHandler):
             self.release()
 
 
+class HideQuerySecrets(logging.Filter):
+    """Masks credential query values (`?api_key=`) in uvicorn's lines, which quote each request's path and query.
+
+    uvicorn writes them in its access log and in its WebSocket lines
+    ("WebSocket /path?api_key=... [accepted]"). Our own lines name routes,
+    never raw paths (metrics.RequestTelemetry), so only uvicorn's are looked at.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("uvicorn"):
+            message = record.getMessage()
+            hidden = redact.hide_query_secrets(message)
+            if hidden != message:
+                record.msg, record.args = hidden, None
+        return True
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """Send every logger (ours, RQ's, uvicorn's) to stderr in one format. Idempotent.
 
@@ -156,6 +175,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     settings are read.
     """
     handler = LoopPassHandler(sys.stderr, kept=[REQUEST_LOGGER])
+    handler.addFilter(HideQuerySecrets())
     formatter = JsonFormatter() if fmt == "json" else TextFormatter()
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)
