@@ -317,10 +317,9 @@ def _enqueue_events(
         event_id = uuid.uuid4().hex
         # The URL (which may hold credentials or tokens) stays out of the job's
         # arguments, which rq-dashboard shows: the job names the event only.
-        with redis.pipeline(transaction=True) as pipe:
-            pipe.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
-            pipe.expire(event_key(event_id), settings.result_ttl)
-            pipe.execute()
+        # No TTL while it is being delivered (no `volatile-*` eviction takes it between tries):
+        # deleted once delivered, given the TTL once given up (`_over`).
+        redis.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
         queue.enqueue(
             deliver,
             event_id,
@@ -478,10 +477,20 @@ def deliver(event_id: str) -> dict[str, Any]:
                 }
             },
         )
+        _over(event_id, outcome, settings)
         try:
             _figures.flush(_bound.redis)
         except (RedisError, OSError) as exc:
             logger.warning("webhook metrics kept for later: Redis said %s", exc)
+
+
+def _over(event_id: str, outcome: str, settings: Settings) -> None:
+    """An event given up (its last try failed, or its target is refused) expires `result_ttl` s from now."""
+    if outcome in ("given_up", "refused") and _bound is not None:
+        try:
+            _bound.redis.expire(event_key(event_id), settings.result_ttl)
+        except (RedisError, OSError) as exc:
+            logger.warning("webhook %s given up but kept (no TTL set): Redis said %s", event_id, exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -131,3 +131,27 @@ def test_a_repeat_renews_stored_audio_and_leaves_audio_in_flight_persistent(
     assert again.json()["progress"]["chunks_done"] == 1
     left = redis.ttl(chunk_key(cid))
     assert left == -1 if kept == -1 else TTL - 10 < left <= TTL
+
+
+def test_a_webhook_event_has_no_ttl_until_its_delivery_is_over(redis: Redis) -> None:
+    from rq import Queue, SimpleWorker
+    from rq.serializers import JSONSerializer
+    from test_webhooks import SECRET
+
+    import webhooks
+    from common.keys import event_key, hooks_key
+
+    settings = Settings(redis_url="redis://unused", webhook_secret=SECRET, webhook_allow_private=True, result_ttl=TTL)
+    request_id = "b" * 32
+    redis.hset(hooks_key(request_id), "http://127.0.0.1:9/hook", "wav")  # nothing listens on port 9
+    assert webhooks.request_over(redis, request_id, settings, "synthesis failed") == 1
+    [key] = redis.keys(event_key("*"))
+    assert redis.ttl(key) == -1  # waiting for delivery: no volatile-* policy evicts it
+    q = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
+    [job] = [q.fetch_job(job_id) for job_id in q.job_ids]
+    job.retries_left = 0  # this try is the last: it gives up
+    job.save()
+    webhooks.bind(settings, redis)
+    SimpleWorker([q], connection=redis, serializer=JSONSerializer).work(burst=True)
+    assert job.get_status(refresh=True) == "failed"
+    assert 0 < redis.ttl(key) <= TTL  # given up: kept a while, then gone
