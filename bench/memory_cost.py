@@ -11,7 +11,8 @@
    the shape of ChatTTS's stream;
 3. once the job is over, sums `MEMORY USAGE key SAMPLES 0` of every chunk
    key (`tts:chunk:*`) and every pieces list (`tts:pieces:*`) and divides by
-   the seconds of audio stored (PCM16 at 24 kHz: 48,000 bytes a second).
+   the seconds of audio stored (PCM16 at 24 kHz: 48,000 bytes a second),
+   and reports what every other key left behind takes in all.
 
 `--root DIR` imports the service from another checkout (e.g. one before
 pieces were dropped once stored), to compare. It prints one line of figures
@@ -92,11 +93,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds = sum(int(redis.strlen(k)) for k in chunks) / 48_000
             chunk_bytes = sum(int(redis.memory_usage(k, samples=0) or 0) for k in chunks)
             piece_bytes = sum(int(redis.memory_usage(k, samples=0) or 0) for k in pieces)
+            audio_keys = set(chunks) | set(pieces)
+            others = [k for k in redis.scan_iter("*") if k not in audio_keys]
+            other_bytes = sum(int(redis.memory_usage(k, samples=0) or 0) for k in others)
             print(
                 f"job {status}: {len(chunks)} chunks, {seconds:.1f} s of audio; per stored second: "
                 f"chunk {chunk_bytes / seconds:,.0f} B + pieces {piece_bytes / seconds:,.0f} B "
                 f"({len(pieces)} lists) = {(chunk_bytes + piece_bytes) / seconds:,.0f} B "
-                f"(PCM16 itself: 48,000 B)"
+                f"(PCM16 itself: 48,000 B); every other key ({len(others)}: manifest, RQ job, "
+                f"model, metrics) {other_bytes:,} B in all"
             )
         finally:
             proc.terminate()
