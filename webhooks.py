@@ -287,7 +287,8 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     is the webhooks process's. Raises RedisError when Redis refuses; the
     URLs not yet queued stay registered, so calling it again queues them.
     """
-    hooks = redis.hgetall(hooks_key(request_id))
+    # The client does not decode responses (and is synchronous): a dict of bytes.
+    hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
     for url, fmt in hooks.items():
         # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
         # registered for the next try rather than lost; at worst it hears its event twice.

@@ -313,7 +313,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(
             listed[cid] = [*listed.get(cid, [])[:n], pcm]
         return n
 
-    state.pool.piece = piece  # type: ignore[method-assign]
+    state.pool.piece = piece
     TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     news = []
     quiet = 0
