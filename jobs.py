@@ -30,7 +30,7 @@ from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
 from cache import Spec, stored
-from common import audio, metrics
+from common import audio, logs, metrics
 from common.errors import RedisFull
 from common.keys import MODEL_KEY, assist_key, cancel_key, events_channel, voice_key
 from common.model import Decoder, Engine, ModelInfo, Piece
@@ -39,6 +39,8 @@ from work.queueing import census, queue, voice_job_id
 from work.scheduler import Pool
 
 logger = logging.getLogger(__name__)
+# Every row of every job meets a full Redis at once: a line for the first refusal, then one a minute.
+_FULL = logs.Throttled(logger, 60.0)
 T = TypeVar("T")
 
 
@@ -583,7 +585,9 @@ def _while_full(state: WorkerState, write: Callable[[], T]) -> T:
             state.figures.inc("tts_redis_full_total", process="worker")
             if time.monotonic() + delay > deadline:
                 raise RedisFull(f"Redis is full: it refused the audio for {state.settings.redis_full_wait} s") from exc
-            logger.warning("Redis is full: storing audio again in %.1f s", delay)
+            _FULL.warning(
+                "Redis is full: storing audio again in %.1f s (for %d s at most)", delay, state.settings.redis_full_wait
+            )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

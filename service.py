@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, OutOfMemoryError
+from redis.exceptions import ExecAbortError, MaxConnectionsError, OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -146,7 +146,8 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
         return Failure(
             503, "too many clients are waiting on this server; try again shortly", headers={"Retry-After": "5"}
         )
-    if isinstance(exc, OutOfMemoryError):
+    if isinstance(exc, OutOfMemoryError) or (isinstance(exc, ExecAbortError) and "OOM" in str(exc)):
+        # A transaction Redis refused at EXEC because it filled meanwhile says OOM in an ExecAbortError.
         _FULL.warning("Redis is full (maxmemory reached under noeviction): %s", exc)
         return Failure(
             503,

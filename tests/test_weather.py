@@ -81,7 +81,7 @@ def test_a_worker_whose_birth_redis_refuses_is_made_again_once_there_is_room(ful
     assert made == [0, 1]
 
 
-def test_a_transaction_refused_at_exec_counts_as_a_full_redis(full_redis: str) -> None:  # noqa: F811
+def test_a_transaction_refused_at_exec_counts_as_a_full_redis_everywhere(full_redis: str) -> None:  # noqa: F811
     from redis.exceptions import ExecAbortError
 
     from work import process
@@ -105,5 +105,9 @@ def test_a_transaction_refused_at_exec_counts_as_a_full_redis(full_redis: str) -
     finally:
         redis.connection_pool.release(conn)
     assert process.refused_for_memory(redis, refused)
+    import service
+
+    answer = service.failure(refused)  # the web side's answer to it: Redis is full, not a 500
+    assert answer.status == 503 and "Redis is full" in answer.detail
     redis.delete(*names)
     assert process.refused_for_memory(redis, refused)  # it says why, whatever Redis holds now
