@@ -30,15 +30,17 @@ from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
 from cache import Spec, stored
-from common import audio, metrics
+from common import audio, logs, metrics
 from common.errors import RedisFull
-from common.keys import MODEL_KEY, assist_key, cancel_key, chunk_key, events_channel, voice_key
+from common.keys import MODEL_KEY, assist_key, cancel_key, events_channel, voice_key
 from common.model import Decoder, Engine, ModelInfo, Piece
 from common.settings import Settings
 from work.queueing import census, queue, voice_job_id
 from work.scheduler import Pool
 
 logger = logging.getLogger(__name__)
+# Every row of every job meets a full Redis at once: a line for the first refusal, then one a minute.
+_FULL = logs.Throttled(logger, 60.0)
 T = TypeVar("T")
 
 
@@ -48,6 +50,14 @@ class ModelMismatch(RuntimeError):
 
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
+
+
+class AudioEvicted(RuntimeError):
+    """The request's stored chunks kept disappearing from Redis (evicted as fast as they were made)."""
+
+
+# Rounds of making again the chunks of a request that were lost from Redis before it ended.
+MAX_REMAKES = 2
 
 
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
@@ -189,6 +199,8 @@ class _Request:
     seen: int = -1
     # Whether this run has counted the idle workers afresh (its first claim does).
     counted: bool = False
+    # Rounds of making again chunks lost from Redis before the end (`_lost`).
+    remakes: int = 0
 
 
 # -- the request's job ----------------------------------------------------------
@@ -216,7 +228,7 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     outcome = "failed"
     try:
         _progress(state, request)
-        while request.missing:
+        while request.missing or _lost(state, request):
             look = _look_due(state, request)
             stop = _stop_reason(state, request, run, look)
             if stop is not None:
@@ -293,6 +305,32 @@ def _stop_reason(state: WorkerState, request: _Request, run: _Run, look: bool) -
     if failed:
         raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
     return None
+
+
+def _lost(state: WorkerState, request: _Request) -> bool:
+    """Every chunk seemed stored: check them all once more, and make again those that are gone; True if any were.
+
+    A chunk stored before the request ran, or shared with a request that
+    ended first, carries a TTL and can be evicted (or deleted by hand) while
+    this one runs. Raises AudioEvicted when chunks are still lost after
+    MAX_REMAKES rounds: Redis evicts audio as fast as it is made.
+    """
+    unique = list(dict.fromkeys(request.chunk_ids))
+    gone = [cid for cid, hit in zip(unique, stored(state.redis, unique)) if not hit]
+    if not gone:
+        return False
+    request.remakes += 1
+    if request.remakes > MAX_REMAKES:
+        raise AudioEvicted(f"{len(gone)} chunk(s) were lost from Redis again after {MAX_REMAKES} remakes")
+    logger.warning(
+        "job %s: %d stored chunk(s) are gone from Redis (evicted?); making them again", request.id, len(gone)
+    )
+    if not request.events.subscribed:
+        request.events.subscribe(events_channel(request.id))
+    request.missing = gone
+    state.pool.register(request.id, request.spec)
+    _progress(state, request)
+    return True
 
 
 def _look_due(state: WorkerState, request: _Request) -> bool:
@@ -527,13 +565,7 @@ def _complete(state: WorkerState, run: _Run, ended: Sequence[Piece]) -> None:
         made += audio.duration(whole[piece.key])
         run.tokens[piece.key] = piece.tokens
 
-    def write() -> None:
-        with state.redis.pipeline(transaction=False) as pipe:
-            for key, pcm in whole.items():
-                pipe.set(chunk_key(key), pcm, ex=state.settings.result_ttl)
-            pipe.execute()
-
-    _while_full(state, write)
+    _while_full(state, lambda: state.pool.store(whole))
     run.audio_seconds += made
     for _, waited in state.pool.complete(state.token, list(whole)):
         state.figures.observe("tts_time_to_first_chunk_seconds", waited)
@@ -553,7 +585,9 @@ def _while_full(state: WorkerState, write: Callable[[], T]) -> T:
             state.figures.inc("tts_redis_full_total", process="worker")
             if time.monotonic() + delay > deadline:
                 raise RedisFull(f"Redis is full: it refused the audio for {state.settings.redis_full_wait} s") from exc
-            logger.warning("Redis is full: storing audio again in %.1f s", delay)
+            _FULL.warning(
+                "Redis is full: storing audio again in %.1f s (for %d s at most)", delay, state.settings.redis_full_wait
+            )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

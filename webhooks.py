@@ -227,8 +227,9 @@ async def check(url: str, settings: Settings) -> str:
 
 
 # KEYS[1] the request's hooks; ARGV field, format, limit, ttl, the tenant's field prefix. 0 when the
-# tenant has `limit` other URLs on the request already.
+# tenant has `limit` other URLs on the request already, 2 when the field is new, 1 when it was registered already.
 _REGISTER = """
+local added = 1
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   local mine = 0
   for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -236,9 +237,10 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   end
   if mine >= tonumber(ARGV[3]) then return 0 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  added = 2
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
+return added
 """
 
 
@@ -256,20 +258,29 @@ def hook_of(field: str) -> tuple[str, str]:
     return "", field
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> None:
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> bool:
     """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
 
     Callbacks belong to their tenant: a tenant takes at most `limit` distinct
     URLs on a request (422 naming callback_url past that), and hears only of
-    its own interest (`withdraw`).
+    its own interest (`withdraw`). Returns whether `url` is new for the tenant
+    (else an earlier submission registered it): a submission refused
+    afterwards (`unregister`) takes back only what it added.
     """
     field, prefix = hook_field(tenant, url), hook_field(tenant, "")
-    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix):
+    found = await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix)
+    if not found:
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
         )
+    return int(found) == 2
+
+
+async def unregister(redis: Any, request_id: str, url: str, tenant: str = "") -> None:
+    """Take back `tenant`'s `url`, registered by a submission that was then refused (429, 503): no event for it."""
+    await redis.hdel(hooks_key(request_id), hook_field(tenant, url))
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings, tenant: str = "") -> bool:
@@ -318,14 +329,16 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     or fails for good, its retries spent (`error`: safe words for why). The
     event says "finished" whenever all the request's audio is stored, else
     "failed" (with `error`) or "canceled". Only Redis is touched: delivery
-    is the webhooks process's.
+    is the webhooks process's. Raises RedisError when Redis refuses; the
+    URLs not yet queued stay registered, so calling it again queues them.
     """
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(hooks_key(request_id))
-        pipe.delete(hooks_key(request_id))
-        hooks, _ = pipe.execute()
-    if hooks:
-        _enqueue_events(redis, request_id, hooks, settings, error)
+    # The client does not decode responses (and is synchronous): a dict of bytes.
+    hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
+    for url, fmt in hooks.items():
+        # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
+        # registered for the next try rather than lost; at worst it hears its event twice.
+        _enqueue_events(redis, request_id, {url: fmt}, settings, error)
+        redis.hdel(hooks_key(request_id), url)
     return len(hooks)
 
 
@@ -350,10 +363,9 @@ def _enqueue_events(
         event_id = uuid.uuid4().hex
         # The URL (which may hold credentials or tokens) stays out of the job's
         # arguments, which rq-dashboard shows: the job names the event only.
-        with redis.pipeline(transaction=True) as pipe:
-            pipe.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
-            pipe.expire(event_key(event_id), settings.result_ttl)
-            pipe.execute()
+        # No TTL while it is being delivered (no `volatile-*` eviction takes it between tries):
+        # deleted once delivered, given the TTL once given up (`_over`).
+        redis.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
         queue.enqueue(
             deliver,
             event_id,
@@ -512,10 +524,20 @@ def deliver(event_id: str) -> dict[str, Any]:
                 }
             },
         )
+        _over(event_id, outcome, settings)
         try:
             _figures.flush(_bound.redis)
         except (RedisError, OSError) as exc:
             logger.warning("webhook metrics kept for later: Redis said %s", exc)
+
+
+def _over(event_id: str, outcome: str, settings: Settings) -> None:
+    """An event given up (its last try failed, or its target is refused) expires `result_ttl` s from now."""
+    if outcome in ("given_up", "refused") and _bound is not None:
+        try:
+            _bound.redis.expire(event_key(event_id), settings.result_ttl)
+        except (RedisError, OSError) as exc:
+            logger.warning("webhook %s given up but kept (no TTL set): Redis said %s", event_id, exc)
 
 
 def _reason(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ keys, which the Lua scripts that meet ids as they go are handed.
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
 - `tts:chunk:C`: a chunk's PCM16 audio; `tts:req:R`: a request's manifest;
-- `tts:pieces:C`: the PCM16 pieces of chunk C in order, stored while it decodes (a list);
+- `tts:pieces:C`: the PCM16 pieces of chunk C in order, kept while it decodes (a list; gone once C is stored);
 - `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash),
   `tts:voices:T` those of tenant T (with named API keys);
 - `tts:events:R`: the channel a request's progress is announced on;
@@ -42,7 +42,8 @@ def chunk_key(chunk_id: str) -> str:
 def pieces_key(chunk_id: str) -> str:
     """A Redis list: the PCM16 pieces of chunk `chunk_id` in order, stored while it decodes.
 
-    Joined, they are byte for byte the chunk's stored audio (`chunk_key`).
+    Joined, they are byte for byte the chunk's stored audio (`chunk_key`),
+    which replaces them: the list is deleted as the chunk is stored.
     A chunk that is made again (its worker died, or was stopped) starts its
     list again: piece 0 replaces the list. Each piece is announced on the
     events channel of every request waiting for the chunk as

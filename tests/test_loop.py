@@ -290,7 +290,8 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
 ) -> None:
     """A real rq worker (burst, in-process) makes two requests through the loop: each chunk's stored audio
-    is byte for byte its pieces list joined, and every piece was announced on its request's channel."""
+    is byte for byte its pieces list joined (the list then dropped), and every piece was announced on its request's
+    channel."""
     from worker import TTSWorker
 
     state, settings = _in_process_worker(redis, redis_url, engine)
@@ -302,6 +303,17 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     listen = redis.pubsub(ignore_subscribe_messages=True)
     submitted = [queueing.submit(q, spec, settings) for spec in specs]
     listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
+    # What each piece stored in its list held (the list is dropped once its chunk is stored).
+    listed: dict[str, list[bytes]] = {}
+    store_piece = state.pool.piece
+
+    def piece(token: str, cid: str, index: int, pcm: bytes) -> int:
+        n = store_piece(token, cid, index, pcm)
+        if n >= 0:
+            listed[cid] = [*listed.get(cid, [])[:n], pcm]
+        return n
+
+    state.pool.piece = piece
     TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     news = []
     quiet = 0
@@ -313,8 +325,9 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     for job, spec in zip(submitted, specs):
         assert job.get_status(refresh=True) == "finished"
         for cid in spec.chunk_ids():
-            pieces = cast(list[bytes], redis.lrange(pieces_key(cid), 0, -1))
+            pieces = listed[cid]
             assert len(pieces) >= 2 and b"".join(pieces) == redis.get(chunk_key(cid))
+            assert not redis.exists(pieces_key(cid))  # the stored chunk replaced them
             announced = [e["n"] for e in news if e.get("event") == "piece" and e["chunk"] == cid]
             assert announced == list(range(len(pieces)))
 

@@ -86,9 +86,10 @@ class SubmitRoute:
             if callback is None:
                 self.recent.put((known.spec.model, tenant, raw), known, known.size(raw))
         request_id = known.request_id
+        added = False
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            await webhooks.register(
+            added = await webhooks.register(
                 ctx.redis,
                 request_id,
                 callback,
@@ -99,7 +100,12 @@ class SubmitRoute:
             )
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
-        missing, job = await ensure(ctx, known.spec, request_id, tenant)
+        try:
+            missing, job = await ensure(ctx, known.spec, request_id, tenant)
+        except Exception:
+            if added and callback is not None:  # refused (queue full, Redis full): nothing was accepted
+                await webhooks.unregister(ctx.redis, request_id, callback, tenant)
+            raise
         if job is None:
             if callback is not None:
                 await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)

@@ -38,6 +38,8 @@ FAILURES = {
     "AbandonedJobError": "the worker stopped while synthesizing and the retries ran out",
     "JobTimeoutException": "synthesis ran past its time limit",
     "RedisFull": "Redis is full: it refused to store the audio (its maxmemory is reached); submit it again later",
+    "AudioEvicted": "Redis evicted this request's audio as fast as it was made (its maxmemory is too small for "
+    "the work in flight; see docs/memory.md); submit it again later",
     "OutOfMemoryError": "Redis is full: it refused a write (its maxmemory is reached); submit it again later",
 }
 GENERIC_FAILURE = "synthesis failed in the worker (details are in its log)"
