@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 from redis import Redis
 from redis.connection import parse_url
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
 from common.errors import NotReplicated
 from common.keys import replication_probe
@@ -33,7 +33,9 @@ def sync_client(settings: Settings, **options: Any) -> Redis:
     """A redis-py client of the service's Redis (the primary, with Sentinel); `options` go to its pool."""
     if not settings.redis_sentinels:
         return Redis.from_url(settings.redis_url, **_tls(settings), **options)
-    sentinel = Sentinel(settings.redis_sentinels, sentinel_kwargs=_sentinel_options(settings), **_node(settings))
+    node = _node(settings)
+    node["connection_class"] = _SSLConnection if node.pop("ssl", False) else _Connection
+    sentinel = Sentinel(settings.redis_sentinels, sentinel_kwargs=_sentinel_options(settings), **node)
     return sentinel.master_for(settings.redis_sentinel_master, **options)
 
 
@@ -45,6 +47,25 @@ def async_client(settings: Settings, **options: Any) -> aioredis.Redis:
         settings.redis_sentinels, sentinel_kwargs=_sentinel_options(settings), **_node(settings)
     )
     return sentinel.master_for(settings.redis_sentinel_master, **options)
+
+
+class _Connection(SentinelManagedConnection):
+    """redis-py's Sentinel connection, dropped when a read is interrupted, as its plain connection is.
+
+    redis-py's sync Sentinel connection keeps the socket when an exception
+    (RQ's warm shutdown raises one from its SIGTERM handler) interrupts a
+    read; back in the pool it still owes the reply of a blocking dequeue,
+    and the next command (RQ's register_death) waits out that BLPOP's
+    timeout, minutes. The asyncio one drops it already.
+    """
+
+    def read_response(self, disable_decoding: bool = False, **kwargs: Any) -> Any:
+        kwargs.setdefault("disconnect_on_error", True)
+        return super().read_response(disable_decoding, **kwargs)
+
+
+class _SSLConnection(_Connection, SentinelManagedSSLConnection):
+    """`_Connection` over TLS."""
 
 
 def describe(settings: Settings) -> str:
