@@ -71,8 +71,8 @@ class Replicated:
 
     def primary(self) -> int:
         """The primary's port, as the first sentinel tells it."""
-        _, port = self.node(self.sentinel_ports[0]).sentinel_get_master_addr_by_name(MASTER)
-        return int(port)
+        address = self.node(self.sentinel_ports[0]).sentinel_get_master_addr_by_name(MASTER)
+        return int(address[1])
 
     def settled(self) -> bool:
         """Every sentinel knows the primary, every replica (linked) and the two other sentinels."""
@@ -202,7 +202,7 @@ def test_a_failover_loses_no_accepted_request(
         stack.start_worker()
         stack.start_webhooks()
         stack.wait_ready(timeout=60)
-        text = "Replicated words are spoken here, one after another, slowly. " * 3
+        text = "Replicated words are spoken here, one after another, slowly. " * 5
         accepted: list[str] = []
         for n in range(8):
             r = httpx.post(stack.url + "/v1/tts", json={"text": f"{n}. {text}", "speed": 1}, timeout=15)
@@ -212,7 +212,12 @@ def test_a_failover_loses_no_accepted_request(
         def states() -> list[str]:
             return [httpx.get(f"{stack.url}/v1/tts/{i}", timeout=15).json()["status"] for i in accepted]
 
-        wait_for(lambda: "started" in states(), 30, "a request being synthesized")
+        def started() -> bool:
+            now = states()
+            assert now.count("finished") < len(now) - 1, f"the work ended before the kill: {now}"
+            return "started" in now
+
+        wait_for(started, 30, "a request being synthesized", interval=0.1)
         before = states()
         assert "queued" in before, before
         cluster.kill(first)
@@ -280,6 +285,7 @@ def test_a_failover_loses_no_accepted_request(
             proc.popen.send_signal(signal.SIGTERM)
         for proc in stack.procs:
             proc.popen.wait(15)
-            assert proc.popen.returncode == 0, proc.output()[-3000:]
+            # uvicorn ends by re-raising the signal; the rq processes exit 0.
+            assert proc.popen.returncode in (0, -signal.SIGTERM), proc.output()[-3000:]
     finally:
         stack.stop()

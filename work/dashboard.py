@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         # instance page: always the service's one, whatever the URL says.
         return None, client
 
-    rq_dashboard.web.from_url = service_client  # type: ignore[attr-defined]
+    rq_dashboard.web.from_url = service_client
     username = os.environ.get("RQ_DASHBOARD_USERNAME")
     app = make_flask_app(None, username, os.environ.get("RQ_DASHBOARD_PASSWORD"), "")
     app.config["RQ_DASHBOARD_REDIS_URL"] = (connect.describe(settings),)
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = False
     # The jobs are stored with RQ's JSON serializer.
     rq_dashboard.web.config.serializer = JSONSerializer
-    app.redis_conn = client  # type: ignore[attr-defined]
+    app.redis_conn = client
     logger.info("rq-dashboard on %s:%d for Redis %s", args.bind, args.port, connect.describe(settings))
     app.run(host=args.bind, port=args.port)
     return 0
