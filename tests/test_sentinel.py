@@ -179,6 +179,7 @@ class Answer:
     status: int
     retry_after: str | None
     request_id: str | None
+    detail: str = ""
 
 
 def test_a_failover_loses_no_accepted_request(
@@ -236,7 +237,10 @@ def test_a_failover_loses_no_accepted_request(
                     answers.append(Answer(time.monotonic() - killed, 0, None, None))
                     return
                 rid = r.json().get("id") if r.status_code == 202 else None
-                answers.append(Answer(time.monotonic() - killed, r.status_code, r.headers.get("retry-after"), rid))
+                detail = r.json().get("detail", "") if r.status_code == 503 else ""
+                answers.append(
+                    Answer(time.monotonic() - killed, r.status_code, r.headers.get("retry-after"), rid, detail)
+                )
                 if r.status_code == 202:
                     return
                 time.sleep(0.2)
@@ -251,6 +255,7 @@ def test_a_failover_loses_no_accepted_request(
         refused = [a.at for a in answers if a.status == 503]
         record_property("failover_503_s", round(max(refused, default=0.0), 2))
         record_property("failover_first_202_s", round(answers[-1].at, 2))
+        record_property("failover_503_details", sorted({a.detail for a in answers if a.status == 503}))
         assert answers[-1].request_id is not None
         accepted.append(answers[-1].request_id)
         assert cluster.primary() != first
