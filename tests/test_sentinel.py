@@ -173,6 +173,15 @@ def test_a_job_not_on_a_replica_in_time_is_503_and_stays_queued(
 # -- a failover while requests are queued and running ---------------------------------------------
 
 
+def _queues(port: int) -> list[str] | None:
+    """The queues rq-dashboard on `port` lists; None while it does not answer 200."""
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/0/data/queues.json", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return [q["name"] for q in r.json()["queues"]] if r.status_code == 200 else None
+
+
 @dataclass
 class Answer:
     at: float  # seconds after the kill
@@ -194,35 +203,43 @@ def test_a_failover_loses_no_accepted_request(
         "TTS_ENGINE": "tone",
         "TTS_REDIS_SENTINELS": cluster.sentinels,
         "TTS_REDIS_SENTINEL_MASTER": MASTER,
-        # A piece stored at every token: the tone engine's requests then take seconds, so some are running.
+        # A piece stored at every token: the tone engine's requests then take a while.
         "TTS_STREAM_TOKENS": "1",
     }
     stack = Stack(f"redis://127.0.0.1:{first}/0", tmp_path, env)
+    dash_port = _free_port()
     try:
         stack.start_web()
-        stack.start_worker()
+        worker = stack.start_worker()
         stack.start_webhooks()
+        dashboard = stack._spawn("dashboard", ["-m", "work.dashboard", "--port", str(dash_port)])
         stack.wait_ready(timeout=60)
-        text = "Replicated words are spoken here, one after another, slowly. " * 5
+        wait_for(lambda: _queues(dash_port) is not None, 30, "rq-dashboard", interval=0.2)
         accepted: list[str] = []
-        for n in range(8):
-            r = httpx.post(stack.url + "/v1/tts", json={"text": f"{n}. {text}", "speed": 1}, timeout=15)
+        for n in range(6):
+            text = " ".join(f"Request {n} says sentence {k} slowly." for k in range(8))
+            r = httpx.post(stack.url + "/v1/tts", json={"text": text, "speed": 1}, timeout=15)
             assert r.status_code == 202, r.text
             accepted.append(r.json()["id"])
 
         def states() -> list[str]:
             return [httpx.get(f"{stack.url}/v1/tts/{i}", timeout=15).json()["status"] for i in accepted]
 
-        def started() -> bool:
+        def pinned() -> list[str] | None:
+            # The worker is frozen (SIGSTOP) at a moment when one request is being made and others wait:
+            # the kill then comes in the middle of a job, whatever the machine's speed.
+            worker.popen.send_signal(signal.SIGSTOP)
             now = states()
-            assert now.count("finished") < len(now) - 1, f"the work ended before the kill: {now}"
-            return "started" in now
+            if "started" in now and "queued" in now:
+                return now
+            worker.popen.send_signal(signal.SIGCONT)
+            assert "queued" in now, f"the work ended before the kill: {now}"
+            return None
 
-        wait_for(started, 30, "a request being synthesized", interval=0.1)
-        before = states()
-        assert "queued" in before, before
+        wait_for(pinned, 30, "a request being made while others wait", interval=0.05)
         cluster.kill(first)
         killed = time.monotonic()
+        worker.popen.send_signal(signal.SIGCONT)
 
         # New submissions through the failover, one every 0.2 s until one is accepted again.
         answers: list[Answer] = []
@@ -284,6 +301,8 @@ def test_a_failover_loses_no_accepted_request(
                 audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio", timeout=15)
                 assert audio.status_code == 200, audio.text
         record_property("failed", sum(s["status"] == "failed" for s in outcome.values()))
+        # rq-dashboard follows too: it lists the jobs' queue from the new primary.
+        assert "tts" in (_queues(dash_port) or []), dashboard.output()[-3000:]
         assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a failover"
         # And each still stops at once on SIGTERM (no connection owes a reply it waits out).
         for proc in stack.procs:
