@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -14,14 +16,15 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import Stack, _free_port, wait_for
+from conftest import ROOT, Proc, Stack, _free_port, wait_for
 from redis import Redis
 from redis.exceptions import RedisError
 from rq.job import Job
 from starlette.testclient import TestClient
 
 from common import connect
-from common.settings import from_env
+from common.settings import Settings, from_env
+from work import queueing
 from work.queueing import SERIALIZER
 
 MASTER = "tts-primary"
@@ -162,9 +165,9 @@ def test_a_job_not_on_a_replica_in_time_is_503_and_stays_queued(
         r = client.post("/v1/tts", json=body)
         assert r.status_code == 503 and int(r.headers["retry-after"]) > 0, r.text
         assert "replica" in r.json()["detail"] and "joins it" in r.json()["detail"]
-    queued = redis.lrange("rq:queue:tts", 0, -1)
+    queued = queueing.queue(redis, Settings()).job_ids
     assert len(queued) == 1
-    job = Job.fetch(queued[0].decode(), connection=redis, serializer=SERIALIZER)
+    job = Job.fetch(queued[0], connection=redis, serializer=SERIALIZER)
     assert job.get_status() == "queued"
     r = web_client().post("/v1/tts", json=body)
     assert r.status_code == 202 and r.json()["id"] == job.id
@@ -206,13 +209,16 @@ def test_a_failover_loses_no_accepted_request(
         # A piece stored at every token: the tone engine's requests then take a while.
         "TTS_STREAM_TOKENS": "1",
     }
-    stack = Stack(f"redis://127.0.0.1:{first}/0", tmp_path, env)
     dash_port = _free_port()
+    stack = Stack(f"redis://127.0.0.1:{first}/0", tmp_path, {**env, "DASHBOARD_PORT": str(dash_port)})
     try:
         stack.start_web()
         worker = stack.start_worker()
         stack.start_webhooks()
-        dashboard = stack._spawn("dashboard", ["-m", "work.dashboard", "--port", str(dash_port)])
+        # The Procfile's dashboard line, with the Python that runs the tests.
+        path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+        dashboard = Proc([str(ROOT / "scripts" / "dashboard")], {**stack.env, "PATH": path}, tmp_path / "dashboard.log")
+        stack.procs.append(dashboard)
         stack.wait_ready(timeout=60)
         wait_for(lambda: _queues(dash_port) is not None, 30, "rq-dashboard", interval=0.2)
         accepted: list[str] = []
