@@ -592,8 +592,14 @@ def tls_redis(tmp_path: Path) -> Iterator[TLSRedis]:
 
 @pytest.mark.parametrize("form", ["rediss", "rediss-ca", "unix"])
 def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, tmp_path: Path) -> None:
-    """Web, worker and rq-dashboard over TLS (unverified, or verified with a CA file and a client certificate) or a socket."""
-    env = {"TTS_ENGINE": "tone", "DASHBOARD_PORT": str(_free_port()), "RQ_DASHBOARD_PASSWORD": "dash-pass"}
+    """Web, worker, webhooks and rq-dashboard over TLS (unverified, or verified with a CA file and a client
+    certificate) or a socket."""
+    env = {
+        "TTS_ENGINE": "tone",
+        "DASHBOARD_PORT": str(_free_port()),
+        "RQ_DASHBOARD_PASSWORD": "dash-pass",
+        "TTS_WEBHOOK_WORKERS": "1",
+    }
     if form == "rediss":
         url = tls_redis.tls_url
         # The test CA is no system one: its certificate is refused unless told otherwise.
@@ -611,6 +617,7 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
     try:
         stack.start_web()
         stack.start_worker()
+        stack.start_webhooks()
         ready = stack.wait_ready(timeout=60)
         assert ready["workers"] == 1
         body = httpx.post(stack.url + "/v1/tts", json={"text": f"Over {form}."}).json()
@@ -633,6 +640,13 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
 
         assert wait_for(queues, 60, "rq-dashboard over " + form, interval=0.3) == ["tts"]
         assert tls_redis.password not in dashboard.output()
+
+        def worker_queues() -> list[list[str]]:
+            workers = httpx.get(dash + "/0/data/workers.json", auth=("admin", "dash-pass"), timeout=5)
+            return sorted(w["queues"] for w in workers.json()["workers"])
+
+        # The webhooks process is registered too: it reached Redis the same way.
+        wait_for(lambda: worker_queues() == [["tts"], ["tts-webhooks"]], 30, "the webhooks process", interval=0.3)
     finally:
         stack.stop()
 
