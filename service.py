@@ -28,7 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from common import logs, metrics
-from common.errors import ApiError
+from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
 from web import captions, heap, openapi, ops, session, speech, tts, voices
 from web.context import Context
@@ -86,6 +86,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             ApiError,
             HTTPException,
             queueing.QueueFull,
+            NotReplicated,
             MaxConnectionsError,
             OutOfMemoryError,
             RedisConnectionError,
@@ -153,6 +154,14 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
             503,
             "Redis is full: the service cannot store new work until memory is freed; try again later",
             headers={"Retry-After": "30"},
+        )
+    if isinstance(exc, NotReplicated):
+        logger.warning("a submission is not on enough replicas: %s", exc)
+        return Failure(
+            503,
+            "the service could not copy this request to a Redis replica in time, so it is not accepted; "
+            "it may still run: asking again (the same body) joins it",
+            headers={"Retry-After": "5"},
         )
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         logger.warning("Redis unavailable: %s", exc)

@@ -51,7 +51,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
-from common import audio, metrics, urls
+from common import audio, connect, metrics, urls
 from common.errors import invalid
 from common.keys import chunk_key, event_key, hooks_key, request_key
 from common.settings import Settings
@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         return _supervise(processes)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
-    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    redis = connect.sync_client(settings, health_check_interval=10)
     # RQ finds `deliver` in the module named `webhooks`, which is not this
     # one when it runs as a script (`__main__`): bind that module.
     import webhooks

@@ -19,14 +19,13 @@ import threading
 import time
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import RedisError
 from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
 import webhooks
-from common import logs
+from common import connect, logs
 from common.errors import RedisFull
 from common.settings import Settings
 from engines.config import ModelUnavailable
@@ -236,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 child_args,
                 restart=restart,
                 policy=policy,
-                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+                redis=connect.sync_client(settings, socket_timeout=5),
             )
         if args.per_gpu > 1:
             logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 child_args,
                 restart=restart,
                 policy=policy,
-                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+                redis=connect.sync_client(settings, socket_timeout=5),
             )
         logger.info("no GPU is visible: running one CPU worker")
     try:
@@ -254,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelUnavailable as exc:
         logger.error("%s", exc)
         return 2
-    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    redis = connect.sync_client(settings, health_check_interval=10)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     base_name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
 

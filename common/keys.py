@@ -19,7 +19,8 @@ Layout (prefix `tts`):
 - `tts:assist:Q`: set while an assist job of Q waits;
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
-- `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again.
+- `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
+- `tts:probe:replicated`: a tiny key written before WAIT, which counts replicas up to that write.
 """
 
 from __future__ import annotations
@@ -135,3 +136,13 @@ def rate_key(token_digest: str, window: int) -> str:
 def redis_full_probe() -> str:
     """A tiny key written (with a short TTL) to ask whether Redis accepts writes again."""
     return f"{PREFIX}:probe:writable"
+
+
+def replication_probe() -> str:
+    """A tiny key written (with a short TTL) right before WAIT on the same connection.
+
+    WAIT waits for the replicas to reach the connection's last write; this
+    write comes after every write already acknowledged to any client, so the
+    replicas that reach it hold those too.
+    """
+    return f"{PREFIX}:probe:replicated"

@@ -16,7 +16,7 @@ from starlette.types import Send
 
 import webhooks
 from cache import Spec, is_well_formed_id
-from common import audio, keys, metrics, urls
+from common import audio, connect, keys, metrics, urls
 from common.errors import ApiError
 from common.settings import Settings
 from splitter import split
@@ -183,7 +183,10 @@ async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tupl
     """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
 
     Returns the indexes of chunks not stored yet, and the job making them
-    (None when everything is stored: the queue is not touched).
+    (None when everything is stored: the queue is not touched). Raises
+    NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
+    time: it stays queued on the primary, and the same request asked again
+    joins it (the job id is the request id).
     """
     missing = await ctx.cache.remember(request_id, spec)
     metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
@@ -192,6 +195,9 @@ async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tupl
     job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
     if job.get_status(refresh=False) == "finished":
         return [], None  # its job ended between the look and the submission: all stored now
+    # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
+    # so a primary that dies next cannot take an accepted request with it.
+    await connect.replicated(ctx.redis, ctx.settings)
     return missing, job
 
 
