@@ -410,7 +410,7 @@ class ChatTTSLoop:
         `cache` itself is left as it was, and so are the rows when this raises.
         """
         torch, chat = self.torch, self.chat
-        marks = [(row.made, row.done, len(row.hiddens), row.length) for row in rows]
+        marks = _marks(rows)
         try:
             width = _width_of(cache)
             last = torch.stack([row.codes[row.made - 1] for row in rows]).unsqueeze(1)  # (B, 1, 4)
@@ -424,9 +424,7 @@ class ChatTTSLoop:
                 row.length += 1
             self._sample(rows, hidden)
         except BaseException:
-            for row, (made, done, hiddens, length) in zip(rows, marks):
-                row.made, row.done, row.length = made, done, length
-                del row.hiddens[hiddens:]
+            _restore(rows, marks)
             raise
         return cache
 
@@ -447,15 +445,13 @@ class ChatTTSLoop:
         """Step these batch rows apart from the rest, changing nothing; what that raised (None when it did not,
         or when it ran out of memory: no row's own fault)."""
         rows = [self._rows[i] for i in indices]
-        marks = [(row.made, row.done, len(row.hiddens), row.length) for row in rows]
+        marks = _marks(rows)
         try:
             self._step_rows(rows, self._select(_shallow(self._cache), indices))
         except Exception as exc:
             return None if is_out_of_memory(exc) else exc
         finally:
-            for row, (made, done, hiddens, length) in zip(rows, marks):
-                row.made, row.done, row.length = made, done, length
-                del row.hiddens[hiddens:]
+            _restore(rows, marks)
         return None
 
     def _check_finite(self, hidden: Any) -> None:
@@ -668,6 +664,21 @@ class ChatTTSLoop:
 
     def keys(self) -> list[str]:
         return [row.key for row in self._rows] + [row.key for row in self._ended] + list(self._failed)
+
+
+_Mark = tuple[int, bool, int, int]
+
+
+def _marks(rows: Sequence[_Row]) -> list[_Mark]:
+    """What a step changes of each row (a step that raises, or a trial step, puts it back with `_restore`):
+    codes made, done, hidden states kept, cache length. A row's `codes` past `made` are never read."""
+    return [(row.made, row.done, len(row.hiddens), row.length) for row in rows]
+
+
+def _restore(rows: Sequence[_Row], marks: list[_Mark]) -> None:
+    for row, (made, done, hiddens, length) in zip(rows, marks):
+        row.made, row.done, row.length = made, done, length
+        del row.hiddens[hiddens:]
 
 
 def _width_of(cache: Any) -> int:

@@ -126,7 +126,7 @@ def _poison(rng: random.Random, model: str, dim: int) -> Spec:
     return Spec(chunks=(_text(rng),), model=model, refine_text=rng.random() < 0.05, **voice, **settings)
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(8))
 def test_random_rows_beside_a_victim_leave_its_codes_unchanged(
     engine: tuple[ChatTTSEngine, Any], victim: tuple[str, Spec, torch.Tensor], seed: int
 ) -> None:
