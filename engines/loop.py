@@ -49,6 +49,19 @@ from common import audio, sampling
 from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
 from engines import spoken
 from engines.refine import refine
+from engines.rowfaults import (
+    BAD_INPUT,
+    BAD_SETTINGS,
+    NOT_FINITE,
+    ROW_RAISED,
+    TOO_BIG,
+    Capacity,
+    RowsNotFinite,
+    check_finite,
+    culprits,
+    is_out_of_memory,
+    reason,
+)
 
 # Tokens of context decoded on each side of a piece, so that its edges sound
 # as they would in one decode of the whole chunk (tests/test_loop.py measures
@@ -58,16 +71,6 @@ LOOKAHEAD = 8
 REPETITION_PENALTY = 1.05
 # The codes the repetition penalty looks back over (ChatTTS's gen_logits: 16).
 PAST_WINDOW = 16
-# After running out of memory the loop holds only the rows that fitted; each
-# OOM_HOLD seconds without another shortage it takes one more, up to its capacity.
-OOM_HOLD = 30.0
-# Why a row failed, as its chunk's failure record carries it (work/status.py
-# turns each into words for the client; the exception's name follows in brackets).
-BAD_SETTINGS = "RowSettingsOutOfRange"
-BAD_INPUT = "RowInputUnreadable"
-NOT_FINITE = "RowOutputNotFinite"
-ROW_RAISED = "RowFailedAlone"
-TOO_BIG = "RowTooBigForMemory"
 
 logger = logging.getLogger("engine")
 
@@ -113,27 +116,6 @@ class _Prompt:
     warpers: list[Callable[[Any, Any], Any]]
 
 
-class _RowsNotFinite(Exception):
-    """The model's output for these rows (indices into the rows of the call) has NaN or infinite values."""
-
-    def __init__(self, indices: list[int]) -> None:
-        super().__init__(f"rows {indices}: output not finite")
-        self.indices = indices
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether `exc` is the device (or the host) running out of memory, not a fault of the rows."""
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or (
-        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-    )
-
-
-def _reason(kind: str, exc: BaseException | None = None) -> str:
-    return kind if exc is None else f"{kind} ({type(exc).__name__})"
-
-
 class ChatTTSLoop:
     """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
 
@@ -154,11 +136,7 @@ class ChatTTSLoop:
         self.chat = chat
         self.speaker = speaker
         self.max_new_token = max_new_token
-        # The rows it may hold: `limit`, or fewer for a while after running out of memory.
-        self.limit = capacity
-        self._capacity = capacity
-        self._clock = clock
-        self._grow_at = 0.0
+        self._capacity = Capacity(capacity, clock)
         self.stream_tokens = stream_tokens
         self.lookahead = lookahead
         self.num_vq = int(chat.config.gpt.num_vq)
@@ -171,8 +149,6 @@ class ChatTTSLoop:
         self._warpers: dict[tuple[float, int], tuple[list[Any], list[Any]]] = {}
         # Rows that failed (key -> reason), each handed out as an error piece by the next step.
         self._failed: dict[str, str] = {}
-        # Rows given back unmade after running out of memory, until `take_returned`.
-        self._returned: list[str] = []
         # Rows per step (keys), and each ended row's codes and hidden states
         # when `record` is set: for the tests and the bench, never in service.
         self.steps: list[list[str]] = []
@@ -183,10 +159,7 @@ class ChatTTSLoop:
     @property
     def capacity(self) -> int:
         """The rows the loop takes now: its limit, or fewer for a while after it ran out of memory."""
-        if self._capacity < self.limit and self._clock() >= self._grow_at:
-            self._capacity += 1
-            self._grow_at = self._clock() + OOM_HOLD
-        return self._capacity
+        return self._capacity.now()
 
     def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
         """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
@@ -203,8 +176,7 @@ class ChatTTSLoop:
 
     def take_returned(self) -> list[str]:
         """The rows given back unmade since the last call (out of memory): the caller puts them back in the pool."""
-        returned, self._returned = self._returned, []
-        return returned
+        return self._capacity.take_returned()
 
     def _prepare(self, key: str, spec: Spec) -> _Prompt | None:
         """The row's prompt, speaker and sampling; None when it failed (or, out of memory, was given back)."""
@@ -227,7 +199,7 @@ class ChatTTSLoop:
                 self._no_room(key)
             else:
                 logger.exception("row %s fails alone: its text or voice could not be prepared", key)
-                self._fail(key, _reason(BAD_INPUT, exc))
+                self._fail(key, reason(BAD_INPUT, exc))
             return None
         return _Prompt(key, spec, seed, prompt, emb_spk, processors, warpers)
 
@@ -240,7 +212,7 @@ class ChatTTSLoop:
             joined, cache = self._prefill(prompts)
             self._add(joined, cache)
             return
-        except _RowsNotFinite as exc:
+        except RowsNotFinite as exc:
             bad = set(exc.indices)
             for i in exc.indices:
                 self._fail(prompts[i].key, NOT_FINITE)
@@ -252,7 +224,7 @@ class ChatTTSLoop:
                 return
             if len(prompts) == 1:
                 logger.exception("row %s fails alone: its prefill raised", prompts[0].key)
-                self._fail(prompts[0].key, _reason(ROW_RAISED, exc))
+                self._fail(prompts[0].key, reason(ROW_RAISED, exc))
                 return
             logger.warning("a prefill of %d rows raised (%s): each half alone", len(prompts), type(exc).__name__)
         half = len(prompts) // 2
@@ -273,7 +245,7 @@ class ChatTTSLoop:
         """Prefill rows in one forward and sample their first codes, as GPT.generate's first step does for a
         batch: prompts left-padded to the longest, the mask and position ids over each row's real tokens.
 
-        Changes nothing of the loop's; raises _RowsNotFinite for rows whose output is not finite.
+        Changes nothing of the loop's; raises RowsNotFinite for rows whose output is not finite.
         """
         torch, chat = self.torch, self.chat
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(
@@ -288,7 +260,7 @@ class ChatTTSLoop:
         position_ids = attention_mask.long().cumsum(-1) - 1
         position_ids.masked_fill_(attention_mask.eq(0), 1)
         hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, width), None)
-        self._check_finite(hidden)
+        check_finite(hidden)
         lengths = attention_mask.sum(1).tolist()
         joined = []
         for p, length in zip(prompts, lengths):
@@ -384,7 +356,7 @@ class ChatTTSLoop:
             try:
                 self._cache = self._step_rows(self._rows, self._cache)
                 return
-            except _RowsNotFinite as exc:
+            except RowsNotFinite as exc:
                 bad = set(exc.indices)
                 for i in exc.indices:
                     self._fail(self._rows[i].key, NOT_FINITE)
@@ -394,15 +366,15 @@ class ChatTTSLoop:
                     self._give_back_newest()
                     continue
                 logger.warning("a step of %d rows raised (%s): finding the row", len(self._rows), type(exc).__name__)
-                culprits = self._culprits(list(range(len(self._rows))), exc)
-                if not culprits:
+                found = culprits(list(range(len(self._rows))), exc, self._trial)
+                if not found:
                     # No row fails alone: too many rows together is the fault.
                     self._give_back_newest()
                     continue
-                for i, error in culprits.items():
+                for i, error in found.items():
                     logger.error("row %s fails alone: its step raised %r", self._rows[i].key, error)
-                    self._fail(self._rows[i].key, _reason(ROW_RAISED, error))
-                self._keep([i for i in range(len(self._rows)) if i not in culprits])
+                    self._fail(self._rows[i].key, reason(ROW_RAISED, error))
+                self._keep([i for i in range(len(self._rows)) if i not in found])
 
     def _step_rows(self, rows: list[_Row], cache: Any) -> Any:
         """Forward `rows` (whose cache is `cache`) by their last codes and sample their next; the new cache.
@@ -419,7 +391,7 @@ class ChatTTSLoop:
             mask = torch.arange(width + 1).unsqueeze(0) >= (width + 1 - lengths).unsqueeze(1)
             positions = (lengths - 1).unsqueeze(1)
             hidden, cache = self._forward(emb, mask, positions, torch.arange(width, width + 1), _shallow(cache))
-            self._check_finite(hidden)
+            check_finite(hidden)
             for row in rows:
                 row.length += 1
             self._sample(rows, hidden)
@@ -427,19 +399,6 @@ class ChatTTSLoop:
             _restore(rows, marks)
             raise
         return cache
-
-    def _culprits(self, indices: list[int], exc: BaseException) -> dict[int, BaseException]:
-        """The batch rows among `indices` (whose step together raised `exc`) that raise when stepped apart
-        from the others, each with its exception: each half is tried alone, down to single rows."""
-        if len(indices) == 1:
-            return {indices[0]: exc}
-        found: dict[int, BaseException] = {}
-        half = len(indices) // 2
-        for part in (indices[:half], indices[half:]):
-            error = self._trial(part)
-            if error is not None:
-                found.update(self._culprits(part, error))
-        return found
 
     def _trial(self, indices: list[int]) -> BaseException | None:
         """Step these batch rows apart from the rest, changing nothing; what that raised (None when it did not,
@@ -454,13 +413,6 @@ class ChatTTSLoop:
             _restore(rows, marks)
         return None
 
-    def _check_finite(self, hidden: Any) -> None:
-        """Raise _RowsNotFinite naming the rows of `hidden` (rows, positions, dim) with NaN or infinite values:
-        sampling from them would fail (or, on a GPU, abort the device)."""
-        finite = self.torch.isfinite(hidden.narrow(1, -1, 1)).flatten(1).all(1)
-        if not bool(finite.all()):
-            raise _RowsNotFinite([i for i, ok in enumerate(finite.tolist()) if not ok])
-
     def _pieces_of(self, rows: Sequence[_Row]) -> list[Piece]:
         """Each row's next piece, if ready; a row whose audio cannot be decoded fails (out of memory: is given
         back) and leaves the batch."""
@@ -474,7 +426,7 @@ class ChatTTSLoop:
                     self._short_of_memory([row.key])
                 else:
                     logger.exception("row %s fails alone: decoding its audio raised", row.key)
-                    self._fail(row.key, _reason(ROW_RAISED, exc))
+                    self._fail(row.key, reason(ROW_RAISED, exc))
                 continue
             if piece is not None:
                 out.append(piece)
@@ -508,20 +460,9 @@ class ChatTTSLoop:
             self._short_of_memory([])
 
     def _short_of_memory(self, keys: list[str]) -> None:
-        """Out of memory: `keys` are given back unmade and the loop holds what it holds now, for OOM_HOLD s."""
-        torch = self.torch
-        self._returned += keys
+        """Out of memory: `keys` are given back unmade and the loop holds no more than it holds now for a while."""
         held = len(self._rows) + len(self._ended) - sum(1 for row in self._rows if row.key in keys)
-        self._capacity = max(1, min(self._capacity, held))
-        self._grow_at = self._clock() + OOM_HOLD
-        logger.warning(
-            "out of memory: %d row(s) given back; the loop holds at most %d row(s) for %.0f s",
-            len(keys),
-            self._capacity,
-            OOM_HOLD,
-        )
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self._capacity.short(held, keys)
 
     def _forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
         """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""

@@ -22,7 +22,7 @@ from cache import Spec
 from common.model import Piece, decode_all
 from common.settings import from_env
 from common.speakers import encode_speaker
-from engines import loop as loop_module
+from engines import rowfaults
 from engines.chattts import ChatTTSEngine, load_chattts
 from engines.loop import ChatTTSLoop
 
@@ -175,9 +175,9 @@ def test_rows_out_of_range_and_with_nan_voices_fail_alone_with_their_reasons(
     loop = _loop(eng)
     with torch.inference_mode():
         out = decode_all(loop, rows)
-    assert [p.error for p in out["cold"]] == [loop_module.BAD_SETTINGS]
-    assert [p.error for p in out["top-k-0"]] == [loop_module.BAD_SETTINGS]
-    assert [p.error for p in out["nan-voice"]] == [loop_module.NOT_FINITE]
+    assert [p.error for p in out["cold"]] == [rowfaults.BAD_SETTINGS]
+    assert [p.error for p in out["top-k-0"]] == [rowfaults.BAD_SETTINGS]
+    assert [p.error for p in out["nan-voice"]] == [rowfaults.NOT_FINITE]
     assert torch.equal(_codes(loop, key), alone)
 
 
@@ -222,7 +222,7 @@ def test_a_row_whose_step_raises_fails_alone_and_the_others_step_on(
     bad = ("bad", Spec(chunks=("This row will break a step.",), model=info.id, seed=7))
     with torch.inference_mode():
         out = decode_all(loop, [(key, spec), others[0], bad, others[1]])
-    assert out["bad"][-1].error == f"{loop_module.ROW_RAISED} (RuntimeError)"
+    assert out["bad"][-1].error == f"{rowfaults.ROW_RAISED} (RuntimeError)"
     assert torch.equal(_codes(loop, key), alone)
     for k, codes in alone_others.items():
         assert out[k][-1].error is None and torch.equal(_codes(loop, k), codes), k
@@ -254,7 +254,7 @@ def test_out_of_memory_gives_the_newest_rows_back_and_shrinks_the_loop_for_a_whi
         assert returned == ["m2", "m1"] or sorted(returned) == ["m1", "m2"], returned
         assert loop.capacity == 2 and len(loop.keys()) == 2
         assert not [p for p in pieces if p.error is not None]
-        now[0] += loop_module.OOM_HOLD
+        now[0] += rowfaults.OOM_HOLD
         assert loop.capacity == 3, "one more row after OOM_HOLD"
         while loop.keys():
             assert all(p.error is None for p in loop.step())
@@ -284,4 +284,4 @@ def test_a_row_that_does_not_fit_alone_fails_and_one_that_fits_later_is_given_ba
             loop.step()
         loop.join([long])
         assert loop.take_returned() == [], "alone on the device, it cannot fit later: it fails"
-        assert [(p.key, p.error) for p in loop.step()] == [("long", loop_module.TOO_BIG)]
+        assert [(p.key, p.error) for p in loop.step()] == [("long", rowfaults.TOO_BIG)]
