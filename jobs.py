@@ -504,13 +504,39 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
             state.making[c.chunk_id] = []
     try:
         state.decoder.join([(c.chunk_id, c.row) for c in claimed])
-    except BaseException as exc:
-        if isinstance(exc, JobTimeoutException):
-            _after_alarm(state)
-        else:
-            _release_all(state)
+    except JobTimeoutException:
+        _after_alarm(state)
         raise
+    except Exception as exc:
+        # A row that cannot be made fails alone inside the decoder (an error
+        # piece at the next step): this is the decoder's own fault. The rows
+        # it holds go on; those just claimed fail now, none left holding a lease.
+        _refuse_claimed(state, [c.chunk_id for c in claimed], exc)
+        return
+    except BaseException:
+        _release_all(state)
+        raise
+    _take_back_returned(state)
     state.figures.observe("tts_batch_rows", len(claimed))
+
+
+def _refuse_claimed(state: WorkerState, chunk_ids: Sequence[str], exc: Exception) -> None:
+    """The decoder failed to take claimed chunks: those it did not take fail (their requests hear why) and
+    leave `making`, so no lease of theirs is renewed."""
+    held = set(state.decoder.keys())
+    lost = [cid for cid in chunk_ids if cid not in held]
+    logger.error("the decoder refused %d claimed row(s): %r", len(lost), exc, exc_info=exc)
+    _forget(state, lost)
+    state.pool.fail(state.token, lost, type(exc).__name__)
+
+
+def _take_back_returned(state: WorkerState) -> None:
+    """Rows the decoder gave back unmade (it ran out of memory) go back to the pool, open at once."""
+    returned = state.decoder.take_returned()
+    if returned:
+        logger.warning("%d row(s) back to the pool: the decoder ran out of memory", len(returned))
+        _forget(state, returned)
+        state.pool.release(state.token, returned)
 
 
 def _step(state: WorkerState, run: _Run) -> None:
@@ -528,6 +554,7 @@ def _step(state: WorkerState, run: _Run) -> None:
         _reset(state)
         state.pool.fail(state.token, keys, type(exc).__name__)
         return
+    _take_back_returned(state)
     run.model_seconds += time.monotonic() - began
     ended = [piece for piece in pieces if _store(state, piece)]
     if ended:
@@ -640,9 +667,13 @@ def drop_idle_connections(redis: Redis) -> None:
 
 
 def _release_all(state: WorkerState) -> None:
-    """Every row leaves the loop and goes back to the pool, open at once (shutdown, time limit, failure)."""
-    keys = state.decoder.keys()
+    """Every row leaves the loop and goes back to the pool, open at once (shutdown, time limit, failure),
+    and so does every chunk claimed for it and not joined yet."""
+    with state.lock:
+        claimed = list(state.making)
+    keys = list(dict.fromkeys([*state.decoder.keys(), *claimed, *state.decoder.take_returned()]))
     _reset(state)
+    _forget(state, keys)
     state.pool.release(state.token, keys)
 
 
