@@ -68,7 +68,7 @@ _YEAR_CUE = re.compile(
     r"(?:\b(?:in|since|by|until|till|from|before|after|around|circa|year|of|the)\s+|')$", re.IGNORECASE
 )
 
-_NUM = r"\d+(?:,\d{3})*(?:\.\d+)?"
+_NUM = r"\d+(?:,\d{3}(?!\d))*(?:\.\d+)?"
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("date_zh", re.compile(r"(\d{2,4})年(\d{1,2})月(\d{1,2})[日号]")),
     ("year_zh", re.compile(r"(\d{2,4})年")),

@@ -127,3 +127,9 @@ _AROUND = st.sampled_from(["", " ", "$", "€", "¥", "%", "th", "年", "价格"
 def test_speak_reads_numbers_of_any_length(text: str) -> None:
     out = spoken.speak(text)
     assert re.search(r"(?<![A-Za-z0-9_.])[0-9]", out) is None, (text, out)
+
+
+@pytest.mark.parametrize("text", ["0,0000", "1,0000", "12,0000,5"])
+def test_a_comma_group_of_more_than_three_digits_leaves_no_digit_behind(text: str) -> None:
+    out = spoken.speak(text)
+    assert not re.search(r"[0-9]", out), (text, out)
