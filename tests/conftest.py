@@ -106,12 +106,24 @@ def _pings(url: str) -> bool:
         return False
 
 
+def clean(conn: Redis) -> None:
+    """Empty the claimed database but for its claim, in one transaction.
+
+    Flushed and claimed again in two steps, it would look empty between them
+    to another test process looking for a database to claim, which could then
+    take it (test files run in several processes at once).
+    """
+    with conn.pipeline(transaction=True) as pipe:
+        pipe.flushdb()
+        pipe.set(CLAIM, os.getpid())
+        pipe.execute()
+
+
 @pytest.fixture
 def redis(redis_url: str) -> Iterator[Redis]:
     """A clean claimed database for one test."""
     conn = Redis.from_url(redis_url)
-    conn.flushdb()
-    conn.set(CLAIM, os.getpid())
+    clean(conn)
     yield conn
     conn.close()
 

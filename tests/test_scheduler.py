@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import httpx
 import pytest
-from conftest import Proc, Stack, wait_for
+from conftest import Proc, Stack, clean, wait_for
 from redis import Redis
 from test_ops import log_events, scrape, value
 
@@ -300,7 +300,7 @@ def test_one_call_batches_waiting_requests_unless_cross_batching_is_off(
     """Six one-chunk requests wait while no worker runs; the worker that starts then makes them in one
     model call, or in six with TTS_CROSS_BATCH=false."""
     for cross, calls in (("true", 1), ("false", 6)):
-        redis.flushdb()
+        clean(redis)
         stack = stack_factory(TTS_ENGINE="tone", TTS_BATCH_SIZE="8", TTS_CROSS_BATCH=cross)
         stack.start_web()
         first = stack.start_worker()
