@@ -62,6 +62,8 @@ class Settings:
     max_queue: int = 1000
     # How long POST /v1/audio/speech holds the connection for its audio.
     speech_wait: int = 120
+    # Seconds a WebSocket session may go without a client message (and no audio to come) before it is closed.
+    ws_idle_seconds: int = 120
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
     # Requests per minute per API key; 0: unlimited.
@@ -270,6 +272,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
+        ws_idle_seconds=_parse(env, "TTS_WS_IDLE_SECONDS", d.ws_idle_seconds, _int_in(1, 86400), "seconds, 1-86400"),
         api_keys=_parse(
             env, "TTS_API_KEYS", d.api_keys, _keys, "comma-separated keys of at least 16 characters", secret=True
         ),

@@ -251,6 +251,11 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
+    """Cancel a request as DELETE /v1/tts/{id} does (the WebSocket's barge-in withdraws through it too)."""
+    await run_in_threadpool(_cancel, ctx, request_id, chunk_ids)
+
+
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
     queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
     job = queueing.fetch(ctx.sync_redis, request_id)
