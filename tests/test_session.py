@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Stack, wait_for
+from conftest import ROOT, Proc, Stack, wait_for
+from conftest import _free_port as free_port
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -341,3 +343,40 @@ def test_context_ids_are_bounded_in_length_and_number(session: ClientConnection)
     _send(session, type="input_text.flush", context_id="c16")
     audio, done, errors = _until_done(session)
     assert audio and not errors and done["context_id"] == "c16"
+
+
+def test_the_procfile_server_refuses_a_frame_over_the_limit_itself(redis_url: str, tmp_path: Path) -> None:
+    # The Procfile's web line bounds what uvicorn buffers of one frame (its default is 16 MiB) to the same limit.
+    sys.path.insert(0, str(ROOT / "bench"))
+    from procfile import web_flags
+
+    from web import session as session_module
+    from web.session import MAX_FRAME
+
+    port = free_port()
+    web = Proc(
+        [sys.executable, "-m", "uvicorn", "service:create_app", *web_flags(port)],
+        {**os.environ, "REDIS_URL": redis_url},
+        tmp_path / "web.log",
+    )
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 30, "the web process")
+        with connect(f"ws://127.0.0.1:{port}/v1/audio/speech/websocket") as ws:
+            _next(ws)
+            ws.send("x" * MAX_FRAME)  # at the limit: read, and answered
+            assert _next(ws)["type"] == "error"
+            ws.send("x" * (MAX_FRAME + 1))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+            # Refused by the server as it read the frame, before the app was handed it.
+            assert closed.value.rcvd.reason != session_module.TOO_BIG_REASON, closed.value.rcvd.reason
+    finally:
+        web.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

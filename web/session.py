@@ -42,6 +42,7 @@ ROUTE = openapi.SPEECH_SOCKET
 NORMAL, POLICY, TOO_BIG, INTERNAL, TRY_LATER = 1000, 1008, 1009, 1011, 1013
 # Bytes of one client frame: a message of text deltas needs far less.
 MAX_FRAME = 64 * 1024
+TOO_BIG_REASON = f"a frame over {MAX_FRAME} bytes"
 # Contexts live at once in one session (a context that has nothing left to do no longer counts).
 MAX_CONTEXTS = 16
 
@@ -106,7 +107,7 @@ class _Session:
     async def _take(self, message: MutableMapping[str, Any]) -> bool:
         """Handle one client message; False when the session is over (input_text.end, a frame too big)."""
         if _size(message) > MAX_FRAME:
-            await self._close(TOO_BIG, f"a frame over {MAX_FRAME} bytes")
+            await self._close(TOO_BIG, TOO_BIG_REASON)
             return False
         context_id = None
         try:
