@@ -3,6 +3,7 @@ formats, with the websockets client against real uvicorn, rq tone workers and Re
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -16,6 +17,7 @@ from redis import Redis
 from websockets.sync.client import ClientConnection, connect
 
 from common import audio, keys
+from web.speaking import stop
 
 ALLOY = 1001  # the seed the built-in voice "alloy" stands for: what the session speaks with by default
 PAUSE = 2 * 24000 * 250 // 1000  # bytes of the pause after a sentence end, in pcm
@@ -230,3 +232,27 @@ def test_telephony_and_raw_formats_on_the_socket(tone_stack: Stack) -> None:
             events = _collect(ws, _done("default"))
             (start,) = [e for e in events if e["type"] == "speech.segment.start"]
             assert _audio(events, "default") == audio.encode(_stored(tone_stack, start["request_id"]), fmt), fmt
+
+
+def test_stop_ends_a_task_that_swallows_a_cancel() -> None:
+    # What a task busy with redis-py on Python 3.11 can do (speaking.stop): a barge-in must still end its speaker.
+    async def main() -> int:
+        swallowed = 0
+
+        async def stubborn() -> None:
+            nonlocal swallowed
+            while True:
+                try:
+                    await asyncio.sleep(1)
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed += 1
+
+        task = asyncio.create_task(stubborn())
+        await asyncio.sleep(0)
+        await asyncio.wait_for(stop(task), 5)
+        assert task.done()
+        return swallowed
+
+    assert asyncio.run(main()) == 1

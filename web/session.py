@@ -165,7 +165,7 @@ class _Session:
     async def _clear(self, context_id: str) -> None:
         """Barge-in: the context stops at once; its sentences not spoken are withdrawn after the answer."""
         context = self.contexts.get(context_id)
-        dropped = await context.clear() if context is not None else []
+        dropped = context.clear() if context is not None else []
         await self.send(Cleared(context_id=context_id))
         for piece in dropped:
             self.spawn(wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member))
@@ -219,14 +219,20 @@ class _Session:
         if self.contexts.get(context.id) is context:
             del self.contexts[context.id]
 
-    async def error(self, told: Failure, context_id: str | None = None) -> None:
+    async def error(
+        self, told: Failure, context_id: str | None = None, current: Callable[[], bool] | None = None
+    ) -> None:
         error = openai_error(told.status, told.detail, told.field, told.code).error
-        await self.send(ErrorEvent(error=error, context_id=msgspec.UNSET if context_id is None else context_id))
+        event = ErrorEvent(error=error, context_id=msgspec.UNSET if context_id is None else context_id)
+        await self.send(event, current)
 
-    async def send(self, event: msgspec.Struct) -> None:
-        """One JSON text frame; contexts send side by side, one frame at a time. A client gone is no error."""
+    async def send(self, event: msgspec.Struct, current: Callable[[], bool] | None = None) -> None:
+        """One JSON text frame, unless `current()` is false by its turn; one frame at a time. A client gone is no
+        error."""
         async with self._send_lock:
             if self.ws.application_state != WebSocketState.CONNECTED or self._lost.is_set():
+                return
+            if current is not None and not current():
                 return
             try:
                 await self.ws.send_text(_event(event).decode())

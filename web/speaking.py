@@ -13,19 +13,24 @@ Text passes three stages, each in order:
    through one encoder per generation: speech.segment.start, the deltas,
    speech.segment.done; speech.audio.done where the generation was flushed.
 
-`clear` (barge-in) moves the context to a new epoch: the speaker is stopped
-at once, so no delta of earlier text follows; unspoken text and queued
-sentences are dropped; the sentences already submitted are handed back to
-be withdrawn, and one being submitted withdraws itself once it sees the
-epoch moved. A context with nothing left to do retires (the session
-forgets it); a new message for it starts it afresh.
+`clear` (barge-in) moves the context to a new epoch. Every event a speaker
+sends is checked against its epoch under the session's send lock, so no
+event of earlier text follows the clear, whatever the old speaker is doing
+when it is stopped; a new speaker takes the new epoch's sentences.
+Unspoken text and queued sentences are dropped; the sentences already
+submitted are handed back to be withdrawn, and one being submitted
+withdraws itself once it sees the epoch moved. A context with nothing left
+to do retires (the session forgets it); a new message for it starts it
+afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Protocol
 
@@ -69,9 +74,13 @@ class Host(Protocol):
     session: Session
     failure: Callable[[Exception], Failure]
 
-    async def send(self, event: msgspec.Struct) -> None: ...
+    async def send(self, event: msgspec.Struct, current: Callable[[], bool] | None = None) -> None:
+        """Send `event`, unless `current()` is false when its turn to be sent comes."""
+        ...
 
-    async def error(self, told: Failure, context_id: str | None = None) -> None: ...
+    async def error(
+        self, told: Failure, context_id: str | None = None, current: Callable[[], bool] | None = None
+    ) -> None: ...
 
     def segment(self) -> tuple[int, str]:
         """The next segment id of the session, and its holder name for wanted.py."""
@@ -128,6 +137,19 @@ class _Generation:
     audio_tokens: int = 0
 
 
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancel `task` and wait until it has ended, cancelling again for as long as it goes on.
+
+    Once is not always enough: Python 3.11's asyncio.wait_for loses a cancel
+    that lands as the call it waits for finishes, and redis-py sends every
+    command through it (with a socket timeout, its default), so a task busy
+    with Redis can swallow a cancel and carry on.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.05)
+
+
 class SpeechContext:
     """One context: its own generation, speaking beside the session's other contexts."""
 
@@ -142,11 +164,11 @@ class SpeechContext:
         self.gone = asyncio.Event()  # set once retired
         self.current: Piece | None = None  # the sentence being relayed
         self._texts: asyncio.Queue[_Text | _End] = asyncio.Queue()
-        self._pieces: asyncio.Queue[Piece | _End] = asyncio.Queue()
         self._submitting = False
         self._timer: asyncio.TimerHandle | None = None
         self._submitter = asyncio.create_task(self._submit_all())
-        self._speaker = asyncio.create_task(self._speak())
+        self._pieces: asyncio.Queue[Piece | _End] = asyncio.Queue()
+        self._speaker = asyncio.create_task(self._speak(self.epoch, self._pieces))
 
     @property
     def busy(self) -> bool:
@@ -185,10 +207,11 @@ class SpeechContext:
         self.open = False
         self._texts.put_nowait(_End())
 
-    async def clear(self) -> list[Piece]:
+    def clear(self) -> list[Piece]:
         """Barge-in: drop what is not spoken; the sentences submitted are returned, for the caller to withdraw.
 
-        When it returns, no audio of the text before it will be sent.
+        From its return on, no event of the text before it is sent (the old
+        speaker's sends are refused by epoch while it is being stopped).
         """
         self.epoch += 1
         self._disarm()
@@ -196,15 +219,9 @@ class SpeechContext:
         self.open = False
         while not self._texts.empty():
             self._texts.get_nowait()
-        self._speaker.cancel()
-        await asyncio.gather(self._speaker, return_exceptions=True)
-        dropped = [self.current] if self.current is not None else []
-        self.current = None
-        while not self._pieces.empty():
-            item = self._pieces.get_nowait()
-            if isinstance(item, Piece):
-                dropped.append(item)
-        self._speaker = asyncio.create_task(self._speak())
+        dropped = self._drop_speaker()
+        self._pieces = asyncio.Queue()
+        self._speaker = asyncio.create_task(self._speak(self.epoch, self._pieces))
         self._settle()
         return dropped
 
@@ -212,19 +229,27 @@ class SpeechContext:
         """The session is over: stop, and let go of every sentence held (their requests finish for others)."""
         self.epoch += 1
         self._disarm()
-        tasks = (self._submitter, self._speaker)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        held = [self.current] if self.current is not None else []
+        speaker = self._speaker
+        held = self._drop_speaker()
+        await asyncio.gather(stop(self._submitter), stop(speaker))
+        for piece in held:
+            self.host.spawn(wanted.let_go(self.ctx, piece.request_id, piece.member))
+        self.gone.set()
+
+    def _drop_speaker(self) -> list[Piece]:
+        """Stop the speaker (in the background) and take the sentences it had: the one playing, then the queued."""
+        self.host.spawn(stop(self._speaker))
+        dropped = [self.current] if self.current is not None else []
         self.current = None
         while not self._pieces.empty():
             item = self._pieces.get_nowait()
             if isinstance(item, Piece):
-                held.append(item)
-        for piece in held:
-            self.host.spawn(wanted.let_go(self.ctx, piece.request_id, piece.member))
-        self.gone.set()
+                dropped.append(item)
+        return dropped
+
+    def _in(self, epoch: int) -> bool:
+        """Whether the context is still in `epoch` (not cleared since)."""
+        return self.epoch == epoch
 
     def _take(self, text: str) -> None:
         text = text.strip()
@@ -257,7 +282,7 @@ class SpeechContext:
         me = asyncio.current_task()
         for task in (self._submitter, self._speaker):
             if task is not me:
-                task.cancel()
+                self.host.spawn(stop(task))
         self.host.retire(self)
         self.gone.set()
 
@@ -276,8 +301,7 @@ class SpeechContext:
                 piece = await self._submit(item)
             except Exception as exc:  # refused or failed: said, and the generation goes on
                 piece = None
-                if item.epoch == self.epoch:
-                    await self.host.error(self.host.failure(exc), self.id)
+                await self.host.error(self.host.failure(exc), self.id, functools.partial(self._in, item.epoch))
             finally:
                 self._submitting = False
             if piece is not None and item.epoch != self.epoch:
@@ -307,24 +331,30 @@ class SpeechContext:
 
     # -- speaking -------------------------------------------------------------------
 
-    async def _speak(self) -> None:
+    async def _speak(self, epoch: int, pieces: asyncio.Queue[Piece | _End]) -> None:
+        """Speak epoch `epoch`'s sentences from `pieces`, in order, until the context moves on or retires."""
         generation = _Generation()
         while True:
-            item = await self._pieces.get()
+            item = await pieces.get()
+            if self.epoch != epoch:
+                return
             if isinstance(item, _End):
-                await self._done(generation)
+                await self._done(generation, epoch)
                 generation = _Generation()
             else:
                 self.current = item
-                await self._relay(item, generation)
+                await self._relay(item, generation, epoch)
+                if self.epoch != epoch:
+                    return  # cleared: the sentence is withdrawn by whoever cleared it
                 self.current = None
                 self.host.spawn(wanted.let_go(self.ctx, item.request_id, item.member))
             self._settle()
             if self.retired:
                 return
 
-    async def _relay(self, piece: Piece, generation: _Generation) -> None:
+    async def _relay(self, piece: Piece, generation: _Generation, epoch: int) -> None:
         """One sentence's audio, framed by its segment events; an error event when it cannot be had."""
+        current = functools.partial(self._in, epoch)
         if generation.encoder is None:
             fmt = piece.settings.response_format
             generation.encoder, generation.rate = audio.StreamEncoder(fmt), audio.rate_of(fmt)
@@ -332,37 +362,40 @@ class SpeechContext:
         gap = audio.silence(pause_after(generation.previous)) if generation.previous is not None else b""
         started = False
         try:
-            async for pcm in relay.pieces(self.ctx.settings.speech_wait):
-                if not started:
-                    started = True
-                    offset = samples_at(generation.rate, generation.samples + len(gap) // SAMPLE_WIDTH)
-                    await self.host.send(
-                        SegmentStart(
+            async with aclosing(relay.pieces(self.ctx.settings.speech_wait)) as pieces:
+                async for pcm in pieces:
+                    if not current():
+                        return
+                    if not started:
+                        started = True
+                        offset = samples_at(generation.rate, generation.samples + len(gap) // SAMPLE_WIDTH)
+                        start = SegmentStart(
                             context_id=self.id,
                             segment_id=piece.segment_id,
                             text=piece.text,
                             request_id=piece.request_id,
                             sample_offset=offset,
                         )
-                    )
-                data, gap = gap + pcm, b""
-                generation.samples += len(data) // SAMPLE_WIDTH
-                await self._delta(await run_in_threadpool(generation.encoder.feed, data))
+                        await self.host.send(start, current)
+                    data, gap = gap + pcm, b""
+                    generation.samples += len(data) // SAMPLE_WIDTH
+                    await self._delta(await run_in_threadpool(generation.encoder.feed, data), current)
         except Cut:
-            await self.host.error(self.host.failure(await self._why(piece)), self.id)
+            await self.host.error(self.host.failure(await self._why(piece)), self.id, current)
         else:
             generation.previous = piece.spec.chunks[-1]
             generation.text_tokens += speech.input_tokens(piece.spec.chunks)
         generation.audio_tokens += relay.audio_tokens
         if started:
-            await self.host.send(SegmentDone(context_id=self.id, segment_id=piece.segment_id))
+            await self.host.send(SegmentDone(context_id=self.id, segment_id=piece.segment_id), current)
 
-    async def _done(self, generation: _Generation) -> None:
+    async def _done(self, generation: _Generation, epoch: int) -> None:
+        current = functools.partial(self._in, epoch)
         if generation.encoder is not None:
-            await self._delta(await run_in_threadpool(generation.encoder.close))
+            await self._delta(await run_in_threadpool(generation.encoder.close), current)
         n, m = generation.text_tokens, generation.audio_tokens
         usage = Usage(input_tokens=n, output_tokens=m, total_tokens=n + m)
-        await self.host.send(Done(usage=usage, context_id=self.id))
+        await self.host.send(Done(usage=usage, context_id=self.id), current)
 
     async def _why(self, piece: Piece) -> Exception:
         """Why a sentence's relay was cut: its job failed or was canceled, or it is late."""
@@ -376,6 +409,6 @@ class SpeechContext:
             f"it goes on: GET {urls.audio_url(piece.request_id)}",
         )
 
-    async def _delta(self, data: bytes) -> None:
+    async def _delta(self, data: bytes, current: Callable[[], bool]) -> None:
         if data:
-            await self.host.send(Delta(audio=base64.b64encode(data).decode(), context_id=self.id))
+            await self.host.send(Delta(audio=base64.b64encode(data).decode(), context_id=self.id), current)
