@@ -265,6 +265,9 @@ def test_a_frame_over_64_kib_closes_1009_and_one_at_the_limit_is_an_event(sessio
     refused = _next(session)  # read, and refused for its length: the pending text limit
     assert refused["type"] == "error" and refused["error"]["code"] == "input_too_long"
     assert refused["context_id"] == "default" and refused["error"]["param"] == "text"
+    # Refused whole: no context was left speaking, so the session is between generations.
+    _send(session, type="session.update", session={"speed": 1.5})
+    assert _next(session)["type"] == "session.updated"
     session.send(at_limit[:-2] + 'x"}')
     with pytest.raises(ConnectionClosed) as closed:
         session.recv(timeout=30)

@@ -187,6 +187,7 @@ class SpeechContext:
         """More text; raises InputTooLong (and takes none of it) past TTS_MAX_CHARS unspoken."""
         limit = self.ctx.settings.max_chars
         if len(self.text) + len(delta) > limit:
+            self._settle()  # a context made for this text alone has nothing to do
             raise InputTooLong(limit)
         self.text += delta
         cut = complete_until(self.text)
@@ -198,6 +199,7 @@ class SpeechContext:
             head, self.text = self.text[:cut], self.text[cut:].lstrip()
             self._take(head)
         self._arm()
+        self._settle()
 
     def flush(self) -> None:
         """Speak what is left and end the generation: done follows its audio, even if some of it is refused."""
