@@ -28,7 +28,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from common.errors import ApiError
-from web import bodies, openapi, wanted
+from web import bodies, openapi
 from web.bodies import Session, SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
 from web.context import Context
 from web.replies import Cleared, ErrorEvent, Failure, SessionCreated, SessionUpdated, openai_error
@@ -163,12 +163,11 @@ class _Session:
         await self.send(SessionUpdated(session=self.session))
 
     async def _clear(self, context_id: str) -> None:
-        """Barge-in: the context stops at once; its sentences not spoken are withdrawn after the answer."""
+        """Barge-in: the context stops at once; its sentences not spoken are withdrawn beside the answer."""
         context = self.contexts.get(context_id)
-        dropped = context.clear() if context is not None else []
+        if context is not None:
+            context.clear()
         await self.send(Cleared(context_id=context_id))
-        for piece in dropped:
-            self.spawn(wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member))
 
     async def _end(self) -> None:
         """Flush every context (the default one when there is none), then close with 1000 after the last audio."""

@@ -18,8 +18,8 @@ sends is checked against its epoch under the session's send lock, so no
 event of earlier text follows the clear, whatever the old speaker is doing
 when it is stopped; a new speaker takes the new epoch's sentences.
 Unspoken text and queued sentences are dropped; the sentences already
-submitted are handed back to be withdrawn, and one being submitted
-withdraws itself once it sees the epoch moved. A context with nothing left
+submitted are withdrawn once the old speaker has stopped, and one being
+submitted withdraws itself once it sees the epoch moved. A context with nothing left
 to do retires (the session forgets it); a new message for it starts it
 afresh.
 """
@@ -209,8 +209,8 @@ class SpeechContext:
         self.open = False
         self._texts.put_nowait(_End())
 
-    def clear(self) -> list[Piece]:
-        """Barge-in: drop what is not spoken; the sentences submitted are returned, for the caller to withdraw.
+    def clear(self) -> None:
+        """Barge-in: drop what is not spoken, and withdraw (in the background) the sentences submitted.
 
         From its return on, no event of the text before it is sent (the old
         speaker's sends are refused by epoch while it is being stopped).
@@ -221,33 +221,41 @@ class SpeechContext:
         self.open = False
         while not self._texts.empty():
             self._texts.get_nowait()
-        dropped = self._drop_speaker()
+        speaker, dropped = self._speaker, self._take_pieces()
         self._pieces = asyncio.Queue()
         self._speaker = asyncio.create_task(self._speak(self.epoch, self._pieces))
+        self.host.spawn(self._withdraw(speaker, dropped))
         self._settle()
-        return dropped
 
     async def aclose(self) -> None:
         """The session is over: stop, and let go of every sentence held (their requests finish for others)."""
         self.epoch += 1
         self._disarm()
-        speaker = self._speaker
-        held = self._drop_speaker()
+        speaker, held = self._speaker, self._take_pieces()
         await asyncio.gather(stop(self._submitter), stop(speaker))
         for piece in held:
             self.host.spawn(wanted.let_go(self.ctx, piece.request_id, piece.member))
         self.gone.set()
 
-    def _drop_speaker(self) -> list[Piece]:
-        """Stop the speaker (in the background) and take the sentences it had: the one playing, then the queued."""
-        self.host.spawn(stop(self._speaker))
-        dropped = [self.current] if self.current is not None else []
+    def _take_pieces(self) -> list[Piece]:
+        """The sentences the speaker had: the one playing, then those queued."""
+        taken = [self.current] if self.current is not None else []
         self.current = None
         while not self._pieces.empty():
             item = self._pieces.get_nowait()
             if isinstance(item, Piece):
-                dropped.append(item)
-        return dropped
+                taken.append(item)
+        return taken
+
+    async def _withdraw(self, speaker: asyncio.Task[Any], dropped: list[Piece]) -> None:
+        """Stop the old speaker, then withdraw its sentences (wanted.withdraw).
+
+        Stopped first: its relay's subscription would count as someone else
+        listening for the sentence it was playing.
+        """
+        await stop(speaker)
+        for piece in dropped:
+            await wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member)
 
     def _in(self, epoch: int) -> bool:
         """Whether the context is still in `epoch` (not cleared since)."""
