@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -256,3 +257,26 @@ def test_stop_ends_a_task_that_swallows_a_cancel() -> None:
         return swallowed
 
     assert asyncio.run(main()) == 1
+
+
+def test_barge_in_spares_a_sentence_someone_streams(idle_stack: Stack, redis: Redis) -> None:
+    heard: list[httpx.Response] = []
+    with _ws(idle_stack) as ws:
+        _send(ws, type="input_text.append", text="Someone else streams these words. Tail")
+        request_id = wait_for(lambda: list(_requests(redis)), 10, "the sentence's request")[0]  # type: ignore[index]
+        channel = keys.events_channel(request_id)
+        wait_for(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 10, "the session's relay")
+
+        def listen() -> None:
+            heard.append(httpx.get(f"{idle_stack.url}/v1/tts/{request_id}/audio?stream=true", timeout=120))
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        wait_for(lambda: redis.pubsub_numsub(channel)[0][1] == 2, 10, "the stream to wait for the audio too")
+        _send(ws, type="input_text.clear")
+        assert json.loads(ws.recv(timeout=30))["type"] == "speech.audio.cleared"
+        wait_for(lambda: not redis.exists(keys.wanted_key(request_id)), 10, "the session to let go")
+        assert httpx.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
+        idle_stack.start_worker()
+        listener.join(120)
+    assert heard and heard[0].status_code == 200 and heard[0].content[44:] == _stored(idle_stack, request_id)
