@@ -60,6 +60,7 @@ class Realtime(Scenario):
     # The stack's naive server gives scenario 3's load rate when scenario 3 did not run.
     needs_stack = True
     counts_chunks = True
+    withdraws = True  # the barge-ins
 
     def setup(self) -> None:
         b = self.b
