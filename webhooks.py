@@ -2,8 +2,9 @@
 
     python webhooks.py [--burst]     # the Procfile's `webhooks` process: a plain rq worker on the webhook queue
 
-A request's callback URLs are kept in a Redis hash (URL -> audio format)
-until its job is over; `request_over` then takes them all at once (so each
+A request's callback URLs are kept in a Redis hash (its tenant and URL ->
+audio format: `hook_field`) until its job is over, or until their tenant
+withdraws from it (`withdraw`: they hear "canceled" at once); `request_over` then takes them all at once (so each
 distinct URL gets exactly one event) and enqueues one delivery job per URL
 on `settings.webhook_queue`; the event's URL and body wait in a hash of
 their own (`event_key`), so the job, which rq-dashboard shows, names only
@@ -50,7 +51,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
-from common import audio, metrics, urls
+from common import audio, connect, metrics, urls
 from common.errors import invalid
 from common.keys import chunk_key, event_key, hooks_key, request_key
 from common.settings import Settings
@@ -225,44 +226,100 @@ async def check(url: str, settings: Settings) -> str:
 # -- registering and firing --------------------------------------------------------------
 
 
-# KEYS[1] the request's hooks; ARGV url, format, limit, ttl. 0 when the request has `limit` other URLs already.
+# KEYS[1] the request's hooks; ARGV field, format, limit, ttl, the tenant's field prefix. 0 when the
+# tenant has `limit` other URLs on the request already, 2 when the field is new, 1 when it was registered already.
 _REGISTER = """
+local added = 1
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+  local mine = 0
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, #ARGV[5]) == ARGV[5] then mine = mine + 1 end
+  end
+  if mine >= tonumber(ARGV[3]) then return 0 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  added = 2
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
+return added
 """
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int) -> None:
-    """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured.
+def hook_field(tenant: str, url: str) -> str:
+    """A callback's field in the request's hash of hooks: its URL, after its tenant's name and "|" if named."""
+    return f"{tenant}|{url}" if tenant else url
 
-    A request takes at most `limit` distinct URLs: 422 naming callback_url past that.
+
+def hook_of(field: str) -> tuple[str, str]:
+    """The (tenant, URL) of a field made by `hook_field`."""
+    head, sep, rest = field.partition("|")
+    # A URL has its scheme's ":" before any "|"; a tenant name has no ":".
+    if sep and ":" not in head:
+        return head, rest
+    return "", field
+
+
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> bool:
+    """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
+
+    Callbacks belong to their tenant: a tenant takes at most `limit` distinct
+    URLs on a request (422 naming callback_url past that), and hears only of
+    its own interest (`withdraw`). Returns whether `url` is new for the tenant
+    (else an earlier submission registered it): a submission refused
+    afterwards (`unregister`) takes back only what it added.
     """
-    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl):
+    field, prefix = hook_field(tenant, url), hook_field(tenant, "")
+    found = await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix)
+    if not found:
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
         )
+    return int(found) == 2
 
 
-def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
+async def unregister(redis: Any, request_id: str, url: str, tenant: str = "") -> None:
+    """Take back `tenant`'s `url`, registered by a submission that was then refused (429, 503): no event for it."""
+    await redis.hdel(hooks_key(request_id), hook_field(tenant, url))
+
+
+def fire_now(redis: Redis, request_id: str, url: str, settings: Settings, tenant: str = "") -> bool:
     """Send `url` its event now, if it is still registered: the request was over when it was submitted.
 
     Whoever takes a registration fires it, so a job ending at the same moment
     cannot make it fire twice. Returns whether this call fired it.
     """
+    field = hook_field(tenant, url)
     with redis.pipeline(transaction=True) as pipe:
-        pipe.hget(hooks_key(request_id), url)
-        pipe.hdel(hooks_key(request_id), url)
+        pipe.hget(hooks_key(request_id), field)
+        pipe.hdel(hooks_key(request_id), field)
         fmt, removed = pipe.execute()
     if not removed:
         return False
-    _enqueue_events(redis, request_id, {url.encode(): fmt}, settings, None)
+    _enqueue_events(redis, request_id, {field.encode(): fmt}, settings, None)
     return True
+
+
+def withdraw(redis: Redis, request_id: str, tenant: str, settings: Settings) -> int:
+    """`tenant` withdrew from `request_id`, which others still want: its callbacks get their event now.
+
+    The event says "canceled" (or "finished" if the audio is all stored by
+    now); the other tenants' callbacks wait for the job's end. Each callback
+    fires once, whoever takes it first. Returns how many fired.
+    """
+    key = hooks_key(request_id)
+    hooks: dict[bytes, bytes] = redis.hgetall(key)  # type: ignore[assignment]  # a sync client's answer
+    mine = {f: fmt for f, fmt in hooks.items() if hook_of(f.decode())[0] == tenant}
+    if not mine:
+        return 0
+    with redis.pipeline(transaction=False) as pipe:
+        for field in mine:
+            pipe.hdel(key, field)
+        removed = pipe.execute()
+    taken = {f: fmt for (f, fmt), gone in zip(mine.items(), removed) if gone}
+    if taken:
+        _enqueue_events(redis, request_id, taken, settings, None)
+    return len(taken)
 
 
 def request_over(redis: Redis, request_id: str, settings: Settings, error: str | None = None) -> int:
@@ -272,14 +329,16 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     or fails for good, its retries spent (`error`: safe words for why). The
     event says "finished" whenever all the request's audio is stored, else
     "failed" (with `error`) or "canceled". Only Redis is touched: delivery
-    is the webhooks process's.
+    is the webhooks process's. Raises RedisError when Redis refuses; the
+    URLs not yet queued stay registered, so calling it again queues them.
     """
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(hooks_key(request_id))
-        pipe.delete(hooks_key(request_id))
-        hooks, _ = pipe.execute()
-    if hooks:
-        _enqueue_events(redis, request_id, hooks, settings, error)
+    # The client does not decode responses (and is synchronous): a dict of bytes.
+    hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
+    for url, fmt in hooks.items():
+        # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
+        # registered for the next try rather than lost; at worst it hears its event twice.
+        _enqueue_events(redis, request_id, {url: fmt}, settings, error)
+        redis.hdel(hooks_key(request_id), url)
     return len(hooks)
 
 
@@ -290,8 +349,8 @@ def _enqueue_events(
     base = settings.public_url or ""
     queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
     delays = list(settings.webhook_retry_delays)
-    for raw_url, raw_fmt in hooks.items():
-        url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
+    for raw_field, raw_fmt in hooks.items():
+        (tenant, url), fmt = hook_of(raw_field.decode()), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
             id=request_id,
             status=status,
@@ -304,10 +363,9 @@ def _enqueue_events(
         event_id = uuid.uuid4().hex
         # The URL (which may hold credentials or tokens) stays out of the job's
         # arguments, which rq-dashboard shows: the job names the event only.
-        with redis.pipeline(transaction=True) as pipe:
-            pipe.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
-            pipe.expire(event_key(event_id), settings.result_ttl)
-            pipe.execute()
+        # No TTL while it is being delivered (no `volatile-*` eviction takes it between tries):
+        # deleted once delivered, given the TTL once given up (`_over`).
+        redis.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
         queue.enqueue(
             deliver,
             event_id,
@@ -332,6 +390,7 @@ def _enqueue_events(
                     "status": status,
                     "target": _shown(url),
                     "outcome": "queued",
+                    **({"tenant": tenant} if tenant else {}),
                 }
             },
         )
@@ -465,10 +524,20 @@ def deliver(event_id: str) -> dict[str, Any]:
                 }
             },
         )
+        _over(event_id, outcome, settings)
         try:
             _figures.flush(_bound.redis)
         except (RedisError, OSError) as exc:
             logger.warning("webhook metrics kept for later: Redis said %s", exc)
+
+
+def _over(event_id: str, outcome: str, settings: Settings) -> None:
+    """An event given up (its last try failed, or its target is refused) expires `result_ttl` s from now."""
+    if outcome in ("given_up", "refused") and _bound is not None:
+        try:
+            _bound.redis.expire(event_key(event_id), settings.result_ttl)
+        except (RedisError, OSError) as exc:
+            logger.warning("webhook %s given up but kept (no TTL set): Redis said %s", event_id, exc)
 
 
 def _reason(exc: BaseException) -> str:
@@ -576,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         return _supervise(processes)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
-    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    redis = connect.sync_client(settings, health_check_interval=10)
     # RQ finds `deliver` in the module named `webhooks`, which is not this
     # one when it runs as a script (`__main__`): bind that module.
     import webhooks

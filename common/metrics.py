@@ -33,13 +33,15 @@ from redis.exceptions import RedisError
 
 from cache import is_well_formed_id
 from common import logs
-from common.keys import METRICS_KEY, pool_key
+from common.keys import METRICS_KEY, lane_key, turns_key
 
 logger = logging.getLogger(__name__)
 
 # The text format every Prometheus reads (what prometheus_client itself
 # answers a scraper that asks for nothing newer); all names here are legacy-safe.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+# The ASGI scope entry where the web side puts the caller's tenant name (web/context.py), logged with its request.
+TENANT_SCOPE = "tts.tenant"
 
 # Seconds; a `?wait=` request may be held up to 60 s and the speech route 120 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -76,6 +78,12 @@ METRICS: dict[str, Metric] = {
             "counter",
             "HTTP requests answered, by route template, method and status.",
             ("route", "method", "status"),
+        ),
+        Metric(
+            "tts_tenant_requests_total",
+            "counter",
+            "Requests admitted with an API key, by the key's tenant name (TTS_API_KEYS).",
+            ("tenant",),
         ),
         Metric(
             "tts_http_request_duration_seconds",
@@ -466,8 +474,26 @@ def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[
         ):
             jobs.add_metric([queue.name, state], count)
         alive.add_metric([queue.name], live.get(queue.name, 0))
-    pool.add_metric([synthesis.name], synthesis.connection.zcard(pool_key(synthesis.name)))
-    return [jobs, pool, alive]
+    lanes = GaugeMetricFamily(
+        "tts_tenant_pool_chunks",
+        'Chunks waiting in the queue\'s pool for each tenant, now (named API keys; "" without).',
+        labels=["queue", "tenant"],
+    )
+    waiting = pool_lanes(synthesis.connection, synthesis.name)
+    pool.add_metric([synthesis.name], sum(waiting.values()))
+    for tenant, count in sorted(waiting.items()):
+        lanes.add_metric([synthesis.name, tenant], count)
+    return [jobs, pool, alive, lanes]
+
+
+def pool_lanes(redis: Redis, queue: str) -> dict[str, int]:
+    """Entries waiting in each tenant's lane of the pool of `queue` (work/scheduler.py), the pool's own ("") too."""
+    listed = {t.decode() if isinstance(t, bytes) else str(t) for t in redis.zrange(turns_key(queue), 0, -1)}
+    tenants = sorted(listed | {""})
+    with redis.pipeline(transaction=False) as pipe:
+        for tenant in tenants:
+            pipe.zcard(lane_key(queue, tenant))
+        return dict(zip(tenants, map(int, pipe.execute())))
 
 
 # -- the web side's request line and counts ------------------------------------
@@ -529,7 +555,8 @@ class RequestTelemetry:
             histogram.observe(seconds)
             if self.log.isEnabledFor(logging.INFO):
                 request_id = scope.get("path_params", {}).get("id") or header_id
-                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"))
+                tenant = scope.get(TENANT_SCOPE, "")
+                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), tenant)
 
     def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
         series = (
@@ -549,6 +576,7 @@ class RequestTelemetry:
         size: int,
         request_id: str | None,
         client: tuple[str, int] | None,
+        tenant: str = "",
     ) -> None:
         event: dict[str, Any] = {
             "event": "request",
@@ -562,6 +590,8 @@ class RequestTelemetry:
             event["id"] = request_id
         if client:
             event["client"] = client[0]
+        if tenant:
+            event["tenant"] = tenant
         record = self.log.makeRecord(
             self.log.name, logging.INFO, "", 0, "%s %s %s", (method, route, status), None, extra={"event": event}
         )

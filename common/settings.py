@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -60,12 +62,21 @@ class Settings:
     # (?wait, ?stream, /v1/audio/speech) holds one for its wait.
     redis_max_connections: int = 1000
     max_queue: int = 1000
-    # How long POST /v1/audio/speech holds the connection for its audio.
-    speech_wait: int = 120
+    # Seconds an answer may wait for audio before its first byte: POST
+    # /v1/audio/speech (flac: the whole file), ?stream=true's first chunk, a
+    # seed's voice export, a WebSocket sentence. At most 25 by default:
+    # Heroku-style routers drop an answer with no first byte in 30 s.
+    speech_wait: int = 25
     # Seconds a WebSocket session may go without a client message (and no audio to come) before it is closed.
     ws_idle_seconds: int = 120
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
+    # The tenant of each key of `api_keys`, in the same order (TTS_API_KEYS's
+    # `name=key`); missing or "" for a key named by its digest (`tenant_of`).
+    api_key_names: tuple[str, ...] = ()
+    # "shared": identical requests of different tenants share one job and its
+    # audio; "isolated": the tenant is part of a request's identity.
+    tenancy: str = "shared"
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
     # Torch CPU threads per worker; 0: the host's cores divided by `workers_on_host`.
@@ -107,6 +118,21 @@ class Settings:
     max_callback_urls: int = 10
     # Delivery processes the webhooks process runs: a slow receiver holds one, not all.
     webhook_workers: int = 4
+    # TLS to Redis (rediss:// URLs): the CA bundle that signs its certificate
+    # (None: the system's), and a client certificate and key where Redis asks for one.
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
+    # Sentinel (docs/redis.md): the sentinels' (host, port) addresses and the
+    # name they know the primary by; empty: REDIS_URL's host is the one Redis.
+    # REDIS_URL then gives the database, the credentials and TLS, not the host.
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_password: str | None = field(default=None, repr=False)
+    # A submission is answered once its job is on this many replicas (Redis
+    # WAIT), waiting at most redis_wait_timeout_ms; 0: once it is on the primary.
+    redis_wait_replicas: int = 0
+    redis_wait_timeout_ms: int = 1000
 
     def __repr__(self) -> str:
         # Logged and printed in tracebacks: credentials never shown (the API
@@ -118,7 +144,7 @@ class Settings:
                 text = repr(safe_url(value))
             elif f.name == "api_keys":
                 text = f"<{len(value)} key(s)>"
-            elif f.name == "webhook_secret":
+            elif f.name in ("webhook_secret", "redis_sentinel_password"):
                 text = "None" if value is None else "<set>"
             else:
                 text = repr(value)
@@ -136,6 +162,12 @@ class Settings:
         if self.webhook_secret is None:
             return ()
         return tuple(_webhook_key(s) for s in self.webhook_secret.split())
+
+    def tenant_of(self, index: int) -> str:
+        """The tenant name of `api_keys[index]`: its given name, else `key-` and 8 hex digits of its SHA-256."""
+        if index < len(self.api_key_names) and self.api_key_names[index]:
+            return self.api_key_names[index]
+        return bare_key_name(self.api_keys[index])
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -237,8 +269,41 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
             f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
         )
+    tls = _redis_tls(env, redis_url)
+    sentinels = _parse(
+        env, "TTS_REDIS_SENTINELS", d.redis_sentinels, _sentinels, "comma-separated host:port addresses of sentinels"
+    )
+    if sentinels and urlsplit(redis_url).scheme == "unix":
+        raise SettingsError(
+            "TTS_REDIS_SENTINELS is set but REDIS_URL is a unix:// URL: expected a redis:// or rediss:// URL, "
+            "whose database, credentials and TLS the primary the sentinels name is reached with"
+        )
+    # With Sentinel there is a replica to fail over to: an accepted job must be on it.
+    wait_default = 1 if sentinels else 0
+    none: tuple[tuple[str, str], ...] = ()
+    named_keys = _parse(env, "TTS_API_KEYS", none, _named_keys, KEYS_ACCEPTED, secret=True)
     return Settings(
         redis_url=redis_url,
+        redis_ca_file=tls[0],
+        redis_cert_file=tls[1],
+        redis_key_file=tls[2],
+        redis_sentinels=sentinels,
+        redis_sentinel_master=_parse(
+            env, "TTS_REDIS_SENTINEL_MASTER", d.redis_sentinel_master, _choice_name, "letters, digits, '_' or '-'"
+        ),
+        redis_sentinel_password=_parse(
+            env, "TTS_REDIS_SENTINEL_PASSWORD", d.redis_sentinel_password, str, "a password", secret=True
+        ),
+        redis_wait_replicas=_parse(
+            env, "TTS_REDIS_WAIT_REPLICAS", wait_default, _int_in(0, 100), "a whole number of replicas 0-100"
+        ),
+        redis_wait_timeout_ms=_parse(
+            env,
+            "TTS_REDIS_WAIT_TIMEOUT_MS",
+            d.redis_wait_timeout_ms,
+            _int_in(1, 60_000),
+            "milliseconds, 1-60000",
+        ),
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
         model_path=_parse(env, "TTS_MODEL_PATH", d.model_path, _existing_dir, "an existing directory"),
         fallback_model_path=_parse(env, "TTS_FALLBACK_MODEL_PATH", d.fallback_model_path, str, "a directory path"),
@@ -273,9 +338,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
         ws_idle_seconds=_parse(env, "TTS_WS_IDLE_SECONDS", d.ws_idle_seconds, _int_in(1, 86400), "seconds, 1-86400"),
-        api_keys=_parse(
-            env, "TTS_API_KEYS", d.api_keys, _keys, "comma-separated keys of at least 16 characters", secret=True
-        ),
+        api_keys=tuple(key for _, key in named_keys),
+        api_key_names=tuple(name for name, _ in named_keys),
+        tenancy=_parse(env, "TTS_TENANCY", d.tenancy, _choice("shared", "isolated"), "shared or isolated"),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(
             env,
@@ -332,18 +397,86 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+def _redis_tls(env: Mapping[str, str], redis_url: str) -> tuple[str | None, str | None, str | None]:
+    """TTS_REDIS_CA_FILE, TTS_REDIS_CERT_FILE and TTS_REDIS_KEY_FILE, each an existing file; only with rediss://."""
+    files = tuple(_parse(env, name, None, _existing_file, "an existing file") for name in _TLS_FILES)
+    ca, cert, key = files
+    given = [name for name, value in zip(_TLS_FILES, files) if value is not None]
+    if given and urlsplit(redis_url).scheme != "rediss":
+        raise SettingsError(
+            f"{given[0]} is set but REDIS_URL is not a rediss:// URL: expected rediss:// (TLS) with it, or {given[0]} unset"
+        )
+    if key is not None and cert is None:
+        raise SettingsError("TTS_REDIS_KEY_FILE is set without TTS_REDIS_CERT_FILE: expected both, or neither")
+    if ca is not None and not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
+        raise SettingsError(
+            "TTS_REDIS_CA_FILE is set with TTS_REDIS_TLS_VERIFY=false: expected one of them (a CA file is only "
+            "used to verify the certificate)"
+        )
+    return ca, cert, key
+
+
+_TLS_FILES = ("TTS_REDIS_CA_FILE", "TTS_REDIS_CERT_FILE", "TTS_REDIS_KEY_FILE")
+
+
+def _existing_file(raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise ValueError(raw)
+    return raw
+
+
+def _sentinels(raw: str) -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port` (an IPv6 host in brackets: `[::1]:26379`) as (host, port) pairs."""
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        host, sep, port = item.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c in host for c in "/@ "):
+            raise ValueError(item)
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError(raw)
+    return tuple(out)
+
+
 def _choice_name(raw: str) -> str:
     if not raw or not all(c.isalnum() or c in "_-" for c in raw):
         raise ValueError(raw)
     return raw
 
 
-def _keys(raw: str) -> tuple[str, ...]:
-    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
-    # Short keys can be guessed; refuse them rather than run half-protected.
-    if not keys or any(len(k) < 16 or not k.isprintable() or " " in k for k in keys):
+KEYS_ACCEPTED = (
+    "comma-separated keys of at least 16 characters, each bare or named as name=key "
+    "(name: 1-64 letters, digits, _ or -; one name may have several keys; no key twice)"
+)
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def bare_key_name(key: str) -> str:
+    """The tenant name of a key given without one: a short digest that does not reveal the key."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _named_keys(raw: str) -> tuple[tuple[str, str], ...]:
+    """(name, key) for each comma-separated entry; name "" for a bare key.
+
+    An entry is named when it has a "=" whose left side is a valid name and
+    whose right side is a key, so a bare key ending in "=" padding stays bare.
+    """
+    out = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        name, sep, key = entry.partition("=")
+        if not (sep and _TENANT_NAME.fullmatch(name) and len(key) >= 16):
+            name, key = "", entry
+        # Short keys can be guessed; refuse them rather than run half-protected.
+        if len(key) < 16 or not key.isprintable() or " " in key:
+            raise ValueError("keys")
+        out.append((name, key))
+    if not out or len({key for _, key in out}) != len(out):
         raise ValueError("keys")
-    return keys
+    return tuple(out)
 
 
 def _existing_dir(raw: str) -> str:

@@ -24,6 +24,7 @@ def _refusal(raw: bytes, cls: type[bodies.Body]) -> ApiError:
         pytest.param(b'{"text": "hi", "seed": 9.0}', "seed", 9, id="whole-float-is-an-int"),
         pytest.param(b'{"text": "hi", "seed": -0}', "seed", 0, id="minus-zero"),
         pytest.param(b'{"text": "hi", "temperature": 1}', "temperature", 1.0, id="int-for-a-float"),
+        pytest.param(b'{"text": "hi", "temperature": 0.001}', "temperature", 0.001, id="temperature-at-its-floor"),
         pytest.param(b'{"text": 5, "text": "hi"}', "text", "hi", id="duplicate-key-last-wins"),
         pytest.param(b'{"text": "a\\ud800b"}', "text", "a\ud800b", id="lone-surrogate-kept-for-normalize"),
         pytest.param(b'{"text": "hi", "format": " MP3 "}', "format", " MP3 ", id="format-any-case"),
@@ -84,8 +85,32 @@ def test_accepted(raw: bytes, field: str, value: Any) -> None:
             TtsRequest,
             422,
             "temperature",
-            "temperature: must be a number greater than 0 and at most 1",
+            "temperature: must be a number from 0.001 to 1",
             id="int-past-float-range",
+        ),
+        pytest.param(
+            b'{"text": "hi", "temperature": 1e-40}',
+            TtsRequest,
+            422,
+            "temperature",
+            "temperature: must be a number from 0.001 to 1, got 1e-40",
+            id="temperature-that-turns-sampling-to-nan",
+        ),
+        pytest.param(
+            b'{"text": "hi", "temperature": 0.0009}',
+            TtsRequest,
+            422,
+            "temperature",
+            "temperature: must be a number from 0.001 to 1",
+            id="temperature-below-its-floor",
+        ),
+        pytest.param(
+            b'{"type": "session.update", "session": {"temperature": 1e-40}}',
+            bodies.SessionUpdate,
+            422,
+            "session.temperature",
+            "must be a number from 0.001 to 1",
+            id="session-temperature-that-turns-sampling-to-nan",
         ),
         pytest.param(
             b'{"text": "hi", "speaker": null}', TtsRequest, 422, "speaker", "speaker: must be a ChatTTS", id="null"
@@ -193,3 +218,16 @@ def test_schemas_state_the_rules_and_the_settings() -> None:
     assert voice["anyOf"] == [{"required": ["seed"]}, {"required": ["speaker"]}, {"required": ["mix"]}]
     assert voice["properties"]["mix"]["minItems"] == 2 and voice["properties"]["mix"]["maxItems"] == 8
     assert set(schemas["Error"]["required"]) == {"detail"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "deep"),
+    [
+        pytest.param(b'{"text": "' + b"[" * 5000 + b'"}', False, id="brackets-in-a-string"),
+        pytest.param(b"[" * 65 + b"]" * 65, True, id="65-levels"),
+        pytest.param(b"[" * 64 + b"]" * 64, False, id="64-levels"),
+        pytest.param(b'[["\\\\"], ' + b"[1]," * 100 + b"1]", False, id="many-shallow"),
+    ],
+)
+def test_nesting_is_bounded_the_same_on_every_python(raw: bytes, deep: bool) -> None:
+    assert bodies._too_deep(raw) is deep

@@ -30,7 +30,7 @@ import msgspec.inspect as mi
 from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 
-from common import audio
+from common import audio, sampling
 from common.errors import ApiError
 
 B = TypeVar("B", bound="Body")
@@ -105,6 +105,13 @@ Text = Annotated[
     ),
 ]
 Unit = Annotated[float, Meta(gt=0, le=1)]
+# Below its floor the logits divided by it overflow and sampling turns to NaN (common/sampling.py).
+Temperature = Annotated[
+    float,
+    Meta(ge=sampling.TEMPERATURE_MIN, le=sampling.TEMPERATURE_MAX, description="Sampling temperature."),
+]
+Speed = Annotated[int, Meta(ge=sampling.SPEED_MIN, le=sampling.SPEED_MAX, description="ChatTTS [speed_N].")]
+TopK = Annotated[int, Meta(ge=sampling.TOP_K_MIN, le=sampling.TOP_K_MAX, description="Top-k sampling.")]
 
 
 class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -126,10 +133,10 @@ class TtsRequest(Body):
     voice: VoiceName | UnsetType = UNSET
     speaker: Speaker | UnsetType = UNSET
     seed: Annotated[Seed, Meta(extra={"from_settings": {"default": "default_seed"}})] | UnsetType = UNSET
-    speed: Annotated[int, Meta(ge=1, le=9, description="ChatTTS [speed_N].")] = 5
-    temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
+    speed: Speed = 5
+    temperature: Temperature = 0.3
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
-    top_k: Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")] = 20
+    top_k: TopK = 20
     refine_text: Annotated[bool, Meta(description="Run ChatTTS's text refinement first.")] = False
     oral: Annotated[int, Meta(ge=0, le=9, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
         UNSET
@@ -172,7 +179,6 @@ SpeechVoice = (
 SpeechSpeed = Annotated[
     float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")
 ]
-TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
 
 
 class VoiceRef(Body):
@@ -243,7 +249,7 @@ class Session(Body):
     ] = "alloy"
     speed: SpeechSpeed = 1.0
     response_format: Annotated[SessionFormat, Meta(description=RAW_AUDIO)] = "pcm"
-    temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
+    temperature: Temperature = 0.3
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
     top_k: TopK = 20
     max_buffer_delay_ms: BufferDelay = 1000
@@ -256,7 +262,7 @@ class SessionPatch(Body):
     seed: Seed | UnsetType = UNSET
     speed: SpeechSpeed | UnsetType = UNSET
     response_format: SessionFormat | UnsetType = UNSET
-    temperature: Unit | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
     top_p: Unit | UnsetType = UNSET
     top_k: TopK | UnsetType = UNSET
     max_buffer_delay_ms: BufferDelay | UnsetType = UNSET
@@ -409,8 +415,31 @@ def _parse_int(literal: str) -> int | float:
         return float(literal)
 
 
+# No body nests more than a few levels; deeper is refused before parsing (RFC 8259 section 9 lets a
+# parser limit it), on every Python alike (3.11's parser raises RecursionError near 1,000; 3.13's goes deeper).
+MAX_DEPTH = 64
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _too_deep(raw: bytes) -> bool:
+    """Whether arrays and objects nest deeper than MAX_DEPTH outside strings (cheap when brackets are few)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for byte in _STRING.sub(b'""', raw):
+        if byte in b"[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif byte in b"]}":
+            depth -= 1
+    return False
+
+
 def _parse(raw: bytes) -> Any:
-    """RFC 8259 JSON from UTF-8 bytes, or 400; nesting deeper than the parser follows is refused (section 9)."""
+    """RFC 8259 JSON from UTF-8 bytes, or 400; nesting deeper than MAX_DEPTH is refused (section 9)."""
+    if _too_deep(raw):
+        raise ApiError(400, "request body is not valid JSON we can read: it is nested too deeply")
     try:
         return json.loads(raw.decode("utf-8"), parse_int=_parse_int, parse_constant=_not_a_json_constant)
     except UnicodeDecodeError as exc:

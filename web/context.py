@@ -7,14 +7,12 @@ import hmac
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-import redis.asyncio as aioredis
-from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import HTTPConnection
 
 from cache import AudioCache
-from common import metrics
+from common import connect, metrics
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
@@ -23,6 +21,13 @@ from work import queueing
 from work.status import OVER
 
 T = TypeVar("T")
+# Where `Context.guard` puts the caller's tenant in a connection's scope.
+TENANT = metrics.TENANT_SCOPE
+
+
+def tenant_of(request: HTTPConnection) -> str:
+    """The tenant of a guarded connection: its API key's name; "" without TTS_API_KEYS (one tenant)."""
+    return str(request.scope.get(TENANT, ""))
 
 
 class Context:
@@ -35,9 +40,9 @@ class Context:
         # with retry_on_error, without which each cut connection fails one
         # request with a 503. The pipelines here are idempotent or metrics.
         pool = {"retry_on_error": [RedisConnectionError], "max_connections": settings.redis_max_connections}
-        self.redis = aioredis.from_url(settings.redis_url, **pool)
+        self.redis = connect.async_client(settings, **pool)
         # RQ speaks the synchronous client; it runs in the threadpool.
-        self.sync_redis = Redis.from_url(settings.redis_url, **pool)
+        self.sync_redis = connect.sync_client(settings, **pool)
         self.queue = queueing.queue(self.sync_redis, settings)
         self.cache = AudioCache(self.redis, settings.result_ttl)
         # This process's figures; they reach Redis about once a second.
@@ -77,7 +82,9 @@ class Context:
         The key is read from `Authorization: Bearer <key>`, or, with `query`
         (WebSockets, whose browser API cannot set headers), from `?api_key=`.
         Keys are compared in constant time against every configured key, and
-        only their hash reaches Redis.
+        only their hash reaches Redis. The key's tenant is put in the
+        connection's scope (`tenant_of`), for the handlers, the log line and
+        the metrics.
         """
         keys = self.settings.api_keys
         if not keys:
@@ -87,14 +94,18 @@ class Context:
             scheme, given = "bearer", request.query_params["api_key"]
         given_bytes = given.strip().encode()
         matched = False
-        for key in keys:
-            matched |= hmac.compare_digest(given_bytes, key.encode())
+        tenant = ""
+        for index, key in enumerate(keys):
+            if hmac.compare_digest(given_bytes, key.encode()):
+                matched, tenant = True, self.settings.tenant_of(index)
         if scheme.lower() != "bearer" or not matched:
             raise ApiError(
                 401,
                 "missing or wrong API key: send Authorization: Bearer <key>",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        request.scope[TENANT] = tenant
+        self.metrics.inc("tts_tenant_requests_total", tenant=tenant)
         await self.count(given_bytes)
         return given_bytes
 

@@ -30,7 +30,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from common.errors import ApiError
 from web import bodies, openapi
 from web.bodies import Session, SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
-from web.context import Context
+from web.context import Context, tenant_of
 from web.replies import Cleared, ErrorEvent, Failure, SessionCreated, SessionUpdated, openai_error
 from web.speaking import InputTooLong, SpeechContext
 
@@ -70,6 +70,7 @@ class _Session:
         self.ctx = ctx
         self.ws = websocket
         self.key = key
+        self.tenant = tenant_of(websocket)
         self.failure = failure
         self.session = Session()
         self.contexts: dict[str, SpeechContext] = {}

@@ -71,6 +71,7 @@ class Host(Protocol):
 
     ctx: Context
     key: bytes
+    tenant: str
     session: Session
     failure: Callable[[Exception], Failure]
 
@@ -255,7 +256,7 @@ class SpeechContext:
         """
         await stop(speaker)
         for piece in dropped:
-            await wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member)
+            await wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member, self.host.tenant)
 
     def _in(self, epoch: int) -> bool:
         """Whether the context is still in `epoch` (not cleared since)."""
@@ -315,7 +316,8 @@ class SpeechContext:
             finally:
                 self._submitting = False
             if piece is not None and item.epoch != self.epoch:
-                self.host.spawn(wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member))
+                chunk_ids = piece.layout["chunks"]
+                self.host.spawn(wanted.withdraw(self.ctx, piece.request_id, chunk_ids, piece.member, self.host.tenant))
             elif piece is not None:
                 self._pieces.put_nowait(piece)
             self._settle()
@@ -328,12 +330,12 @@ class SpeechContext:
         await self.ctx.count(self.host.key)
         s = item.settings
         body = speech.to_tts(item.text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-        spec = await tts.spec_of(self.ctx, body, NAMES)
+        spec = await tts.spec_of(self.ctx, body, NAMES, tenant=self.host.tenant)
         request_id = spec.request_id()
         # Held before it is ensured: another session's barge-in must not cancel it in between.
         await wanted.hold(self.ctx, request_id, member)
         try:
-            await tts.ensure(self.ctx, spec, request_id)
+            await tts.ensure(self.ctx, spec, request_id, self.host.tenant)
         except BaseException:
             self.host.spawn(wanted.let_go(self.ctx, request_id, member))
             raise
@@ -410,7 +412,7 @@ class SpeechContext:
     async def _why(self, piece: Piece) -> Exception:
         """Why a sentence's relay was cut: its job failed or was canceled, or it is late."""
         try:
-            await tts.not_ready(self.ctx, piece.request_id, piece.layout)
+            await tts.not_ready(self.ctx, piece.request_id, piece.layout, self.host.tenant)
         except Exception as exc:
             return exc
         return ApiError(

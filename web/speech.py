@@ -24,7 +24,7 @@ from common import audio, urls
 from common.errors import ApiError
 from web import bodies, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
-from web.context import Context
+from web.context import Context, tenant_of
 from web.relay import Relay
 from web.replies import Delta, Done, Usage
 
@@ -64,17 +64,18 @@ async def speech(ctx: Context, request: Request) -> Response:
     started = time.monotonic()
     body = bodies.decode(await bodies.read(request, ctx.settings.max_body), SpeechRequest)
     fmt = body.response_format
-    spec = await tts.spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES)
+    tenant = tenant_of(request)
+    spec = await tts.spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES, tenant=tenant)
     request_id = spec.request_id()
-    _, job = await tts.ensure(ctx, spec, request_id)
+    _, job = await tts.ensure(ctx, spec, request_id, tenant)
     layout = manifest(spec)
     headers = {"X-Request-Id": request_id}
     if body.stream_format == "audio" and (job is None or fmt == "flac"):
-        return await _whole(ctx, request_id, layout, fmt, job is not None, headers)
+        return await _whole(ctx, request_id, layout, fmt, job is not None, headers, tenant)
     relay = Relay(ctx, request_id, layout, ROUTE, started)
     pieces = await tts.start(relay, ctx.settings.speech_wait)
     if pieces is None:
-        await tts.not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
+        await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
         raise _late(ctx, request_id)
     headers.update({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     if body.stream_format == "sse":
@@ -83,14 +84,20 @@ async def speech(ctx: Context, request: Request) -> Response:
 
 
 async def _whole(
-    ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: bool, headers: dict[str, str]
+    ctx: Context,
+    request_id: str,
+    layout: dict[str, Any],
+    fmt: str,
+    wait: bool,
+    headers: dict[str, str],
+    tenant: str,
 ) -> Response:
     """The whole file: at once when stored, else (flac, which is not streamed) once made."""
     if wait:
         await tts.wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
     pcm = await tts.whole_clip(ctx, layout)
     if pcm is None:
-        await tts.not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
+        await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
         raise _late(ctx, request_id)
     data = await run_in_threadpool(audio.encode, pcm, fmt)
     return Response(data, media_type=audio.FORMATS[fmt][0], headers=headers)

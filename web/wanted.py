@@ -3,8 +3,9 @@
 Each sentence a WebSocket session submits is held (a member of
 `wanted_key(R)`) from before its request is ensured until its audio is
 all sent or it is withdrawn. `withdraw` lets go of one sentence and
-cancels its request (tts.cancel, the path of DELETE /v1/tts/{id}) only
-when nobody else wants it: no other sentence holds it (of any session, in
+withdraws its tenant from the request (tts.cancel, the path of DELETE
+/v1/tts/{id}: the job stops when no tenant wants it) only when nobody
+else wants it: no other sentence holds it (of any session, in
 any web process), nothing listens on its events channel (a stream, a
 speech request or a `?wait=` waiting for its audio), and no webhook waits
 for it. A session that goes away lets go without canceling: its requests
@@ -38,8 +39,9 @@ async def let_go(ctx: Context, request_id: str, member: str) -> None:
     await ctx.redis.srem(wanted_key(request_id), member)
 
 
-async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: str) -> bool:
-    """Let go of `member`, and cancel `request_id` unless someone else wants it; True when it was canceled.
+async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: str, tenant: str) -> bool:
+    """Let go of `member`, and withdraw `tenant` from `request_id` unless someone else wants it (then the job
+    stops if no other tenant wants it either); True when it withdrew.
 
     The caller has closed its own relay of the request first. That relay's
     subscription ends when Redis sees its connection close; letting go is
@@ -64,5 +66,5 @@ async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: 
             bool(hooks),
         )
         return False
-    await tts.cancel(ctx, request_id, chunk_ids)
+    await tts.cancel(ctx, request_id, chunk_ids, tenant)
     return True
