@@ -97,6 +97,43 @@ def complete_until(text: str) -> int:
     return max(ends, default=0)
 
 
+def sentences(text: str) -> list[str]:
+    """`text` cut at every sentence end: its sentences in order, stripped, none empty.
+
+    Only white space between sentences is dropped; a sentence longer than
+    any chunk stays whole (`split` cuts it when it is spoken).
+    """
+    out: list[str] = []
+    start = 0
+    for end in [*sorted(_sentence_ends(text)), len(text)]:
+        piece = text[start:end].strip()
+        if piece:
+            out.append(piece)
+        start = max(start, end)
+    return out
+
+
+def clause_cut(text: str, max_chars: int) -> int:
+    """Where to cut `text`, still being written and at least `max_chars` long, to speak its start now; else 0.
+
+    The end of the last clause mark in the first `max_chars` characters, or
+    else the last white space there, or else (as `split` would) a point
+    between two CJK characters, outside any word or number, or anywhere; a
+    control tag is never cut.
+    """
+    if len(text) < max_chars:
+        return 0
+    tags = _tag_interiors(text)
+    for rule in _finer_rules(text):
+        for pos in range(min(max_chars, len(text) - 1), 0, -1):
+            if pos not in tags and rule(pos):
+                return pos
+    if max_chars not in tags:
+        return max_chars
+    tag_start, tag_end = tags[max_chars]
+    return tag_start if tag_start > 0 else tag_end
+
+
 # Silence after a chunk, by how it ends: a sentence, a clause, or a cut
 # made only for length (which must not sound like a pause at all).
 PAUSE_MS = {"sentence": 250, "clause": 120, "cut": 20}

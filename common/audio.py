@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
+from common.pcm import RAW_FORMATS, RawEncoder
 
 # format name -> (Content-Type, soundfile format, soundfile subtype); WAV is
 # written with the standard library, the rest through libsndfile.
@@ -24,6 +25,13 @@ FORMATS: dict[str, tuple[str, str | None, str | None]] = {
     "pcm": ("audio/pcm", None, None),
     # AAC-LC in ADTS frames (OpenAI's "aac"), through PyAV's FFmpeg: libsndfile has no AAC.
     "aac": ("audio/aac", None, None),
+    # Raw mono for telephones and players (pcm.py): PCM16 little-endian at
+    # other rates, and G.711 at 8 kHz (RFC 4856's names for them).
+    "pcm_16000": ("audio/pcm", None, None),
+    "pcm_22050": ("audio/pcm", None, None),
+    "pcm_44100": ("audio/pcm", None, None),
+    "ulaw_8000": ("audio/PCMU", None, None),
+    "alaw_8000": ("audio/PCMA", None, None),
 }
 # AAC's encoder delay: a decoder of an ADTS stream (which has no edit list to
 # say so) returns this many samples of priming before the audio, and pads the
@@ -115,6 +123,11 @@ def join(chunks: Sequence[bytes], pauses_ms: Sequence[int] | None = None) -> byt
     return b"".join(c + silence(pauses[i] if i < len(pauses) else 0) for i, c in enumerate(chunks))
 
 
+def rate_of(fmt: str) -> int:
+    """Samples per second of `fmt`'s audio: a raw format's own rate, else the model's."""
+    return RAW_FORMATS.get(fmt, (SAMPLE_RATE, ""))[0]
+
+
 def duration(pcm: bytes) -> float:
     """Seconds of audio in PCM16 mono bytes."""
     return len(pcm) / (SAMPLE_WIDTH * SAMPLE_RATE)
@@ -130,8 +143,9 @@ def encode(pcm: bytes, fmt: str) -> bytes:
             w.setframerate(SAMPLE_RATE)
             w.writeframes(pcm)
         return out.getvalue()
-    if fmt == "pcm":
-        return pcm
+    if fmt in RAW_FORMATS:
+        raw = RawEncoder(fmt)
+        return raw.feed(pcm) + raw.close()
     if fmt == "aac":
         encoder = _Aac()
         return encoder.feed(pcm) + encoder.close()
@@ -151,7 +165,8 @@ class StreamEncoder:
     buffer a frame); `close()` returns the rest. WAV gets a header whose sizes
     say "unknown" (0xFFFFFFFF), which players and soundfile accept for a
     stream; mp3 and ogg are encoded frames from one encoder, so the pieces
-    form one valid file; aac is ADTS frames (each carries its own header).
+    form one valid file; aac is ADTS frames (each carries its own header);
+    the raw formats (pcm.RAW_FORMATS) are their samples, resampled as they come.
     Header fix-ups that libsndfile writes on close over
     bytes already sent are dropped: a stream cannot take them back.
     """
@@ -161,7 +176,9 @@ class StreamEncoder:
         self._started = False
         self._sink: _Sink | None = None
         self._file: Any = None
-        if fmt == "aac":
+        if fmt in RAW_FORMATS and fmt != "pcm":
+            self._file = RawEncoder(fmt)
+        elif fmt == "aac":
             self._file = _Aac()
         elif fmt not in ("wav", "pcm"):
             import soundfile
@@ -177,7 +194,7 @@ class StreamEncoder:
                 head = wav_stream_header()
             self._started = True
             return head + pcm
-        if isinstance(self._file, _Aac):
+        if isinstance(self._file, (_Aac, RawEncoder)):
             return self._file.feed(pcm)
         self._file.write(np.frombuffer(pcm, dtype="<i2"))
         assert self._sink is not None
@@ -186,7 +203,7 @@ class StreamEncoder:
     def close(self) -> bytes:
         if self._file is None:
             return b"" if self._started or self.fmt != "wav" else wav_stream_header()
-        if isinstance(self._file, _Aac):
+        if isinstance(self._file, (_Aac, RawEncoder)):
             tail = self._file.close()
             self._file = None
             return tail

@@ -17,6 +17,7 @@ Layout (prefix `tts`):
   `tts:pool:Q:T` tenant T's lane of it and `tts:turns:Q` whose turn it is;
 - `tts:tenants:R`: the tenants that want request R; `tts:dropped:R`: those that withdrew (work/interest.py);
 - `tts:assist:Q`: set while an assist job of Q waits;
+- `tts:wanted:R`: the WebSocket sentences of request R not yet spoken (web/wanted.py);
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
 - `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
@@ -116,6 +117,11 @@ def lock_key(job_id: str) -> str:
 def assist_key(queue_name: str) -> str:
     """Set while an assist job of `queue_name` waits to be taken (at most one waits at a time)."""
     return f"{PREFIX}:assist:{queue_name}"
+
+
+def wanted_key(request_id: str) -> str:
+    """A set: who holds a WebSocket sentence of `request_id` not yet spoken (one member per sentence)."""
+    return f"{PREFIX}:wanted:{request_id}"
 
 
 def hooks_key(request_id: str) -> str:

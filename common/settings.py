@@ -67,6 +67,8 @@ class Settings:
     # seed's voice export, a WebSocket sentence. At most 25 by default:
     # Heroku-style routers drop an answer with no first byte in 30 s.
     speech_wait: int = 25
+    # Seconds a WebSocket session may go without a client message (and no audio to come) before it is closed.
+    ws_idle_seconds: int = 120
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
     # The tenant of each key of `api_keys`, in the same order (TTS_API_KEYS's
@@ -335,6 +337,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
+        ws_idle_seconds=_parse(env, "TTS_WS_IDLE_SECONDS", d.ws_idle_seconds, _int_in(1, 86400), "seconds, 1-86400"),
         api_keys=tuple(key for _, key in named_keys),
         api_key_names=tuple(name for name, _ in named_keys),
         tenancy=_parse(env, "TTS_TENANCY", d.tenancy, _choice("shared", "isolated"), "shared or isolated"),

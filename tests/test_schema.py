@@ -57,11 +57,15 @@ def test_the_websocket_is_described_with_its_messages() -> None:
         "session.update",
         "input_text.append",
         "input_text.flush",
+        "input_text.clear",
         "input_text.end",
         "session.created",
         "session.updated",
+        "speech.segment.start",
         "speech.audio.delta",
+        "speech.segment.done",
         "speech.audio.done",
+        "speech.audio.cleared",
         "error",
     }
     speech = doc["paths"]["/v1/audio/speech"]["post"]

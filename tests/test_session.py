@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Stack, wait_for
+from conftest import ROOT, Proc, Stack, wait_for
+from conftest import _free_port as free_port
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -45,8 +48,15 @@ def _until_done(ws: ClientConnection) -> tuple[bytes, dict, list[dict]]:
             return audio, event, errors
         elif event["type"] == "error":
             errors.append(event)
-        else:
+        elif not event["type"].startswith("speech.segment."):
             raise AssertionError(f"unexpected event {event}")
+
+
+def _next_audio(ws: ClientConnection) -> dict:
+    """The next event that is not a sentence's start or end."""
+    while (event := _next(ws))["type"].startswith("speech.segment."):
+        pass
+    return event
 
 
 @pytest.fixture
@@ -62,7 +72,7 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
 ) -> None:
     _send(session, type="input_text.append", text="The first sentence is here")
     _send(session, type="input_text.append", text=". And the next one beg")
-    first = _next(session)  # nothing flushed: the complete sentence alone is spoken
+    first = _next_audio(session)  # nothing flushed: the complete sentence alone is spoken
     assert first["type"] == "speech.audio.delta" and base64.b64decode(first["audio"])
     _send(session, type="input_text.append", text="ins here.")
     _send(session, type="input_text.flush")
@@ -137,6 +147,7 @@ def test_update_mid_generation_and_over_long_text_are_refused(tone_stack: Stack)
         _send(ws, type="input_text.append", text="x" * 5001)
         too_long = _next(ws)
         assert too_long["type"] == "error" and too_long["error"]["param"] == "text"
+        assert too_long["error"]["code"] == "input_too_long" and too_long["context_id"] == "default"
         _send(ws, type="input_text.flush")
         audio, done, errors = _until_done(ws)
         assert audio and not errors
@@ -244,3 +255,131 @@ def test_a_client_that_goes_away_leaves_the_request_to_finish(
     stack.start_worker()
     done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30")
     assert done.status_code == 200 and len(done.content) > 44
+
+
+def test_a_frame_over_64_kib_closes_1009_and_one_at_the_limit_is_an_event(session: ClientConnection) -> None:
+    head = '{"type": "input_text.append", "text": "'
+    at_limit = head + "x" * (64 * 1024 - len(head) - 2) + '"}'
+    assert len(at_limit.encode()) == 64 * 1024
+    session.send(at_limit)
+    refused = _next(session)  # read, and refused for its length: the pending text limit
+    assert refused["type"] == "error" and refused["error"]["code"] == "input_too_long"
+    assert refused["context_id"] == "default" and refused["error"]["param"] == "text"
+    # Refused whole: no context was left speaking, so the session is between generations.
+    _send(session, type="session.update", session={"speed": 1.5})
+    assert _next(session)["type"] == "session.updated"
+    session.send(at_limit[:-2] + 'x"}')
+    with pytest.raises(ConnectionClosed) as closed:
+        session.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param("[" * 5000, id="brackets"),
+        pytest.param('{"a":' * 5000, id="objects"),
+        pytest.param('{"type": "input_text.append", "text": ' + "[" * 5000 + "]" * 5000 + "}", id="in-a-field"),
+        pytest.param('{"type": "input_text.append", "text": ' + "[" * 900 + "]" * 900 + "}", id="readable-depth"),
+        pytest.param("\x00" * 100, id="control-bytes"),
+    ],
+)
+def test_a_malformed_or_deeply_nested_frame_is_an_error_event(frame: str, stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone")
+    web = stack.start_web()
+    stack.start_worker()
+    stack.wait_ready()
+    with connect(_ws_url(stack)) as ws:
+        _next(ws)
+        ws.send(frame)
+        error = _next(ws)
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+        _send(ws, type="input_text.append", text="Still speaking.")
+        _send(ws, type="input_text.flush")
+        audio, done, errors = _until_done(ws)
+        assert audio and not errors
+    assert "Traceback" not in web.output() and "unhandled error" not in web.output()
+
+
+def test_an_idle_session_is_closed_but_never_while_audio_is_to_come(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_WS_IDLE_SECONDS="1")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker runs, so the sentence waits in the queue
+    opened = time.monotonic()
+    with connect(_ws_url(stack)) as ws:
+        _next(ws)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and (closed.value.rcvd.code, closed.value.rcvd.reason) == (1000, "idle")
+        assert time.monotonic() - opened >= 1
+    with connect(_ws_url(stack)) as ws:
+        _next(ws)
+        _send(ws, type="input_text.append", text="Waiting for a worker.")
+        _send(ws, type="input_text.flush")
+        with pytest.raises(TimeoutError):
+            ws.recv(timeout=3)  # three idle periods with audio to come: still open
+        stack.start_worker()
+        audio, done, errors = _until_done(ws)
+        assert audio and not errors
+        done_at = time.monotonic()
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and (closed.value.rcvd.code, closed.value.rcvd.reason) == (1000, "idle")
+        assert time.monotonic() - done_at >= 0.9
+
+
+def test_context_ids_are_bounded_in_length_and_number(session: ClientConnection) -> None:
+    _send(session, type="input_text.append", text="x", context_id="c" * 65)
+    refused = _next(session)
+    assert refused["type"] == "error" and refused["error"]["param"] == "context_id"
+    _send(session, type="session.update", session={"max_buffer_delay_ms": 0})
+    assert _next(session)["type"] == "session.updated"
+    for n in range(16):
+        _send(session, type="input_text.append", text="waiting", context_id=f"c{n}")
+    _send(session, type="input_text.append", text="one too many", context_id="c16")
+    refused = _next(session)
+    assert refused["type"] == "error" and refused["error"]["param"] == "context_id"
+    assert refused["context_id"] == "c16"
+    _send(session, type="input_text.clear", context_id="c0")  # a context cleared no longer counts
+    assert _next(session) == {"type": "speech.audio.cleared", "context_id": "c0"}
+    _send(session, type="input_text.append", text="Now there is room.", context_id="c16")
+    _send(session, type="input_text.flush", context_id="c16")
+    audio, done, errors = _until_done(session)
+    assert audio and not errors and done["context_id"] == "c16"
+
+
+def test_the_procfile_server_refuses_a_frame_over_the_limit_itself(redis_url: str, tmp_path: Path) -> None:
+    # The Procfile's web line bounds what uvicorn buffers of one frame (its default is 16 MiB) to the same limit.
+    sys.path.insert(0, str(ROOT / "bench"))
+    from procfile import web_flags
+
+    from web import session as session_module
+    from web.session import MAX_FRAME
+
+    port = free_port()
+    web = Proc(
+        [sys.executable, "-m", "uvicorn", "service:create_app", *web_flags(port)],
+        {**os.environ, "REDIS_URL": redis_url},
+        tmp_path / "web.log",
+    )
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), 30, "the web process")
+        with connect(f"ws://127.0.0.1:{port}/v1/audio/speech/websocket") as ws:
+            _next(ws)
+            ws.send("x" * MAX_FRAME)  # at the limit: read, and answered
+            assert _next(ws)["type"] == "error"
+            ws.send("x" * (MAX_FRAME + 1))
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+            # Refused by the server as it read the frame, before the app was handed it.
+            assert closed.value.rcvd.reason != session_module.TOO_BIG_REASON, closed.value.rcvd.reason
+    finally:
+        web.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -147,6 +147,15 @@ def test_int8_with_a_half_precision_dtype_names_both_variables() -> None:
         from_env({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "int8"})
 
 
+def test_websocket_idle_seconds_is_read_and_checked() -> None:
+    assert Settings().ws_idle_seconds == 120
+    assert from_env({"TTS_WS_IDLE_SECONDS": "30"}).ws_idle_seconds == 30
+    for bad in ("0", "never", "86401"):
+        with pytest.raises(SettingsError) as info:
+            from_env({"TTS_WS_IDLE_SECONDS": bad})
+        assert "TTS_WS_IDLE_SECONDS" in str(info.value) and "expected seconds, 1-86400" in str(info.value)
+
+
 # -- managed and replicated Redis: TLS files, Sentinel, WAIT ---------------------------------
 
 

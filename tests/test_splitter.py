@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitter import MIN_MAX_CHARS, complete_until, split
+from splitter import MIN_MAX_CHARS, clause_cut, complete_until, sentences, split
 
 TAG = re.compile(r"\[(?:uv_break|v_break|lbreak|laugh|(?:break|laugh|oral|speed)_[0-9])\]")
 
@@ -249,3 +249,36 @@ def test_complete_until_never_takes_the_last_words(text: str) -> None:
     # Text after the cut is always left: the last sentence may still be being written.
     cut = complete_until(text)
     assert 0 <= cut <= len(text) and (cut == 0 or text[cut:].strip())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("Hello there. How are you? Fine!", ["Hello there.", "How are you?", "Fine!"], id="three"),
+        pytest.param("  One.   Two  ", ["One.", "Two"], id="space-dropped-and-a-last-without-end"),
+        pytest.param("Pi is 3.5 today. Yes", ["Pi is 3.5 today.", "Yes"], id="decimal-is-no-end"),
+        pytest.param("你好。我很好！", ["你好。", "我很好！"], id="cjk"),
+        pytest.param('"Quoted." Next.', ['"Quoted."', "Next."], id="closing-quote-stays"),
+        pytest.param("", [], id="empty"),
+    ],
+)
+def test_sentences_cuts_at_every_sentence_end(text: str, expected: list[str]) -> None:
+    assert sentences(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "max_chars", "head"),
+    [
+        pytest.param("one two three, four five six seven", 20, "one two three,", id="last-clause-mark"),
+        pytest.param("one two three four five six seven", 20, "one two three four", id="last-space"),
+        pytest.param("one two, three four, five six seven", 22, "one two, three four,", id="the-last-of-two-marks"),
+        pytest.param("short", 20, "", id="shorter-than-the-chunk-waits"),
+        pytest.param(
+            "今天天气很好我们去公园散步吧你觉得怎么样", 20, "今天天气很好我们去公园散步吧你觉得怎么", id="cjk"
+        ),
+        pytest.param("x" * 30, 20, "x" * 20, id="one-long-word"),
+        pytest.param("ab [uv_break] cd" + "e" * 30, 20, "ab [uv_break]", id="tag-kept-whole"),
+    ],
+)
+def test_clause_cut_speaks_the_start_of_text_that_reached_the_chunk_size(text: str, max_chars: int, head: str) -> None:
+    assert text[: clause_cut(text, max_chars)].rstrip() == head

@@ -43,7 +43,14 @@ SPEAKER_MAX = 8192
 # base16384 (pybase16384): characters from U+4E00-U+8DFF, then one of
 # U+3D01-U+3D06 saying how many bytes the last character holds.
 _SPEAKER = "[\u4e00-\u8dff]+[\u3d01-\u3d06]?"
-SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+# What the raw formats are (common/pcm.py), in the words of both routes that serve them.
+RAW_AUDIO = (
+    "pcm: raw PCM16 little-endian, 24 kHz, mono; pcm_16000, pcm_22050, pcm_44100: the same at those rates; "
+    "ulaw_8000, alaw_8000: G.711 mu-law or A-law bytes at 8 kHz, mono, no header."
+)
+SpeechFormat = Literal[
+    "mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw_8000", "alaw_8000", "pcm_16000", "pcm_22050", "pcm_44100"
+]
 SPEECH_FORMATS: tuple[str, ...] = get_args(SpeechFormat)
 
 
@@ -197,7 +204,7 @@ class SpeechRequest(Body):
     ] = "alloy"
     response_format: Annotated[
         SpeechFormat,
-        Meta(title=f"one of {', '.join(SPEECH_FORMATS)}", description="pcm: raw PCM16, 24 kHz, mono. Others are 400."),
+        Meta(title=f"one of {', '.join(SPEECH_FORMATS)}", description=f"{RAW_AUDIO} Others are 400."),
     ] = "mp3"
     speed: SpeechSpeed = 1.0
     instructions: Annotated[str, Meta(description="Accepted and ignored.")] | UnsetType = UNSET
@@ -211,7 +218,26 @@ class SpeechRequest(Body):
     ] = "audio"
 
 
-SessionFormat = Literal["pcm", "wav", "mp3", "opus", "aac"]
+SessionFormat = Literal[
+    "pcm", "wav", "mp3", "opus", "aac", "ulaw_8000", "alaw_8000", "pcm_16000", "pcm_22050", "pcm_44100"
+]
+BufferDelay = Annotated[
+    int,
+    Meta(
+        ge=0,
+        le=60_000,
+        description="Text with no sentence end is spoken once it has waited this many milliseconds with no new "
+        "text (0: never; it waits for a sentence end, input_text.flush or the chunk size).",
+    ),
+]
+ContextId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=64,
+        description="Which of the session's contexts (concurrent generations) the message is about.",
+    ),
+]
 
 
 class Session(Body):
@@ -222,10 +248,11 @@ class Session(Body):
         Meta(title="a voice name, a seed or a ChatTTS speaker string", description="As POST /v1/audio/speech's."),
     ] = "alloy"
     speed: SpeechSpeed = 1.0
-    response_format: SessionFormat = "pcm"
+    response_format: Annotated[SessionFormat, Meta(description=RAW_AUDIO)] = "pcm"
     temperature: Temperature = 0.3
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
     top_k: TopK = 20
+    max_buffer_delay_ms: BufferDelay = 1000
 
 
 class SessionPatch(Body):
@@ -238,6 +265,7 @@ class SessionPatch(Body):
     temperature: Temperature | UnsetType = UNSET
     top_p: Unit | UnsetType = UNSET
     top_k: TopK | UnsetType = UNSET
+    max_buffer_delay_ms: BufferDelay | UnsetType = UNSET
 
 
 class SessionUpdate(Body):
@@ -248,20 +276,29 @@ class SessionUpdate(Body):
 
 
 class TextAppend(Body):
-    """WebSocket message: more text; each sentence is spoken once the text after its end begins."""
+    """WebSocket message: more text for a context; each sentence is spoken once the text after its end begins."""
 
     type: Literal["input_text.append"]
     text: str
+    context_id: ContextId = "default"
 
 
 class TextFlush(Body):
-    """WebSocket message: speak what is left and end the generation (speech.audio.done follows its audio)."""
+    """WebSocket message: speak what is left of a context and end its generation (speech.audio.done follows)."""
 
     type: Literal["input_text.flush"]
+    context_id: ContextId = "default"
+
+
+class TextClear(Body):
+    """WebSocket message (barge-in): drop a context's unspoken text and sentences; speech.audio.cleared answers."""
+
+    type: Literal["input_text.clear"]
+    context_id: ContextId = "default"
 
 
 class TextEnd(Body):
-    """WebSocket message: as input_text.flush, then the server closes the socket (1000) after the last audio."""
+    """WebSocket message: flush every context, then the server closes the socket (1000) after the last audio."""
 
     type: Literal["input_text.end"]
 
@@ -271,6 +308,7 @@ MESSAGES: dict[str, type[Body]] = {
     "session.update": SessionUpdate,
     "input_text.append": TextAppend,
     "input_text.flush": TextFlush,
+    "input_text.clear": TextClear,
     "input_text.end": TextEnd,
 }
 

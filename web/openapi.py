@@ -51,7 +51,21 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     *bodies.MESSAGES.values(),
     replies.SessionCreated,
     replies.SessionUpdated,
+    replies.SegmentStart,
+    replies.SegmentDone,
+    replies.Cleared,
     replies.ErrorEvent,
+)
+# What the WebSocket sends, by the names of their schemas.
+SOCKET_EVENTS = (
+    "SessionCreated",
+    "SessionUpdated",
+    "SegmentStart",
+    "Delta",
+    "SegmentDone",
+    "Done",
+    "Cleared",
+    "ErrorEvent",
 )
 # OpenAPI has no WebSockets: they are described under this extension, their messages in the components.
 WEBSOCKETS = "x-websockets"
@@ -477,8 +491,10 @@ def schema(settings: Settings) -> dict[str, Any]:
             "title": "ChatTTS service",
             "version": VERSION,
             "description": "Speech synthesis jobs: submit text, poll, fetch the audio and its captions; save "
-            'voices; be called back when done. Errors are JSON {"detail": str, "field": str?}, except on the '
-            'OpenAI-compatible route, which answers OpenAI\'s {"error": {message, type, param, code}}.',
+            "voices; be called back when done; speak text as it is written over the WebSocket "
+            f"{SPEECH_SOCKET} (described under {WEBSOCKETS}). Errors are JSON "
+            '{"detail": str, "field": str?}, except on the OpenAI-compatible routes, which answer OpenAI\'s '
+            '{"error": {message, type, param, code}}.',
         },
         "paths": paths,
         WEBSOCKETS: {SPEECH_SOCKET: _speech_socket()},
@@ -507,15 +523,18 @@ def schema(settings: Settings) -> dict[str, Any]:
 def _speech_socket() -> dict[str, Any]:
     """WS /v1/audio/speech/websocket: JSON text frames each way."""
     return {
-        "summary": "Text in as it is written, audio out as it is made (OpenAI-style events)",
-        "description": "Each sentence is spoken as soon as more text follows its end, as an ordinary request "
-        "(keyed, stored, shared). A bad message gets an error event and the session goes on; "
-        "input_text.end closes with 1000 after the last audio. With API keys: Authorization: "
-        "Bearer or ?api_key=, else an error event and close 1008.",
+        "summary": "Text in as it is written, audio out as it is made: contexts, barge-in, sentence events",
+        "description": "JSON text frames both ways (docs/API.md, WebSocket). Each sentence is spoken as soon as "
+        "more text follows its end, as an ordinary request (keyed, stored, shared); text with no sentence end "
+        "once it waited max_buffer_delay_ms or reached the chunk size. Messages may name a context_id: each "
+        "context is its own generation, and contexts speak side by side. input_text.clear stops a context at "
+        "once (speech.audio.cleared) and withdraws its unspoken sentences. A bad message gets an error event "
+        "and the session goes on; a frame over 64 KiB closes with 1009; no client message for "
+        "TTS_WS_IDLE_SECONDS and no audio to come closes with 1000 (idle); input_text.end closes with 1000 "
+        "after the last audio. With API keys: Authorization: Bearer or ?api_key=, else an error event and "
+        "close 1008.",
         "client": {"oneOf": [_ref(cls.__name__) for cls in bodies.MESSAGES.values()]},
-        "server": {
-            "oneOf": [_ref(name) for name in ("SessionCreated", "SessionUpdated", "Delta", "Done", "ErrorEvent")]
-        },
+        "server": {"oneOf": [_ref(name) for name in SOCKET_EVENTS]},
     }
 
 

@@ -90,6 +90,10 @@ class Usage(Reply):
     total_tokens: Annotated[int, Meta(ge=0)]
 
 
+# Which context of a WebSocket session an event is about (bodies.ContextId); absent on the SSE route.
+EventContext = Annotated[str, Meta(description="WebSocket only: the context the audio belongs to.")] | UnsetType
+
+
 class Delta(Reply, tag_field="type", tag="speech.audio.delta"):
     """A server-sent event (and WebSocket message): the next audio."""
 
@@ -100,12 +104,44 @@ class Delta(Reply, tag_field="type", tag="speech.audio.delta"):
             extra_json_schema={"contentEncoding": "base64"},
         ),
     ]
+    context_id: EventContext = UNSET
 
 
 class Done(Reply, tag_field="type", tag="speech.audio.done"):
     """The last event of a speech (or of a WebSocket generation)."""
 
     usage: Usage
+    context_id: EventContext = UNSET
+
+
+class SegmentStart(Reply, tag_field="type", tag="speech.segment.start"):
+    """WebSocket: a sentence's audio begins (sent before its first delta)."""
+
+    context_id: str
+    segment_id: Annotated[int, Meta(ge=1, description="Counts the session's sentences from 1.")]
+    text: Annotated[str, Meta(description="The sentence as the client wrote it (white space at its ends dropped).")]
+    request_id: Annotated[RequestId, Meta(description="The sentence's /v1/tts id (GET /v1/tts/{id} and the rest).")]
+    sample_offset: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="Where the sentence starts in its context's audio since the generation began, in samples "
+            "at the format's rate (24000 a second for mp3, opus, aac, wav and pcm; encoder delay not counted).",
+        ),
+    ]
+
+
+class SegmentDone(Reply, tag_field="type", tag="speech.segment.done"):
+    """WebSocket: a sentence's audio is all sent (after its last delta)."""
+
+    context_id: str
+    segment_id: Annotated[int, Meta(ge=1)]
+
+
+class Cleared(Reply, tag_field="type", tag="speech.audio.cleared"):
+    """WebSocket: input_text.clear is done; no audio of the context's earlier text follows."""
+
+    context_id: str
 
 
 class SessionCreated(Reply, tag_field="type", tag="session.created"):
@@ -124,6 +160,7 @@ class ErrorEvent(Reply, tag_field="type", tag="error"):
     """WebSocket: a message was refused, or a piece could not be spoken; the session goes on."""
 
     error: OpenAIErrorDetail
+    context_id: Annotated[str, Meta(description="The context at fault, when one is.")] | UnsetType = UNSET
 
 
 class Progress(Reply):

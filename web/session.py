@@ -1,63 +1,50 @@
-"""WS /v1/audio/speech/websocket: text in as it is written, audio out as it is made (API.md v1.2).
+"""WS /v1/audio/speech/websocket: text in as it is written, audio out as it is made (API.md v1.2 and v1.3).
 
-The receiving side cuts the text at sentence ends as it arrives
-(splitter.complete_until) and submits each complete piece at once as an
-ordinary request (tts.spec_of and tts.ensure, as POST /v1/tts: keyed,
-stored, shared). The speaking side relays each piece's audio in order
-(relay.py) through one encoder per generation, so a generation's deltas
-joined are one file of the session's format. A refused message or a piece
-that cannot be spoken gets an error event and the session goes on. A client
-that goes away stops the relay; its requests finish for whoever else wants
-them, and nothing else is left behind.
+A session holds its settings and its contexts (speaking.py): each context
+is its own generation, and they speak side by side. This module takes the
+client's messages one at a time, bounds them and hands them to their
+context, and sends every event, one frame at a time. A refused message or
+a sentence that cannot be spoken gets an error event and the session goes
+on.
+
+Bounds: a frame over MAX_FRAME bytes closes the socket with 1009; a frame
+that is not JSON, or is nested too deeply to read, gets an error event; at
+most MAX_CONTEXTS contexts are live at once; a session with no client
+message for TTS_WS_IDLE_SECONDS and no audio to come is closed with 1000,
+reason "idle". A client that goes away stops the relays; its requests
+finish for whoever else wants them, and nothing else is left behind.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, MutableMapping
+import uuid
+from typing import Any, Callable, Coroutine, MutableMapping
 
 import msgspec
-from msgspec import UNSET
-from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from cache import Spec, manifest
-from common import audio, urls
 from common.errors import ApiError
-from splitter import complete_until, pause_after
-from web import bodies, openapi, speech, tts
-from web.bodies import Session, SessionUpdate, TextAppend, TextEnd, TextFlush
+from web import bodies, openapi
+from web.bodies import Session, SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
 from web.context import Context, tenant_of
-from web.relay import Cut, Relay
-from web.replies import Delta, Done, ErrorEvent, Failure, SessionCreated, SessionUpdated, Usage, openai_error
+from web.replies import Cleared, ErrorEvent, Failure, SessionCreated, SessionUpdated, openai_error
+from web.speaking import InputTooLong, SpeechContext
 
 logger = logging.getLogger("service")
 
 ROUTE = openapi.SPEECH_SOCKET
-# Close codes (RFC 6455): a normal end, a refused API key, an internal error, busy (rate limit, Redis).
-NORMAL, POLICY, INTERNAL, TRY_LATER = 1000, 1008, 1011, 1013
-# This route names our fields by its own: the text of input_text.append, the session's voice.
-NAMES = {"text": "text", "voice": "session.voice", "speaker": "session.voice", "seed": "session.voice"}
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """A complete piece of text, submitted: what the speaking side relays next."""
-
-    spec: Spec
-    layout: dict[str, Any]
-    submitted: float  # time.monotonic() of the sentence end's arrival
-
-
-@dataclass(frozen=True)
-class _End:
-    """The end of a generation (flush); `close` after it for input_text.end."""
-
-    close: bool
+# Close codes (RFC 6455): a normal end (also "idle"), a refused API key, a frame too big, an internal error,
+# busy (rate limit, Redis).
+NORMAL, POLICY, TOO_BIG, INTERNAL, TRY_LATER = 1000, 1008, 1009, 1011, 1013
+# Bytes of one client frame: a message of text deltas needs far less.
+MAX_FRAME = 64 * 1024
+TOO_BIG_REASON = f"a frame over {MAX_FRAME} bytes"
+# Contexts live at once in one session (a context that has nothing left to do no longer counts).
+MAX_CONTEXTS = 16
 
 
 async def serve(ctx: Context, websocket: WebSocket, failure: Callable[[Exception], Failure]) -> None:
@@ -77,180 +64,208 @@ async def serve(ctx: Context, websocket: WebSocket, failure: Callable[[Exception
 
 
 class _Session:
-    """One socket's state: its settings, the text not yet spoken, and the pieces waiting to be relayed."""
+    """One socket: its settings, its live contexts, and the one sender every event goes through."""
 
     def __init__(self, ctx: Context, websocket: WebSocket, key: bytes, failure: Callable[[Exception], Failure]) -> None:
         self.ctx = ctx
         self.ws = websocket
         self.key = key
+        self.tenant = tenant_of(websocket)
         self.failure = failure
         self.session = Session()
-        self.text = ""  # appended, not yet part of a complete piece
-        self.open = False  # pieces submitted since the last flush
-        self.pieces: asyncio.Queue[_Piece | _End] = asyncio.Queue()
+        self.contexts: dict[str, SpeechContext] = {}
+        self._name = uuid.uuid4().hex  # this session's holders in wanted.py are named after it
+        self._segments = itertools.count(1)
+        self._work: set[asyncio.Task[Any]] = set()
         self._send_lock = asyncio.Lock()
+        self._active = time.monotonic()  # the last client message or event sent
+        self._lost = asyncio.Event()  # the client cannot be sent to any more
 
     async def run(self) -> None:
         await self.send(SessionCreated(session=self.session))
-        speaker = asyncio.create_task(self._speak())
+        watchdog = asyncio.create_task(self._watch())
         try:
-            while not speaker.done():
+            while True:
                 message = await self.ws.receive()
                 if message["type"] == "websocket.disconnect":
                     return
-                if await self._take(message):
-                    await speaker  # input_text.end: it closes the socket after the last audio
+                self._active = time.monotonic()
+                if not await self._take(message):
                     return
         except WebSocketDisconnect:
             return
         finally:
-            speaker.cancel()  # closes the relay in progress: its subscription is released at once
-            await asyncio.gather(speaker, return_exceptions=True)
+            # Stops every relay at once: their subscriptions are released, their requests left to finish.
+            watchdog.cancel()
+            contexts = list(self.contexts.values())
+            self.contexts.clear()
+            await asyncio.gather(watchdog, *(c.aclose() for c in contexts), return_exceptions=True)
+            while self._work:
+                await asyncio.gather(*self._work, return_exceptions=True)
 
     # -- receiving --------------------------------------------------------------------------
 
     async def _take(self, message: MutableMapping[str, Any]) -> bool:
-        """Handle one client message; True after input_text.end."""
+        """Handle one client message; False when the session is over (input_text.end, a frame too big)."""
+        if _size(message) > MAX_FRAME:
+            await self._close(TOO_BIG, TOO_BIG_REASON)
+            return False
+        context_id = None
         try:
             body = _decode(message)
             if isinstance(body, SessionUpdate):
                 await self._update(body)
             elif isinstance(body, TextAppend):
-                await self._append(body.text)
-            elif isinstance(body, (TextFlush, TextEnd)):
-                return await self._flush(close=isinstance(body, TextEnd))
+                context_id = body.context_id
+                self._context(context_id).append(body.text)
+            elif isinstance(body, TextFlush):
+                context_id = body.context_id
+                self._context(context_id).flush()
+            elif isinstance(body, TextClear):
+                context_id = body.context_id
+                await self._clear(context_id)
+            elif isinstance(body, TextEnd):
+                await self._end()
+                return False
+        except InputTooLong as exc:
+            await self.error(Failure(exc.status, exc.detail, exc.field, code=exc.code), context_id)
         except Exception as exc:  # every refusal is an event; the session goes on
-            await self.error(self.failure(exc))
-        return False
+            await self.error(self.failure(exc), context_id)
+        return True
 
-    async def _flush(self, close: bool) -> bool:
-        """Speak what is left, then end the generation (done follows its audio, even if the rest is refused)."""
-        rest, self.text = self.text, ""
-        try:
-            if rest.strip():
-                await self._submit(rest)
-        except Exception as exc:
-            await self.error(self.failure(exc))
-        self.open = False
-        self.pieces.put_nowait(_End(close=close))
-        return close
+    def _context(self, context_id: str) -> SpeechContext:
+        context = self.contexts.get(context_id)
+        if context is None:
+            if len(self.contexts) >= MAX_CONTEXTS:
+                raise ApiError(
+                    422,
+                    f"context_id: {MAX_CONTEXTS} contexts are speaking already; flush or clear one first",
+                    field="context_id",
+                )
+            context = self.contexts[context_id] = SpeechContext(self, context_id)
+        return context
 
     async def _update(self, body: SessionUpdate) -> None:
-        if self.open or self.text.strip():
+        if self.contexts:
             raise ApiError(
-                400, "session.update is taken only between generations: send input_text.flush first", field="session"
+                400,
+                "session.update is taken only between generations: flush every context and wait for its "
+                "speech.audio.done (or clear it) first",
+                field="session",
             )
         patch = {
             name: value
             for name in body.session.__struct_fields__
-            if (value := getattr(body.session, name)) is not UNSET
+            if (value := getattr(body.session, name)) is not msgspec.UNSET
         }
         if "seed" in patch:
             patch["voice"] = patch.pop("seed")
         self.session = msgspec.structs.replace(self.session, **patch)
         await self.send(SessionUpdated(session=self.session))
 
-    async def _append(self, delta: str) -> None:
-        limit = self.ctx.settings.max_chars
-        if len(self.text) + len(delta) > limit:
-            raise ApiError(
-                422,
-                f"text: the text not yet spoken would be over {limit} characters; end a sentence "
-                "or send input_text.flush",
-                field="text",
-            )
-        self.text += delta
-        cut = complete_until(self.text)
-        if cut:
-            piece, self.text = self.text[:cut], self.text[cut:].lstrip()
-            await self._submit(piece)
+    async def _clear(self, context_id: str) -> None:
+        """Barge-in: the context stops at once; its sentences not spoken are withdrawn beside the answer."""
+        context = self.contexts.get(context_id)
+        if context is not None:
+            context.clear()
+        await self.send(Cleared(context_id=context_id))
 
-    async def _submit(self, text: str) -> None:
-        """Speak `text` as an ordinary request, counted against the key's rate limit; queue its relay."""
-        submitted = time.monotonic()
-        await self.ctx.count(self.key)
-        s = self.session
-        body = speech.to_tts(text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-        tenant = tenant_of(self.ws)
-        spec = await tts.spec_of(self.ctx, body, NAMES, tenant=tenant)
-        await tts.ensure(self.ctx, spec, spec.request_id(), tenant)
-        self.open = True
-        self.pieces.put_nowait(_Piece(spec, manifest(spec), submitted))
-
-    # -- speaking ---------------------------------------------------------------------------
-
-    async def _speak(self) -> None:
-        """Relay each piece's audio in order; done (with usage) at each flush; close after input_text.end."""
-        encoder: audio.StreamEncoder | None = None
-        previous: str | None = None  # the last piece's text: the pause before the next follows from it
-        text_tokens = audio_tokens = 0
-        while True:
-            item = await self.pieces.get()
-            if isinstance(item, _End):
-                if encoder is not None:
-                    await self._delta(await run_in_threadpool(encoder.close))
-                await self.send(
-                    Done(
-                        usage=Usage(
-                            input_tokens=text_tokens,
-                            output_tokens=audio_tokens,
-                            total_tokens=text_tokens + audio_tokens,
-                        )
-                    )
-                )
-                encoder, previous, text_tokens, audio_tokens = None, None, 0, 0
-                if item.close:
-                    await self.ws.close(code=NORMAL)
-                    return
-                continue
-            if encoder is None:
-                encoder = audio.StreamEncoder(self.session.response_format)
-            relay = Relay(self.ctx, item.spec.request_id(), item.layout, ROUTE, item.submitted)
-            gap = audio.silence(pause_after(previous)) if previous is not None else b""
-            try:
-                async for pcm in relay.pieces(self.ctx.settings.speech_wait):
-                    await self._delta(await run_in_threadpool(encoder.feed, gap + pcm))
-                    gap = b""
-            except Cut:
-                await self.error(self.failure(await self._why(item)))
-                continue
-            previous = item.spec.chunks[-1]
-            text_tokens += speech.input_tokens(item.spec.chunks)
-            audio_tokens += relay.audio_tokens
-
-    async def _why(self, item: _Piece) -> Exception:
-        """Why a piece's relay was cut: its job failed or was canceled, or it is late."""
-        request_id = item.spec.request_id()
+    async def _end(self) -> None:
+        """Flush every context (the default one when there is none), then close with 1000 after the last audio."""
+        contexts = list(self.contexts.values()) or [self._context("default")]
+        for context in contexts:
+            context.flush()
+        waits = [asyncio.ensure_future(c.gone.wait()) for c in contexts]
+        lost = asyncio.ensure_future(self._lost.wait())
         try:
-            await tts.not_ready(self.ctx, request_id, item.layout, tenant_of(self.ws))
-        except Exception as exc:
-            return exc
-        return ApiError(
-            504,
-            f"the audio of {request_id} was not ready within {self.ctx.settings.speech_wait} s; "
-            f"it goes on: GET {urls.audio_url(request_id)}",
-        )
+            while not lost.done() and not all(w.done() for w in waits):
+                await asyncio.wait([lost, *waits], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in [lost, *waits]:
+                w.cancel()
+        await self._close(NORMAL)
 
-    async def _delta(self, data: bytes) -> None:
-        if data:
-            await self.send(Delta(audio=base64.b64encode(data).decode()))
+    async def _watch(self) -> None:
+        """Close the session once it has been idle for TTS_WS_IDLE_SECONDS (never while audio is to come)."""
+        idle = self.ctx.settings.ws_idle_seconds
+        while True:
+            wait = self._active + idle - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif any(c.busy for c in self.contexts.values()):
+                self._active = time.monotonic()
+            else:
+                logger.info("closing a WebSocket session idle for %d s", idle)
+                await self._close(NORMAL, "idle")
+                return
 
-    async def error(self, told: Failure) -> None:
-        await self.send(ErrorEvent(error=openai_error(told.status, told.detail, told.field, told.code).error))
+    # -- what a context asks of its session (speaking.Host) ----------------------------------
 
-    async def send(self, event: msgspec.Struct) -> None:
-        """One JSON text frame; both sides send, one frame at a time."""
+    def segment(self) -> tuple[int, str]:
+        segment_id = next(self._segments)
+        return segment_id, f"{self._name}:{segment_id}"
+
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._work.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("WebSocket session work failed: %r", task.exception())
+
+    def retire(self, context: SpeechContext) -> None:
+        if self.contexts.get(context.id) is context:
+            del self.contexts[context.id]
+
+    async def error(
+        self, told: Failure, context_id: str | None = None, current: Callable[[], bool] | None = None
+    ) -> None:
+        error = openai_error(told.status, told.detail, told.field, told.code).error
+        event = ErrorEvent(error=error, context_id=msgspec.UNSET if context_id is None else context_id)
+        await self.send(event, current)
+
+    async def send(self, event: msgspec.Struct, current: Callable[[], bool] | None = None) -> None:
+        """One JSON text frame, unless `current()` is false by its turn; one frame at a time. A client gone is no
+        error."""
         async with self._send_lock:
-            if self.ws.application_state == WebSocketState.CONNECTED:
+            if self.ws.application_state != WebSocketState.CONNECTED or self._lost.is_set():
+                return
+            if current is not None and not current():
+                return
+            try:
                 await self.ws.send_text(_event(event).decode())
+            except (OSError, RuntimeError, WebSocketDisconnect):
+                self._lost.set()
+                return
+            self._active = time.monotonic()
+
+    async def _close(self, code: int, reason: str = "") -> None:
+        async with self._send_lock:
+            if self.ws.application_state == WebSocketState.CONNECTED and not self._lost.is_set():
+                try:
+                    await self.ws.close(code=code, reason=reason)
+                except (OSError, RuntimeError, WebSocketDisconnect):
+                    self._lost.set()
 
 
 def _event(event: msgspec.Struct) -> bytes:
     return msgspec.json.encode(event)
 
 
+def _size(message: MutableMapping[str, Any]) -> int:
+    """A frame's size in bytes (a text frame's UTF-8), counted only as far as the limit needs."""
+    text = message.get("text")
+    if text is None:
+        return len(message.get("bytes") or b"")
+    if len(text) > MAX_FRAME or 4 * len(text) <= MAX_FRAME:
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _decode(message: MutableMapping[str, Any]) -> bodies.Body:
-    """A client message as its declared body; ApiError naming what is wrong."""
+    """A client message as its declared body; ApiError naming what is wrong (never anything else)."""
     raw = message.get("text")
     if raw is None:
         raise ApiError(400, "messages are JSON text frames, not binary ones", field="type")
@@ -258,8 +273,10 @@ def _decode(message: MutableMapping[str, Any]) -> bodies.Body:
         data = msgspec.json.decode(raw)
     except msgspec.DecodeError:
         raise ApiError(400, "the message is not JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the message is nested too deeply to read") from None
     kind = data.get("type") if isinstance(data, dict) else None
     cls = bodies.MESSAGES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ApiError(422, f"type: must be one of {', '.join(bodies.MESSAGES)}, got {kind!r}", field="type")
-    return bodies.decode(raw.encode(), cls)
+        raise ApiError(422, f"type: must be one of {', '.join(bodies.MESSAGES)}, got {kind!r:.80}", field="type")
+    return bodies.decode(raw.encode("utf-8", "surrogatepass"), cls)

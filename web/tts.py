@@ -283,6 +283,12 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     return Response(status_code=204)
 
 
+async def cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
+    """`tenant` withdraws from a request as DELETE /v1/tts/{id} does (the WebSocket's barge-in withdraws through it
+    too): the job stops when no tenant wants it any more."""
+    await run_in_threadpool(_cancel, ctx, request_id, chunk_ids, tenant)
+
+
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
     """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends."""
     if not queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl, tenant):

@@ -1,5 +1,6 @@
 """10. Real-time clients: streamed speech (first audio against the whole file, idle and under scenario 3's load),
-the WebSocket beside a second stream, and an LLM-like client's playback gaps.
+the WebSocket beside a second stream, an LLM-like client's playback gaps, a voice agent's barge-in under load
+and the first audio of text with no sentence end.
 
 A web process (the Procfile's flags) and a worker of their own, in database
 2 of the run's redis-server, on the run's tiny checkpoint with
@@ -42,6 +43,12 @@ DATABASE = 2
 BYTES_PER_SECOND = 2 * 24000  # pcm: 16-bit mono at 24 kHz
 # A word every this many seconds: the LLM-like client's pace.
 WORD_EVERY = 0.05
+# A barge-in comes once this many audio deltas of the answer have arrived (the answer is playing).
+DELTAS_BEFORE_CLEAR = 3
+# Sentences of the answer a barge-in cuts short: far more audio than plays before the clear.
+BARGE_SENTENCES = 6
+# The session setting text with no sentence end waits for (API.md v1.3: max_buffer_delay_ms, its default).
+BUFFER_DELAY = 1.0
 
 
 class Realtime(Scenario):
@@ -53,6 +60,7 @@ class Realtime(Scenario):
     # The stack's naive server gives scenario 3's load rate when scenario 3 did not run.
     needs_stack = True
     counts_chunks = True
+    withdraws = True  # the barge-ins
 
     def setup(self) -> None:
         b = self.b
@@ -138,7 +146,42 @@ class Realtime(Scenario):
             lambda _, r: list(llm_round(self.url, self.b.texts, plan.llm_seconds)),
             plan.rounds,
         )
+        yield Comparison(
+            [
+                Figure(
+                    "10",
+                    f"WebSocket barge-in under scenario 3's mixed load ({rate:.1f} req/s): input_text.clear to the "
+                    "context's last audio delta, p95 (vs one decode step + one socket round trip)",
+                    "s",
+                    target=("p95 <= 1x", lambda r: r <= 1.0),
+                ),
+                Figure("10", "... input_text.clear to speech.audio.cleared, p95", "s"),
+                Figure("10", "... barge-ins measured", ""),
+            ],
+            lambda _, r: self.barge_in(r, rate),
+            plan.rounds,
+        )
+        yield Comparison(
+            [
+                Figure(
+                    "10",
+                    f"WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms "
+                    f"{BUFFER_DELAY * 1000:.0f}): text to first audio delta, median (vs the same with a flush)",
+                    "s",
+                ),
+            ],
+            lambda _, r: [self.unpunctuated()],
+            plan.rounds,
+        )
         first = STREAM_TOKENS + LOOKAHEAD
+        self.b.notes.append(
+            "10: barge-in: a session speaks a new answer of "
+            f"{BARGE_SENTENCES} sentences and sends input_text.clear once {DELTAS_BEFORE_CLEAR} of its deltas "
+            "arrived; the figure is how long after the clear was sent its last delta arrived (0 when none came "
+            "after), judged against one decode step (the answer's own deltas: seconds per 512 samples between "
+            "them) plus one round trip of the socket (session.update to session.updated) in the same session. "
+            "Unpunctuated text: the service waits max_buffer_delay_ms for more text, then speaks it."
+        )
         self.b.notes.append(
             f"10: a web process and a worker of its own (database {DATABASE}), TTS_STREAM_TOKENS={STREAM_TOKENS}: "
             f"a chunk's first piece leaves once its row has made {first} tokens (the piece and its look-ahead), "
@@ -198,6 +241,30 @@ class Realtime(Scenario):
             stop.set()
             other.join(600)
         return [statistics.median(waits), percentile(waits, 95)]
+
+    def barge_in(self, round_: int, rate: float) -> list[Reading]:
+        """Barge-ins one after another while scenario 3's open loop runs; their p95 against a step and a hop."""
+        load = mixed_requests(self.b.texts, self.pool, seed=3000 + round_)
+        seconds = self.b.plan.open_seconds
+        driver = threading.Thread(
+            target=lambda: asyncio.run(loadgen.run_open(self.port, load, rate, seconds, seed=round_)), daemon=True
+        )
+        end = time.monotonic() + seconds
+        driver.start()
+        rounds: list[tuple[float, float, float, float]] = []
+        while time.monotonic() < end or not rounds:
+            rounds.append(barge_round(self.url, [self.b.texts.sentence() for _ in range(BARGE_SENTENCES)]))
+        driver.join(600)
+        last, cleared, steps, trips = zip(*rounds)
+        allowance = statistics.median(steps) + statistics.median(trips)
+        return [(percentile(last, 95), allowance), percentile(cleared, 95), float(len(rounds))]
+
+    def unpunctuated(self) -> Reading:
+        """The plan's new texts without a sentence end, unflushed and flushed: medians of text to first audio."""
+        n = self.b.plan.socket_sentences
+        waited = [first_audio(self.url, self.b.texts.sentence().rstrip(".!?"), flush=False) for _ in range(n)]
+        flushed = [first_audio(self.url, self.b.texts.sentence().rstrip(".!?"), flush=True) for _ in range(n)]
+        return statistics.median(waited), statistics.median(flushed)
 
 
 def speech_round(url: str, text: str) -> tuple[float, float, float]:
@@ -281,3 +348,59 @@ def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, flo
         total, worst = total + gap, max(worst, gap)
         played_until = max(played_until, when) + size / BYTES_PER_SECOND
     return total, worst, float(len(arrivals))
+
+
+def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, float]:
+    """One barge-in: an answer of `sentences` in context "agent", cleared once DELTAS_BEFORE_CLEAR deltas arrived.
+
+    Returns seconds from sending input_text.clear to the context's last delta (0 when none came after it),
+    to speech.audio.cleared, one decode step as the deltas before the clear show (seconds per 512 samples
+    between consecutive deltas, their median) and one round trip of the socket.
+    """
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        asked = time.monotonic()
+        ws.send(json.dumps({"type": "session.update", "session": {"max_buffer_delay_ms": 0}}))
+        assert json.loads(ws.recv(timeout=600))["type"] == "session.updated"
+        trip = time.monotonic() - asked
+        ws.send(json.dumps({"type": "input_text.append", "text": " ".join(sentences), "context_id": "agent"}))
+        ws.send(json.dumps({"type": "input_text.flush", "context_id": "agent"}))
+        arrivals: list[tuple[float, int]] = []  # (when, samples) of each delta before the clear
+        while len(arrivals) < DELTAS_BEFORE_CLEAR:
+            event = json.loads(ws.recv(timeout=600))
+            if event["type"] == "speech.audio.delta":
+                arrivals.append((time.monotonic(), len(base64.b64decode(event["audio"])) // 2))
+            elif event["type"] in ("error", "speech.audio.done"):
+                raise RuntimeError(f"the answer ended before the barge-in: {event}")
+        sent = last = time.monotonic()
+        ws.send(json.dumps({"type": "input_text.clear", "context_id": "agent"}))
+        while True:
+            event = json.loads(ws.recv(timeout=600))
+            if event["type"] == "speech.audio.delta":
+                last = time.monotonic()
+            elif event["type"] == "speech.audio.cleared":
+                cleared = time.monotonic() - sent
+                break
+    steps = [(b - a) / (n / 512) for (a, _), (b, n) in zip(arrivals, arrivals[1:]) if n]
+    return last - sent, cleared, statistics.median(steps) if steps else 0.0, trip
+
+
+def first_audio(url: str, text: str, flush: bool) -> float:
+    """Seconds from sending `text` (then input_text.flush when `flush`) to its first audio delta; then `.end`."""
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        sent = time.monotonic()
+        ws.send(json.dumps({"type": "input_text.append", "text": text}))
+        if flush:
+            ws.send(json.dumps({"type": "input_text.flush"}))
+        while True:
+            event = json.loads(ws.recv(timeout=600))
+            if event["type"] == "speech.audio.delta" and base64.b64decode(event["audio"]):
+                took = time.monotonic() - sent
+                break
+            if event["type"] == "error":
+                raise RuntimeError(f"the WebSocket answered an error: {event}")
+        ws.send(json.dumps({"type": "input_text.end"}))  # the rest is made before the next measurement
+        for _ in ws:
+            pass
+    return took
