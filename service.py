@@ -75,6 +75,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),
         route("/v1/tts/{id}/captions", captions.captions, ["GET"]),
         route(speech.ROUTE, speech.speech, ["POST"]),
+        route("/v1/models", speech.models, ["GET"]),
+        route("/v1/audio/voices", voices.audio_voices, ["GET"]),
         WebSocketRoute(session.ROUTE, _speech_socket, name="speech_socket"),
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
@@ -164,6 +166,8 @@ async def _error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, OutOfMemoryError):
         request.app.state.context.metrics.inc("tts_redis_full_total", process="web")
     if request.url.path in OPENAI_ROUTES:
-        return reply(openai_error(known.status, known.detail, known.field, known.code), known.status, known.headers)
+        # OpenAI answers 400 for every request it refuses, so its SDK raises BadRequestError.
+        status = 400 if known.status == 422 else known.status
+        return reply(openai_error(status, known.detail, known.field, known.code), status, known.headers)
     body = Error(detail=known.detail, field=UNSET if known.field is None else known.field)
     return reply(body, known.status, known.headers)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
+import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import asynccontextmanager, suppress
@@ -473,8 +475,29 @@ def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[
 # -- the web side's request line and counts ------------------------------------
 
 
+# An incoming X-Request-Id is kept when it is this (what proxies and tracers
+# write: UUIDs, hex, base64 and dotted ids); anything else is replaced, so a
+# log line never carries a client's free text.
+_CALL_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+
+
+def call_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The id of one HTTP call: the caller's X-Request-Id when it is a plain token, else a new random one."""
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            given = value.decode("latin-1").strip()
+            if _CALL_ID.fullmatch(given):
+                return given
+            break
+    return uuid.uuid4().hex
+
+
 class RequestTelemetry:
-    """ASGI middleware: counts and times every HTTP request and logs one line for it.
+    """ASGI middleware: counts and times every HTTP request, gives it an id, and logs one line for it.
+
+    Every answer carries `X-Request-Id`: the caller's (a proxy's) when it is a
+    plain token, else a new one; the log line has it as `request_id`. A
+    synthesis id an answer names (Location, X-TTS-Id, or the path) is logged as `id`.
 
     The route label is the matched route's template (`/v1/tts/{id}`), never the
     raw path, so series stay few; paths that match nothing are `unmatched`.
@@ -504,6 +527,7 @@ class RequestTelemetry:
         status = 500
         size = 0
         header_id: str | None = None
+        call = call_id(scope.get("headers", ()))
 
         async def sending(message: MutableMapping[str, Any]) -> None:
             nonlocal status, size, header_id
@@ -511,11 +535,13 @@ class RequestTelemetry:
                 size += len(message.get("body", b""))
             elif message["type"] == "http.response.start":
                 status = message["status"]
-                for name, value in message.get("headers", ()):
-                    # The request id of a submission is in its Location (or X-Request-Id) header.
-                    if name == b"location" or name == b"x-request-id":
+                headers = list(message.get("headers", ()))
+                for name, value in headers:
+                    # The request id of a submission is in its Location (or X-TTS-Id) header.
+                    if name == b"location" or name == b"x-tts-id":
                         header_id = value.decode("latin-1").rsplit("/", 1)[-1]
                         break
+                message = {**message, "headers": [*headers, (b"x-request-id", call.encode("latin-1"))]}
             await send(message)
 
         try:
@@ -529,7 +555,7 @@ class RequestTelemetry:
             histogram.observe(seconds)
             if self.log.isEnabledFor(logging.INFO):
                 request_id = scope.get("path_params", {}).get("id") or header_id
-                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"))
+                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), call)
 
     def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
         series = (
@@ -549,9 +575,11 @@ class RequestTelemetry:
         size: int,
         request_id: str | None,
         client: tuple[str, int] | None,
+        call: str,
     ) -> None:
         event: dict[str, Any] = {
             "event": "request",
+            "request_id": call,
             "method": method,
             "route": route,
             "status": status,
