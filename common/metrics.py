@@ -186,7 +186,8 @@ METRICS: dict[str, Metric] = {
             "tts_webhook_deliveries_total",
             "counter",
             "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "
-            "failed), refused (the host now resolves to a refused address).",
+            "failed), refused (the host now resolves to a refused address), gone (the receiver answered 410 Gone, "
+            "or had before: nothing more is sent to it).",
             ("result",),
         ),
     )

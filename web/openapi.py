@@ -592,8 +592,10 @@ def _event_operation() -> dict[str, Any]:
 
     return {
         "summary": "The request is finished, failed or canceled",
-        "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
-        "backoff for about 10 minutes, then given up. Redirects are not followed.",
+        "description": "Delivered at least once: a try without a 2xx answer within 15 s is retried with "
+        "exponential backoff and jitter (never sooner than the receiver's Retry-After) for "
+        "TTS_WEBHOOK_RETRY_HOURS (24 by default), then given up; 410 Gone stops it and every later event "
+        "to that URL. GET /v1/tts/{id} shows each URL's delivery. Redirects are not followed.",
         "parameters": [
             {
                 "name": "webhook-id",
@@ -612,5 +614,8 @@ def _event_operation() -> dict[str, Any]:
             },
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
-        "responses": {"2XX": {"description": "Received; any other answer is retried."}},
+        "responses": {
+            "2XX": {"description": "Received; any other answer but 410 is retried."},
+            "410": {"description": "Gone: no more events are sent to this URL."},
+        },
     }

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from cache import ID_PATTERN
 from web.bodies import NAME_PATTERN, Seed, Session
+from webhooks import WebhookDelivery
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -178,6 +179,10 @@ class TtsStatus(Reply):
     progress: Progress
     position: Annotated[int, Meta(ge=0, description="Place in the queue (when queued).")] | UnsetType = UNSET
     error: Annotated[str, Meta(description="Why it failed (when failed), in safe words.")] | UnsetType = UNSET
+    webhooks: (
+        Annotated[list[WebhookDelivery], Meta(description="Each callback URL's delivery (when it has any).")]
+        | UnsetType
+    ) = UNSET
 
 
 class SeedVoice(Reply):

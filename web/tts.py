@@ -246,7 +246,11 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     request_id = request.path_params["id"]
     layout = await manifest_of(ctx, request_id)
     if request.method == "GET":
-        return reply(await status_of(ctx, request_id, layout))
+        status = await status_of(ctx, request_id, layout)
+        hooks = await webhooks.deliveries(ctx.redis, request_id)
+        if hooks:
+            status.webhooks = hooks
+        return reply(status)
     await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"])
     return Response(status_code=204)
 
