@@ -31,7 +31,7 @@ from common import logs, metrics
 from common.errors import ApiError
 from common.settings import Settings, from_env
 from web import captions, heap, openapi, ops, session, speech, tts, voices
-from web.context import Context
+from web.context import Context, tenant_name
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
 
@@ -54,14 +54,20 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
         async def endpoint(request: Request) -> Response:
             if not public:
-                await ctx.guard(request)
+                tenant = tenant_name(await ctx.guard(request))
+                if tenant is not None:
+                    request.state.tenant = tenant  # for the request's metrics (metrics.RequestTelemetry)
             return await handler(ctx, request)
 
         return Route(path, endpoint, methods=methods, name=getattr(handler, "__name__", path))
 
     async def _speech_socket(websocket: WebSocket) -> None:
         # It checks the API key itself: a refused key is told why, then closed with 1008.
-        await session.serve(ctx, websocket, failure)
+        ctx.open_sockets += 1
+        try:
+            await session.serve(ctx, websocket, failure)
+        finally:
+            ctx.open_sockets -= 1
 
     routes = [
         route("/", _page, ["GET"]),
@@ -69,6 +75,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/healthz", ops.healthz, ["GET"]),
         route("/readyz", ops.readyz, ["GET"]),
         route("/metrics", ops.prometheus, ["GET"]),
+        route("/metrics/process", ops.process_prometheus, ["GET"]),
         route("/v1/tts", tts.SubmitRoute(settings), ["POST"]),
         # One route for both methods: with two, a 405 would name only the first's in Allow.
         route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),

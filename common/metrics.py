@@ -4,9 +4,14 @@ Each process (web or worker, on any host) counts in memory and adds what it
 counted to one Redis hash, METRICS_KEY, in a single MULTI/EXEC: the web
 process about once a second and on each scrape, a worker after each job. Any
 web process renders the whole hash at `GET /metrics`, so the figures are
-those of the service, not of the process that was scraped, and a process
-that restarts loses at most its last second. Histograms are kept as
-cumulative bucket counts, the way Prometheus exposes them.
+those of the service, not of the process that was scraped (one scrape target
+per service), and a process that restarts loses at most its last second.
+Histograms are kept as cumulative bucket counts, the way Prometheus exposes them.
+
+A web process also keeps its own figures since it started (`Recorder.totals`)
+and renders them at `GET /metrics/process` with `process_*`, `tts_build_info`
+and its open WebSocket sessions (`render_process`): one scrape target per
+process, whose sums over the replicas are right.
 
 Never imports the web framework, RQ's worker or torch: both sides use it.
 """
@@ -14,19 +19,23 @@ Never imports the web framework, RQ's worker or torch: both sides use it.
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.metadata
 import json
 import logging
 import re
 import threading
 import time
+import tomllib
 import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, ProcessCollector, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -42,6 +51,9 @@ logger = logging.getLogger(__name__)
 # The text format every Prometheus reads (what prometheus_client itself
 # answers a scraper that asks for nothing newer); all names here are legacy-safe.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+# The distribution whose version `tts_build_info` shows (pyproject.toml's project name).
+DISTRIBUTION = "chattts-service"
 
 # Seconds; a `?wait=` request may be held up to 60 s and the speech route 120 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -100,6 +112,13 @@ METRICS: dict[str, Metric] = {
             "playing its next piece arrived (0: a player starting on the first piece never starved), by route.",
             ("route",),
             GAP_BUCKETS,
+        ),
+        Metric(
+            "tts_tenant_requests_total",
+            "counter",
+            "HTTP requests answered with API keys configured, by tenant (the key's name, never the key), route "
+            "template and status.",
+            ("tenant", "route", "status"),
         ),
         Metric(
             "tts_cache_requests_total",
@@ -284,6 +303,8 @@ class Recorder:
         self._hists: dict[_Series, list[float]] = {}
         # Fields of a flush that failed, added to the next one.
         self._returned: defaultdict[_Key, float] = defaultdict(float)
+        # Everything taken since the process started: this process's own figures.
+        self._kept: defaultdict[_Key, float] = defaultdict(float)
 
     def counter(self, name: str, **labels: str) -> Counter:
         """The series of counter `name` with `labels`; KeyError for an unknown name or label set."""
@@ -328,7 +349,29 @@ class Recorder:
         with self._lock:
             counts, hists, returned = self._counts, self._hists, self._returned
             self._counts, self._hists, self._returned = defaultdict(float), {}, defaultdict(float)
-        taken: dict[_Key, float] = dict(returned)
+            fresh = self._fields(counts, hists)
+            for key, value in fresh.items():
+                self._kept[key] += value
+        for key, value in returned.items():  # kept when first taken
+            fresh[key] = fresh.get(key, 0.0) + value
+        return fresh
+
+    def totals(self) -> dict[str, float]:
+        """This process's figures since it started, as METRICS_KEY fields (what `render` reads).
+
+        Includes what is counted but not yet flushed (it is taken now, and
+        flushed with the next flush).
+        """
+        taken = self._take()
+        if taken:
+            self._give_back(taken)
+        with self._lock:
+            return {_field(name, suffix, dict(labels)): value for (name, suffix, labels), value in self._kept.items()}
+
+    @staticmethod
+    def _fields(counts: Mapping[_Series, float], hists: Mapping[_Series, list[float]]) -> dict[_Key, float]:
+        """Counts and histogram cells as flush fields."""
+        taken: dict[_Key, float] = {}
         for (name, labels), amount in counts.items():
             taken[(name, "", labels)] = taken.get((name, "", labels), 0.0) + amount
         for (name, labels), cells in hists.items():
@@ -450,6 +493,48 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     return generate_latest(registry)
 
 
+def render_process(recorder: Recorder, gauges: Iterable[GaugeMetricFamily] = ()) -> bytes:
+    """This process's own exposition: its figures since it started (`Recorder.totals`), `gauges`, and the
+    standard `process_*` metrics (CPU seconds, memory, open files, start time) of this process."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(recorder.totals(), gauges))
+    ProcessCollector(registry=registry)
+    return generate_latest(registry)
+
+
+def build_info(version: str, model: str, scheduling: str) -> GaugeMetricFamily:
+    """`tts_build_info`: 1, labelled with what this deployment runs (the model as its workers published it)."""
+    gauge = GaugeMetricFamily(
+        "tts_build_info",
+        "Always 1: the service's version, the model its workers serve (empty before one is published) and the "
+        "scheduling (TTS_SCHEDULING).",
+        labels=["version", "model", "scheduling"],
+    )
+    gauge.add_metric([version, model, scheduling], 1)
+    return gauge
+
+
+def websocket_gauge(open_sessions: int) -> GaugeMetricFamily:
+    """`tts_websocket_sessions`: the WebSocket sessions this process holds open now."""
+    gauge = GaugeMetricFamily("tts_websocket_sessions", "WebSocket sessions open in this process, now.")
+    gauge.add_metric([], open_sessions)
+    return gauge
+
+
+@functools.cache
+def version() -> str:
+    """The service's version: its installed distribution's, else pyproject.toml's (a checkout), else "unknown"."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parent.parent / "pyproject.toml").open("rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
 def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
     """Gauges read at scrape time: jobs of each rq Queue by state, its `live` workers (by queue name), the synthesis pool."""
     queues = (synthesis, *others)
@@ -554,6 +639,9 @@ class RequestTelemetry:
             counter, histogram = self._series.get((route, method, status)) or self._make_series(route, method, status)
             counter.inc()
             histogram.observe(seconds)
+            tenant = (scope.get("state") or {}).get("tenant")
+            if isinstance(tenant, str):  # set by the API key check (service.py) when keys are configured
+                self.recorder.inc("tts_tenant_requests_total", tenant=tenant, route=route, status=str(status))
             if self.log.isEnabledFor(logging.INFO):
                 request_id = scope.get("path_params", {}).get("id") or header_id
                 self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), call)

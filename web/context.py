@@ -46,6 +46,8 @@ class Context:
         # The OpenAPI document as JSON, made by the first GET /openapi.json
         # (service.py): settings never change in a process.
         self.openapi_json: bytes | None = None
+        # WebSocket sessions this process holds open now (tts_websocket_sessions).
+        self.open_sockets = 0
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -170,3 +172,11 @@ class Listener:
         # would cost a round trip, and raise while Redis is down, leaking the
         # connection until the pool is exhausted.
         await self.pubsub.aclose()
+
+
+def tenant_name(key: bytes) -> str | None:
+    """The tenant an API key (as `Context.guard` returns it) speaks for, as logs and metrics may name it; None
+    without keys. Never the key: a key is named by a short digest of it."""
+    if not key:
+        return None
+    return "key-" + hashlib.sha256(key).hexdigest()[:8]

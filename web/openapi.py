@@ -466,10 +466,24 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "summary": "Prometheus text format",
                 "responses": {
                     "200": {
-                        "description": "The metrics of every web process and worker.",
+                        "description": "The service's figures: every web process and worker, added up in Redis "
+                        "(one scrape target per service: every replica answers the same), and tts_build_info.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
                     **common,
+                },
+            }
+        },
+        "/metrics/process": {
+            "get": {
+                "operationId": "processMetrics",
+                "summary": "Prometheus text format: this web process only",
+                "responses": {
+                    "200": {
+                        "description": "This process's own figures since it started, process_*, tts_build_info "
+                        "and tts_websocket_sessions (one scrape target per process: sums over replicas are right).",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
                 },
             }
         },
