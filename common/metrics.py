@@ -356,7 +356,7 @@ class Recorder:
             fresh[key] = fresh.get(key, 0.0) + value
         return fresh
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[bytes | str, float]:
         """This process's figures since it started, as METRICS_KEY fields (what `render` reads).
 
         Includes what is counted but not yet flushed (it is taken now, and
@@ -366,7 +366,10 @@ class Recorder:
         if taken:
             self._give_back(taken)
         with self._lock:
-            return {_field(name, suffix, dict(labels)): value for (name, suffix, labels), value in self._kept.items()}
+            kept: dict[bytes | str, float] = {
+                _field(name, suffix, dict(labels)): value for (name, suffix, labels), value in self._kept.items()
+            }
+        return kept
 
     @staticmethod
     def _fields(counts: Mapping[_Series, float], hists: Mapping[_Series, list[float]]) -> dict[_Key, float]:
@@ -453,7 +456,7 @@ async def flushing(recorder: Recorder, redis: Any, seconds: float = 1.0) -> Asyn
 
 
 class _Snapshot(Collector):
-    def __init__(self, stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetricFamily]) -> None:
+    def __init__(self, stored: Mapping[bytes | str, bytes | str | float], gauges: Iterable[GaugeMetricFamily]) -> None:
         self.stored = stored
         self.gauges = list(gauges)
 
