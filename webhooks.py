@@ -56,7 +56,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue, Worker, get_current_job
+from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
@@ -117,6 +117,9 @@ FIELD = "callback_url"
 TIMEOUT = 15.0
 # The longest wait between two tries of the backoff.
 MAX_GAP = 3600.0
+# Seconds before RQ runs a try again that failed unexpectedly (Redis lost
+# mid-try): a receiver's answers are retried by `deliver` itself.
+UNEXPECTED_RETRIES = (5, 30, 120)
 USER_AGENT = "chattts-service-webhooks/1"
 # Addresses that is_global does not catch but that answer cloud metadata requests.
 _METADATA = {ipaddress.ip_address("168.63.129.16")}  # Azure's wire server
@@ -392,6 +395,7 @@ def _enqueue_try(
     """Queue try number `attempt` of event `event_id`: now, or after `delay` seconds (the webhooks process's scheduler)."""
     options: dict[str, Any] = {
         "job_id": f"webhook-{event_id}" if attempt == 1 else f"webhook-{event_id}-{attempt}",
+        "retry": Retry(max=len(UNEXPECTED_RETRIES), interval=list(UNEXPECTED_RETRIES)),
         # A try is bounded by TIMEOUT in all (`_post`), plus name resolution.
         "job_timeout": int(TIMEOUT) + 20,
         "result_ttl": 24 * 3600,
@@ -545,11 +549,12 @@ def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> s
 def deliver(event_id: str) -> dict[str, Any]:
     """RQ job: one try to POST event `event_id`, signed, to its URL.
 
-    A try without a 2xx schedules the next (`retry_delay`) and returns; the
-    last one raises DeliveryFailed, so the job that gave up is in RQ's failed
-    registry. A 410 Gone stops this event and later ones to the URL. A target
-    that now resolves to a refused address is given up at once, as is an
-    event that has expired from Redis.
+    A try without a 2xx schedules the next (`retry_delay`) and returns, as
+    does the last one, which records the event as failed. A 410 Gone stops
+    this event and later ones to the URL. A target that now resolves to a
+    refused address is given up at once, as is an event that has expired
+    from Redis. Anything else raised (Redis lost mid-try) fails the job, and
+    RQ runs the same try again (`UNEXPECTED_RETRIES`).
     """
     if _bound is None:
         raise RuntimeError("no settings are bound in this process; run deliveries with `python webhooks.py`")
@@ -565,6 +570,7 @@ def deliver(event_id: str) -> dict[str, Any]:
     target = _target(url)
     outcome = "failed"
     status: int | None = None
+    reason: str | None = None
     started = time.monotonic()
     try:
         if redis.exists(gone_key(_url_digest(url))):
@@ -594,11 +600,12 @@ def deliver(event_id: str) -> dict[str, Any]:
             else DeliveryFailed(f"{target.shown}: {type(exc).__name__} ({_reason(exc)})")
         )
         created = float(stored.get(b"created") or time.time())
+        reason = str(failure)
         delay = retry_delay(settings, attempts, time.time() - created, failure.retry_after)
         if delay is None:
             outcome = "given_up"
             _settle(redis, event_id, "failed", attempts, status)
-            raise failure from None
+            return {"delivered": False, "given_up": True, "status": status}
         redis.hset(event_key(event_id), mapping={"attempts": attempts, "last_status": status or ""})
         job = get_current_job()
         description = job.description if job is not None and job.description else f"webhook {event_id}"
@@ -606,7 +613,7 @@ def deliver(event_id: str) -> dict[str, Any]:
         _enqueue_try(queue, event_id, attempts + 1, description, settings, delay)
         return {"delivered": False, "status": status, "next_try_in": round(delay, 3)}
     finally:
-        _record_try(event_id, target, outcome, time.monotonic() - started)
+        _record_try(event_id, target, outcome, time.monotonic() - started, reason)
 
 
 class _Refused(Exception):
@@ -649,25 +656,27 @@ def _settle(redis: Redis, event_id: str, state: DeliveryState, attempts: int, st
         pipe.execute()
 
 
-def _record_try(event_id: str, target: _Target, outcome: str, seconds: float) -> None:
-    """Count and log one try (never the URL beyond its scheme and host)."""
+def _record_try(event_id: str, target: _Target, outcome: str, seconds: float, reason: str | None) -> None:
+    """Count and log one try, with why it failed (never the URL beyond its scheme and host)."""
     assert _bound is not None
     _figures.inc("tts_webhook_deliveries_total", result=outcome)
     log = logger.warning if outcome in ("given_up", "refused", "gone") else logger.info
+    event: dict[str, Any] = {
+        "event": "webhook",
+        "event_id": event_id,
+        "target": target.shown,
+        "outcome": outcome,
+        "seconds": round(seconds, 3),
+    }
+    if reason is not None:
+        event["reason"] = reason
     log(
-        "webhook %s to %s: %s",
+        "webhook %s to %s: %s%s",
         event_id,
         target.shown,
         outcome,
-        extra={
-            "event": {
-                "event": "webhook",
-                "event_id": event_id,
-                "target": target.shown,
-                "outcome": outcome,
-                "seconds": round(seconds, 3),
-            }
-        },
+        f" ({reason})" if reason else "",
+        extra={"event": event},
     )
     try:
         _figures.flush(_bound.redis)
