@@ -23,7 +23,7 @@ $(VENV)/.test: requirements-test.txt
 
 define venv_install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --require-hashes -r $(1)
+	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
@@ -49,7 +49,7 @@ lint: $(VENV)/.test
 
 test: $(VENV)/.test lint
 	@url=$$(scripts/redis-url $(BIN)/python) && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS)
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS)
 
 tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)

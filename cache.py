@@ -90,6 +90,8 @@ class Spec:
 
     `chunks` are normalized text pieces from the splitter. `speaker`, when
     set, overrides `seed`. `model` is the identity the worker published.
+    `tenant` is set only under TTS_TENANCY=isolated: then it is part of every
+    id, so nothing is shared between tenants; it never changes the sound.
     """
 
     chunks: tuple[str, ...]
@@ -104,6 +106,7 @@ class Spec:
     oral: int | None = None
     laugh: int | None = None
     break_: int | None = None
+    tenant: str = ""
 
     def voice(self) -> dict[str, Any]:
         """The voice part of the identity: a speaker string wins over a seed."""
@@ -127,6 +130,8 @@ class Spec:
             "top_p": round(self.top_p, 4),
             "top_k": self.top_k,
             **refine,
+            # Only when set, so that ids without a tenant stay what they were.
+            **({"tenant": self.tenant} if self.tenant else {}),
         }
 
     def chunk_ids(self) -> list[str]:
@@ -154,7 +159,7 @@ class Spec:
         refine pass apply to a whole call.
         """
         identity = self._identity()
-        return _digest({k: v for k, v in identity.items() if k not in ("voice", "speed")})
+        return _digest({k: v for k, v in identity.items() if k not in ("voice", "speed", "tenant")})
 
     def excerpt(self, chars: int = 60) -> str:
         """The first `chars` characters of the text, for logs and rq-dashboard."""
@@ -180,8 +185,9 @@ class Spec:
 
 def manifest(spec: Spec) -> dict[str, Any]:
     """What is stored under `request_key`: the chunk ids in order, the
-    silence (ms) after each when joined (none after the last), and each
-    chunk's normalized text (for captions).
+    silence (ms) after each when joined (none after the last), each
+    chunk's normalized text (for captions), and the owning tenant when the
+    Spec has one.
 
     The pauses follow from the chunk texts, which the request id hashes, so
     an id's audio never changes (bump KEY_VERSION if the pause rules do).
@@ -189,7 +195,10 @@ def manifest(spec: Spec) -> dict[str, Any]:
     pauses = [pause_after(chunk) for chunk in spec.chunks]
     if pauses:
         pauses[-1] = 0
-    return {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
+    layout: dict[str, Any] = {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
+    if spec.tenant:  # isolated tenancy: only this tenant may see it (web/tts.manifest_of)
+        layout["tenant"] = spec.tenant
+    return layout
 
 
 # KEYS: a request's chunk keys, then its manifest's key; ARGV: the TTL, the manifest.

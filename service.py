@@ -31,7 +31,7 @@ from common import logs, metrics
 from common.errors import ApiError
 from common.settings import Settings, from_env
 from web import captions, heap, openapi, ops, session, speech, tts, voices
-from web.context import Context, tenant_name
+from web.context import Context
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
 
@@ -54,9 +54,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
         async def endpoint(request: Request) -> Response:
             if not public:
-                tenant = tenant_name(await ctx.guard(request))
-                if tenant is not None:
-                    request.state.tenant = tenant  # for the request's metrics (metrics.RequestTelemetry)
+                await ctx.guard(request)
             return await handler(ctx, request)
 
         return Route(path, endpoint, methods=methods, name=getattr(handler, "__name__", path))

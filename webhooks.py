@@ -2,8 +2,9 @@
 
     python webhooks.py [--burst]     # the Procfile's `webhooks` process: a plain rq worker on the webhook queue
 
-A request's callback URLs are kept in a Redis hash (URL -> audio format)
-until its job is over; `request_over` then takes them all at once (so each
+A request's callback URLs are kept in a Redis hash (its tenant and URL ->
+audio format: `hook_field`) until its job is over, or until their tenant
+withdraws from it (`withdraw`: they hear "canceled" at once); `request_over` then takes them all at once (so each
 distinct URL gets exactly one event) and enqueues one delivery job per URL
 on `settings.webhook_queue`; the event's URL and body wait in a hash of
 their own (`event_key`), so the job, which rq-dashboard shows, names only
@@ -275,10 +276,15 @@ async def check(url: str, settings: Settings) -> str:
 # -- registering and firing --------------------------------------------------------------
 
 
-# KEYS[1] the request's hooks; ARGV url, format, limit, ttl. 0 when the request has `limit` other URLs already.
+# KEYS[1] the request's hooks; ARGV field, format, limit, ttl, the tenant's field prefix. 0 when the
+# tenant has `limit` other URLs on the request already.
 _REGISTER = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+  local mine = 0
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, #ARGV[5]) == ARGV[5] then mine = mine + 1 end
+  end
+  if mine >= tonumber(ARGV[3]) then return 0 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
@@ -286,12 +292,29 @@ return 1
 """
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int) -> None:
-    """Keep `url` for the event of `request_id` (async client). Call before the request's job is ensured.
+def hook_field(tenant: str, url: str) -> str:
+    """A callback's field in the request's hash of hooks: its URL, after its tenant's name and "|" if named."""
+    return f"{tenant}|{url}" if tenant else url
 
-    A request takes at most `limit` distinct URLs: 422 naming callback_url past that.
+
+def hook_of(field: str) -> tuple[str, str]:
+    """The (tenant, URL) of a field made by `hook_field`."""
+    head, sep, rest = field.partition("|")
+    # A URL has its scheme's ":" before any "|"; a tenant name has no ":".
+    if sep and ":" not in head:
+        return head, rest
+    return "", field
+
+
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> None:
+    """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
+
+    Callbacks belong to their tenant: a tenant takes at most `limit` distinct
+    URLs on a request (422 naming callback_url past that), and hears only of
+    its own interest (`withdraw`).
     """
-    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), url, fmt, limit, ttl):
+    field, prefix = hook_field(tenant, url), hook_field(tenant, "")
+    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix):
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
@@ -299,20 +322,43 @@ async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, li
         )
 
 
-def fire_now(redis: Redis, request_id: str, url: str, settings: Settings) -> bool:
+def fire_now(redis: Redis, request_id: str, url: str, settings: Settings, tenant: str = "") -> bool:
     """Send `url` its event now, if it is still registered: the request was over when it was submitted.
 
     Whoever takes a registration fires it, so a job ending at the same moment
     cannot make it fire twice. Returns whether this call fired it.
     """
+    field = hook_field(tenant, url)
     with redis.pipeline(transaction=True) as pipe:
-        pipe.hget(hooks_key(request_id), url)
-        pipe.hdel(hooks_key(request_id), url)
+        pipe.hget(hooks_key(request_id), field)
+        pipe.hdel(hooks_key(request_id), field)
         fmt, removed = pipe.execute()
     if not removed:
         return False
-    _enqueue_events(redis, request_id, {url.encode(): fmt}, settings, None)
+    _enqueue_events(redis, request_id, {field.encode(): fmt}, settings, None)
     return True
+
+
+def withdraw(redis: Redis, request_id: str, tenant: str, settings: Settings) -> int:
+    """`tenant` withdrew from `request_id`, which others still want: its callbacks get their event now.
+
+    The event says "canceled" (or "finished" if the audio is all stored by
+    now); the other tenants' callbacks wait for the job's end. Each callback
+    fires once, whoever takes it first. Returns how many fired.
+    """
+    key = hooks_key(request_id)
+    hooks: dict[bytes, bytes] = redis.hgetall(key)  # type: ignore[assignment]  # a sync client's answer
+    mine = {f: fmt for f, fmt in hooks.items() if hook_of(f.decode())[0] == tenant}
+    if not mine:
+        return 0
+    with redis.pipeline(transaction=False) as pipe:
+        for field in mine:
+            pipe.hdel(key, field)
+        removed = pipe.execute()
+    taken = {f: fmt for (f, fmt), gone in zip(mine.items(), removed) if gone}
+    if taken:
+        _enqueue_events(redis, request_id, taken, settings, None)
+    return len(taken)
 
 
 def request_over(redis: Redis, request_id: str, settings: Settings, error: str | None = None) -> int:
@@ -340,8 +386,8 @@ def _enqueue_events(
     base = settings.public_url or ""
     queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
     made = datetime.now(UTC)
-    for raw_url, raw_fmt in hooks.items():
-        url, fmt = raw_url.decode(), (raw_fmt or b"wav").decode()
+    for raw_field, raw_fmt in hooks.items():
+        (tenant, url), fmt = hook_of(raw_field.decode()), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
             type=EVENT_TYPES[status],
             timestamp=made.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -367,7 +413,7 @@ def _enqueue_events(
                 },
             )
             pipe.expire(event_key(event_id), settings.result_ttl)
-            pipe.hset(deliveries_key(request_id), url, event_id)
+            pipe.hset(deliveries_key(request_id), raw_field, event_id)
             pipe.expire(deliveries_key(request_id), settings.result_ttl)
             pipe.execute()
         _enqueue_try(queue, event_id, 1, f"webhook {status} of {request_id} to {_shown(url)}", settings, None)
@@ -384,6 +430,7 @@ def _enqueue_events(
                     "status": status,
                     "target": _shown(url),
                     "outcome": "queued",
+                    **({"tenant": tenant} if tenant else {}),
                 }
             },
         )
@@ -463,33 +510,35 @@ def _url_digest(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:32]
 
 
-async def deliveries(redis: Any, request_id: str) -> list[WebhookDelivery]:
-    """The delivery state of each callback URL of `request_id` (async client), sorted by URL.
+async def deliveries(redis: Any, request_id: str, tenant: str = "") -> list[WebhookDelivery]:
+    """The delivery state of each of `tenant`'s callback URLs of `request_id` (async client), sorted by URL.
 
     A URL registered for a request still running is pending with no try; one
-    whose event was made reads its event's state.
+    whose event was made reads its event's state. Other tenants' callbacks
+    are not shown.
     """
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hkeys(hooks_key(request_id))
         pipe.hgetall(deliveries_key(request_id))
         waiting, made = await pipe.execute()
+    mine = {field: event_id for field, event_id in made.items() if hook_of(field.decode())[0] == tenant}
     found: dict[str, WebhookDelivery] = {}
-    if made:
+    if mine:
         async with redis.pipeline(transaction=False) as pipe:
-            for event_id in made.values():
+            for event_id in mine.values():
                 pipe.hmget(event_key(event_id.decode()), "state", "attempts", "last_status")
             states = await pipe.execute()
-        for raw_url, (state, attempts, last) in zip(made, states):
+        for field, (state, attempts, last) in zip(mine, states):
             if state is None:
                 continue  # expired
-            found[raw_url.decode()] = WebhookDelivery(
-                url=raw_url.decode(),
-                state=state.decode(),
-                attempts=int(attempts or 0),
-                last_status=int(last) if last else None,
+            url = hook_of(field.decode())[1]
+            found[url] = WebhookDelivery(
+                url=url, state=state.decode(), attempts=int(attempts or 0), last_status=int(last) if last else None
             )
-    for raw_url in waiting:  # registered again after an earlier event: that one is what is to come
-        found[raw_url.decode()] = WebhookDelivery(url=raw_url.decode(), state="pending", attempts=0, last_status=None)
+    for field in waiting:  # registered again after an earlier event: that one is what is to come
+        owner, url = hook_of(field.decode())
+        if owner == tenant:
+            found[url] = WebhookDelivery(url=url, state="pending", attempts=0, last_status=None)
     return [found[url] for url in sorted(found)]
 
 

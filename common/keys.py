@@ -1,18 +1,21 @@
 """Every Redis key and pub/sub channel the service uses, named in one place (as RQ's own `rq/keys.py`).
 
 Everything else, tests and benchmarks included, asks this module. RQ's own
-keys (`rq:*`) are RQ's. Ids inside keys are hex digests or queue names, so
-no key needs escaping. A function called with "" gives the prefix of its
+keys (`rq:*`) are RQ's. Ids inside keys are hex digests, queue names or tenant names (letters,
+digits, `_`, `-`), so no key needs escaping. A function called with "" gives the prefix of its
 keys, which the Lua scripts that meet ids as they go are handed.
 
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
 - `tts:chunk:C`: a chunk's PCM16 audio; `tts:req:R`: a request's manifest;
 - `tts:pieces:C`: the PCM16 pieces of chunk C in order, stored while it decodes (a list);
-- `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash);
+- `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash),
+  `tts:voices:T` those of tenant T (with named API keys);
 - `tts:events:R`: the channel a request's progress is announced on;
 - `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
-- `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/scheduler.py);
+- `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/scheduler.py),
+  `tts:pool:Q:T` tenant T's lane of it and `tts:turns:Q` whose turn it is;
+- `tts:tenants:R`: the tenants that want request R; `tts:dropped:R`: those that withdrew (work/interest.py);
 - `tts:assist:Q`: set while an assist job of Q waits;
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
@@ -61,6 +64,31 @@ def voice_key(model_id: str, seed: int) -> str:
 def pool_key(queue: str) -> str:
     """The sorted set of chunks waiting for synthesis on `queue` (work/scheduler.py)."""
     return f"{PREFIX}:pool:{queue}"
+
+
+def lane_key(queue: str, tenant: str) -> str:
+    """Tenant `tenant`'s lane of the pool of `queue` (a sorted set like `pool_key`'s); "" has `pool_key` itself."""
+    return pool_key(queue) + (f":{tenant}" if tenant else "")
+
+
+def turns_key(queue: str) -> str:
+    """The tenants with a lane in the pool of `queue`, scored by when each was last served (work/scheduler.py)."""
+    return f"{PREFIX}:turns:{queue}"
+
+
+def tenants_key(request_id: str) -> str:
+    """The names of the tenants that want request `request_id` (a set; "" without named keys)."""
+    return f"{PREFIX}:tenants:{request_id}"
+
+
+def dropped_key(request_id: str) -> str:
+    """The names of the tenants that withdrew from request `request_id` (a set): to them it reads canceled."""
+    return f"{PREFIX}:dropped:{request_id}"
+
+
+def voices_key(tenant: str) -> str:
+    """The saved voices of `tenant` (hash: name -> record); "" (no named keys) has VOICES_KEY."""
+    return VOICES_KEY + (f":{tenant}" if tenant else "")
 
 
 def pool_entry_key(kind: str, queue: str, chunk_id: str) -> str:

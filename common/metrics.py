@@ -44,13 +44,15 @@ from redis.exceptions import RedisError
 
 from cache import is_well_formed_id
 from common import logs
-from common.keys import METRICS_KEY, pool_key
+from common.keys import METRICS_KEY, lane_key, turns_key
 
 logger = logging.getLogger(__name__)
 
 # The text format every Prometheus reads (what prometheus_client itself
 # answers a scraper that asks for nothing newer); all names here are legacy-safe.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+# The ASGI scope entry where the web side puts the caller's tenant name (web/context.py), logged with its request.
+TENANT_SCOPE = "tts.tenant"
 
 # The distribution whose version `tts_build_info` shows (pyproject.toml's project name).
 DISTRIBUTION = "chattts-service"
@@ -92,6 +94,12 @@ METRICS: dict[str, Metric] = {
             ("route", "method", "status"),
         ),
         Metric(
+            "tts_tenant_requests_total",
+            "counter",
+            "Requests admitted with an API key, by the key's tenant name (TTS_API_KEYS).",
+            ("tenant",),
+        ),
+        Metric(
             "tts_http_request_duration_seconds",
             "histogram",
             "Seconds from request to the end of the response (includes ?wait= holds).",
@@ -112,13 +120,6 @@ METRICS: dict[str, Metric] = {
             "playing its next piece arrived (0: a player starting on the first piece never starved), by route.",
             ("route",),
             GAP_BUCKETS,
-        ),
-        Metric(
-            "tts_tenant_requests_total",
-            "counter",
-            "HTTP requests answered with API keys configured, by tenant (the key's name, never the key), route "
-            "template and status.",
-            ("tenant", "route", "status"),
         ),
         Metric(
             "tts_cache_requests_total",
@@ -557,8 +558,26 @@ def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[
         ):
             jobs.add_metric([queue.name, state], count)
         alive.add_metric([queue.name], live.get(queue.name, 0))
-    pool.add_metric([synthesis.name], synthesis.connection.zcard(pool_key(synthesis.name)))
-    return [jobs, pool, alive]
+    lanes = GaugeMetricFamily(
+        "tts_tenant_pool_chunks",
+        'Chunks waiting in the queue\'s pool for each tenant, now (named API keys; "" without).',
+        labels=["queue", "tenant"],
+    )
+    waiting = pool_lanes(synthesis.connection, synthesis.name)
+    pool.add_metric([synthesis.name], sum(waiting.values()))
+    for tenant, count in sorted(waiting.items()):
+        lanes.add_metric([synthesis.name, tenant], count)
+    return [jobs, pool, alive, lanes]
+
+
+def pool_lanes(redis: Redis, queue: str) -> dict[str, int]:
+    """Entries waiting in each tenant's lane of the pool of `queue` (work/scheduler.py), the pool's own ("") too."""
+    listed = {t.decode() if isinstance(t, bytes) else str(t) for t in redis.zrange(turns_key(queue), 0, -1)}
+    tenants = sorted(listed | {""})
+    with redis.pipeline(transaction=False) as pipe:
+        for tenant in tenants:
+            pipe.zcard(lane_key(queue, tenant))
+        return dict(zip(tenants, map(int, pipe.execute())))
 
 
 # -- the web side's request line and counts ------------------------------------
@@ -642,12 +661,10 @@ class RequestTelemetry:
             counter, histogram = self._series.get((route, method, status)) or self._make_series(route, method, status)
             counter.inc()
             histogram.observe(seconds)
-            tenant = (scope.get("state") or {}).get("tenant")
-            if isinstance(tenant, str):  # set by the API key check (service.py) when keys are configured
-                self.recorder.inc("tts_tenant_requests_total", tenant=tenant, route=route, status=str(status))
             if self.log.isEnabledFor(logging.INFO):
                 request_id = scope.get("path_params", {}).get("id") or header_id
-                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), call)
+                tenant = scope.get(TENANT_SCOPE, "")
+                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), call, tenant)
 
     def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
         series = (
@@ -668,6 +685,7 @@ class RequestTelemetry:
         request_id: str | None,
         client: tuple[str, int] | None,
         call: str,
+        tenant: str = "",
     ) -> None:
         event: dict[str, Any] = {
             "event": "request",
@@ -682,6 +700,8 @@ class RequestTelemetry:
             event["id"] = request_id
         if client:
             event["client"] = client[0]
+        if tenant:
+            event["tenant"] = tenant
         record = self.log.makeRecord(
             self.log.name, logging.INFO, "", 0, "%s %s %s", (method, route, status), None, extra={"event": event}
         )

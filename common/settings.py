@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Callable, Mapping, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -60,10 +62,19 @@ class Settings:
     # (?wait, ?stream, /v1/audio/speech) holds one for its wait.
     redis_max_connections: int = 1000
     max_queue: int = 1000
-    # How long POST /v1/audio/speech holds the connection for its audio.
-    speech_wait: int = 120
+    # Seconds an answer may wait for audio before its first byte: POST
+    # /v1/audio/speech (flac: the whole file), ?stream=true's first chunk, a
+    # seed's voice export, a WebSocket sentence. At most 25 by default:
+    # Heroku-style routers drop an answer with no first byte in 30 s.
+    speech_wait: int = 25
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
+    # The tenant of each key of `api_keys`, in the same order (TTS_API_KEYS's
+    # `name=key`); missing or "" for a key named by its digest (`tenant_of`).
+    api_key_names: tuple[str, ...] = ()
+    # "shared": identical requests of different tenants share one job and its
+    # audio; "isolated": the tenant is part of a request's identity.
+    tenancy: str = "shared"
     # Requests per minute per API key; 0: unlimited.
     rate_limit: int = 0
     # Torch CPU threads per worker; 0: the host's cores divided by `workers_on_host`.
@@ -140,6 +151,12 @@ class Settings:
         if self.webhook_secret is None:
             return ()
         return tuple(_webhook_key(s) for s in self.webhook_secret.split())
+
+    def tenant_of(self, index: int) -> str:
+        """The tenant name of `api_keys[index]`: its given name, else `key-` and 8 hex digits of its SHA-256."""
+        if index < len(self.api_key_names) and self.api_key_names[index]:
+            return self.api_key_names[index]
+        return bare_key_name(self.api_keys[index])
 
     def job_timeout(self, chunks: int) -> int:
         """Seconds a job of `chunks` chunks may run before RQ stops it."""
@@ -251,6 +268,8 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
             f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
         )
+    none: tuple[tuple[str, str], ...] = ()
+    named_keys = _parse(env, "TTS_API_KEYS", none, _named_keys, KEYS_ACCEPTED, secret=True)
     return Settings(
         redis_url=redis_url,
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
@@ -286,9 +305,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         max_queue=_parse(env, "TTS_MAX_QUEUE", d.max_queue, _int_in(1), positive),
         speech_wait=_parse(env, "TTS_SPEECH_WAIT", d.speech_wait, _int_in(1, 3600), "seconds, 1-3600"),
-        api_keys=_parse(
-            env, "TTS_API_KEYS", d.api_keys, _keys, "comma-separated keys of at least 16 characters", secret=True
-        ),
+        api_keys=tuple(key for _, key in named_keys),
+        api_key_names=tuple(name for name, _ in named_keys),
+        tenancy=_parse(env, "TTS_TENANCY", d.tenancy, _choice("shared", "isolated"), "shared or isolated"),
         rate_limit=_parse(env, "TTS_RATE_LIMIT", d.rate_limit, _int_in(0), "requests per minute per key, 0 for none"),
         torch_threads=_parse(
             env,
@@ -361,12 +380,38 @@ def _choice_name(raw: str) -> str:
     return raw
 
 
-def _keys(raw: str) -> tuple[str, ...]:
-    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
-    # Short keys can be guessed; refuse them rather than run half-protected.
-    if not keys or any(len(k) < 16 or not k.isprintable() or " " in k for k in keys):
+KEYS_ACCEPTED = (
+    "comma-separated keys of at least 16 characters, each bare or named as name=key "
+    "(name: 1-64 letters, digits, _ or -; one name may have several keys; no key twice)"
+)
+_TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def bare_key_name(key: str) -> str:
+    """The tenant name of a key given without one: a short digest that does not reveal the key."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def _named_keys(raw: str) -> tuple[tuple[str, str], ...]:
+    """(name, key) for each comma-separated entry; name "" for a bare key.
+
+    An entry is named when it has a "=" whose left side is a valid name and
+    whose right side is a key, so a bare key ending in "=" padding stays bare.
+    """
+    out = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        name, sep, key = entry.partition("=")
+        if not (sep and _TENANT_NAME.fullmatch(name) and len(key) >= 16):
+            name, key = "", entry
+        # Short keys can be guessed; refuse them rather than run half-protected.
+        if len(key) < 16 or not key.isprintable() or " " in key:
+            raise ValueError("keys")
+        out.append((name, key))
+    if not out or len({key for _, key in out}) != len(out):
         raise ValueError("keys")
-    return keys
+    return tuple(out)
 
 
 def _existing_dir(raw: str) -> str:

@@ -193,3 +193,16 @@ def test_schemas_state_the_rules_and_the_settings() -> None:
     assert voice["anyOf"] == [{"required": ["seed"]}, {"required": ["speaker"]}, {"required": ["mix"]}]
     assert voice["properties"]["mix"]["minItems"] == 2 and voice["properties"]["mix"]["maxItems"] == 8
     assert set(schemas["Error"]["required"]) == {"detail"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "deep"),
+    [
+        pytest.param(b'{"text": "' + b"[" * 5000 + b'"}', False, id="brackets-in-a-string"),
+        pytest.param(b"[" * 65 + b"]" * 65, True, id="65-levels"),
+        pytest.param(b"[" * 64 + b"]" * 64, False, id="64-levels"),
+        pytest.param(b'[["\\\\"], ' + b"[1]," * 100 + b"1]", False, id="many-shallow"),
+    ],
+)
+def test_nesting_is_bounded_the_same_on_every_python(raw: bytes, deep: bool) -> None:
+    assert bodies._too_deep(raw) is deep

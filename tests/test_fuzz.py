@@ -1,6 +1,6 @@
 """Property-based fuzzing of the running HTTP API (real uvicorn, real rq worker on the tone engine).
 
-Every generated request is checked against the contract in README.md, not
+Every generated request is checked against the contract in docs/API.md, not
 against what the code happens to do:
 
 * no answer is ever 5xx;
@@ -34,7 +34,7 @@ from redis import Redis
 from cache import normalize
 from common.speakers import decode_speaker, encode_speaker
 
-# The defaults the stack runs with (README, Configuration).
+# The defaults the stack runs with (docs/operating.md, Settings).
 MAX_CHARS = 5000
 MAX_BODY = 65536
 FORMATS = ("wav", "flac", "mp3", "ogg")

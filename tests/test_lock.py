@@ -60,13 +60,18 @@ def test_the_cpu_locks_hold_torchs_cpu_build_and_the_gpu_lock_pypis() -> None:
     for lock in ("requirements-run.txt", "requirements-test.txt"):
         got = locked(lock)
         assert got["torch"][0] == "2.13.0+cpu" and not [n for n in got if n.startswith("nvidia-")], lock
+        text = (ROOT / lock).read_text()
+        # Linux takes the CPU build; macOS PyPI's (a CPU and MPS build there).
+        assert (
+            "torch==2.13.0+cpu ; sys_platform == 'linux'" in text and "torch==2.13.0 ; sys_platform != 'linux'" in text
+        )
     got = locked("requirements-worker.txt")
     assert got["torch"][0] == "2.13.0" and [n for n in got if n.startswith("nvidia-")]
 
 
 def test_make_installs_the_locks_with_hashes_required() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "pip install -q --require-hashes -r $(1)" in makefile
+    assert "pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)" in makefile
     assert "$(call venv_install,requirements-run.txt)" in makefile  # make run: no test tools
     assert "$(call venv_install,requirements-test.txt)" in makefile
     assert re.search(r"^test: .*\blint\b", makefile, re.M)

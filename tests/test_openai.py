@@ -6,13 +6,13 @@ import base64
 import io
 import json
 import math
+import time
 from typing import Callable
 
 import httpx
-import miniaudio
 import pytest
 import soundfile
-from conftest import Stack, wait_for
+from conftest import Stack, mp3_samples, wait_for
 from openai import AuthenticationError, BadRequestError, OpenAI
 from redis import Redis
 
@@ -40,13 +40,7 @@ def test_speech_create_returns_audio(client: OpenAI, fmt: str, container: str) -
     )
     info = soundfile.info(io.BytesIO(response.content))
     assert (info.format, info.samplerate, info.channels) == (container, 24000, 1)
-    # A streamed mp3 cannot fill in the length its first frame announces,
-    # which libsndfile trusts; a frame-by-frame decoder reads it all.
-    seconds = (
-        len(miniaudio.decode(response.content, nchannels=1, sample_rate=24000).samples) / 24000
-        if fmt == "mp3"
-        else info.duration
-    )
+    seconds = mp3_samples(response.content) / 24000 if fmt == "mp3" else info.duration
     assert seconds > 0.5
 
 
@@ -133,6 +127,21 @@ def test_api_key_errors_are_openai_shaped(stack_factory: Callable[..., Stack]) -
     with pytest.raises(AuthenticationError) as info:
         client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
     assert info.value.code == "invalid_api_key" and "API key" in info.value.message
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "flac"])  # flac comes whole: its wait is for the whole file
+def test_speech_with_no_audio_yet_is_504_after_tts_speech_wait(stack_factory: Callable[..., Stack], fmt: str) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_SPEECH_WAIT="2")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker runs now, so the request waits in the queue
+    started = time.monotonic()
+    r = httpx.post(
+        stack.url + "/v1/audio/speech", json={"input": "Nobody makes this.", "response_format": fmt}, timeout=60
+    )
+    waited = time.monotonic() - started
+    assert r.status_code == 504 and r.headers["location"].startswith("/v1/tts/"), r.text
+    assert "within 2 s" in r.json()["error"]["message"]
+    assert 1.5 <= waited < 20, waited
 
 
 # Two sentences, each a chunk of its own at TTS_CHUNK_CHARS=40.

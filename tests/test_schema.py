@@ -22,7 +22,7 @@ from web import openapi
 MAX_EXAMPLES = 25
 # Checks schemathesis runs: all of them but one. `use_after_free` takes DELETE
 # for "remove": here DELETE /v1/tts/{id} cancels the job, and audio already
-# made stays and is served (README, HTTP API), so GET after DELETE may be 200.
+# made stays and is served (docs/API.md), so GET after DELETE may be 200.
 EXCLUDED_CHECKS = "use_after_free"
 
 

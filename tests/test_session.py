@@ -205,8 +205,8 @@ def test_a_repeat_is_answered_from_the_store(tone_stack: Stack, redis: Redis) ->
     assert sorted(redis.keys("rq:job:*")) == jobs  # no new job: the store answered
 
 
-def test_the_readme_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_documented_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "usage.md").read_text()
     (client,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S) if "/websocket" in b]
     assert len(client.strip().splitlines()) <= 12
     script = client.replace("localhost:8000", tone_stack.url.removeprefix("http://"))

@@ -16,6 +16,13 @@ def test_defaults() -> None:
     assert s.model_path is None
 
 
+def test_no_default_wait_holds_a_client_past_25_s_without_a_first_byte() -> None:
+    # Heroku-style routers drop an answer that sends no byte in 30 s (H12):
+    # the speech route, a stream's first chunk and a seed's voice wait this long.
+    assert Settings().speech_wait == 25
+    assert from_env({"TTS_SPEECH_WAIT": "120"}).speech_wait == 120  # longer, where no such router sits in front
+
+
 def test_values_are_read(tmp_path: object) -> None:
     s = from_env(
         {

@@ -183,7 +183,7 @@ def test_rotated_secrets_each_sign_and_the_id_is_signed(
     assert len(call["headers"]["webhook-signature"].split(" ")) == 2
     for verifier in (VERIFIER, standardwebhooks.Webhook(new)):
         assert _verify(call, verifier)["id"] == submitted["id"]
-    assert _readme_receiver(new)(call["body"], call["headers"])["id"] == submitted["id"]
+    assert _documented_receiver(new)(call["body"], call["headers"])["id"] == submitted["id"]
     stranger = standardwebhooks.Webhook("whsec_" + base64.b64encode(b"x" * 32).decode())
     replayed = {**call["headers"], "webhook-id": "0" * 32}  # a replay under a new id fails dedupe-proofing
     tampered = call["body"].replace(b'"finished"', b'"canceled"')
@@ -196,16 +196,16 @@ def test_rotated_secrets_each_sign_and_the_id_is_signed(
             verifier.verify(body, headers)
 
 
-def _readme_receiver(secret: str) -> Callable[[bytes, dict], dict]:
-    """The README's receiver (section Webhooks, its python block), run as written with TTS_WEBHOOK_SECRET=secret."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("\n## Webhooks\n") :]
+def _documented_receiver(secret: str) -> Callable[[bytes, dict], dict]:
+    """docs/usage.md's receiver (section Webhooks, its python block), run as written with TTS_WEBHOOK_SECRET=secret."""
+    usage = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()
+    section = usage[usage.index("\n## Webhooks\n") :]
     code = section[section.index("```python\n") + 10 : section.index("\n```", section.index("```python\n"))]
     assert len([line for line in code.splitlines() if line.strip()]) == 5
     namespace: dict[str, Any] = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TTS_WEBHOOK_SECRET", secret)
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, "docs/usage.md", "exec"), namespace)
     return namespace["event"]  # type: ignore[no-any-return]
 
 

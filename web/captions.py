@@ -18,7 +18,7 @@ from cache import SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio
 from common.errors import ApiError
 from web import tts, validation
-from web.context import Context
+from web.context import Context, tenant_of
 from web.replies import Captions, Cue
 
 FORMATS = ("vtt", "srt", "json")
@@ -94,12 +94,13 @@ async def captions(ctx: Context, request: Request) -> Response:
     """GET /v1/tts/{id}/captions?format=vtt|srt|json; not finished: 202, 500 or 409 as the audio route."""
     request_id = request.path_params["id"]
     fmt = validation.choice(request.query_params.get("format", "vtt"), FORMATS, "format")
-    layout = await tts.manifest_of(ctx, request_id)
+    tenant = tenant_of(request)
+    layout = await tts.manifest_of(ctx, request_id, tenant)
     if "texts" not in layout:
         raise ApiError(404, f"request {request_id!r} was made before captions were kept; submit it again")
     sizes = await ctx.cache.sizes(layout["chunks"])
     if any(size is None for size in sizes):
-        return await tts.not_ready(ctx, request_id, layout)
+        return await tts.not_ready(ctx, request_id, layout, tenant)
     pauses = layout.get("pauses") or []
     cues = spans(layout["texts"], [s or 0 for s in sizes], pauses)
     total = cues[-1].end + audio.samples_of_ms(pauses[-1] if pauses else 0)

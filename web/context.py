@@ -23,6 +23,13 @@ from work import queueing
 from work.status import OVER
 
 T = TypeVar("T")
+# Where `Context.guard` puts the caller's tenant in a connection's scope.
+TENANT = metrics.TENANT_SCOPE
+
+
+def tenant_of(request: HTTPConnection) -> str:
+    """The tenant of a guarded connection: its API key's name; "" without TTS_API_KEYS (one tenant)."""
+    return str(request.scope.get(TENANT, ""))
 
 
 class Context:
@@ -79,7 +86,9 @@ class Context:
         The key is read from `Authorization: Bearer <key>`, or, with `query`
         (WebSockets, whose browser API cannot set headers), from `?api_key=`.
         Keys are compared in constant time against every configured key, and
-        only their hash reaches Redis.
+        only their hash reaches Redis. The key's tenant is put in the
+        connection's scope (`tenant_of`), for the handlers, the log line and
+        the metrics.
         """
         keys = self.settings.api_keys
         if not keys:
@@ -89,14 +98,18 @@ class Context:
             scheme, given = "bearer", request.query_params["api_key"]
         given_bytes = given.strip().encode()
         matched = False
-        for key in keys:
-            matched |= hmac.compare_digest(given_bytes, key.encode())
+        tenant = ""
+        for index, key in enumerate(keys):
+            if hmac.compare_digest(given_bytes, key.encode()):
+                matched, tenant = True, self.settings.tenant_of(index)
         if scheme.lower() != "bearer" or not matched:
             raise ApiError(
                 401,
                 "missing or wrong API key: send Authorization: Bearer <key>",
                 headers={"WWW-Authenticate": "Bearer"},
             )
+        request.scope[TENANT] = tenant
+        self.metrics.inc("tts_tenant_requests_total", tenant=tenant)
         await self.count(given_bytes)
         return given_bytes
 
@@ -172,11 +185,3 @@ class Listener:
         # would cost a round trip, and raise while Redis is down, leaking the
         # connection until the pool is exhausted.
         await self.pubsub.aclose()
-
-
-def tenant_name(key: bytes) -> str | None:
-    """The tenant an API key (as `Context.guard` returns it) speaks for, as logs and metrics may name it; None
-    without keys. Never the key: a key is named by a short digest of it."""
-    if not key:
-        return None
-    return "key-" + hashlib.sha256(key).hexdigest()[:8]

@@ -31,7 +31,7 @@ from common.errors import ApiError
 from splitter import complete_until, pause_after
 from web import bodies, openapi, speech, tts
 from web.bodies import Session, SessionUpdate, TextAppend, TextEnd, TextFlush
-from web.context import Context
+from web.context import Context, tenant_of
 from web.relay import Cut, Relay
 from web.replies import Delta, Done, ErrorEvent, Failure, SessionCreated, SessionUpdated, Usage, openai_error
 
@@ -171,8 +171,9 @@ class _Session:
         await self.ctx.count(self.key)
         s = self.session
         body = speech.to_tts(text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-        spec = await tts.spec_of(self.ctx, body, NAMES)
-        await tts.ensure(self.ctx, spec, spec.request_id())
+        tenant = tenant_of(self.ws)
+        spec = await tts.spec_of(self.ctx, body, NAMES, tenant=tenant)
+        await tts.ensure(self.ctx, spec, spec.request_id(), tenant)
         self.open = True
         self.pieces.put_nowait(_Piece(spec, manifest(spec), submitted))
 
@@ -221,7 +222,7 @@ class _Session:
         """Why a piece's relay was cut: its job failed or was canceled, or it is late."""
         request_id = item.spec.request_id()
         try:
-            await tts.not_ready(self.ctx, request_id, item.layout)
+            await tts.not_ready(self.ctx, request_id, item.layout, tenant_of(self.ws))
         except Exception as exc:
             return exc
         return ApiError(

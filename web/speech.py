@@ -30,7 +30,7 @@ from common import audio, urls
 from common.errors import ApiError
 from web import bodies, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
-from web.context import Context
+from web.context import Context, tenant_of
 from web.relay import Relay
 from web.replies import Delta, Done, ErrorEvent, ModelCard, ModelList, Usage, openai_error, reply
 
@@ -76,34 +76,41 @@ async def speech(ctx: Context, request: Request) -> Response:
     started = time.monotonic()
     body = bodies.decode(await bodies.read(request, ctx.settings.max_body), SpeechRequest)
     fmt = body.response_format
-    spec = await tts.spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES)
+    tenant = tenant_of(request)
+    spec = await tts.spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES, tenant=tenant)
     request_id = spec.request_id()
-    _, job = await tts.ensure(ctx, spec, request_id)
+    _, job = await tts.ensure(ctx, spec, request_id, tenant)
     layout = manifest(spec)
     headers = {TTS_ID: request_id}
     if body.stream_format == "audio" and (job is None or fmt == "flac"):
-        return await _whole(ctx, request_id, layout, fmt, job is not None, headers)
+        return await _whole(ctx, request_id, layout, fmt, job is not None, headers, tenant)
     relay = Relay(ctx, request_id, layout, ROUTE, started)
     pieces = await tts.start(relay, ctx.settings.speech_wait)
     if pieces is None:
-        await tts.not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
+        await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
         raise _late(ctx, request_id)
     headers.update({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     if body.stream_format == "sse":
-        events = _events(ctx, pieces, fmt, spec, relay, layout)
+        events = _events(ctx, pieces, fmt, spec, relay, (layout, tenant))
         return tts.AudioStream(events, media_type="text/event-stream", headers=headers)
     return tts.AudioStream(tts.encoded(pieces, fmt), media_type=audio.FORMATS[fmt][0], headers=headers)
 
 
 async def _whole(
-    ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: bool, headers: dict[str, str]
+    ctx: Context,
+    request_id: str,
+    layout: dict[str, Any],
+    fmt: str,
+    wait: bool,
+    headers: dict[str, str],
+    tenant: str,
 ) -> Response:
     """The whole file: at once when stored, else (flac, which is not streamed) once made."""
     if wait:
         await tts.wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
     pcm = await tts.whole_clip(ctx, layout)
     if pcm is None:
-        await tts.not_ready(ctx, request_id, layout)  # raises if it failed or was canceled
+        await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
         raise _late(ctx, request_id)
     data = await run_in_threadpool(audio.encode, pcm, fmt)
     return Response(data, media_type=audio.FORMATS[fmt][0], headers=headers)
@@ -126,14 +133,22 @@ def event(payload: msgspec.Struct) -> bytes:
 
 
 async def _events(
-    ctx: Context, pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, relay: Relay, layout: dict[str, Any]
+    ctx: Context,
+    pieces: AsyncGenerator[bytes, None],
+    fmt: str,
+    spec: Spec,
+    relay: Relay,
+    asked: tuple[dict[str, Any], str],
 ) -> AsyncGenerator[bytes | None, None]:
-    """The SSE body: a delta per encoded piece, then done with usage; an `error` event last if the audio stops short."""
+    """The SSE body: a delta per encoded piece, then done with usage; an `error` event last if the audio stops short.
+
+    `asked`: the request's manifest and the caller's tenant, for what the error event says.
+    """
     whole: list[bytes] | None = [] if fmt == "flac" else None  # flac is encoded once, at the end
     try:
         async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):
             if data is None:
-                yield event(await _stopped(ctx, relay.request_id, layout))
+                yield event(await _stopped(ctx, relay.request_id, *asked))
                 return
             if whole is not None:
                 whole.append(data)
@@ -150,10 +165,10 @@ async def _events(
     yield event(Done(usage=usage(spec, relay)))
 
 
-async def _stopped(ctx: Context, request_id: str, layout: dict[str, Any]) -> ErrorEvent:
+async def _stopped(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> ErrorEvent:
     """The error event of a stream whose job stopped before its audio was whole: failed, canceled or timed out."""
     try:
-        await tts.not_ready(ctx, request_id, layout)
+        await tts.not_ready(ctx, request_id, layout, tenant)
     except ApiError as exc:  # failed (500) or canceled (409)
         code = {409: "canceled", 500: "synthesis_failed"}.get(exc.status)
         return ErrorEvent(error=openai_error(exc.status, exc.detail, code=code).error)

@@ -22,7 +22,7 @@ from common.settings import Settings
 from splitter import split
 from web import bodies, validation, voices
 from web.bodies import TtsRequest
-from web.context import Context
+from web.context import Context, tenant_of
 from web.lru import BoundedLRU
 from web.relay import Cut, Relay
 from web.replies import Progress, TtsStatus, TtsSubmitted, reply
@@ -32,8 +32,6 @@ from work.status import State, failure, state_of
 
 logger = logging.getLogger("service")
 
-# How long ?stream=true waits for the first chunk before answering 202.
-STREAM_FIRST_WAIT = 60.0
 # Seconds a web process answers audio it holds encoded before asking Redis
 # again whether the id still exists (expired or evicted: 404).
 ENCODED_RECHECK = 1.0
@@ -62,54 +60,62 @@ class SubmitRoute:
     __name__ = "submit"
 
     def __init__(self, settings: Settings) -> None:
+        # Keyed by model, tenant (its saved voices and, isolated, its ids are its own) and body.
         # Below the TTL, so that audio renewed at one look cannot expire before the next.
-        self.recent: BoundedLRU[tuple[str, bytes], Submission] = BoundedLRU(
+        self.recent: BoundedLRU[tuple[str, str, bytes], Submission] = BoundedLRU(
             SUBMISSIONS_MB * 1024 * 1024, min(ENCODED_RECHECK, settings.result_ttl / 2), largest_share=16
         )
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         raw = await bodies.read(request, ctx.settings.max_body)
+        tenant = tenant_of(request)
         model = await ctx.model()
-        known = None if model is None else self.recent.get((model.id, raw))
+        known = None if model is None else self.recent.get((model.id, tenant, raw))
         if (
             known is not None
             and known.voice is not None
-            and await voices.saved_speaker(ctx, known.voice[0]) != known.voice[1]
+            and await voices.saved_speaker(ctx, known.voice[0], tenant) != known.voice[1]
         ):
             known = None  # the saved voice was replaced or deleted: work the body out again
-        if known is not None and self.recent.recent((known.spec.model, raw)):
+        if known is not None and self.recent.recent((known.spec.model, tenant, raw)):
             metrics.record_lookup(ctx.metrics, len(known.spec.chunks), 0)
             return _json(known.stored_answer)
         callback = None
         if known is None:
-            known, callback = await _work_out(ctx, raw)
+            known, callback = await _work_out(ctx, raw, tenant)
             if callback is None:
-                self.recent.put((known.spec.model, raw), known, known.size(raw))
+                self.recent.put((known.spec.model, tenant, raw), known, known.size(raw))
         request_id = known.request_id
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
             await webhooks.register(
-                ctx.redis, request_id, callback, known.fmt, ctx.settings.result_ttl, ctx.settings.max_callback_urls
+                ctx.redis,
+                request_id,
+                callback,
+                known.fmt,
+                ctx.settings.result_ttl,
+                ctx.settings.max_callback_urls,
+                tenant,
             )
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
-        missing, job = await ensure(ctx, known.spec, request_id)
+        missing, job = await ensure(ctx, known.spec, request_id, tenant)
         if job is None:
             if callback is not None:
-                await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings)
-            self.recent.confirm((known.spec.model, raw), looked)
+                await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
+            self.recent.confirm((known.spec.model, tenant, raw), looked)
             return _json(known.stored_answer)
         status = state_of(job.get_status(refresh=False))
         answer = _submitted(request_id, known.fmt, len(known.spec.chunks), len(missing), status)
         return reply(answer, status=202, headers={"Location": answer.status_url})
 
 
-async def _work_out(ctx: Context, raw: bytes) -> tuple[Submission, str | None]:
-    """What a POST /v1/tts body comes to, and its checked callback URL (None without one)."""
+async def _work_out(ctx: Context, raw: bytes, tenant: str) -> tuple[Submission, str | None]:
+    """What a POST /v1/tts body of `tenant` comes to, and its checked callback URL (None without one)."""
     body = bodies.decode(raw, TtsRequest)
     fmt = validation.audio_format(body.format)
     callback = None if body.callback_url is UNSET else await webhooks.check(body.callback_url, ctx.settings)
-    spec = await spec_of(ctx, body)
+    spec = await spec_of(ctx, body, tenant=tenant)
     request_id = spec.request_id()
     total = len(spec.chunks)
     stored = _submitted(request_id, fmt, total, 0, "finished")
@@ -135,8 +141,9 @@ def _json(data: bytes) -> Response:
     return Response(data, media_type="application/json")
 
 
-async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None) -> Spec:
-    """The Spec of a declared-valid body: text normalized and split, the voice resolved, defaults filled in.
+async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None, *, tenant: str) -> Spec:
+    """The Spec of a declared-valid body of `tenant`: text normalized and split, the voice resolved (among the
+    tenant's saved voices), defaults filled in, and under TTS_TENANCY=isolated the tenant made part of its ids.
 
     Refusals name the client's fields: `names` maps ours to its own.
     """
@@ -146,7 +153,7 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
     seed = None if body.seed is UNSET else body.seed
     speaker = None if body.speaker is UNSET else body.speaker.strip()
     if body.voice is not UNSET:
-        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"))
+        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
     elif speaker is not None:
         validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
     return Spec(
@@ -162,11 +169,12 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
         oral=None if body.oral is UNSET else body.oral,
         laugh=None if body.laugh is UNSET else body.laugh,
         break_=None if body.break_ is UNSET else body.break_,
+        tenant=tenant if ctx.settings.tenancy == "isolated" else "",
     )
 
 
-async def ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], Job | None]:
-    """Make sure the request's audio is stored or on its way.
+async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tuple[list[int], Job | None]:
+    """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
 
     Returns the indexes of chunks not stored yet, and the job making them
     (None when everything is stored: the queue is not touched).
@@ -175,7 +183,7 @@ async def ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], 
     metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
     if not missing:
         return missing, None
-    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings)
+    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
     if job.get_status(refresh=False) == "finished":
         return [], None  # its job ended between the look and the submission: all stored now
     return missing, job
@@ -184,8 +192,9 @@ async def ensure(ctx: Context, spec: Spec, request_id: str) -> tuple[list[int], 
 # -- a request's state --------------------------------------------------------------------
 
 
-async def manifest_of(ctx: Context, request_id: str) -> dict[str, Any]:
-    """The stored manifest of `request_id` (cache.manifest); 404 when there is none."""
+async def manifest_of(ctx: Context, request_id: str, tenant: str) -> dict[str, Any]:
+    """The stored manifest of `request_id` (cache.manifest); 404 when there is none, or when it belongs to
+    another tenant (TTS_TENANCY=isolated: no tenant learns what another synthesized)."""
     # Malformed ids cannot exist: answer without asking Redis.
     if not is_well_formed_id(request_id):
         raise not_found(request_id)
@@ -196,19 +205,20 @@ async def manifest_of(ctx: Context, request_id: str) -> dict[str, Any]:
         layout = await run_in_threadpool(
             queueing.manifest_from_job, ctx.sync_redis, request_id, ctx.settings.result_ttl
         )
-    if layout is None:
+    if layout is None or layout.get("tenant", tenant) != tenant:
         raise not_found(request_id)
     return layout
 
 
-async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> TtsStatus:
+async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> TtsStatus:
+    """The request's state as `tenant` sees it: canceled once it withdrew, though others still want it."""
     chunk_ids = layout["chunks"]
     missing = await ctx.cache.missing(chunk_ids)
     total = len(chunk_ids)
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
     if not missing:
         return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await ctx.redis.exists(keys.cancel_key(request_id)):
+    if await _canceled_for(ctx, request_id, tenant):
         return TtsStatus(id=request_id, status="canceled", progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:
@@ -230,9 +240,18 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any]) -> Tt
     return answer
 
 
-async def not_ready(ctx: Context, request_id: str, layout: dict[str, Any]) -> Response:
-    """202 with the status while the audio is being made; raises 500 (failed) or 409 (canceled)."""
-    status = await status_of(ctx, request_id, layout)
+async def _canceled_for(ctx: Context, request_id: str, tenant: str) -> bool:
+    """Is `request_id` canceled for everyone, or did `tenant` withdraw from it (work/interest.py)?"""
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        pipe.exists(keys.cancel_key(request_id))
+        pipe.sismember(keys.dropped_key(request_id), tenant)
+        canceled, dropped = await pipe.execute()
+    return bool(canceled or dropped)
+
+
+async def not_ready(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> Response:
+    """202 with the status while the audio is being made; raises 500 (failed) or 409 (canceled for `tenant`)."""
+    status = await status_of(ctx, request_id, layout, tenant)
     if status.status == "failed":
         raise ApiError(500, f"synthesis failed: {status.error}")
     if status.status == "canceled":
@@ -244,19 +263,23 @@ async def not_ready(ctx: Context, request_id: str, layout: dict[str, Any]) -> Re
 async def status_or_cancel(ctx: Context, request: Request) -> Response:
     """GET or DELETE /v1/tts/{id}: one route, so a 405 names both methods in Allow."""
     request_id = request.path_params["id"]
-    layout = await manifest_of(ctx, request_id)
+    tenant = tenant_of(request)
+    layout = await manifest_of(ctx, request_id, tenant)
     if request.method == "GET":
-        status = await status_of(ctx, request_id, layout)
-        hooks = await webhooks.deliveries(ctx.redis, request_id)
+        status = await status_of(ctx, request_id, layout, tenant)
+        hooks = await webhooks.deliveries(ctx.redis, request_id, tenant)
         if hooks:
             status.webhooks = hooks
         return reply(status)
-    await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"])
+    await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"], tenant)
     return Response(status_code=204)
 
 
-def _cancel(ctx: Context, request_id: str, chunk_ids: list[str]) -> None:
-    queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl)
+def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
+    """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends."""
+    if not queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl, tenant):
+        webhooks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
+        return
     job = queueing.fetch(ctx.sync_redis, request_id)
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.
@@ -299,6 +322,7 @@ class AudioRoute:
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
         request_id = request.path_params["id"]
+        tenant = tenant_of(request)
         fmt = validation.audio_format(request.query_params.get("format", "wav"))
         wait = validation.wait_seconds(request.query_params.get("wait"))
         stream = validation.flag(request.query_params.get("stream"), "stream")
@@ -307,8 +331,9 @@ class AudioRoute:
         # Audio this process encoded, and saw listed in Redis less than
         # ENCODED_RECHECK s ago, is answered without a round trip: an id's
         # audio never changes, and an expired id is a 404 again within that time.
-        if not self.encoded.recent(key):
-            layout = await manifest_of(ctx, request_id)
+        # Isolated tenants' ids are always checked against their owner.
+        if ctx.settings.tenancy == "isolated" or not self.encoded.recent(key):
+            layout = await manifest_of(ctx, request_id, tenant)
             self.encoded.confirm(key)
         etag = f'"{request_id}.{fmt}"'
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
@@ -318,7 +343,7 @@ class AudioRoute:
             assert layout is not None  # not recent, so the manifest was read above
             pcm = await whole_clip(ctx, layout)
             if pcm is None and stream:
-                return await _stream(ctx, request_id, layout, fmt, wait)
+                return await _stream(ctx, request_id, layout, fmt, wait, tenant)
             if pcm is None and wait > 0:
                 await wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + wait)
                 pcm = await whole_clip(ctx, layout)
@@ -328,7 +353,7 @@ class AudioRoute:
         if data is not None:
             return Response(data, media_type=audio.FORMATS[fmt][0], headers=immutable(request_id, fmt))
         assert layout is not None
-        return await not_ready(ctx, request_id, layout)
+        return await not_ready(ctx, request_id, layout, tenant)
 
 
 def immutable(request_id: str, suffix: str) -> dict[str, str]:
@@ -340,16 +365,18 @@ def immutable(request_id: str, suffix: str) -> dict[str, str]:
     }
 
 
-async def _stream(ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: float) -> Response:
+async def _stream(
+    ctx: Context, request_id: str, layout: dict[str, Any], fmt: str, wait: float, tenant: str
+) -> Response:
     """The audio as it is made (relay.py): a chunked 200 whose first bytes are the first piece.
 
-    Waits (up to `wait` s, at least STREAM_FIRST_WAIT) for the first piece
-    so that a job failing early still gets a proper error status.
+    Waits for the first piece (up to `wait` s, at least TTS_SPEECH_WAIT) so
+    that a job failing early still gets a proper error status.
     """
     relay = Relay(ctx, request_id, layout, "/v1/tts/{id}/audio")
-    started = await start(relay, max(wait, STREAM_FIRST_WAIT))
+    started = await start(relay, max(wait, ctx.settings.speech_wait))
     if started is None:
-        return await not_ready(ctx, request_id, layout)
+        return await not_ready(ctx, request_id, layout, tenant)
     return AudioStream(
         encoded(started, fmt),
         media_type=audio.FORMATS[fmt][0],

@@ -4,7 +4,9 @@ A saved voice is stored as a speaker string for the model loaded when it
 was saved, so a request made with it is keyed by that string: saving over a
 name changes the identity of new requests made with it, and audio made with
 the old voice is never served for the new one. Saved voices do not expire;
-`settings.max_voices` bounds their number. The OpenAI names are built in:
+`settings.max_voices` bounds their number (per tenant). With named API keys each tenant
+has its own: another tenant's saved voice does not exist for it (404), and
+its PUT saves its own voice under the same name. The OpenAI names are built in:
 each is a fixed seed, and cannot be saved over or deleted.
 """
 
@@ -24,11 +26,11 @@ from starlette.responses import Response
 
 from cache import normalize
 from common.errors import ApiError, invalid
-from common.keys import VOICES_KEY, voice_key
+from common.keys import voice_key, voices_key
 from common.speakers import encode_speaker
 from web import bodies, validation
 from web.bodies import MixPart, VoiceRequest
-from web.context import Context
+from web.context import Context, tenant_of
 from web.replies import AudioVoice, AudioVoiceList, SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
 from work import queueing
 
@@ -118,22 +120,23 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
     return value.decode()
 
 
-async def _saved(ctx: Context, name: str) -> dict[str, Any] | None:
-    raw = await ctx.redis.hget(VOICES_KEY, name)
+async def _saved(ctx: Context, name: str, tenant: str) -> dict[str, Any] | None:
+    raw = await ctx.redis.hget(voices_key(tenant), name)
     return None if raw is None else json.loads(raw)
 
 
-async def saved_speaker(ctx: Context, name: str) -> str | None:
-    """The speaker string saved as `name` now; None when no voice is saved under it."""
-    record = await _saved(ctx, name)
+async def saved_speaker(ctx: Context, name: str, tenant: str) -> str | None:
+    """The speaker string `tenant` has saved as `name` now; None when it has no voice saved under it."""
+    record = await _saved(ctx, name, tenant)
     return None if record is None else record["speaker"]
 
 
-async def resolve(ctx: Context, name: str, model: Any, field: str) -> tuple[int | None, str | None]:
-    """A voice name as (seed, None) for a built-in voice or (None, speaker) for a saved one; 422 naming `field`."""
+async def resolve(ctx: Context, name: str, model: Any, field: str, tenant: str) -> tuple[int | None, str | None]:
+    """A voice name as (seed, None) for a built-in voice or (None, speaker) for one `tenant` saved; 422 naming
+    `field`."""
     if name in BUILTIN:
         return BUILTIN[name], None
-    record = await _saved(ctx, name)
+    record = await _saved(ctx, name, tenant)
     if record is None:
         raise invalid(field, f"no saved or built-in voice is named {name!r} (GET /v1/voices lists them)")
     try:
@@ -161,19 +164,19 @@ def speech_choice(voice: int | str | bodies.VoiceRef) -> dict[str, Any]:
     return {"speaker": text}
 
 
-async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str) -> str:
+async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str, tenant: str) -> str:
     if isinstance(part.voice, int):
         return await seed_speaker(ctx, model, part.voice)
     text = part.voice.strip()
     if _NAME.fullmatch(text):
-        seed, speaker = await resolve(ctx, text, model, field)
+        seed, speaker = await resolve(ctx, text, model, field, tenant)
         return speaker if speaker is not None else await seed_speaker(ctx, model, seed or 0)
     validation.check_speaker(text, model.speaker_dim, field)
     return text
 
 
-async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
-    """The speaker string a PUT body describes, for `model`."""
+async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any, tenant: str) -> str:
+    """The speaker string a PUT body of `tenant` describes, for `model`."""
     if body.seed is not UNSET:
         return await seed_speaker(ctx, model, body.seed)
     if body.speaker is not UNSET:
@@ -183,7 +186,7 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any) -> str:
     assert body.mix is not UNSET
     parts = body.mix
     # Not named `speakers`: that is the codec module.
-    strings = [await _part_speaker(ctx, model, part, f"mix[{i}].voice") for i, part in enumerate(parts)]
+    strings = [await _part_speaker(ctx, model, part, f"mix[{i}].voice", tenant) for i, part in enumerate(parts)]
     embeddings = [validation.check_speaker(s, model.speaker_dim, f"mix[{i}].voice") for i, s in enumerate(strings)]
     if len({e.size for e in embeddings}) > 1:
         raise invalid("mix", "its voices' embeddings differ in size (speaker strings of different models?)")
@@ -234,7 +237,7 @@ async def _get(ctx: Context, request: Request) -> Response:
                 updated=None,
             )
         )
-    record = await _saved(ctx, name)
+    record = await _saved(ctx, name, tenant_of(request))
     if record is None:
         raise ApiError(404, f"no voice is named {name!r} (GET /v1/voices lists them)")
     return reply(_record(name, record))
@@ -246,7 +249,8 @@ async def _put(ctx: Context, request: Request) -> Response:
         raise _builtin_refused(name, "saved over")
     body = bodies.decode(await bodies.read(request, ctx.settings.max_body), VoiceRequest)
     model = await ctx.require_model()
-    speaker = await _speaker_of(ctx, body, model)
+    tenant = tenant_of(request)
+    speaker = await _speaker_of(ctx, body, model, tenant)
     now = _now()
     record = {
         "speaker": speaker,
@@ -255,7 +259,9 @@ async def _put(ctx: Context, request: Request) -> Response:
         "created": now,
         "updated": now,
     }
-    replaced, saved = await ctx.redis.eval(_SAVE, 1, VOICES_KEY, name, json.dumps(record), ctx.settings.max_voices)
+    replaced, saved = await ctx.redis.eval(
+        _SAVE, 1, voices_key(tenant), name, json.dumps(record), ctx.settings.max_voices
+    )
     if replaced == -1:
         raise invalid(
             "name",
@@ -268,14 +274,14 @@ async def _delete(ctx: Context, request: Request) -> Response:
     name = _name(request.path_params["name"])
     if name in BUILTIN:
         raise _builtin_refused(name, "deleted")
-    if not await ctx.redis.hdel(VOICES_KEY, name):
+    if not await ctx.redis.hdel(voices_key(tenant_of(request)), name):
         raise ApiError(404, f"no voice is named {name!r}")
     return Response(status_code=204)
 
 
-async def _summaries(ctx: Context) -> list[VoiceSummary]:
+async def _summaries(ctx: Context, request: Request) -> list[VoiceSummary]:
     """The caller's saved voices (without their speaker strings), sorted by name."""
-    saved = await ctx.redis.hgetall(VOICES_KEY)
+    saved = await ctx.redis.hgetall(voices_key(tenant_of(request)))
     voices = []
     for raw_name, raw in sorted(saved.items()):
         record = json.loads(raw)
@@ -291,8 +297,8 @@ async def _summaries(ctx: Context) -> list[VoiceSummary]:
 
 
 async def listing(ctx: Context, request: Request) -> Response:
-    """GET /v1/voices: the saved voices (without their speaker strings) and the built-in names, sorted by name."""
-    return reply(VoiceList(voices=await _summaries(ctx), builtin=sorted(BUILTIN)))
+    """GET /v1/voices: the caller's saved voices (without their speaker strings) and the built-in names, by name."""
+    return reply(VoiceList(voices=await _summaries(ctx, request), builtin=sorted(BUILTIN)))
 
 
 async def audio_voices(ctx: Context, request: Request) -> Response:
@@ -302,6 +308,7 @@ async def audio_voices(ctx: Context, request: Request) -> Response:
         for name, seed in sorted(BUILTIN.items())
     ]
     saved = [
-        AudioVoice(id=v.name, name=v.name, builtin=False, description=v.description) for v in await _summaries(ctx)
+        AudioVoice(id=v.name, name=v.name, builtin=False, description=v.description)
+        for v in await _summaries(ctx, request)
     ]
     return reply(AudioVoiceList(voices=builtin + saved))

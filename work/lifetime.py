@@ -1,7 +1,8 @@
 """How long a request's pieces live in Redis: held while its job is queued or running, a TTL from when it is over.
 
-A request's manifest (`cache.request_key`) and its callback URLs
-(`keys.hooks_key`) are written with a TTL at each submission. While the
+A request's manifest (`cache.request_key`), its callback URLs
+(`keys.hooks_key`) and the tenants that want it (`keys.tenants_key`) are
+written with a TTL at each submission. While the
 request's RQ job is active they are made persistent (`hold`): no TTL runs
 out under a long backlog, and under `maxmemory-policy volatile-lru` Redis
 only evicts keys that have a TTL, so they are not evicted either (RQ's queued
@@ -25,7 +26,7 @@ from redis import Redis
 from rq.job import Job
 
 from cache import Spec, manifest
-from common.keys import chunk_key, hooks_key, request_key
+from common.keys import chunk_key, hooks_key, request_key, tenants_key
 
 # KEYS[1] the RQ job's hash, KEYS[2..] the request's keys; the states are
 # work/status.ACTIVE (a retry waits as "scheduled"). Atomic with the
@@ -42,11 +43,12 @@ return 0
 
 
 def hold(redis: Redis, request_id: str) -> bool:
-    """Make the request's manifest and callback URLs persistent while its job is active; True if it is.
+    """Make the request's manifest, callback URLs and tenants persistent while its job is active; True if it is.
 
     PERSIST and HGET are allowed when Redis is full (not deny-oom).
     """
-    return bool(redis.eval(_HOLD, 3, Job.key_for(request_id), request_key(request_id), hooks_key(request_id)))
+    held = (request_key(request_id), hooks_key(request_id), tenants_key(request_id))
+    return bool(redis.eval(_HOLD, 1 + len(held), Job.key_for(request_id), *held))
 
 
 def restore(redis: Redis, request_id: str, spec: Spec) -> None:
@@ -62,10 +64,11 @@ def restore(redis: Redis, request_id: str, spec: Spec) -> None:
 
 
 def release(redis: Redis, request_id: str, chunk_ids: Sequence[str], ttl: int) -> None:
-    """The request's job is over: manifest, callback URLs and audio expire `ttl` s from now."""
+    """The request's job is over: manifest, callback URLs, tenants and audio expire `ttl` s from now."""
     with redis.pipeline(transaction=False) as pipe:
         pipe.expire(request_key(request_id), ttl)
         pipe.expire(hooks_key(request_id), ttl)
+        pipe.expire(tenants_key(request_id), ttl)
         for cid in dict.fromkeys(chunk_ids):
             pipe.expire(chunk_key(cid), ttl)
         pipe.execute()

@@ -22,9 +22,9 @@ from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
 from cache import Spec, manifest, stored
-from common.keys import cancel_key, lock_key, request_key
+from common.keys import lock_key, request_key
 from common.settings import Settings
-from work import lifetime
+from work import interest, lifetime
 from work.scheduler import Pool
 from work.status import ACTIVE, WAITING
 
@@ -53,18 +53,19 @@ def fetch(redis: Redis, request_id: str) -> Job | None:
         return None
 
 
-def submit(q: Queue, spec: Spec, settings: Settings) -> Job:
+def submit(q: Queue, spec: Spec, settings: Settings, tenant: str = "") -> Job:
     """Enqueue the request's job, or return the job already doing it (or that just did it: finished).
 
     The job id is the request id, so identical requests in flight share one
-    job (see `_enqueue_once`). The request's missing chunks go into the
+    job (see `_enqueue_once`); `tenant` is recorded as one that wants it
+    (work/interest.py), and its chunks wait in that tenant's lane. The request's missing chunks go into the
     queue's pool at once, so that a busy worker batches them with the work in
     hand before this job is even taken. Raises QueueFull past
     `settings.max_queue`.
     """
     request_id = spec.request_id()
-    # Asking again is asking for the audio: an earlier cancel no longer holds.
-    q.connection.delete(cancel_key(request_id))
+    # Asking again is asking for the audio: an earlier cancel or withdrawal no longer holds.
+    interest.want(q.connection, request_id, tenant, settings.result_ttl)
 
     def enqueue() -> Job:
         if q.count >= settings.max_queue:
@@ -178,18 +179,25 @@ def _enqueue_once(redis: Redis, job_id: str, enqueue: Callable[[], Job], done: C
     raise RuntimeError(f"could not enqueue job {job_id}")
 
 
-def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int) -> None:
-    """Cancel a request: a queued job never runs, a running one stops before its next batch.
+def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int, tenant: str = "") -> bool:
+    """`tenant` withdraws from a request; True when that canceled it for everyone (no tenant wants it now).
 
-    Its chunks leave the pool, except those another request still waits
-    for. Audio already stored stays and serves later requests. Idempotent.
+    Then a queued job never runs and a running one stops before its next
+    batch; its chunks leave the pool, except those another request still
+    waits for. Otherwise its chunks only leave the tenant's lane and the job
+    goes on for the others. Audio already stored stays and serves later
+    requests. Idempotent.
     """
     redis = q.connection
-    redis.set(cancel_key(request_id), 1, ex=ttl)
-    Pool(redis, q.name, ttl).withdraw(request_id, chunk_ids)
+    pool = Pool(redis, q.name, ttl)
+    if not interest.withdraw(redis, request_id, tenant, ttl):
+        pool.leave(request_id, tenant, chunk_ids)
+        return False
+    pool.withdraw(request_id, chunk_ids)
     job = fetch(redis, request_id)
     if job is not None and job.get_status(refresh=False) in WAITING:
         job.cancel()
+    return True
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,19 @@ gives it up when the audio is stored (`complete`), when the chunk fails
 (`fail`) or when it stops early (`release`). A worker that dies loses its
 claims when the lease runs out, and another worker takes them.
 
+Work is taken from tenants in turn (named API keys, work/interest.py): each
+tenant that wants a request has its own lane of the pool, in the fair order
+above, and a claim takes one row from each lane in turn, the tenant served
+least recently first. A tenant with a thousand requests queued delays
+another's one request by about one batch; without named keys there is one
+lane and nothing else changes.
+
 Redis layout, for queue Q (every change is one Lua script, so it is atomic):
 - `tts:pool:Q`: sorted set of "request:chunk", scored by the chunk's index
-  in its request, then by the request's arrival (Redis's clock);
+  in its request, then by the request's arrival (Redis's clock); tenant T's
+  lane `tts:pool:Q:T` is another such set, and `tts:turns:Q` the tenants
+  with a lane, scored by when each was last served (the pool's own lane, "",
+  is always there, listed or not);
 - `tts:task:Q:C`: hash {batch, spec}: the one-chunk Spec to synthesize and
   what rows of one model call must share (`Spec.batch_key`);
 - `tts:waiters:Q:C`: set of the request ids that need chunk C;
@@ -36,7 +46,16 @@ from redis import Redis
 
 from cache import Spec
 from common import keys, metrics
-from common.keys import chunk_key, events_channel, pieces_key, pool_entry_key, pool_key
+from common.keys import (
+    chunk_key,
+    events_channel,
+    lane_key,
+    pieces_key,
+    pool_entry_key,
+    pool_key,
+    tenants_key,
+    turns_key,
+)
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -46,16 +65,25 @@ SLOT = 10**10
 SCAN_LIMIT = 2000
 
 _REGISTER = """
--- KEYS: pool, counters, then (chunk, task, waiters) per chunk; ARGV: request, ttl, counter field, slot,
--- then (chunk id, index, batch, spec) per chunk.
-local pool, counters = KEYS[1], KEYS[2]
-local r, ttl, needed, slot = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+-- KEYS: pool, counters, turns, the request's tenants, then (chunk, task, waiters) per chunk;
+-- ARGV: request, ttl, counter field, slot, lane prefix, then (chunk id, index, batch, spec) per chunk.
+-- Steps: the lanes of the tenants that want the request (the pool's own without any) join the turns;
+-- each chunk not stored gets its task and waiter, and an entry in each of those lanes.
+local pool, counters, turns = KEYS[1], KEYS[2], KEYS[3]
+local r, ttl, needed, slot, lanep = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
+local lanes = {}
+local tenants = redis.call('SMEMBERS', KEYS[4])
+if #tenants == 0 then tenants = {''} end
+for _, tenant in ipairs(tenants) do
+  lanes[#lanes + 1] = tenant == '' and pool or lanep .. tenant
+  redis.call('ZADD', turns, 'NX', 0, tenant)
+end
 local new = 0
-for c = 0, (#KEYS - 2) / 3 - 1 do
-  local chunk, task, w = KEYS[3 + 3 * c], KEYS[4 + 3 * c], KEYS[5 + 3 * c]
-  local a = 5 + 4 * c
+for c = 0, (#KEYS - 4) / 3 - 1 do
+  local chunk, task, w = KEYS[5 + 3 * c], KEYS[6 + 3 * c], KEYS[7 + 3 * c]
+  local a = 6 + 4 * c
   local cid = ARGV[a]
   if redis.call('EXISTS', chunk) == 0 then
     if redis.call('EXISTS', task) == 0 then
@@ -65,30 +93,43 @@ for c = 0, (#KEYS - 2) / 3 - 1 do
     redis.call('EXPIRE', task, ttl)
     redis.call('SADD', w, r)
     redis.call('EXPIRE', w, ttl)
-    local score = tonumber(ARGV[a + 1]) * slot + now
-    redis.call('ZADD', pool, 'NX', string.format('%.0f', score), r .. ':' .. cid)
+    local score = string.format('%.0f', tonumber(ARGV[a + 1]) * slot + now)
+    for _, lane in ipairs(lanes) do redis.call('ZADD', lane, 'NX', score, r .. ':' .. cid) end
   end
 end
 if new > 0 then redis.call('HINCRBYFLOAT', counters, needed, new) end
 return new
 """
 
-# Shared by the scripts that end a chunk's life in the pool: forget it and
-# wake every request waiting on it. Returns, for each waiter whose chunk 0
-# this was, the request id and the milliseconds since it arrived.
+# Shared by the scripts that end a chunk's life in the pool: forget it (in
+# every lane) and wake every request waiting on it. Returns, for each waiter
+# whose chunk 0 this was, the request id and the milliseconds since it arrived.
 _FORGET = """
-local function forget(pool, w, task, cid, events, slot, now)
+-- Every lane of the pool: its own, then each tenant's listed in the turns.
+local function lanes_of(pool, turns, lanep)
+  local out = {pool}
+  for _, tenant in ipairs(redis.call('ZRANGE', turns, 0, -1)) do
+    if tenant ~= '' then out[#out + 1] = lanep .. tenant end
+  end
+  return out
+end
+
+local function forget(lanes, w, task, cid, events, slot, now)
   local firsts = {}
   for _, r in ipairs(redis.call('SMEMBERS', w)) do
     local member = r .. ':' .. cid
-    local score = redis.call('ZSCORE', pool, member)
-    if score then
-      score = tonumber(score)
-      if score < slot then
-        firsts[#firsts + 1] = r
-        firsts[#firsts + 1] = tostring((now - score) % slot)
+    local first = nil
+    for _, lane in ipairs(lanes) do
+      local score = redis.call('ZSCORE', lane, member)
+      if score then
+        score = tonumber(score)
+        if score < slot and first == nil then first = score end
+        redis.call('ZREM', lane, member)
       end
-      redis.call('ZREM', pool, member)
+    end
+    if first then
+      firsts[#firsts + 1] = r
+      firsts[#firsts + 1] = tostring((now - first) % slot)
     end
     redis.call('PUBLISH', events .. r, '{"event":"chunk"}')
   end
@@ -105,6 +146,7 @@ local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local share = tonumber(ARGV[10])
 local pool, events, chunks = ARGV[11], ARGV[12], ARGV[13]
+local turns, lanep = ARGV[14], ARGV[15]
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local out, taken, stale, orphans = {}, {}, {}, {}
@@ -114,12 +156,22 @@ local batch, only, more, rows = nil, nil, 0, 0
 -- the prefixes keys.py gives (ARGV): this script cannot run on Redis Cluster.
 local function key(kind, cid) return p .. kind .. ':' .. q .. ':' .. cid end
 
+-- The lanes in turn: the tenant served least recently first; the pool's own lane is always one.
+local lanes, listed = {}, false
+for _, tenant in ipairs(redis.call('ZRANGE', turns, 0, -1)) do
+  if tenant == '' then listed = true end
+  lanes[#lanes + 1] = {tenant = tenant, key = tenant == '' and pool or lanep .. tenant, pos = 0, buf = {}, i = 1}
+end
+if not listed then lanes[#lanes + 1] = {tenant = '', key = pool, pos = 0, buf = {}, i = 1} end
+local last = redis.call('ZREVRANGE', turns, 0, 0, 'WITHSCORES')[2]
+local served = tonumber(last or '0')
+
 -- The task of an unclaimed chunk that still needs making, or nil.
-local function open(member, cid)
+local function open(lane, member, cid)
   if redis.call('EXISTS', key('claim', cid)) == 1 then return nil end
-  if redis.call('EXISTS', chunks .. cid) == 1 then stale[#stale + 1] = cid; return nil end
+  if redis.call('EXISTS', chunks .. cid) == 1 then stale[#stale + 1] = {lane, member, cid}; return nil end
   local task = redis.call('HMGET', key('task', cid), 'batch', 'spec')
-  if not task[1] then orphans[#orphans + 1] = member; return nil end
+  if not task[1] then orphans[#orphans + 1] = {lane, member}; return nil end
   return task
 end
 
@@ -133,70 +185,107 @@ local function take(cid, task, request)
   if not cross and only == nil then only = request end
 end
 
--- 1. The claiming request's own earliest open chunk comes first, so its job
--- makes progress with every batch and keeps to its time limit.
--- 0. With `share` workers free to take the pool's work (this one and idle
--- ones), take only this worker's share of what is open, so that one request
--- is spread over all of them rather than made by one while others wait.
-if share > 1 then
-  local open_rows, start = 0, 0
-  while start < limit and open_rows < n * share do
-    local members = redis.call('ZRANGE', pool, start, start + 99)
-    if #members == 0 then break end
-    local counted = {}
-    for _, member in ipairs(members) do
-      local cid = string.sub(member, string.find(member, ':', 1, true) + 1)
-      if not counted[cid] and redis.call('EXISTS', key('claim', cid)) == 0
-          and redis.call('EXISTS', chunks .. cid) == 0 then
-        counted[cid] = true
-        open_rows = open_rows + 1
-      end
-    end
-    start = start + 100
+-- A lane's next member in its order, scanning at most `limit` of them; nil at its end.
+local function following(lane)
+  if lane.i > #lane.buf then
+    if lane.pos >= limit then return nil end
+    lane.buf, lane.i = redis.call('ZRANGE', lane.key, lane.pos, lane.pos + 99), 1
+    lane.pos = lane.pos + 100
+    if #lane.buf == 0 then return nil end
   end
-  n = math.max(1, math.min(n, math.ceil(open_rows / share)))
+  lane.i = lane.i + 1
+  return lane.buf[lane.i - 1]
 end
 
-if own ~= '' then
-  for i = 14, #ARGV do
-    local cid = ARGV[i]
-    if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
-      local task = open(own .. ':' .. cid, cid)
-      if task then take(cid, task, own); break end
-    end
-  end
-end
-
--- 2. The rest in fair order: every request's chunk 0, then every chunk 1...
-local start = 0
-while start < limit and (rows < n or more == 0) do
-  local members = redis.call('ZRANGE', pool, start, start + 99)
-  if #members == 0 then break end
-  for _, member in ipairs(members) do
+-- A lane's next open chunk that fits this call: request, chunk id and task; nil when it has none.
+-- Open chunks that do not fit are work left for another worker (`more`).
+local function next_fit(lane)
+  while true do
+    local member = following(lane)
+    if member == nil then return nil end
     local sep = string.find(member, ':', 1, true)
     local request, cid = string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
     if not taken[cid] then
-      local task = open(member, cid)
+      local task = open(lane.key, member, cid)
       if task then
         local fits = batch == nil or task[1] == batch
         if fits and only ~= nil and request ~= only then
           fits = redis.call('SISMEMBER', key('waiters', cid), only) == 1
         end
-        if fits and rows < n then
-          take(cid, task, request)
-        else
-          -- Open work this call leaves: another worker could take it.
-          more = 1
-          if rows >= n then break end
-        end
+        if fits then return request, cid, task end
+        more = 1
       end
     end
   end
-  start = start + 100
 end
 
-for _, cid in ipairs(stale) do forget(pool, key('waiters', cid), key('task', cid), cid, events, slot, now) end
-for _, member in ipairs(orphans) do redis.call('ZREM', pool, member) end
+-- 0. With `share` workers free to take the pool's work (this one and idle
+-- ones), take only this worker's share of what is open, so that one request
+-- is spread over all of them rather than made by one while others wait.
+if share > 1 then
+  local open_rows, counted = 0, {}
+  for _, lane in ipairs(lanes) do
+    local start = 0
+    while start < limit and open_rows < n * share do
+      local members = redis.call('ZRANGE', lane.key, start, start + 99)
+      if #members == 0 then break end
+      for _, member in ipairs(members) do
+        local cid = string.sub(member, string.find(member, ':', 1, true) + 1)
+        if not counted[cid] and redis.call('EXISTS', key('claim', cid)) == 0
+            and redis.call('EXISTS', chunks .. cid) == 0 then
+          counted[cid] = true
+          open_rows = open_rows + 1
+        end
+      end
+      start = start + 100
+    end
+  end
+  n = math.max(1, math.min(n, math.ceil(open_rows / share)))
+end
+
+-- 1. The claiming request's own earliest open chunk comes first, so its job
+-- makes progress with every batch and keeps to its time limit.
+if own ~= '' then
+  for i = 16, #ARGV do
+    local cid = ARGV[i]
+    if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
+      local task = open(pool, own .. ':' .. cid, cid)
+      if task then take(cid, task, own); break end
+    end
+  end
+end
+
+-- 2. The rest from the lanes in turn, one row each, each lane in its fair order
+-- (every request's chunk 0, then every chunk 1...); a tenant served moves to the back.
+local active = #lanes
+while rows < n and active > 0 do
+  for _, lane in ipairs(lanes) do
+    if rows < n and not lane.done then
+      local request, cid, task = next_fit(lane)
+      if request then
+        take(cid, task, request)
+        served = served + 1
+        redis.call('ZADD', turns, served, lane.tenant)
+      else
+        lane.done, active = true, active - 1
+      end
+    end
+  end
+end
+-- Open work this call leaves: another worker could take it.
+for _, lane in ipairs(lanes) do
+  if more == 0 and not lane.done and next_fit(lane) then more = 1 end
+end
+
+for _, found in ipairs(stale) do
+  redis.call('ZREM', found[1], found[2])
+  forget(lanes_of(pool, turns, lanep), key('waiters', found[3]), key('task', found[3]), found[3], events, slot, now)
+end
+for _, found in ipairs(orphans) do redis.call('ZREM', found[1], found[2]) end
+-- A tenant whose lane is empty leaves the turns (it joins again with its next request).
+for _, lane in ipairs(lanes) do
+  if lane.done and redis.call('EXISTS', lane.key) == 0 then redis.call('ZREM', turns, lane.tenant) end
+end
 out[#out + 1] = tostring(more)
 return out
 """
@@ -205,14 +294,16 @@ return out
 _COMPLETE = (
     _FORGET
     + """
--- KEYS: pool, then (waiters, task, claim) per chunk; ARGV: token, slot, events prefix, then the chunk ids.
-local pool, token, slot, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+-- KEYS: pool, turns, then (waiters, task, claim) per chunk; ARGV: token, slot, events prefix, lane prefix,
+-- then the chunk ids.
+local pool, turns, token, slot, events = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local lanes = lanes_of(pool, turns, ARGV[4])
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local firsts = {}
-for c = 0, #ARGV - 4 do
-  local w, task, claim = KEYS[2 + 3 * c], KEYS[3 + 3 * c], KEYS[4 + 3 * c]
-  for _, v in ipairs(forget(pool, w, task, ARGV[4 + c], events, slot, now)) do firsts[#firsts + 1] = v end
+for c = 0, #ARGV - 5 do
+  local w, task, claim = KEYS[3 + 3 * c], KEYS[4 + 3 * c], KEYS[5 + 3 * c]
+  for _, v in ipairs(forget(lanes, w, task, ARGV[5 + c], events, slot, now)) do firsts[#firsts + 1] = v end
   if redis.call('GET', claim) == token then redis.call('DEL', claim) end
 end
 return firsts
@@ -222,14 +313,15 @@ return firsts
 _FAIL = (
     _FORGET
     + """
--- KEYS: pool, then (failed, waiters, task, claim) per chunk; ARGV: token, slot, reason, ttl, events prefix,
--- then the chunk ids.
-local pool, token, slot, reason, ttl, events = KEYS[1], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-for c = 0, #ARGV - 6 do
-  local failed, w, task, claim = KEYS[2 + 4 * c], KEYS[3 + 4 * c], KEYS[4 + 4 * c], KEYS[5 + 4 * c]
+-- KEYS: pool, turns, then (failed, waiters, task, claim) per chunk; ARGV: token, slot, reason, ttl,
+-- events prefix, lane prefix, then the chunk ids.
+local pool, turns, token, slot, reason, ttl = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local events, lanes = ARGV[5], lanes_of(pool, turns, ARGV[6])
+for c = 0, #ARGV - 7 do
+  local failed, w, task, claim = KEYS[3 + 4 * c], KEYS[4 + 4 * c], KEYS[5 + 4 * c], KEYS[6 + 4 * c]
   -- The mark first: the waiters woken below must find it.
   redis.call('SET', failed, reason, 'EX', ttl)
-  forget(pool, w, task, ARGV[6 + c], events, slot, 0)
+  forget(lanes, w, task, ARGV[7 + c], events, slot, 0)
   if redis.call('GET', claim) == token then redis.call('DEL', claim) end
 end
 return 1
@@ -253,12 +345,15 @@ end
 return 1
 """
 
-_WITHDRAW = """
--- KEYS: pool, then (waiters, task) per chunk; ARGV: request, then the chunk ids.
+_WITHDRAW = (
+    _FORGET
+    + """
+-- KEYS: pool, turns, then (waiters, task) per chunk; ARGV: request, lane prefix, then the chunk ids.
 local pool, r = KEYS[1], ARGV[1]
-for c = 0, #ARGV - 2 do
-  local w, task = KEYS[2 + 2 * c], KEYS[3 + 2 * c]
-  redis.call('ZREM', pool, r .. ':' .. ARGV[2 + c])
+local lanes = lanes_of(pool, KEYS[2], ARGV[2])
+for c = 0, #ARGV - 3 do
+  local w, task = KEYS[3 + 2 * c], KEYS[4 + 2 * c]
+  for _, lane in ipairs(lanes) do redis.call('ZREM', lane, r .. ':' .. ARGV[3 + c]) end
   redis.call('SREM', w, r)
   -- Nobody else needs it: it leaves the pool (a claim in progress still
   -- finishes and stores it, harmlessly).
@@ -266,6 +361,7 @@ for c = 0, #ARGV - 2 do
 end
 return 1
 """
+)
 
 
 # KEYS: the chunk's pieces list, its claim, its waiters; ARGV: the events
@@ -316,18 +412,29 @@ class Pool:
         self._piece = redis.register_script(_PIECE)
 
     def _keys(self, chunk_ids: Sequence[str], *kinds: str) -> list[str]:
-        """The pool's key, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
-        return [pool_key(self.queue), *(self._key(kind, cid) for cid in chunk_ids for kind in kinds)]
+        """The pool's key and its turns, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
+        return [
+            pool_key(self.queue),
+            turns_key(self.queue),
+            *(self._key(kind, cid) for cid in chunk_ids for kind in kinds),
+        ]
+
+    @property
+    def _lane_prefix(self) -> str:
+        """What a tenant's name follows in the key of its lane (`keys.lane_key`)."""
+        return lane_key(self.queue, "_")[:-1]
 
     def register(self, request_id: str, spec: Spec) -> int:
         """Put every chunk of `spec` whose audio is not stored in the pool, for `request_id`.
 
+        Each goes into the lane of every tenant that wants the request
+        (work/interest.py; the pool's own lane when none is recorded).
         Idempotent: a chunk already waiting keeps its place and gains a
         waiter. Returns how many chunks became new tasks (also added to the
         `tts_chunks_needed_total` metric).
         """
         args: list[Any] = []
-        script_keys = [pool_key(self.queue), keys.METRICS_KEY]
+        script_keys = [pool_key(self.queue), keys.METRICS_KEY, turns_key(self.queue), tenants_key(request_id)]
         seen: set[str] = set()
         batch = spec.batch_key()
         for index, chunk_id in enumerate(spec.chunk_ids()):
@@ -339,7 +446,11 @@ class Pool:
             script_keys += [chunk_key(chunk_id), self._key("task", chunk_id), self._key("waiters", chunk_id)]
         if not args:
             return 0
-        return int(self._register(keys=script_keys, args=[request_id, self.ttl, self.needed_field, SLOT, *args]))
+        return int(
+            self._register(
+                keys=script_keys, args=[request_id, self.ttl, self.needed_field, SLOT, self._lane_prefix, *args]
+            )
+        )
 
     def claim(
         self,
@@ -353,8 +464,9 @@ class Pool:
     ) -> tuple[list[Claimed], bool]:
         """Lease up to `size` open chunks that can share one model call, in fair order.
 
-        With `own`, that request's earliest open chunk among `own_chunks` (in
-        request order) is taken first. Without `cross`, every row belongs to
+        Rows are taken from the tenants' lanes in turn, the tenant served
+        least recently first. With `own`, that request's earliest open chunk
+        among `own_chunks` (in request order) is taken first. Without `cross`, every row belongs to
         one request. With `share` > 1 (this worker and idle ones), at most
         1/share of the open chunks are taken, so that the others get theirs.
         Returns the claimed chunks and whether open work was left in the pool
@@ -375,6 +487,8 @@ class Pool:
                 pool_key(self.queue),
                 events_channel(""),
                 chunk_key(""),
+                turns_key(self.queue),
+                self._lane_prefix,
                 *own_chunks,
             ]
         )
@@ -400,7 +514,7 @@ class Pool:
             x.decode() if isinstance(x, bytes) else x
             for x in self._complete(
                 keys=self._keys(chunk_ids, "waiters", "task", "claim"),
-                args=[token, SLOT, events_channel(""), *chunk_ids],
+                args=[token, SLOT, events_channel(""), self._lane_prefix, *chunk_ids],
             )
         ]
         return [(flat[i], float(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
@@ -410,7 +524,7 @@ class Pool:
         if chunk_ids:
             self._fail(
                 keys=self._keys(chunk_ids, "failed", "waiters", "task", "claim"),
-                args=[token, SLOT, reason, ttl, events_channel(""), *chunk_ids],
+                args=[token, SLOT, reason, ttl, events_channel(""), self._lane_prefix, *chunk_ids],
             )
 
     def release(self, token: str, chunk_ids: Sequence[str]) -> None:
@@ -422,7 +536,17 @@ class Pool:
         """`request_id` no longer waits for `chunk_ids`; chunks nobody else waits for leave the pool."""
         ids = list(dict.fromkeys(chunk_ids))
         if ids:
-            self._withdraw(keys=self._keys(ids, "waiters", "task"), args=[request_id, *ids])
+            self._withdraw(keys=self._keys(ids, "waiters", "task"), args=[request_id, self._lane_prefix, *ids])
+
+    def leave(self, request_id: str, tenant: str, chunk_ids: Iterable[str]) -> None:
+        """`tenant` no longer wants `request_id`, which others still do: its chunks leave that tenant's lane only.
+
+        So the tenant's turns are not spent on them; they stay waiting in the
+        lanes of the tenants that still want them.
+        """
+        members = [f"{request_id}:{cid}" for cid in dict.fromkeys(chunk_ids)]
+        if members:
+            self.redis.zrem(lane_key(self.queue, tenant), *members)
 
     def piece(self, token: str, chunk_id: str, index: int, pcm: bytes) -> int:
         """Store the next piece of a chunk this worker is making and tell every request waiting for it.
@@ -464,8 +588,8 @@ class Pool:
             self.redis.delete(*[self._key("failed", cid) for cid in chunk_ids])
 
     def size(self) -> int:
-        """Entries (request, chunk) waiting in the pool."""
-        return int(self.redis.zcard(pool_key(self.queue)))
+        """Entries (request, chunk) waiting in the pool, every lane's counted."""
+        return sum(metrics.pool_lanes(self.redis, self.queue).values())
 
     def _key(self, kind: str, chunk_id: str) -> str:
         return pool_entry_key(kind, self.queue, chunk_id)

@@ -1,0 +1,242 @@
+"""The locks install where users run them: from PyPI and PyTorch's CPU index alone, with hashes, on every
+platform and Python the README names.
+
+Every pip here runs with its configuration removed (no wheel folder, no mirror): what it finds is what a
+user's fresh machine finds. PyTorch's CPU index is stood in for by scripts/torch_index.py on a local port,
+named by TORCH_INDEX_URL, as a mirror would be. Resolution is `pip install --dry-run` on a copy of the lock
+without its hashes (pip fetches whole files to check hashes, and only metadata without them): then every file
+pip picked is checked against the lock's hashes, from the index's own record of the file's sha256, which is
+what `--require-hashes` compares with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from packaging.markers import Marker
+
+# What the README promises: Linux x86_64 and aarch64 (glibc 2.28 or later, as torch's wheels need),
+# macOS 14 or later on Apple silicon; each at every Python that requires-python allows.
+PYTHONS = ("3.11", "3.12", "3.13")
+PLATFORMS = {
+    "linux-x86_64": [f"manylinux_2_{n}_x86_64" for n in range(28, 16, -1)] + ["manylinux2014_x86_64"],
+    "linux-aarch64": [f"manylinux_2_{n}_aarch64" for n in range(28, 16, -1)] + ["manylinux2014_aarch64"],
+    "macos-arm64": [f"macosx_{v}_0_arm64" for v in (14, 13, 12, 11)]
+    + ["macosx_11_0_universal2"]
+    + [f"macosx_10_{v}_universal2" for v in range(15, 8, -1)],
+}
+MACHINES = {"linux-x86_64": ("linux", "Linux", "x86_64"), "linux-aarch64": ("linux", "Linux", "aarch64"),
+            "macos-arm64": ("darwin", "Darwin", "arm64")}  # fmt: skip
+# The only distributions PyPI has as source alone; each builds a pure-Python wheel, so it installs on
+# every platform (checked below against what `make install` built here).
+SOURCE_ONLY = {"chattts", "docopt", "encodec"}
+
+
+def _name(raw: str) -> str:
+    return re.sub(r"[-_.]+", "-", raw).lower()
+
+
+def lock_hashes(lock: Path) -> dict[str, set[str]]:
+    """name -> every sha256 the lock allows for it (all its entries, whatever their markers)."""
+    allowed: dict[str, set[str]] = {}
+    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
+        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==", block)
+        if head:
+            allowed.setdefault(_name(head.group(1)), set()).update(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    return allowed
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a machine whose pip has no configuration of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def pypi() -> None:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=10).close()
+    except OSError as exc:
+        pytest.skip(f"PyPI does not answer here ({exc}): the install tests need it")
+
+
+@pytest.fixture(scope="module")
+def fresh_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a new virtualenv (pip, nothing else): where `make` runs scripts/torch-source first."""
+    venv = tmp_path_factory.mktemp("fresh") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+def torch_source(python: Path, lock: Path, env: dict[str, str]) -> list[str]:
+    """What scripts/torch-source tells pip, as `make` asks it."""
+    run = subprocess.run([str(python), str(ROOT / "scripts" / "torch-source"), str(lock)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return run.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def torch_index(pypi: None) -> Iterator[str]:
+    """A stand-in for PyTorch's CPU index on a free local port: its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "torch_index.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url.startswith("http://127.0.0.1:"), url
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def unhashed(
+    lock: Path, tmp_path: Path, leave_out: frozenset[str] = frozenset(), target: dict[str, str] | None = None
+) -> Path:
+    """A copy of `lock` without its hashes, without the distributions named in `leave_out`, and, for a
+    `target` environment, with each entry's marker decided for that target (pip decides markers for the
+    machine it runs on, whatever --platform says)."""
+    kept = []
+    for block in re.split(r"\n(?=[A-Za-z0-9#])", lock.read_text()):
+        head = re.match(r"([A-Za-z0-9._-]+)==\S+(?: ; ([^\\\n]+?))?(?: \\)?$", block, re.M)
+        if head and _name(head.group(1)) in leave_out:
+            continue
+        if head and head.group(2) and target is not None:
+            if not Marker(head.group(2)).evaluate(target):
+                continue
+            block = block.replace(" ; " + head.group(2), "", 1)
+        kept.append(re.sub(r" \\\n\s+--hash=sha256:[0-9a-f]{64}", "", block))
+    copy = tmp_path / lock.name
+    copy.write_text("\n".join(kept))
+    return copy
+
+
+def dry_run(
+    tmp_path: Path,
+    lock: Path,
+    env: dict[str, str],
+    *options: str,
+    leave_out: frozenset[str] = frozenset(),
+    target: dict[str, str] | None = None,
+) -> list[dict]:
+    """`pip install --dry-run -r lock` plus `options`, hashes checked against the lock: what pip would install."""
+    report = tmp_path / "report.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+         "--report", str(report), *options, "-r", str(unhashed(lock, tmp_path, leave_out, target))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    install: list[dict] = json.loads(report.read_text())["install"]
+    assert_hashed(install, lock)
+    return install
+
+
+def assert_hashed(install: list[dict], lock: Path) -> None:
+    allowed = lock_hashes(lock)
+    for item in install:
+        name = _name(item["metadata"]["name"])
+        digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
+        assert digest in allowed.get(name, set()), f"{lock.name}: {name} resolved to a file the lock does not allow"
+
+
+@pytest.mark.parametrize("lock", ["requirements-run.txt", "requirements-test.txt"])
+def test_a_fresh_machine_resolves_the_set_from_pypi_and_the_torch_index(
+    lock: str, torch_index: str, fresh_python: Path, tmp_path: Path
+) -> None:
+    env = clean_env(TORCH_INDEX_URL=torch_index)
+    install = dry_run(tmp_path, ROOT / lock, env, *torch_source(fresh_python, ROOT / lock, env))
+    (torch,) = [i for i in install if i["metadata"]["name"] == "torch"]
+    if sys.platform.startswith("linux"):
+        assert torch["metadata"]["version"].endswith("+cpu")
+        assert torch["download_info"]["url"].startswith(torch_index), "the CPU build comes from TORCH_INDEX_URL"
+    assert not [i for i in install if _name(i["metadata"]["name"]).startswith(("nvidia-", "cuda-"))]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_every_named_platform_and_python_resolves_with_hashes(
+    platform: str, python: str, torch_index: str, tmp_path: Path
+) -> None:
+    lock = ROOT / "requirements-test.txt"  # the widest set: the run set is a part of it, at the same versions
+    tags = [f"--platform={tag}" for tag in PLATFORMS[platform]]
+    env = clean_env(TORCH_INDEX_URL=torch_index)
+    # scripts/torch-source decides for the machine it runs on; for another platform the index is named here.
+    sys_platform, system, machine = MACHINES[platform]
+    target = {
+        "sys_platform": sys_platform, "platform_system": system, "platform_machine": machine, "os_name": "posix",
+        "implementation_name": "cpython", "platform_python_implementation": "CPython",
+        "python_version": python, "python_full_version": f"{python}.0",
+    }  # fmt: skip
+    # Each locked distribution for this target, alone (--no-deps: the lock is uv's universal resolution, so
+    # it is complete; the test above resolves dependencies in full on this machine). pip takes no source
+    # distribution for another platform: the source-only ones are left out.
+    install = dry_run(
+        tmp_path,
+        lock,
+        env,
+        "--no-deps",
+        "--only-binary=:all:",
+        f"--python-version={python}",
+        *tags,
+        "--target",
+        str(tmp_path / "target"),
+        "--extra-index-url",
+        torch_index,
+        leave_out=frozenset(SOURCE_ONLY),
+        target=target,
+    )
+    names = {_name(i["metadata"]["name"]) for i in install}
+    assert {"torch", "torchaudio", "transformers", "rq", "starlette", "numpy"} <= names
+    (torch,) = [i for i in install if i["metadata"]["name"] == "torch"]
+    if platform.startswith("linux"):
+        assert torch["metadata"]["version"] == "2.13.0+cpu", "Linux takes torch's CPU build"
+    else:
+        assert torch["metadata"]["version"] == "2.13.0" and "pythonhosted.org" in torch["download_info"]["url"]
+
+
+def test_the_source_only_distributions_build_pure_python_wheels() -> None:
+    """What makes leaving them out of the per-platform resolution sound: they install anywhere."""
+    import importlib.metadata
+
+    for name in SOURCE_ONLY:
+        wheel = importlib.metadata.distribution(name).read_text("WHEEL") or ""
+        assert "Root-Is-Purelib: true" in wheel and "py3-none-any" in wheel, name
+        assert len(lock_hashes(ROOT / "requirements-test.txt")[name]) == 1, f"{name} has wheels now: drop it"
+
+
+def test_torch_source_names_the_index_only_where_torch_is_not_at_hand(fresh_python: Path, tmp_path: Path) -> None:
+    # torch is installed beside this interpreter: nothing to fetch, no index to reach.
+    assert torch_source(Path(sys.executable), ROOT / "requirements-run.txt", clean_env()) == []
+
+    def source(**env: str) -> str:
+        return " ".join(torch_source(fresh_python, ROOT / "requirements-run.txt", clean_env(**env)))
+
+    assert source() == "--extra-index-url https://download.pytorch.org/whl/cpu"
+    assert source(TORCH_INDEX_URL="http://mirror.example/cpu") == "--extra-index-url http://mirror.example/cpu"
+    # A wheel folder holding the locked CPU build for this interpreter: no index at all.
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    (wheels / f"torch-2.13.0+cpu-{tag}-{tag}-manylinux_2_28_{os.uname().machine}.whl").touch()
+    assert source(PIP_FIND_LINKS=str(wheels)) == ""
+    # ... but not a wheel for another interpreter.
+    (wheels / f"torch-2.13.0+cpu-{tag}-{tag}-manylinux_2_28_{os.uname().machine}.whl").unlink()
+    (wheels / "torch-2.13.0+cpu-cp39-cp39-manylinux_2_28_x86_64.whl").touch()
+    assert source(PIP_FIND_LINKS=str(wheels)).startswith("--extra-index-url")
+    # The web set holds no torch.
+    assert torch_source(fresh_python, ROOT / "requirements.txt", clean_env()) == []

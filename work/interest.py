@@ -1,0 +1,61 @@
+"""Which tenants want a request: recorded at submission, withdrawn one tenant at a time by DELETE.
+
+Identical requests of different tenants share one id, one job and one
+stored audio (TTS_TENANCY=shared), but each tenant's interest is its own.
+`want` records a tenant's interest (and lifts its earlier withdrawal and any
+cancel); `withdraw` takes it back, and only when no tenant wants the request
+any more is it canceled for everyone (`keys.cancel_key`, which stops its job).
+A tenant that withdrew reads the request as canceled (`dropped`) while the
+others' goes on. Without named API keys the one tenant is "", and a DELETE
+cancels as it always did.
+
+Redis: `keys.tenants_key(R)` (set of tenant names), `keys.dropped_key(R)`
+(set), both with the request's TTL; the tenants set is held persistent with
+the request's other keys while its job is active (work/lifetime.py).
+Imports no web framework, RQ worker or torch: both sides use it.
+"""
+
+from __future__ import annotations
+
+from redis import Redis
+
+from common.keys import cancel_key, dropped_key, tenants_key
+
+# KEYS: tenants, dropped, cancel; ARGV: tenant, ttl. Steps: the tenant leaves
+# the set of those who want it and joins those who dropped it; when nobody
+# wants it any more, the cancel mark is set. Returns 1 when it was set.
+_WITHDRAW = """
+redis.call('SREM', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+if redis.call('SCARD', KEYS[1]) == 0 then
+  redis.call('SET', KEYS[3], 1, 'EX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+def want(redis: Redis, request_id: str, tenant: str, ttl: int) -> None:
+    """`tenant` asks for `request_id`: it wants it, and no earlier withdrawal or cancel holds.
+
+    Called before the request's chunks enter the pool, which puts them in the
+    lanes of the tenants that want it (work/scheduler.py).
+    """
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.sadd(tenants_key(request_id), tenant)
+        pipe.expire(tenants_key(request_id), ttl)
+        pipe.srem(dropped_key(request_id), tenant)
+        pipe.delete(cancel_key(request_id))
+        pipe.execute()
+
+
+def withdraw(redis: Redis, request_id: str, tenant: str, ttl: int) -> bool:
+    """`tenant` no longer wants `request_id`; True when no tenant does now (it is canceled for everyone).
+
+    Atomic, so that of two tenants withdrawing at once exactly one sees the
+    request unwanted. A tenant that never asked for it withdraws nothing but
+    its own view: to it the request reads canceled.
+    """
+    keys = [tenants_key(request_id), dropped_key(request_id), cancel_key(request_id)]
+    return bool(redis.eval(_WITHDRAW, len(keys), *keys, tenant, ttl))
