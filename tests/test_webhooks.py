@@ -575,3 +575,34 @@ def test_410_gone_stops_the_event_and_later_ones_to_that_url(
     time.sleep(1.5)  # a retry would have come by now
     assert len(receiver.at("/gone")) == 1
     wait_for(lambda: _scrape(stack, "tts_webhook_deliveries_total", result="gone") == 2, 10, "two gone tries counted")
+
+
+def test_each_tenant_sees_only_its_own_callbacks_delivery(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
+    alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdefgh"
+    stack = _stack(stack_factory, TTS_API_KEYS=f"alice={alice},bob={bob}")
+    ids = set()
+    for key, path in ((alice, "/alice"), (bob, "/bob")):
+        r = httpx.post(
+            stack.url + "/v1/tts",
+            json={"text": "One request, two tenants.", "callback_url": receiver.url + path},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert r.status_code in (200, 202), r.text
+        ids.add(r.json()["id"])
+    (request_id,) = ids  # shared (TTS_TENANCY=shared): one job, one id
+    receiver.wait("/alice", 1)
+    receiver.wait("/bob", 1)
+
+    def seen(key: str) -> list[dict[str, Any]] | None:
+        r = httpx.get(f"{stack.url}/v1/tts/{request_id}", headers={"Authorization": f"Bearer {key}"})
+        hooks = r.json().get("webhooks", [])
+        return hooks if hooks and all(h["state"] == "delivered" for h in hooks) else None
+
+    assert wait_for(lambda: seen(alice), 10, "alice's delivery") == [
+        {"url": receiver.url + "/alice", "state": "delivered", "attempts": 1, "last_status": 200}
+    ]
+    assert wait_for(lambda: seen(bob), 10, "bob's delivery") == [
+        {"url": receiver.url + "/bob", "state": "delivered", "attempts": 1, "last_status": 200}
+    ]
