@@ -202,12 +202,16 @@ def manifest(spec: Spec) -> dict[str, Any]:
 
 
 # KEYS: a request's chunk keys, then its manifest's key; ARGV: the TTL, the manifest.
-# EXPIRE answers whether each chunk exists and renews it if so; the manifest is
-# (re)written with the same TTL. Returns EXPIRE's answers in chunk order.
+# Each stored chunk's TTL is renewed, except a chunk without one: a request in
+# flight holds it, and its end starts the TTL (scheduler.Pool.store). The
+# manifest is (re)written with the same TTL. Returns 1 for each chunk stored, 0 else.
 _REMEMBER = """
 local found = {}
 for i = 1, #KEYS - 1 do
-  found[i] = redis.call('EXPIRE', KEYS[i], ARGV[1])
+  local left = redis.call('PTTL', KEYS[i])
+  if left == -2 then found[i] = 0
+  elseif left == -1 then found[i] = 1
+  else found[i] = redis.call('EXPIRE', KEYS[i], ARGV[1]) end
 end
 redis.call('SET', KEYS[#KEYS], ARGV[2], 'EX', ARGV[1])
 return found

@@ -30,15 +30,17 @@ from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
 from cache import Spec, stored
-from common import audio, metrics
+from common import audio, logs, metrics
 from common.errors import RedisFull
-from common.keys import MODEL_KEY, assist_key, cancel_key, chunk_key, events_channel, voice_key
+from common.keys import MODEL_KEY, assist_key, cancel_key, events_channel, voice_key
 from common.model import Decoder, Engine, ModelInfo, Piece
 from common.settings import Settings
 from work.queueing import census, queue, voice_job_id
 from work.scheduler import Pool
 
 logger = logging.getLogger(__name__)
+# Every row of every job meets a full Redis at once: a line for the first refusal, then one a minute.
+_FULL = logs.Throttled(logger, 60.0)
 T = TypeVar("T")
 
 
@@ -48,6 +50,14 @@ class ModelMismatch(RuntimeError):
 
 class ChunkFailed(RuntimeError):
     """A chunk of the request could not be made; the message names the model's exception."""
+
+
+class AudioEvicted(RuntimeError):
+    """The request's stored chunks kept disappearing from Redis (evicted as fast as they were made)."""
+
+
+# Rounds of making again the chunks of a request that were lost from Redis before it ended.
+MAX_REMAKES = 2
 
 
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
@@ -189,6 +199,8 @@ class _Request:
     seen: int = -1
     # Whether this run has counted the idle workers afresh (its first claim does).
     counted: bool = False
+    # Rounds of making again chunks lost from Redis before the end (`_lost`).
+    remakes: int = 0
 
 
 # -- the request's job ----------------------------------------------------------
@@ -216,7 +228,7 @@ def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     outcome = "failed"
     try:
         _progress(state, request)
-        while request.missing:
+        while request.missing or _lost(state, request):
             look = _look_due(state, request)
             stop = _stop_reason(state, request, run, look)
             if stop is not None:
@@ -293,6 +305,32 @@ def _stop_reason(state: WorkerState, request: _Request, run: _Run, look: bool) -
     if failed:
         raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
     return None
+
+
+def _lost(state: WorkerState, request: _Request) -> bool:
+    """Every chunk seemed stored: check them all once more, and make again those that are gone; True if any were.
+
+    A chunk stored before the request ran, or shared with a request that
+    ended first, carries a TTL and can be evicted (or deleted by hand) while
+    this one runs. Raises AudioEvicted when chunks are still lost after
+    MAX_REMAKES rounds: Redis evicts audio as fast as it is made.
+    """
+    unique = list(dict.fromkeys(request.chunk_ids))
+    gone = [cid for cid, hit in zip(unique, stored(state.redis, unique)) if not hit]
+    if not gone:
+        return False
+    request.remakes += 1
+    if request.remakes > MAX_REMAKES:
+        raise AudioEvicted(f"{len(gone)} chunk(s) were lost from Redis again after {MAX_REMAKES} remakes")
+    logger.warning(
+        "job %s: %d stored chunk(s) are gone from Redis (evicted?); making them again", request.id, len(gone)
+    )
+    if not request.events.subscribed:
+        request.events.subscribe(events_channel(request.id))
+    request.missing = gone
+    state.pool.register(request.id, request.spec)
+    _progress(state, request)
+    return True
 
 
 def _look_due(state: WorkerState, request: _Request) -> bool:
@@ -466,13 +504,39 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
             state.making[c.chunk_id] = []
     try:
         state.decoder.join([(c.chunk_id, c.row) for c in claimed])
-    except BaseException as exc:
-        if isinstance(exc, JobTimeoutException):
-            _after_alarm(state)
-        else:
-            _release_all(state)
+    except JobTimeoutException:
+        _after_alarm(state)
         raise
+    except Exception as exc:
+        # A row that cannot be made fails alone inside the decoder (an error
+        # piece at the next step): this is the decoder's own fault. The rows
+        # it holds go on; those just claimed fail now, none left holding a lease.
+        _refuse_claimed(state, [c.chunk_id for c in claimed], exc)
+        return
+    except BaseException:
+        _release_all(state)
+        raise
+    _take_back_returned(state)
     state.figures.observe("tts_batch_rows", len(claimed))
+
+
+def _refuse_claimed(state: WorkerState, chunk_ids: Sequence[str], exc: Exception) -> None:
+    """The decoder failed to take claimed chunks: those it did not take fail (their requests hear why) and
+    leave `making`, so no lease of theirs is renewed."""
+    held = set(state.decoder.keys())
+    lost = [cid for cid in chunk_ids if cid not in held]
+    logger.error("the decoder refused %d claimed row(s): %r", len(lost), exc, exc_info=exc)
+    _forget(state, lost)
+    state.pool.fail(state.token, lost, type(exc).__name__)
+
+
+def _take_back_returned(state: WorkerState) -> None:
+    """Rows the decoder gave back unmade (it ran out of memory) go back to the pool, open at once."""
+    returned = state.decoder.take_returned()
+    if returned:
+        logger.warning("%d row(s) back to the pool: the decoder ran out of memory", len(returned))
+        _forget(state, returned)
+        state.pool.release(state.token, returned)
 
 
 def _step(state: WorkerState, run: _Run) -> None:
@@ -490,6 +554,7 @@ def _step(state: WorkerState, run: _Run) -> None:
         _reset(state)
         state.pool.fail(state.token, keys, type(exc).__name__)
         return
+    _take_back_returned(state)
     run.model_seconds += time.monotonic() - began
     ended = [piece for piece in pieces if _store(state, piece)]
     if ended:
@@ -527,13 +592,7 @@ def _complete(state: WorkerState, run: _Run, ended: Sequence[Piece]) -> None:
         made += audio.duration(whole[piece.key])
         run.tokens[piece.key] = piece.tokens
 
-    def write() -> None:
-        with state.redis.pipeline(transaction=False) as pipe:
-            for key, pcm in whole.items():
-                pipe.set(chunk_key(key), pcm, ex=state.settings.result_ttl)
-            pipe.execute()
-
-    _while_full(state, write)
+    _while_full(state, lambda: state.pool.store(whole))
     run.audio_seconds += made
     for _, waited in state.pool.complete(state.token, list(whole)):
         state.figures.observe("tts_time_to_first_chunk_seconds", waited)
@@ -553,7 +612,9 @@ def _while_full(state: WorkerState, write: Callable[[], T]) -> T:
             state.figures.inc("tts_redis_full_total", process="worker")
             if time.monotonic() + delay > deadline:
                 raise RedisFull(f"Redis is full: it refused the audio for {state.settings.redis_full_wait} s") from exc
-            logger.warning("Redis is full: storing audio again in %.1f s", delay)
+            _FULL.warning(
+                "Redis is full: storing audio again in %.1f s (for %d s at most)", delay, state.settings.redis_full_wait
+            )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -606,9 +667,13 @@ def drop_idle_connections(redis: Redis) -> None:
 
 
 def _release_all(state: WorkerState) -> None:
-    """Every row leaves the loop and goes back to the pool, open at once (shutdown, time limit, failure)."""
-    keys = state.decoder.keys()
+    """Every row leaves the loop and goes back to the pool, open at once (shutdown, time limit, failure),
+    and so does every chunk claimed for it and not joined yet."""
+    with state.lock:
+        claimed = list(state.making)
+    keys = list(dict.fromkeys([*state.decoder.keys(), *claimed, *state.decoder.take_returned()]))
     _reset(state)
+    _forget(state, keys)
     state.pool.release(state.token, keys)
 
 

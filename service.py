@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, OutOfMemoryError
+from redis.exceptions import ExecAbortError, MaxConnectionsError, OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -28,7 +28,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from common import logs, metrics
-from common.errors import ApiError
+from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
 from web import captions, heap, openapi, ops, session, speech, tts, voices
 from web.context import Context
@@ -36,6 +36,8 @@ from web.replies import Error, Failure, openai_error, reply
 from work import queueing
 
 logger = logging.getLogger("service")
+# While Redis is full every write is refused: one line for the first 503, then one a minute at most.
+_FULL = logs.Throttled(logger, 60.0)
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 Handler = Callable[[Context, Request], Awaitable[Response]]
@@ -91,6 +93,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             ApiError,
             HTTPException,
             queueing.QueueFull,
+            NotReplicated,
             MaxConnectionsError,
             OutOfMemoryError,
             RedisConnectionError,
@@ -151,12 +154,21 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
         return Failure(
             503, "too many clients are waiting on this server; try again shortly", headers={"Retry-After": "5"}
         )
-    if isinstance(exc, OutOfMemoryError):
-        logger.warning("Redis is full (maxmemory reached under noeviction): %s", exc)
+    if isinstance(exc, OutOfMemoryError) or (isinstance(exc, ExecAbortError) and "OOM" in str(exc)):
+        # A transaction Redis refused at EXEC because it filled meanwhile says OOM in an ExecAbortError.
+        _FULL.warning("Redis is full (maxmemory reached under noeviction): %s", exc)
         return Failure(
             503,
             "Redis is full: the service cannot store new work until memory is freed; try again later",
             headers={"Retry-After": "30"},
+        )
+    if isinstance(exc, NotReplicated):
+        logger.warning("a submission is not on enough replicas: %s", exc)
+        return Failure(
+            503,
+            "the service could not copy this request to a Redis replica in time, so it is not accepted; "
+            "it may still run: asking again (the same body) joins it",
+            headers={"Retry-After": "5"},
         )
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         logger.warning("Redis unavailable: %s", exc)

@@ -8,9 +8,11 @@ from collections.abc import Callable
 
 MIN_MAX_CHARS = 20
 
-# ChatTTS control tokens such as [uv_break] or [speed_5]; cutting one in half
-# would turn a prosody instruction into spoken garbage.
-_TAG = re.compile(r"\[[a-zA-Z_0-9]+\]")
+# ChatTTS's own control tags (its tokenizer's words for pauses, laughter,
+# oral style and speed), kept whole: cutting one in half would turn a prosody
+# instruction into spoken garbage. Anything else in brackets is plain text and
+# may be cut like any other (a long "[...]" must not make one huge chunk).
+CONTROL_TAG = re.compile(r"\[(?:uv_break|v_break|lbreak|laugh|(?:break|laugh|oral|speed)_[0-9])\]")
 
 _CJK_SENTENCE_ENDS = "。！？；…"
 _ASCII_SENTENCE_ENDS = ".!?;"
@@ -45,9 +47,10 @@ def split(text: str, max_chars: int = 180) -> list[str]:
     cut, in order of preference, at clause marks, whitespace, between two CJK
     characters, at any point that does not split a word or number, and finally
     anywhere; among cuts of the same kind the one nearest an even share of the
-    sentence wins, so no tiny tail is left behind. A control tag is never
-    split; the only chunk that can exceed ``max_chars`` is a single tag longer
-    than ``max_chars``.
+    sentence wins, so no tiny tail is left behind. A ChatTTS control tag
+    (``CONTROL_TAG``: ``[uv_break]``, ``[laugh_1]``, ``[speed_5]``...) is never
+    split; other bracketed text is cut as any text is. Every chunk is at most
+    ``max_chars`` long (no control tag is longer than ``MIN_MAX_CHARS``).
 
     Raises:
         ValueError: if ``max_chars`` is below ``MIN_MAX_CHARS``.
@@ -116,7 +119,7 @@ def pause_after(chunk: str) -> int:
 def _tag_interiors(text: str) -> dict[int, tuple[int, int]]:
     """Map every cut position strictly inside a tag to that tag's (start, end) span."""
     interiors: dict[int, tuple[int, int]] = {}
-    for match in _TAG.finditer(text):
+    for match in CONTROL_TAG.finditer(text):
         for pos in range(match.start() + 1, match.end()):
             interiors[pos] = match.span()
     return interiors

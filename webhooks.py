@@ -61,7 +61,7 @@ from rq import Queue, Retry, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
-from common import audio, metrics, urls
+from common import audio, connect, metrics, urls
 from common.errors import invalid
 from common.keys import chunk_key, deliveries_key, event_key, gone_key, hooks_key, request_key
 from common.settings import Settings
@@ -277,8 +277,9 @@ async def check(url: str, settings: Settings) -> str:
 
 
 # KEYS[1] the request's hooks; ARGV field, format, limit, ttl, the tenant's field prefix. 0 when the
-# tenant has `limit` other URLs on the request already.
+# tenant has `limit` other URLs on the request already, 2 when the field is new, 1 when it was registered already.
 _REGISTER = """
+local added = 1
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   local mine = 0
   for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -286,9 +287,10 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   end
   if mine >= tonumber(ARGV[3]) then return 0 end
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  added = 2
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
+return added
 """
 
 
@@ -306,20 +308,29 @@ def hook_of(field: str) -> tuple[str, str]:
     return "", field
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> None:
+async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> bool:
     """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
 
     Callbacks belong to their tenant: a tenant takes at most `limit` distinct
     URLs on a request (422 naming callback_url past that), and hears only of
-    its own interest (`withdraw`).
+    its own interest (`withdraw`). Returns whether `url` is new for the tenant
+    (else an earlier submission registered it): a submission refused
+    afterwards (`unregister`) takes back only what it added.
     """
     field, prefix = hook_field(tenant, url), hook_field(tenant, "")
-    if not await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix):
+    found = await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix)
+    if not found:
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
         )
+    return int(found) == 2
+
+
+async def unregister(redis: Any, request_id: str, url: str, tenant: str = "") -> None:
+    """Take back `tenant`'s `url`, registered by a submission that was then refused (429, 503): no event for it."""
+    await redis.hdel(hooks_key(request_id), hook_field(tenant, url))
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings, tenant: str = "") -> bool:
@@ -368,14 +379,16 @@ def request_over(redis: Redis, request_id: str, settings: Settings, error: str |
     or fails for good, its retries spent (`error`: safe words for why). The
     event says "finished" whenever all the request's audio is stored, else
     "failed" (with `error`) or "canceled". Only Redis is touched: delivery
-    is the webhooks process's.
+    is the webhooks process's. Raises RedisError when Redis refuses; the
+    URLs not yet queued stay registered, so calling it again queues them.
     """
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(hooks_key(request_id))
-        pipe.delete(hooks_key(request_id))
-        hooks, _ = pipe.execute()
-    if hooks:
-        _enqueue_events(redis, request_id, hooks, settings, error)
+    # The client does not decode responses (and is synchronous): a dict of bytes.
+    hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
+    for url, fmt in hooks.items():
+        # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
+        # registered for the next try rather than lost; at worst it hears its event twice.
+        _enqueue_events(redis, request_id, {url: fmt}, settings, error)
+        redis.hdel(hooks_key(request_id), url)
     return len(hooks)
 
 
@@ -402,6 +415,8 @@ def _enqueue_events(
         event_id = uuid.uuid4().hex
         # The URL (which may hold credentials or tokens) stays out of the job's
         # arguments, which rq-dashboard shows: the job names the event only.
+        # No TTL while it is being delivered (no `volatile-*` eviction takes it between tries):
+        # its final state gets the TTL (`_settle`).
         with redis.pipeline(transaction=True) as pipe:
             pipe.hset(
                 event_key(event_id),
@@ -412,7 +427,6 @@ def _enqueue_events(
                     "state": "pending",
                 },
             )
-            pipe.expire(event_key(event_id), settings.result_ttl)
             pipe.hset(deliveries_key(request_id), raw_field, event_id)
             pipe.expire(deliveries_key(request_id), settings.result_ttl)
             pipe.execute()
@@ -624,22 +638,22 @@ def deliver(event_id: str) -> dict[str, Any]:
     try:
         if redis.exists(gone_key(_url_digest(url))):
             outcome = "gone"
-            _settle(redis, event_id, "gone", attempts - 1, None)
+            _settle(redis, event_id, "gone", attempts - 1, None, settings)
             return {"delivered": False, "gone": True}
         status, retry_after = _try(settings, target, event_id, data)
         if 200 <= status < 300:
             outcome = "delivered"
-            _settle(redis, event_id, "delivered", attempts, status)
+            _settle(redis, event_id, "delivered", attempts, status, settings)
             return {"delivered": True, "status": status}
         if status == 410:
             outcome = "gone"
             redis.set(gone_key(_url_digest(url)), 1, ex=settings.result_ttl)
-            _settle(redis, event_id, "gone", attempts, status)
+            _settle(redis, event_id, "gone", attempts, status, settings)
             return {"delivered": False, "gone": True, "status": status}
         raise DeliveryFailed(f"{target.shown} answered {status}", retry_after)
     except _Refused:
         outcome = "refused"
-        _settle(redis, event_id, "failed", attempts - 1, None)
+        _settle(redis, event_id, "failed", attempts - 1, None, settings)
         return {"delivered": False, "refused": True}
     except (DeliveryFailed, OSError, http.client.HTTPException) as exc:
         # The message may quote the host, never the path or query; the type says enough.
@@ -653,7 +667,7 @@ def deliver(event_id: str) -> dict[str, Any]:
         delay = retry_delay(settings, attempts, time.time() - created, failure.retry_after)
         if delay is None:
             outcome = "given_up"
-            _settle(redis, event_id, "failed", attempts, status)
+            _settle(redis, event_id, "failed", attempts, status, settings)
             return {"delivered": False, "given_up": True, "status": status}
         redis.hset(event_key(event_id), mapping={"attempts": attempts, "last_status": status or ""})
         job = get_current_job()
@@ -697,11 +711,15 @@ def _try(settings: Settings, target: _Target, event_id: str, data: bytes) -> tup
     return status, retry_after_seconds(retry_after, time.time())
 
 
-def _settle(redis: Redis, event_id: str, state: DeliveryState, attempts: int, status: int | None) -> None:
-    """Record the event's final state; its body is no longer needed."""
+def _settle(
+    redis: Redis, event_id: str, state: DeliveryState, attempts: int, status: int | None, settings: Settings
+) -> None:
+    """Record the event's final state; its body is no longer needed, and the state expires `result_ttl` s from
+    now (until then the event has no TTL, so no `volatile-*` eviction takes it while it is delivered)."""
     with redis.pipeline(transaction=True) as pipe:
         pipe.hset(event_key(event_id), mapping={"state": state, "attempts": attempts, "last_status": status or ""})
         pipe.hdel(event_key(event_id), "body")
+        pipe.expire(event_key(event_id), settings.result_ttl)
         pipe.execute()
 
 
@@ -841,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
         return _supervise(processes)
     if settings.webhook_secret is None:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
-    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    redis = connect.sync_client(settings, health_check_interval=10)
     # RQ finds `deliver` in the module named `webhooks`, which is not this
     # one when it runs as a script (`__main__`): bind that module.
     import webhooks

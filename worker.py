@@ -16,15 +16,16 @@ import os
 import socket
 import sys
 import threading
+import time
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import RedisError
 from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
 import webhooks
+from common import connect, logs
 from common.errors import RedisFull
 from common.settings import Settings
 from engines.config import ModelUnavailable
@@ -34,7 +35,11 @@ from work import lifetime, process, queueing
 from work.status import failure_words
 
 logger = logging.getLogger("worker")
+# Beats fail together while Redis is full or away: a line for the first, then a few.
+_MISSED_BEAT = logs.Throttled(logger, 60.0)
 # The job of a request (its id is the request id); its end fires the request's webhooks.
+# Tries at queueing a request's webhook events when its job is over (Redis refused, or went away).
+OVER_TRIES = 3
 REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
 
@@ -112,13 +117,18 @@ class TTSWorker(process.StopAware, SimpleWorker):
         if job.func_name != REQUEST_JOB:
             return  # a voice export or an assist job, not a request's
         spec = lifetime.spec_of(job)
-        # A full Redis would refuse the events: wait until it stores again (nothing else can happen meanwhile).
-        process.wait_for_writes(self.connection)
-        try:
-            lifetime.release(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings.result_ttl)
-            webhooks.request_over(self.connection, job.id, self.settings, error)
-        except (RedisError, OSError):
-            logger.exception("the webhook events of %s could not be queued", job.id)
+        for attempt in range(1, OVER_TRIES + 1):
+            # A full Redis would refuse the events: wait until it stores again (nothing else can happen meanwhile).
+            process.wait_for_writes(self.connection)
+            try:
+                lifetime.release(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings.result_ttl)
+                webhooks.request_over(self.connection, job.id, self.settings, error)
+                return
+            except (RedisError, OSError):
+                # The URLs not queued yet stay registered: the next try queues them.
+                logger.warning("the webhook events of %s could not be queued (try %d)", job.id, attempt, exc_info=True)
+                time.sleep(attempt)
+        logger.error("the webhook events of %s could not be queued; its callback URLs stay registered", job.id)
 
     def handle_execution_ended(self, job: Any, queue: Any, timeout: Any) -> None:
         # RQ's first write after a job, finished or failed: while Redis is
@@ -164,7 +174,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
                     self.maintain_heartbeats(job)
                     self.shared.renew_leases()
                 except Exception:  # a missed beat is retried; never kill the job for it
-                    logger.warning("heartbeat for job %s failed", job.id, exc_info=True)
+                    _MISSED_BEAT.warning("heartbeat for job %s failed", job.id, exc_info=True)
 
         thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
         thread.start()
@@ -225,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 child_args,
                 restart=restart,
                 policy=policy,
-                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+                redis=connect.sync_client(settings, socket_timeout=5),
             )
         if args.per_gpu > 1:
             logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 child_args,
                 restart=restart,
                 policy=policy,
-                redis=Redis.from_url(settings.redis_url, socket_timeout=5),
+                redis=connect.sync_client(settings, socket_timeout=5),
             )
         logger.info("no GPU is visible: running one CPU worker")
     try:
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except ModelUnavailable as exc:
         logger.error("%s", exc)
         return 2
-    redis = Redis.from_url(settings.redis_url, health_check_interval=10)
+    redis = connect.sync_client(settings, health_check_interval=10)
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     base_name = f"tts-{socket.gethostname()}-{os.getpid()}" + (f"-gpu{gpu}" if gpu else "")
 

@@ -25,8 +25,13 @@ busy worker is SIGKILLed (at 25 % of the time), Redis is stopped and
 started again on its AOF (at 40 %), then memory pressure: from 55 % to 67 %
 Redis runs with `maxmemory` at 70 % of its use under `volatile-lru` (it
 evicts stored audio and finished requests; requests in flight have no TTL
-and stay), and from 78 % to 86 % it is full under `noeviction` (`maxmemory`
-just under its use: every write refused).
+and stay), and from 68 % it is full under `noeviction` (`maxmemory` just
+under its use: every write refused) for `--full-minutes` (3; at most 30 %
+of the run). Every process must wait it out: no worker may exit
+with an error while it lasts, at most FULL_LINES lines about it may be
+logged per log file, and both workers must be registered again within
+FULL_BACK s of Redis having room, by themselves (the supervisor restarts a
+worker that exits, so an exit counts as a failure, not a recovery).
 
 It talks to the service only over HTTP and with process signals (Redis is
 read only for its memory figures and for worker liveness), so it holds
@@ -116,6 +121,10 @@ RESTARTS = 3
 WEB_FLAT = 1.10
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
+# While Redis is full: the most lines about it one log file may hold, and how soon after it has room again
+# both workers must be registered.
+FULL_LINES = 30
+FULL_BACK = 60.0
 
 
 @dataclass
@@ -136,6 +145,10 @@ class Soak:
     outage: tuple[float, float] | None = None  # Redis down from, up again at (loop time)
     evicting: tuple[float, float] | None = None  # maxmemory under volatile-lru from, to (loop time)
     full: tuple[float, float] | None = None  # full under noeviction from, to (loop time)
+    full_seconds: float = 180.0  # how long Redis stays full
+    full_exits: Counter = field(default_factory=Counter)  # workers' exits while Redis was full, by why
+    full_lines: dict[str, int] = field(default_factory=dict)  # log file -> lines about a full Redis in the phase
+    full_back: float | None = None  # seconds from room again to both workers registered (None: not within FULL_BACK)
     wrong_before_eviction: int | None = None  # differing WAVs counted when the eviction phase began
     samples: list[dict[str, Any]] = field(default_factory=list)
     # Worker pid -> RSS (MiB) at its first and its latest look once past RESTARTING s of age.
@@ -260,9 +273,31 @@ async def evict(s: Soak, seconds: float) -> str:
 
 
 async def fill_up(s: Soak, seconds: float) -> str:
+    """Redis full for `seconds`; then how the processes took it: exits, log lines, and when both workers are back."""
+    logs = {path: _full_lines(path) for path in s.cluster.tmp.glob("*.log")}
+    exits = Counter(s.exits)
     began, ended, line = await squeeze(s, "noeviction", 0.98, seconds)
     s.full = (began, ended)
-    return line
+    s.full_exits = Counter(s.exits)
+    s.full_exits.subtract(exits)
+    s.full_lines = {p.name: _full_lines(p) - logs.get(p, 0) for p in s.cluster.tmp.glob("*.log")}
+    loop = asyncio.get_running_loop()
+    while loop.time() - ended < FULL_BACK:
+        if len(await asyncio.to_thread(workers_of, s.redis(), QUEUE)) >= len(s.workers):
+            s.full_back = loop.time() - ended
+            break
+        await asyncio.sleep(0.5)
+    back = f"not within {FULL_BACK:.0f} s" if s.full_back is None else f"{s.full_back:.1f} s"
+    return (
+        f"{line}; worker exits meanwhile: {dict(+s.full_exits) or 'none'}; most lines about it in one log: "
+        f"{max(s.full_lines.values(), default=0)}; both workers registered again after {back}"
+    )
+
+
+def _full_lines(path: Path) -> int:
+    """Lines of a process's log that speak of a full Redis (our waits, RQ's and redis-py's OOM errors)."""
+    text = path.read_text(errors="replace")
+    return sum(1 for line in text.splitlines() if "full" in line.lower() or "maxmemory" in line)
 
 
 # -- workers' jobs, samples and the report ------------------------------------------
@@ -486,7 +521,24 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
     wrong = s.record.wrong_audio if s.wrong_before_eviction is None else s.wrong_before_eviction
     if wrong:
         failures.append(f"{wrong} repeated WAVs differed from the first one served")
+    failures += full_failures(s)
     return Verdict(lines, failures)
+
+
+def full_failures(s: Soak) -> list[str]:
+    """What the full-Redis phase must not show: a worker that died, a flood of log lines, workers not back."""
+    if s.full is None:
+        return []
+    out = []
+    died = {why: n for why, n in s.full_exits.items() if n > 0 and why != "exit 0"}
+    if died:
+        out.append(f"workers exited while Redis was full: {died}")
+    loud = {name: n for name, n in s.full_lines.items() if n > FULL_LINES}
+    if loud:
+        out.append(f"more than {FULL_LINES} lines about a full Redis in one log: {loud}")
+    if s.full_back is None:
+        out.append(f"the workers were not registered again within {FULL_BACK:.0f} s of Redis having room")
+    return out
 
 
 def lives_summary(lives: dict[int, tuple[float, float]]) -> str:
@@ -560,7 +612,7 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         events: list[str] = []
 
         async def timeline() -> None:
-            plan = [(0.25, "kill"), (0.40, "redis"), (0.55, "evict"), (0.78, "full")]
+            plan = [(0.25, "kill"), (0.40, "redis"), (0.55, "evict"), (0.68, "full")]
             next_sample = 30.0
             next_look = 0.0
             while loop.time() - t0 < seconds:
@@ -571,7 +623,7 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                         "kill": lambda: kill_a_busy_worker(s),
                         "redis": lambda: restart_redis(s),
                         "evict": lambda: evict(s, 0.12 * seconds),
-                        "full": lambda: fill_up(s, 0.08 * seconds),
+                        "full": lambda: fill_up(s, min(s.full_seconds, 0.30 * seconds)),
                     }[what]()
                     events.append(f"at {now:.0f} s: {event}")
                     say(events[-1])
@@ -615,12 +667,24 @@ def main(argv: list[str] | None = None) -> int:
         f"makes about {RESTARTS} restarts per worker at the measured rate)",
     )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
+    parser.add_argument(
+        "--full-minutes",
+        type=float,
+        default=3.0,
+        help="how long Redis stays full (default 3; 30 %% of the run at most)",
+    )
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster = Cluster()
-    s = Soak(cluster=cluster, minutes=args.minutes, load=args.load, max_jobs=args.max_jobs)
+    s = Soak(
+        cluster=cluster,
+        minutes=args.minutes,
+        load=args.load,
+        max_jobs=args.max_jobs,
+        full_seconds=args.full_minutes * 60,
+    )
     verdict = None
     try:
         verdict = asyncio.run(soak(s, args.drain))

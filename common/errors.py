@@ -23,3 +23,12 @@ def invalid(field: str, detail: str) -> ApiError:
 
 class RedisFull(RuntimeError):
     """Redis refused to store something (maxmemory reached under noeviction) for longer than the service waits."""
+
+
+class NotReplicated(RuntimeError):
+    """Fewer replicas than TTS_REDIS_WAIT_REPLICAS acknowledged a write within TTS_REDIS_WAIT_TIMEOUT_MS.
+
+    What was written stays on the primary (a submission's job is queued
+    there and runs if the primary lives); it is only not known to survive
+    the primary's loss.
+    """

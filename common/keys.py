@@ -8,7 +8,7 @@ keys, which the Lua scripts that meet ids as they go are handed.
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
 - `tts:chunk:C`: a chunk's PCM16 audio; `tts:req:R`: a request's manifest;
-- `tts:pieces:C`: the PCM16 pieces of chunk C in order, stored while it decodes (a list);
+- `tts:pieces:C`: the PCM16 pieces of chunk C in order, kept while it decodes (a list; gone once C is stored);
 - `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash),
   `tts:voices:T` those of tenant T (with named API keys);
 - `tts:events:R`: the channel a request's progress is announced on;
@@ -19,7 +19,8 @@ Layout (prefix `tts`):
 - `tts:assist:Q`: set while an assist job of Q waits;
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
-- `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again.
+- `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
+- `tts:probe:replicated`: a tiny key written before WAIT, which counts replicas up to that write.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def chunk_key(chunk_id: str) -> str:
 def pieces_key(chunk_id: str) -> str:
     """A Redis list: the PCM16 pieces of chunk `chunk_id` in order, stored while it decodes.
 
-    Joined, they are byte for byte the chunk's stored audio (`chunk_key`).
+    Joined, they are byte for byte the chunk's stored audio (`chunk_key`),
+    which replaces them: the list is deleted as the chunk is stored.
     A chunk that is made again (its worker died, or was stopped) starts its
     list again: piece 0 replaces the list. Each piece is announced on the
     events channel of every request waiting for the chunk as
@@ -144,3 +146,13 @@ def rate_key(token_digest: str, window: int) -> str:
 def redis_full_probe() -> str:
     """A tiny key written (with a short TTL) to ask whether Redis accepts writes again."""
     return f"{PREFIX}:probe:writable"
+
+
+def replication_probe() -> str:
+    """A tiny key written (with a short TTL) right before WAIT on the same connection.
+
+    WAIT waits for the replicas to reach the connection's last write; this
+    write comes after every write already acknowledged to any client, so the
+    replicas that reach it hold those too.
+    """
+    return f"{PREFIX}:probe:replicated"

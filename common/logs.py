@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 import time
 from typing import IO, Any, Collection
 
 import msgspec
+
+from common import redact
 
 # Lines kept for one write at most: a loop pass that finishes more requests writes early.
 MAX_KEPT_LINES = 256
@@ -148,6 +151,23 @@ class LoopPassHandler(logging.StreamHandler):
             self.release()
 
 
+class HideQuerySecrets(logging.Filter):
+    """Masks credential query values (`?api_key=`) in uvicorn's lines, which quote each request's path and query.
+
+    uvicorn writes them in its access log and in its WebSocket lines
+    ("WebSocket /path?api_key=... [accepted]"). Our own lines name routes,
+    never raw paths (metrics.RequestTelemetry), so only uvicorn's are looked at.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("uvicorn"):
+            message = record.getMessage()
+            hidden = redact.hide_query_secrets(message)
+            if hidden != message:
+                record.msg, record.args = hidden, None
+        return True
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """Send every logger (ours, RQ's, uvicorn's) to stderr in one format. Idempotent.
 
@@ -155,6 +175,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     settings are read.
     """
     handler = LoopPassHandler(sys.stderr, kept=[REQUEST_LOGGER])
+    handler.addFilter(HideQuerySecrets())
     formatter = JsonFormatter() if fmt == "json" else TextFormatter()
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)
@@ -178,3 +199,38 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
             continue
         uvicorn_logger.handlers[:] = []
         uvicorn_logger.propagate = True
+
+
+class Throttled:
+    """A recurring warning written at most once every `every` seconds (per process), with how many were held back.
+
+    For conditions that last (Redis full or away) and are met by every try
+    of a loop or every request: the first line says it at once, later ones
+    at most every `every` s. Thread-safe.
+    """
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+        self.logger = logger
+        self.every = every
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._held = 0
+
+    def warning(self, msg: str, *args: object, exc_info: Any = None) -> bool:
+        """Log `msg % args` unless a line was written less than `every` s ago; True when it was written."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next:
+                self._held += 1
+                return False
+            held, self._held, self._next = self._held, 0, now + self.every
+        if held:
+            msg += " (%d more like it in the last %.0f s)"
+            args = (*args, held, self.every)
+        self.logger.warning(msg, *args, exc_info=exc_info)
+        return True
+
+    def reset(self) -> None:
+        """The condition is over: the next `warning` is written at once."""
+        with self._lock:
+            self._next, self._held = 0.0, 0

@@ -37,7 +37,8 @@ class Piece:
 
     A row's pieces in order, joined, are its chunk's audio (float32 mono
     24 kHz, edges already faded); the last one has `last` set. A row that
-    failed gives one piece with `error` (the exception's name) and no audio.
+    failed gives a last piece with `error` (why: a reason work/status.py
+    words, or the exception's name) and no audio.
     """
 
     key: str
@@ -52,7 +53,10 @@ class Piece:
 class Decoder(Protocol):
     """A running decode that rows join and leave between steps (README "Scheduling")."""
 
-    capacity: int
+    @property
+    def capacity(self) -> int:
+        """The rows it holds at most now: its configured size, or fewer for a while after it ran out of memory."""
+        ...
 
     def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
         """Start decoding each (key, one-chunk Spec) row; at most `capacity - len(keys())` of them."""
@@ -68,6 +72,11 @@ class Decoder(Protocol):
 
     def keys(self) -> list[str]:
         """The rows decoding now."""
+        ...
+
+    def take_returned(self) -> list[str]:
+        """The rows given back unmade since the last call (the decoder ran out of memory): the caller puts them
+        back in the pool, open to any worker. Everything else a row meets ends in a piece."""
         ...
 
 

@@ -22,3 +22,14 @@ def safe_url(url: str) -> str:
         rest = "***@" + rest.rsplit("@", 1)[1]
     shown = f"{scheme}{sep}{rest}"
     return _SECRET_PARAM.sub(r"\1***", shown)
+
+
+# The same parameters inside a line of text (a quoted request path): a value ends at white space or a quote too.
+_SECRET_PARAM_IN_TEXT = re.compile(
+    r"([?&;](?:[^=&;#\s\"']*(?:pass|pwd|secret|token|key|auth|cred)[^=&;#\s\"']*)=)[^&;#\s\"']*", re.IGNORECASE
+)
+
+
+def hide_query_secrets(text: str) -> str:
+    """`text` with the values of password-like query parameters (`?api_key=`, `&token=`) masked wherever they occur."""
+    return _SECRET_PARAM_IN_TEXT.sub(r"\1***", text) if "=" in text else text

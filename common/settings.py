@@ -122,6 +122,21 @@ class Settings:
     max_callback_urls: int = 10
     # Delivery processes the webhooks process runs: a slow receiver holds one, not all.
     webhook_workers: int = 4
+    # TLS to Redis (rediss:// URLs): the CA bundle that signs its certificate
+    # (None: the system's), and a client certificate and key where Redis asks for one.
+    redis_ca_file: str | None = None
+    redis_cert_file: str | None = None
+    redis_key_file: str | None = None
+    # Sentinel (docs/redis.md): the sentinels' (host, port) addresses and the
+    # name they know the primary by; empty: REDIS_URL's host is the one Redis.
+    # REDIS_URL then gives the database, the credentials and TLS, not the host.
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    redis_sentinel_master: str = "mymaster"
+    redis_sentinel_password: str | None = field(default=None, repr=False)
+    # A submission is answered once its job is on this many replicas (Redis
+    # WAIT), waiting at most redis_wait_timeout_ms; 0: once it is on the primary.
+    redis_wait_replicas: int = 0
+    redis_wait_timeout_ms: int = 1000
 
     def __repr__(self) -> str:
         # Logged and printed in tracebacks: credentials never shown (the API
@@ -133,7 +148,7 @@ class Settings:
                 text = repr(safe_url(value))
             elif f.name == "api_keys":
                 text = f"<{len(value)} key(s)>"
-            elif f.name == "webhook_secret":
+            elif f.name in ("webhook_secret", "redis_sentinel_password"):
                 text = "None" if value is None else "<set>"
             else:
                 text = repr(value)
@@ -268,10 +283,41 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
             f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
         )
+    tls = _redis_tls(env, redis_url)
+    sentinels = _parse(
+        env, "TTS_REDIS_SENTINELS", d.redis_sentinels, _sentinels, "comma-separated host:port addresses of sentinels"
+    )
+    if sentinels and urlsplit(redis_url).scheme == "unix":
+        raise SettingsError(
+            "TTS_REDIS_SENTINELS is set but REDIS_URL is a unix:// URL: expected a redis:// or rediss:// URL, "
+            "whose database, credentials and TLS the primary the sentinels name is reached with"
+        )
+    # With Sentinel there is a replica to fail over to: an accepted job must be on it.
+    wait_default = 1 if sentinels else 0
     none: tuple[tuple[str, str], ...] = ()
     named_keys = _parse(env, "TTS_API_KEYS", none, _named_keys, KEYS_ACCEPTED, secret=True)
     return Settings(
         redis_url=redis_url,
+        redis_ca_file=tls[0],
+        redis_cert_file=tls[1],
+        redis_key_file=tls[2],
+        redis_sentinels=sentinels,
+        redis_sentinel_master=_parse(
+            env, "TTS_REDIS_SENTINEL_MASTER", d.redis_sentinel_master, _choice_name, "letters, digits, '_' or '-'"
+        ),
+        redis_sentinel_password=_parse(
+            env, "TTS_REDIS_SENTINEL_PASSWORD", d.redis_sentinel_password, str, "a password", secret=True
+        ),
+        redis_wait_replicas=_parse(
+            env, "TTS_REDIS_WAIT_REPLICAS", wait_default, _int_in(0, 100), "a whole number of replicas 0-100"
+        ),
+        redis_wait_timeout_ms=_parse(
+            env,
+            "TTS_REDIS_WAIT_TIMEOUT_MS",
+            d.redis_wait_timeout_ms,
+            _int_in(1, 60_000),
+            "milliseconds, 1-60000",
+        ),
         queue=_parse(env, "TTS_QUEUE", d.queue, _choice_name, "letters, digits, '_' or '-'"),
         model_path=_parse(env, "TTS_MODEL_PATH", d.model_path, _existing_dir, "an existing directory"),
         fallback_model_path=_parse(env, "TTS_FALLBACK_MODEL_PATH", d.fallback_model_path, str, "a directory path"),
@@ -372,6 +418,48 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         webhook_workers=_parse(env, "TTS_WEBHOOK_WORKERS", d.webhook_workers, _int_in(1, 64), "a whole number 1-64"),
     )
+
+
+def _redis_tls(env: Mapping[str, str], redis_url: str) -> tuple[str | None, str | None, str | None]:
+    """TTS_REDIS_CA_FILE, TTS_REDIS_CERT_FILE and TTS_REDIS_KEY_FILE, each an existing file; only with rediss://."""
+    files = tuple(_parse(env, name, None, _existing_file, "an existing file") for name in _TLS_FILES)
+    ca, cert, key = files
+    given = [name for name, value in zip(_TLS_FILES, files) if value is not None]
+    if given and urlsplit(redis_url).scheme != "rediss":
+        raise SettingsError(
+            f"{given[0]} is set but REDIS_URL is not a rediss:// URL: expected rediss:// (TLS) with it, or {given[0]} unset"
+        )
+    if key is not None and cert is None:
+        raise SettingsError("TTS_REDIS_KEY_FILE is set without TTS_REDIS_CERT_FILE: expected both, or neither")
+    if ca is not None and not _parse(env, "TTS_REDIS_TLS_VERIFY", True, _bool, "true or false"):
+        raise SettingsError(
+            "TTS_REDIS_CA_FILE is set with TTS_REDIS_TLS_VERIFY=false: expected one of them (a CA file is only "
+            "used to verify the certificate)"
+        )
+    return ca, cert, key
+
+
+_TLS_FILES = ("TTS_REDIS_CA_FILE", "TTS_REDIS_CERT_FILE", "TTS_REDIS_KEY_FILE")
+
+
+def _existing_file(raw: str) -> str:
+    if not os.path.isfile(raw):
+        raise ValueError(raw)
+    return raw
+
+
+def _sentinels(raw: str) -> tuple[tuple[str, int], ...]:
+    """`host:port,host:port` (an IPv6 host in brackets: `[::1]:26379`) as (host, port) pairs."""
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        host, sep, port = item.rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c in host for c in "/@ "):
+            raise ValueError(item)
+        out.append((host, int(port)))
+    if not out:
+        raise ValueError(raw)
+    return tuple(out)
 
 
 def _choice_name(raw: str) -> str:

@@ -156,7 +156,10 @@ class _InferenceDecoder:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.capacity = inner.capacity
+
+    @property
+    def capacity(self) -> int:
+        return int(self.inner.capacity)
 
     @_inference
     def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
@@ -172,6 +175,9 @@ class _InferenceDecoder:
 
     def keys(self) -> list[str]:
         return self.inner.keys()
+
+    def take_returned(self) -> list[str]:
+        return self.inner.take_returned()
 
 
 def _voice_seed(row: Spec) -> int:

@@ -84,6 +84,9 @@ class StaticDecoder:
     def keys(self) -> list[str]:
         return list(self._rows)
 
+    def take_returned(self) -> list[str]:
+        return []
+
 
 class _Clip:
     def __init__(self, samples: np.ndarray, tokens: int) -> None:
@@ -138,3 +141,6 @@ class ClipDecoder:
 
     def keys(self) -> list[str]:
         return [*self._rows, *self._failed]
+
+    def take_returned(self) -> list[str]:
+        return []

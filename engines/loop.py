@@ -21,22 +21,47 @@ every step (ChatTTS re-seeds its one generator every step when given a
 Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
 with `lookahead` tokens of context on both sides and handed out as a Piece.
 
+Rows fail alone. A row whose settings are out of range, whose text the front
+end cannot read, whose model output is not finite, or whose part of a
+prefill or step raises leaves with an error piece (`Piece.error`, a reason
+work/status.py words), and the other rows go on as if it had never joined:
+a batched prefill or step that raises is retried without the row that caused
+it, found by bisecting when the exception names none. Out of memory fails
+nobody: the newest rows are given back unmade (`take_returned`) and the loop
+holds fewer rows for a while (`OOM_HOLD`).
+
 Imports torch on construction only; the worker side alone imports engines/.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from cache import Spec
-from common import audio
+from common import audio, sampling
 from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
 from engines import spoken
 from engines.refine import refine
+from engines.rowfaults import (
+    BAD_INPUT,
+    BAD_SETTINGS,
+    NOT_FINITE,
+    ROW_RAISED,
+    TOO_BIG,
+    Capacity,
+    RowsNotFinite,
+    check_finite,
+    culprits,
+    is_out_of_memory,
+    reason,
+)
 
 # Tokens of context decoded on each side of a piece, so that its edges sound
 # as they would in one decode of the whole chunk (tests/test_loop.py measures
@@ -46,6 +71,8 @@ LOOKAHEAD = 8
 REPETITION_PENALTY = 1.05
 # The codes the repetition penalty looks back over (ChatTTS's gen_logits: 16).
 PAST_WINDOW = 16
+
+logger = logging.getLogger("engine")
 
 
 def row_seed(spec: Spec, chunk_id: str) -> int:
@@ -76,6 +103,19 @@ class _Row:
     done: bool = False
 
 
+@dataclass
+class _Prompt:
+    """A joining row's prompt and sampling, made by the text front end before any model call."""
+
+    key: str
+    spec: Spec
+    seed: int
+    prompt: str
+    speaker: Any
+    processors: list[Callable[[Any, Any], Any]]
+    warpers: list[Callable[[Any, Any], Any]]
+
+
 class ChatTTSLoop:
     """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
 
@@ -87,6 +127,7 @@ class ChatTTSLoop:
         capacity: int,
         stream_tokens: int,
         lookahead: int = LOOKAHEAD,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         import torch
         from ChatTTS.model.processors import gen_logits
@@ -95,7 +136,7 @@ class ChatTTSLoop:
         self.chat = chat
         self.speaker = speaker
         self.max_new_token = max_new_token
-        self.capacity = capacity
+        self._capacity = Capacity(capacity, clock)
         self.stream_tokens = stream_tokens
         self.lookahead = lookahead
         self.num_vq = int(chat.config.gpt.num_vq)
@@ -106,6 +147,8 @@ class ChatTTSLoop:
         self._ended: list[_Row] = []  # ended at their first token: never in the batch
         self._cache: Any = None
         self._warpers: dict[tuple[float, int], tuple[list[Any], list[Any]]] = {}
+        # Rows that failed (key -> reason), each handed out as an error piece by the next step.
+        self._failed: dict[str, str] = {}
         # Rows per step (keys), and each ended row's codes and hidden states
         # when `record` is set: for the tests and the bench, never in service.
         self.steps: list[list[str]] = []
@@ -113,59 +156,122 @@ class ChatTTSLoop:
 
     # -- joining -------------------------------------------------------------
 
+    @property
+    def capacity(self) -> int:
+        """The rows the loop takes now: its limit, or fewer for a while after it ran out of memory."""
+        return self._capacity.now()
+
     def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
         """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
-        codes, and add those that did not end at once to the running batch."""
-        if len(self._rows) + len(self._ended) + len(rows) > self.capacity:
+        codes, and add those that did not end at once to the running batch.
+
+        A row that cannot be made fails alone (an error piece at the next
+        step); one that does not fit in memory is given back (`take_returned`).
+        Raises ValueError only when the rows are more than the free slots.
+        """
+        if len(self.keys()) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
-        if not rows:
+        prompts = [p for p in (self._prepare(key, spec) for key, spec in rows) if p is not None]
+        self._join_prompts(prompts)
+
+    def take_returned(self) -> list[str]:
+        """The rows given back unmade since the last call (out of memory): the caller puts them back in the pool."""
+        return self._capacity.take_returned()
+
+    def _prepare(self, key: str, spec: Spec) -> _Prompt | None:
+        """The row's prompt, speaker and sampling; None when it failed (or, out of memory, was given back)."""
+        chat = self.chat
+        problem = sampling.out_of_range(spec)
+        if problem is not None:
+            logger.warning("row %s fails alone: %s", key, problem)
+            self._fail(key, BAD_SETTINGS)
+            return None
+        seed = row_seed(spec, key)
+        try:
+            text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
+            if spec.refine_text:
+                text = refine(chat, spec, [text], seed, self.max_new_token)[0]
+            emb_spk = self.speaker(spec.seed, spec.speaker)
+            prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)[0]
+            processors, warpers = self._warpers_of(spec.top_p, spec.top_k)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                self._no_room(key)
+            else:
+                logger.exception("row %s fails alone: its text or voice could not be prepared", key)
+                self._fail(key, reason(BAD_INPUT, exc))
+            return None
+        return _Prompt(key, spec, seed, prompt, emb_spk, processors, warpers)
+
+    def _join_prompts(self, prompts: list[_Prompt]) -> None:
+        """Prefill `prompts` together and add them; when that raises, each half alone, down to single rows:
+        a row whose prefill raises alone fails, one whose output is not finite fails at once."""
+        if not prompts:
             return
-        joined, cache = self._prefill(rows)
-        for row in joined:
-            if row.done:
-                self._ended.append(row)
+        try:
+            joined, cache = self._prefill(prompts)
+            self._add(joined, cache)
+            return
+        except RowsNotFinite as exc:
+            bad = set(exc.indices)
+            for i in exc.indices:
+                self._fail(prompts[i].key, NOT_FINITE)
+            self._join_prompts([p for i, p in enumerate(prompts) if i not in bad])
+            return
+        except Exception as exc:
+            if is_out_of_memory(exc) and len(prompts) == 1:
+                self._no_room(prompts[0].key)
+                return
+            if len(prompts) == 1:
+                logger.exception("row %s fails alone: its prefill raised", prompts[0].key)
+                self._fail(prompts[0].key, reason(ROW_RAISED, exc))
+                return
+            logger.warning("a prefill of %d rows raised (%s): each half alone", len(prompts), type(exc).__name__)
+        half = len(prompts) // 2
+        self._join_prompts(prompts[:half])
+        self._join_prompts(prompts[half:])
+
+    def _add(self, joined: list[_Row], cache: Any) -> None:
+        """Prefilled rows into the loop: those that ended at their first token wait for the next step, the rest
+        join the batch."""
         going = [i for i, row in enumerate(joined) if not row.done]
         if going:
             if len(going) < len(joined):
                 cache = self._select(cache, going)
             self._merge([joined[i] for i in going], cache)
+        self._ended += [row for row in joined if row.done]
 
-    def _prefill(self, rows: Sequence[tuple[str, Spec]]) -> tuple[list[_Row], Any]:
+    def _prefill(self, prompts: Sequence[_Prompt]) -> tuple[list[_Row], Any]:
         """Prefill rows in one forward and sample their first codes, as GPT.generate's first step does for a
-        batch: prompts left-padded to the longest, the mask and position ids over each row's real tokens."""
+        batch: prompts left-padded to the longest, the mask and position ids over each row's real tokens.
+
+        Changes nothing of the loop's; raises RowsNotFinite for rows whose output is not finite.
+        """
         torch, chat = self.torch, self.chat
-        seeds = [row_seed(spec, key) for key, spec in rows]
-        prompts, speakers = [], []
-        for (_, spec), seed in zip(rows, seeds):
-            text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
-            if spec.refine_text:
-                text = refine(chat, spec, [text], seed, self.max_new_token)[0]
-            emb_spk = self.speaker(spec.seed, spec.speaker)
-            speakers.append(emb_spk)
-            prompts += chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)
         input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-            prompts, self.num_vq, prompt=None, device=chat.device_gpt
+            [p.prompt for p in prompts], self.num_vq, prompt=None, device=chat.device_gpt
         )
         emb = chat.embed(input_ids, text_mask)
         # One row: a 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does; several: one
         # embedding a row (engines.chattts extends Speaker.apply to that, as the static path uses it).
-        emb_spk = speakers[0] if len(rows) == 1 else torch.stack(speakers)
+        emb_spk = prompts[0].speaker if len(prompts) == 1 else torch.stack([p.speaker for p in prompts])
         chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
         width = int(input_ids.shape[1])
         position_ids = attention_mask.long().cumsum(-1) - 1
         position_ids.masked_fill_(attention_mask.eq(0), 1)
         hidden, cache = self._forward(emb, attention_mask.bool(), position_ids, torch.arange(0, width), None)
+        check_finite(hidden)
         lengths = attention_mask.sum(1).tolist()
         joined = []
-        for (key, spec), seed, length in zip(rows, seeds, lengths):
-            processors, warpers = self._warpers_of(spec.top_p, spec.top_k)
+        for p, length in zip(prompts, lengths):
+            spec = p.spec
             row = _Row(
-                key=key,
-                seed=seed,
+                key=p.key,
+                seed=p.seed,
                 budget=token_budget(spec.chunks[0], self.max_new_token),
                 temperature=torch.tensor([spec.temperature] * self.num_vq, device=chat.device).view(-1, 1),
-                processors=processors,
-                warpers=warpers,
+                processors=p.processors,
+                warpers=p.warpers,
                 warp_key=(spec.top_p, spec.top_k),
                 generator=torch.Generator(device=chat.device),
                 codes=None,
@@ -186,19 +292,26 @@ class ChatTTSLoop:
         return self._warpers[(top_p, top_k)]
 
     def _merge(self, rows: list[_Row], cache: Any) -> None:
-        """Add prefilled rows' cache to the batch's, left-padding whichever is shorter."""
+        """Add prefilled rows' cache to the batch's, left-padding whichever is shorter.
+
+        All or nothing: the batch's cache changes only once every layer is
+        merged (running out of memory half way leaves it as it was).
+        """
         torch = self.torch
         if self._cache is None:
             self._cache, self._rows = cache, list(rows)
             return
         width = self._width()
         total = max(width, int(cache.layers[0].keys.shape[2]))
+        merged = []
         for mine, theirs in zip(self._cache.layers, cache.layers):
             for name in ("keys", "values"):
                 a, b = getattr(mine, name), getattr(theirs, name)
                 a = torch.nn.functional.pad(a, (0, 0, total - a.shape[2], 0))
                 b = torch.nn.functional.pad(b, (0, 0, total - b.shape[2], 0))
-                setattr(mine, name, torch.cat([a, b], dim=0))
+                merged.append((mine, name, torch.cat([a, b], dim=0)))
+        for layer, name, tensor in merged:
+            setattr(layer, name, tensor)
         self._rows += rows
 
     def _select(self, cache: Any, indices: list[int]) -> Any:
@@ -210,39 +323,146 @@ class ChatTTSLoop:
         return cache
 
     def _width(self) -> int:
-        return int(self._cache.layers[0].keys.shape[2]) if self._cache is not None else 0
+        return _width_of(self._cache)
 
     # -- stepping ------------------------------------------------------------
 
     def step(self) -> list[Piece]:
-        torch = self.torch
-        out: list[Piece] = []
+        """Advance every row by one token; the pieces that are ready, and an error piece for each failed row."""
+        out = [Piece(key, np.zeros(0, np.float32), 0, True, 0, error=reason) for key, reason in self._failed.items()]
+        self._failed.clear()
         for row in self._ended:
-            piece = self._piece(row)
-            if piece is not None:  # always, for an ended row
-                out.append(piece)
+            out += self._pieces_of([row])
         self._ended.clear()
         if not self._rows:
             return out
         self.steps.append([row.key for row in self._rows])
-        chat, rows = self.chat, self._rows
-        width = self._width()
-        last = torch.stack([row.codes[row.made - 1] for row in rows]).unsqueeze(1)  # (B, 1, 4)
-        emb = torch.stack([chat.gpt.emb_code[i](last[:, :, i]) for i in range(self.num_vq)], 3).sum(3)
-        lengths = torch.tensor([row.length + 1 for row in rows])
-        mask = torch.arange(width + 1).unsqueeze(0) >= (width + 1 - lengths).unsqueeze(1)
-        positions = (lengths - 1).unsqueeze(1)
-        hidden, self._cache = self._forward(emb, mask, positions, torch.arange(width, width + 1), self._cache)
-        for row in rows:
-            row.length += 1
-        self._sample(rows, hidden)
-        for row in rows:
-            piece = self._piece(row)
-            if piece is not None:
-                out.append(piece)
+        self._advance()
+        rows = self._rows
+        out += self._pieces_of(rows)
         if any(row.done for row in rows):
             self._keep([i for i, row in enumerate(rows) if not row.done])
         return out
+
+    def _advance(self) -> None:
+        """One forward and sample of every row in the batch, committed only when it succeeds.
+
+        A row whose output is not finite fails; when the step raises, the rows
+        that raise without the others (bisecting) fail and the rest step again;
+        out of memory, or a fault no row causes alone, gives back the newest row
+        and steps again with the rest.
+        """
+        while self._rows:
+            try:
+                self._cache = self._step_rows(self._rows, self._cache)
+                return
+            except RowsNotFinite as exc:
+                bad = set(exc.indices)
+                for i in exc.indices:
+                    self._fail(self._rows[i].key, NOT_FINITE)
+                self._keep([i for i in range(len(self._rows)) if i not in bad])
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    self._give_back_newest()
+                    continue
+                logger.warning("a step of %d rows raised (%s): finding the row", len(self._rows), type(exc).__name__)
+                found = culprits(list(range(len(self._rows))), exc, self._trial)
+                if not found:
+                    # No row fails alone: too many rows together is the fault.
+                    self._give_back_newest()
+                    continue
+                for i, error in found.items():
+                    logger.error("row %s fails alone: its step raised %r", self._rows[i].key, error)
+                    self._fail(self._rows[i].key, reason(ROW_RAISED, error))
+                self._keep([i for i in range(len(self._rows)) if i not in found])
+
+    def _step_rows(self, rows: list[_Row], cache: Any) -> Any:
+        """Forward `rows` (whose cache is `cache`) by their last codes and sample their next; the new cache.
+
+        `cache` itself is left as it was, and so are the rows when this raises.
+        """
+        torch, chat = self.torch, self.chat
+        marks = _marks(rows)
+        try:
+            width = _width_of(cache)
+            last = torch.stack([row.codes[row.made - 1] for row in rows]).unsqueeze(1)  # (B, 1, 4)
+            emb = torch.stack([chat.gpt.emb_code[i](last[:, :, i]) for i in range(self.num_vq)], 3).sum(3)
+            lengths = torch.tensor([row.length + 1 for row in rows])
+            mask = torch.arange(width + 1).unsqueeze(0) >= (width + 1 - lengths).unsqueeze(1)
+            positions = (lengths - 1).unsqueeze(1)
+            hidden, cache = self._forward(emb, mask, positions, torch.arange(width, width + 1), _shallow(cache))
+            check_finite(hidden)
+            for row in rows:
+                row.length += 1
+            self._sample(rows, hidden)
+        except BaseException:
+            _restore(rows, marks)
+            raise
+        return cache
+
+    def _trial(self, indices: list[int]) -> BaseException | None:
+        """Step these batch rows apart from the rest, changing nothing; what that raised (None when it did not,
+        or when it ran out of memory: no row's own fault)."""
+        rows = [self._rows[i] for i in indices]
+        marks = _marks(rows)
+        try:
+            self._step_rows(rows, self._select(_shallow(self._cache), indices))
+        except Exception as exc:
+            return None if is_out_of_memory(exc) else exc
+        finally:
+            _restore(rows, marks)
+        return None
+
+    def _pieces_of(self, rows: Sequence[_Row]) -> list[Piece]:
+        """Each row's next piece, if ready; a row whose audio cannot be decoded fails (out of memory: is given
+        back) and leaves the batch."""
+        out: list[Piece] = []
+        for row in rows:
+            try:
+                piece = self._piece(row)
+            except Exception as exc:
+                row.done = True
+                if is_out_of_memory(exc):
+                    self._short_of_memory([row.key])
+                else:
+                    logger.exception("row %s fails alone: decoding its audio raised", row.key)
+                    self._fail(row.key, reason(ROW_RAISED, exc))
+                continue
+            if piece is not None:
+                out.append(piece)
+        return out
+
+    # -- failing, and running out of memory ------------------------------------
+
+    def _fail(self, key: str, reason: str) -> None:
+        """The row leaves with `reason`: the next step hands out its error piece."""
+        self._failed[key] = reason
+
+    def _give_back_newest(self) -> None:
+        """Out of memory in a step: the newest row leaves unmade, or fails when it is the only one."""
+        row = self._rows[-1]
+        if len(self._rows) == 1:
+            logger.error("row %s fails: it does not fit in memory alone", row.key)
+            self._fail(row.key, TOO_BIG)
+            self._short_of_memory([])
+        else:
+            self._short_of_memory([row.key])
+        self._keep(list(range(len(self._rows) - 1)))
+
+    def _no_room(self, key: str) -> None:
+        """Out of memory for a joining row: given back while the loop holds others (it may fit once they
+        leave), failed when it had the device to itself."""
+        if self._rows or self._ended:
+            self._short_of_memory([key])
+        else:
+            logger.error("row %s fails: it does not fit in memory alone", key)
+            self._fail(key, TOO_BIG)
+            self._short_of_memory([])
+
+    def _short_of_memory(self, keys: list[str]) -> None:
+        """Out of memory: `keys` are given back unmade and the loop holds no more than it holds now for a while."""
+        held = len(self._rows) + len(self._ended) - sum(1 for row in self._rows if row.key in keys)
+        self._capacity.short(held, keys)
 
     def _forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
         """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""
@@ -377,9 +597,41 @@ class ChatTTSLoop:
     def leave(self, keys: Iterable[str]) -> None:
         gone = set(keys)
         self._ended = [row for row in self._ended if row.key not in gone]
+        for key in gone:
+            self._failed.pop(key, None)
         kept = [i for i, row in enumerate(self._rows) if row.key not in gone]
         if len(kept) != len(self._rows):
             self._keep(kept)
 
     def keys(self) -> list[str]:
-        return [row.key for row in self._rows] + [row.key for row in self._ended]
+        return [row.key for row in self._rows] + [row.key for row in self._ended] + list(self._failed)
+
+
+_Mark = tuple[int, bool, int, int]
+
+
+def _marks(rows: Sequence[_Row]) -> list[_Mark]:
+    """What a step changes of each row (a step that raises, or a trial step, puts it back with `_restore`):
+    codes made, done, hidden states kept, cache length. A row's `codes` past `made` are never read."""
+    return [(row.made, row.done, len(row.hiddens), row.length) for row in rows]
+
+
+def _restore(rows: Sequence[_Row], marks: list[_Mark]) -> None:
+    for row, (made, done, hiddens, length) in zip(rows, marks):
+        row.made, row.done, row.length = made, done, length
+        del row.hiddens[hiddens:]
+
+
+def _width_of(cache: Any) -> int:
+    """Columns of a KV cache (0 for none)."""
+    return int(cache.layers[0].keys.shape[2]) if cache is not None else 0
+
+
+def _shallow(cache: Any) -> Any:
+    """A copy of `cache` whose layers can take new tensors (a forward's update, a row selection) while the
+    original keeps its own: the tensors themselves are shared, not copied."""
+    if cache is None:
+        return None
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    return out

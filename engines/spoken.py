@@ -20,12 +20,21 @@ import cn2an
 from num2words import num2words
 
 # Bump when `speak` reads anything differently.
-REVISION = 1
+REVISION = 2
 IDENTITY = f"spoken{REVISION}+num2words{version('num2words')}+cn2an{version('cn2an')}"
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3000-\u303f\uff00-\uffef]")
 _LETTER = re.compile(r"[^\W\d_]")
 _ZH_DIGITS = dict(zip("0123456789", "零一二三四五六七八九"))
+# What the number readers read exactly. cn2an: integer parts of at most 16
+# digits (it refuses longer ones) and 16 decimals (it drops the rest).
+# num2words reads a decimal through a float: exact for at most 15 significant
+# digits, refused past 10**306; it reads integers (and ordinals) up to 306
+# digits. Past these, a number is read digit by digit.
+_ZH_MAX_INTEGER = 16
+_ZH_MAX_DECIMALS = 16
+_EN_MAX_DECIMAL_DIGITS = 15
+_EN_MAX_INTEGER = 306
 _CURRENCY_EN = {
     "$": ("dollar", "dollars", "cent", "cents"),
     "€": ("euro", "euros", "cent", "cents"),
@@ -76,7 +85,8 @@ _COMBINED = re.compile("|".join(f"(?P<{name}>{p.pattern})" for name, p in _PATTE
 def speak(text: str) -> str:
     """`text` with every number, date, time, amount and common symbol as words.
 
-    Text without digits or those symbols comes back unchanged. Never raises
+    Text without digits or those symbols comes back unchanged. A number
+    longer than the readers read exactly is read digit by digit. Never raises
     on any input string.
     """
     out: list[str] = []
@@ -84,9 +94,7 @@ def speak(text: str) -> str:
     for match in _COMBINED.finditer(text):
         kind = match.lastgroup or ""
         chinese = _is_chinese(text, match.start(), match.end())
-        parts = _PATTERNS_BY_NAME[kind].fullmatch(match.group())
-        assert parts is not None  # the combined pattern matched this kind's alternative
-        words = _READERS[kind](parts, chinese, text[: match.start()])
+        words = _read(kind, match.group(), chinese, text[: match.start()])
         out.append(text[last : match.start()])
         out.append(_spaced(words, text, match.start(), match.end(), chinese))
         last = match.end()
@@ -98,6 +106,23 @@ def speak(text: str) -> str:
 
 _PATTERNS_BY_NAME = dict(_PATTERNS)
 _SPACES = re.compile(r"  +")
+
+
+def _read(kind: str, found: str, chinese: bool, before: str) -> str:
+    """One match of `kind` as words; digit by digit should a reader still refuse it (no input may raise)."""
+    parts = _PATTERNS_BY_NAME[kind].fullmatch(found)
+    assert parts is not None  # the combined pattern matched this kind's alternative
+    try:
+        return _READERS[kind](parts, chinese, before)
+    except (ValueError, ArithmeticError):
+        return _digit_by_digit(found, chinese)
+
+
+def _digit_by_digit(found: str, chinese: bool) -> str:
+    """Every digit of `found` as its word, the rest as written."""
+    if chinese:
+        return "".join(_ZH_DIGITS.get(c, c) for c in found)
+    return re.sub(r"\d", lambda d: f" {_EN_DIGITS[d.group()]} ", found).strip()
 
 
 def _is_chinese(text: str, start: int, end: int) -> bool:
@@ -136,9 +161,12 @@ def _decimal(raw: str) -> Decimal | None:
 def _cardinal(raw: str, chinese: bool) -> str:
     digits = raw.replace(",", "").lstrip("-")
     negative = raw.startswith("-")
+    whole, _, decimals = digits.partition(".")
     # Long digit strings (phone numbers, ids) are read digit by digit.
     if "." not in digits and len(digits) > 9 or (len(digits) > 1 and digits.startswith("0") and "." not in digits):
-        words = _digitwise_zh(digits) if chinese else " ".join(num2words(int(d)) for d in digits)
+        words = _digitwise_zh(digits) if chinese else _digitwise_en(digits)
+    elif "." in digits and _past_reader(whole, decimals, chinese):
+        words = _long_decimal(whole, decimals, chinese)
     elif chinese:
         # "12.50" is read 十二点五, as a Chinese speaker says it.
         words = cn2an.an2cn(digits.rstrip("0").rstrip(".") if "." in digits else digits)
@@ -153,6 +181,31 @@ def _cardinal(raw: str, chinese: bool) -> str:
 
 def _digitwise_zh(digits: str) -> str:
     return "".join(_ZH_DIGITS[d] for d in digits)
+
+
+_EN_DIGITS = {d: num2words(int(d)) for d in "0123456789"}
+
+
+def _digitwise_en(digits: str) -> str:
+    return " ".join(_EN_DIGITS[d] for d in digits)
+
+
+def _past_reader(whole: str, decimals: str, chinese: bool) -> bool:
+    """Whether the decimal whole.decimals is beyond what the language's reader reads exactly."""
+    if chinese:
+        return len(whole) > _ZH_MAX_INTEGER or len(decimals) > _ZH_MAX_DECIMALS
+    return len(whole.lstrip("0")) + len(decimals) > _EN_MAX_DECIMAL_DIGITS
+
+
+def _long_decimal(whole: str, decimals: str, chinese: bool) -> str:
+    """A decimal too long for the readers: its integer part as a number when short enough, else digit by
+    digit; its decimals digit by digit, as both languages read decimals anyway (trailing zeros dropped)."""
+    decimals = decimals.rstrip("0")
+    if chinese:
+        words = cn2an.an2cn(whole) if len(whole) <= _ZH_MAX_INTEGER else _digitwise_zh(whole)
+        return words + ("点" + _digitwise_zh(decimals) if decimals else "")
+    words = num2words(int(whole)).replace(",", "").replace("-", " ") if len(whole) <= 9 else _digitwise_en(whole)
+    return words + (" point " + _digitwise_en(decimals) if decimals else "")
 
 
 def _date_zh(m: re.Match[str], chinese: bool, before: str) -> str:
@@ -190,13 +243,16 @@ def _money(m: re.Match[str], chinese: bool, before: str) -> str:
     if chinese:
         return _cardinal(raw, True) + _CURRENCY_ZH[symbol if symbol != "￥" else "¥"]
     one, many, sub_one, sub_many = _CURRENCY_EN["¥" if symbol == "￥" else symbol]
-    value = _decimal(raw) or Decimal(0)
-    whole = int(abs(value))
-    cents = int((abs(value) - whole) * 100 + Decimal("0.5")) if "." in raw else 0
-    words = f"{_cardinal(str(whole), False)} {one if whole == 1 else many}"
+    # Read from the digits as written: an amount of any length is exact (a
+    # Decimal's arithmetic keeps 28 digits, str() of an int at most 4300).
+    whole_digits, _, decimals = raw.replace(",", "").lstrip("-").partition(".")
+    whole = whole_digits.lstrip("0") or "0"
+    cents = int(Decimal("0." + decimals) * 100 + Decimal("0.5")) if decimals else 0
+    words = f"{_cardinal(whole, False)} {one if whole == '1' else many}"
     if cents:
         words += f" and {_cardinal(str(cents), False)} {sub_one if cents == 1 else sub_many}"
-    return ("minus " if value < 0 else "") + words
+    negative = raw.startswith("-") and any(c in "123456789" for c in whole_digits + decimals)
+    return ("minus " if negative else "") + words
 
 
 def _percent(m: re.Match[str], chinese: bool, before: str) -> str:
@@ -207,9 +263,12 @@ def _percent(m: re.Match[str], chinese: bool, before: str) -> str:
 
 
 def _ordinal(m: re.Match[str], chinese: bool, before: str) -> str:
+    digits = m.group(1)
     if chinese:
-        return "第" + _cardinal(m.group(1), True)
-    return num2words(int(m.group(1)), to="ordinal").replace("-", " ").replace(",", "")
+        return "第" + _cardinal(digits, True)
+    if len(digits) > _EN_MAX_INTEGER:
+        return f"{_digitwise_en(digits[:-1])} {num2words(int(digits[-1]), to='ordinal')}"
+    return num2words(int(digits), to="ordinal").replace("-", " ").replace(",", "")
 
 
 def _number(m: re.Match[str], chinese: bool, before: str) -> str:

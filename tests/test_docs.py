@@ -13,7 +13,7 @@ DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob
 SETTINGS_PAGE = ROOT / "docs" / "operating.md"
 # Pages the README's map names that other branches add (TLS and Sentinel,
 # memory sizing, tenants): remove each from here once it is in the tree.
-PENDING = {"docs/redis.md", "docs/memory.md"}
+PENDING: set[str] = set()
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 BENCHMARKS_LINES = 300
 # What the benchmark scripts replace in BENCHMARKS.md (bench/run.py, bench/soak.py, bench/cpu_engine.py).

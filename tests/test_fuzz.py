@@ -128,7 +128,9 @@ def _field_ok(name: str, value: Any, body: dict[str, Any]) -> bool:
         low, high = INT_RANGES[name]
         in_range = _is_int(value) and low <= value <= high
         return in_range and (name not in REFINE_ONLY or body.get("refine_text") is True)
-    if name in ("temperature", "top_p"):
+    if name == "temperature":
+        return (_is_int(value) or isinstance(value, float)) and 0.001 <= value <= 1
+    if name == "top_p":
         return (_is_int(value) or isinstance(value, float)) and 0 < value <= 1
     if name == "refine_text":
         return isinstance(value, bool)
@@ -345,7 +347,7 @@ valid_values = {
     "seed": st.integers(0, 2**32 - 1),
     "speaker": speaker_strings.filter(lambda s: _field_ok("speaker", s, {})),
     "speed": st.integers(1, 9),
-    "temperature": st.one_of(st.floats(0, 1, exclude_min=True), st.just(1)),
+    "temperature": st.one_of(st.floats(0.001, 1), st.just(1)),
     "top_p": st.one_of(st.floats(0, 1, exclude_min=True), st.just(1)),
     "top_k": st.integers(1, 100),
     "refine_text": st.booleans(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -104,6 +105,16 @@ def _alone(engine: ChatTTSEngine, key: str, spec: Spec) -> torch.Tensor:
     with torch.inference_mode():
         decode_all(loop, [(key, spec)])
     return _rec(loop)[key][0]
+
+
+def _lasting(engine: tuple[ChatTTSEngine, Any], spec: Spec, tokens: int) -> Spec:
+    """`spec` with the first seed from its own on whose every chunk runs `tokens` tokens or more alone (random
+    weights end some rows within a few tokens; which ones moves with the model id)."""
+    for seed in range(int(spec.seed or 0), 100):
+        candidate = replace(spec, seed=seed)
+        if all(len(_alone(engine[0], cid, candidate.row(i))) >= tokens for i, cid in enumerate(candidate.chunk_ids())):
+            return candidate
+    raise AssertionError(f"no seed under 100 makes every chunk last {tokens} tokens")
 
 
 def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
@@ -290,18 +301,30 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
 ) -> None:
     """A real rq worker (burst, in-process) makes two requests through the loop: each chunk's stored audio
-    is byte for byte its pieces list joined, and every piece was announced on its request's channel."""
+    is byte for byte its pieces list joined (the list then dropped), and every piece was announced on its request's
+    channel."""
     from worker import TTSWorker
 
     state, settings = _in_process_worker(redis, redis_url, engine)
     q = queueing.queue(redis, settings)
     specs = [
-        Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1),
-        Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=0.6),
+        _lasting(engine, Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1), 20),
+        _lasting(engine, Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=0.6), 20),
     ]
     listen = redis.pubsub(ignore_subscribe_messages=True)
     submitted = [queueing.submit(q, spec, settings) for spec in specs]
     listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
+    # What each piece stored in its list held (the list is dropped once its chunk is stored).
+    listed: dict[str, list[bytes]] = {}
+    store_piece = state.pool.piece
+
+    def piece(token: str, cid: str, index: int, pcm: bytes) -> int:
+        n = store_piece(token, cid, index, pcm)
+        if n >= 0:
+            listed[cid] = [*listed.get(cid, [])[:n], pcm]
+        return n
+
+    state.pool.piece = piece
     TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     news = []
     quiet = 0
@@ -313,8 +336,9 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     for job, spec in zip(submitted, specs):
         assert job.get_status(refresh=True) == "finished"
         for cid in spec.chunk_ids():
-            pieces = cast(list[bytes], redis.lrange(pieces_key(cid), 0, -1))
+            pieces = listed[cid]
             assert len(pieces) >= 2 and b"".join(pieces) == redis.get(chunk_key(cid))
+            assert not redis.exists(pieces_key(cid))  # the stored chunk replaced them
             announced = [e["n"] for e in news if e.get("event") == "piece" and e["chunk"] == cid]
             assert announced == list(range(len(pieces)))
 
@@ -387,3 +411,93 @@ def test_refinement_is_chat_infers_own_pass_and_both_schedulers_take_it(engine: 
         with torch.inference_mode():
             pieces = decode_all(engine[0].decoder(2, 24, continuous), [("refined", spec.row(0))])["refined"]
         assert pieces and pieces[-1].last and sum(len(p.samples) for p in pieces) > 0, continuous
+
+
+def test_a_poison_request_fails_alone_and_its_batch_mates_finish_without_a_retry(
+    engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
+) -> None:
+    """A request whose row cannot be sampled (temperature 1e-40: the API refuses it, the queue may still hold
+    it) joins the loop with another request's rows: it fails with its reason, the other finishes on its
+    first run, and no lease is left behind."""
+    from work.status import FAILURES, failure
+    from worker import TTSWorker
+
+    state, settings = _in_process_worker(redis, redis_url, engine)
+    q = queueing.queue(redis, settings)
+    good = _lasting(engine, Spec(chunks=(TEXTS[0], TEXTS[3]), model=engine[1].id, seed=1), 20)
+    poison = Spec(chunks=(TEXTS[5],), model=engine[1].id, seed=2, temperature=1e-40)
+    good_job = queueing.submit(q, good, settings)  # runs first, and claims the poison row beside its own
+    poison_job = queueing.submit(q, poison, settings)
+    poison_job.retries_left = 0  # its words are kept once its retries are spent: spend them now
+    poison_job.save()
+    TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
+    good_job.refresh()
+    assert good_job.get_status() == "finished" and good_job.retries_left == 2
+    assert all(redis.exists(chunk_key(cid)) for cid in good.chunk_ids())
+    assert poison_job.get_status(refresh=True) == "failed"
+    assert failure(poison_job) == FAILURES["RowSettingsOutOfRange"]
+    assert not redis.keys("tts:claim:*") and not state.making
+
+
+def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
+    engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
+) -> None:
+    """The decoder raises on a join (its own fault, not a row's): the rows it holds go on, the rows just
+    claimed fail with the reason, and their leases are neither kept nor renewed."""
+    state, settings = _in_process_worker(redis, redis_url, engine)
+    q = queueing.queue(redis, settings)
+    first = _lasting(engine, Spec(chunks=(TEXTS[2],), model=engine[1].id, seed=1), 30)
+    queueing.submit(q, first, settings)
+    run = jobs._Run()
+    with torch.inference_mode():
+        jobs._advance(state, run, None)
+        assert state.decoder.keys() == first.chunk_ids()
+        later = Spec(chunks=(TEXTS[4], TEXTS[6]), model=engine[1].id, seed=3)
+        queueing.submit(q, later, settings)
+
+        def broken(rows: Any) -> None:
+            raise RuntimeError("the decoder's own fault")
+
+        state.decoder.join = broken
+        state.next_claim = 0.0
+        jobs._advance(state, run, None)
+        assert state.decoder.keys() == first.chunk_ids(), "the row in the loop goes on"
+        assert set(state.making) == set(first.chunk_ids())
+        for cid in later.chunk_ids():
+            assert not redis.exists(f"tts:claim:tts:{cid}")
+        assert Pool(redis, "tts", 60).failures(later.chunk_ids()) == dict.fromkeys(later.chunk_ids(), "RuntimeError")
+        while state.decoder.keys():
+            jobs._advance(state, run, None)
+    assert redis.exists(chunk_key(first.chunk_ids()[0]))
+
+
+def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
+    engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
+) -> None:
+    """Forwards of more than one row run out of memory: the rows that do not fit go back to the pool (no
+    lease held), the loop holds one row at a time, and every chunk is made; none fails."""
+    state, settings = _in_process_worker(redis, redis_url, engine)
+    q = queueing.queue(redis, settings)
+    spec = Spec(chunks=(TEXTS[0], TEXTS[1], TEXTS[3]), model=engine[1].id, seed=4)
+    queueing.submit(q, spec, settings)
+    loop = state.decoder.inner
+    forward = loop._forward
+
+    def one_row_fits(emb: Any, *args: Any) -> Any:
+        if emb.shape[0] > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return forward(emb, *args)
+
+    loop._forward = one_row_fits
+    run = jobs._Run()
+    with torch.inference_mode():
+        jobs._advance(state, run, None)
+        assert len(state.decoder.keys()) == 1 and state.decoder.capacity == 1
+        held = state.decoder.keys()[0]
+        for cid in set(spec.chunk_ids()) - {held}:
+            assert cid not in state.making and not redis.exists(f"tts:claim:tts:{cid}"), "back in the pool"
+        deadline = time.monotonic() + 120
+        while not all(redis.exists(chunk_key(cid)) for cid in spec.chunk_ids()):
+            assert time.monotonic() < deadline, "the chunks were not all made"
+            jobs._advance(state, run, None)
+    assert not Pool(redis, "tts", 60).failures(spec.chunk_ids())

@@ -22,11 +22,12 @@ import soundfile
 from conftest import ROOT, Proc, Stack, _free_port, _pings, serving, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue
 from rq.job import Job
 
 from cache import stored
-from common import keys, metrics
+from common import connect, keys, metrics
 from common.keys import chunk_key, events_channel, request_key
 from common.settings import Settings, SettingsError, from_env
 from work.queueing import SERIALIZER
@@ -497,37 +498,42 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
     assert "dashboard-secret" not in out
 
 
-# -- REDIS_URL forms: rediss:// with a self-signed certificate, unix:// -------------------------
+# -- REDIS_URL forms: rediss:// (unverified, or with a CA file), unix:// -------------------------
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_certificates(directory: Path) -> None:
+    """A test CA (ca.pem) and what it signs: a server certificate for 127.0.0.1 and localhost, a client one.
+
+    Files: ca.pem, cert.pem and key.pem (the server's), client.pem and client-key.pem.
+    """
+    ca, ca_key = str(directory / "ca.pem"), str(directory / "ca-key.pem")
+    _openssl(*"req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca".split(), "-keyout", ca_key, "-out", ca)
+    names = directory / "server.ext"
+    names.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for cert, key, ext in (("cert", "key", ["-extfile", str(names)]), ("client", "client-key", [])):
+        csr = str(directory / f"{cert}.csr")
+        out = ["-keyout", str(directory / f"{key}.pem"), "-out", csr]
+        _openssl(*"req -newkey rsa:2048 -nodes -subj".split(), f"/CN={cert}", *out)
+        signed = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1", *ext]
+        _openssl("x509", "-req", "-in", csr, *signed, "-out", str(directory / f"{cert}.pem"))
 
 
 class TLSRedis:
-    """A private redis-server with a password, a TLS port (self-signed certificate) and a unix socket."""
+    """A private redis-server with a password, a TLS port (a test CA's certificate) and a unix socket.
+
+    Clients may show a certificate of the same CA (`--tls-auth-clients optional`).
+    """
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self.port = _free_port()
         self.socket = directory / "redis.sock"
         self.password = "redis-pass-123"
-        subprocess.run(
-            [
-                "openssl",
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=localhost",
-                "-keyout",
-                str(directory / "key.pem"),
-                "-out",
-                str(directory / "cert.pem"),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        make_certificates(directory)
         server = shutil.which("redis-server")
         assert server
         self.proc = subprocess.Popen(
@@ -541,8 +547,10 @@ class TLSRedis:
                 str(directory / "cert.pem"),
                 "--tls-key-file",
                 str(directory / "key.pem"),
+                "--tls-ca-cert-file",
+                str(directory / "ca.pem"),
                 "--tls-auth-clients",
-                "no",
+                "optional",
                 "--unixsocket",
                 str(self.socket),
                 "--requirepass",
@@ -582,21 +590,34 @@ def tls_redis(tmp_path: Path) -> Iterator[TLSRedis]:
     server.stop()
 
 
-@pytest.mark.parametrize("form", ["rediss", "unix"])
+@pytest.mark.parametrize("form", ["rediss", "rediss-ca", "unix"])
 def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, tmp_path: Path) -> None:
-    env = {"TTS_ENGINE": "tone", "DASHBOARD_PORT": str(_free_port()), "RQ_DASHBOARD_PASSWORD": "dash-pass"}
+    """Web, worker, webhooks and rq-dashboard over TLS (unverified, or verified with a CA file and a client
+    certificate) or a socket."""
+    env = {
+        "TTS_ENGINE": "tone",
+        "DASHBOARD_PORT": str(_free_port()),
+        "RQ_DASHBOARD_PASSWORD": "dash-pass",
+        "TTS_WEBHOOK_WORKERS": "1",
+    }
     if form == "rediss":
         url = tls_redis.tls_url
-        # The certificate is self-signed: refused unless told otherwise.
+        # The test CA is no system one: its certificate is refused unless told otherwise.
         with pytest.raises(Exception, match="(?i)certificate"):
             Redis.from_url(url, socket_connect_timeout=5).ping()
         env["TTS_REDIS_TLS_VERIFY"] = "false"
+    elif form == "rediss-ca":
+        url = tls_redis.tls_url
+        env["TTS_REDIS_CA_FILE"] = str(tls_redis.dir / "ca.pem")
+        env["TTS_REDIS_CERT_FILE"] = str(tls_redis.dir / "client.pem")
+        env["TTS_REDIS_KEY_FILE"] = str(tls_redis.dir / "client-key.pem")
     else:
         url = tls_redis.unix_url
     stack = Stack(url, tmp_path, env)
     try:
         stack.start_web()
         stack.start_worker()
+        stack.start_webhooks()
         ready = stack.wait_ready(timeout=60)
         assert ready["workers"] == 1
         body = httpx.post(stack.url + "/v1/tts", json={"text": f"Over {form}."}).json()
@@ -619,5 +640,48 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
 
         assert wait_for(queues, 60, "rq-dashboard over " + form, interval=0.3) == ["tts"]
         assert tls_redis.password not in dashboard.output()
+
+        def worker_queues() -> list[list[str]]:
+            workers = httpx.get(dash + "/0/data/workers.json", auth=("admin", "dash-pass"), timeout=5)
+            return sorted(w["queues"] for w in workers.json()["workers"])
+
+        # The webhooks process is registered too: it reached Redis the same way.
+        wait_for(lambda: worker_queues() == [["tts"], ["tts-webhooks"]], 30, "the webhooks process", interval=0.3)
     finally:
         stack.stop()
+
+
+def test_a_client_certificate_is_shown_where_redis_requires_one(tmp_path: Path) -> None:
+    """TTS_REDIS_CERT_FILE and TTS_REDIS_KEY_FILE reach the TLS handshake; without them such a Redis refuses."""
+    server = shutil.which("redis-server")
+    if server is None or not shutil.which("openssl"):
+        pytest.skip("needs redis-server and openssl")
+    make_certificates(tmp_path)
+    port = _free_port()
+    tls = ["--tls-cert-file", str(tmp_path / "cert.pem"), "--tls-key-file", str(tmp_path / "key.pem")]
+    tls += ["--tls-ca-cert-file", str(tmp_path / "ca.pem"), "--tls-auth-clients", "yes"]
+    args = [server, "--port", "0", "--tls-port", str(port), *tls, "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        env = {"REDIS_URL": f"rediss://127.0.0.1:{port}/0", "TTS_REDIS_CA_FILE": str(tmp_path / "ca.pem")}
+        mutual = from_env(
+            {
+                **env,
+                "TTS_REDIS_CERT_FILE": str(tmp_path / "client.pem"),
+                "TTS_REDIS_KEY_FILE": str(tmp_path / "client-key.pem"),
+            }
+        )
+
+        def answers() -> bool:
+            assert proc.poll() is None, "redis-server with TLS did not start"
+            try:
+                return bool(connect.sync_client(mutual, socket_connect_timeout=1).ping())
+            except RedisConnectionError:
+                return False
+
+        wait_for(answers, 10, "redis-server requiring client certificates")
+        with pytest.raises(RedisConnectionError):
+            connect.sync_client(from_env(env), socket_connect_timeout=2).ping()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import pytest
 
@@ -153,3 +154,96 @@ def test_engine_switches_are_read(env: dict[str, str], expected: tuple[str, str,
 def test_int8_with_a_half_precision_dtype_names_both_variables() -> None:
     with pytest.raises(SettingsError, match="TTS_QUANTIZE=int8 is not valid with TTS_DTYPE=bfloat16"):
         from_env({"TTS_DTYPE": "bfloat16", "TTS_QUANTIZE": "int8"})
+
+
+# -- managed and replicated Redis: TLS files, Sentinel, WAIT ---------------------------------
+
+
+def test_redis_tls_files_are_read(tmp_path: Path) -> None:
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    for path in files.values():
+        path.write_text("-")
+    s = from_env(
+        {
+            "REDIS_URL": "rediss://h:6380/0",
+            "TTS_REDIS_CA_FILE": str(files["ca"]),
+            "TTS_REDIS_CERT_FILE": str(files["cert"]),
+            "TTS_REDIS_KEY_FILE": str(files["key"]),
+        }
+    )
+    assert (s.redis_ca_file, s.redis_cert_file, s.redis_key_file) == tuple(str(p) for p in files.values())
+    assert Settings().redis_ca_file is None
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        pytest.param(
+            {"REDIS_URL": "redis://h:6379/0", "TTS_REDIS_CA_FILE": "{file}"},
+            ("TTS_REDIS_CA_FILE", "rediss://"),
+            id="ca-without-tls",
+        ),
+        pytest.param(
+            {"REDIS_URL": "rediss://h/0", "TTS_REDIS_CA_FILE": "/no/such.pem"},
+            ("TTS_REDIS_CA_FILE", "existing file"),
+            id="ca-missing",
+        ),
+        pytest.param(
+            {"REDIS_URL": "rediss://h/0", "TTS_REDIS_KEY_FILE": "{file}"},
+            ("TTS_REDIS_KEY_FILE", "TTS_REDIS_CERT_FILE"),
+            id="key-without-cert",
+        ),
+        pytest.param(
+            {"REDIS_URL": "rediss://h/0", "TTS_REDIS_CA_FILE": "{file}", "TTS_REDIS_TLS_VERIFY": "false"},
+            ("TTS_REDIS_CA_FILE", "TTS_REDIS_TLS_VERIFY"),
+            id="ca-but-unverified",
+        ),
+        pytest.param({"TTS_REDIS_SENTINELS": "s1"}, ("TTS_REDIS_SENTINELS", "host:port"), id="sentinel-without-port"),
+        pytest.param(
+            {"TTS_REDIS_SENTINELS": "s1:26379,s2:0"}, ("TTS_REDIS_SENTINELS", "host:port"), id="sentinel-port-zero"
+        ),
+        pytest.param(
+            {"TTS_REDIS_SENTINELS": "s1:26379,"}, ("TTS_REDIS_SENTINELS", "host:port"), id="sentinel-empty-item"
+        ),
+        pytest.param(
+            {"TTS_REDIS_SENTINELS": "redis://s1:26379"}, ("TTS_REDIS_SENTINELS", "host:port"), id="sentinel-url"
+        ),
+        pytest.param(
+            {"TTS_REDIS_SENTINELS": "s1:26379", "REDIS_URL": "unix:///tmp/r.sock"},
+            ("TTS_REDIS_SENTINELS", "unix://"),
+            id="sentinel-with-unix-url",
+        ),
+        pytest.param(
+            {"TTS_REDIS_SENTINEL_MASTER": "my master"}, ("TTS_REDIS_SENTINEL_MASTER", "letters"), id="master-name"
+        ),
+        pytest.param({"TTS_REDIS_WAIT_REPLICAS": "-1"}, ("TTS_REDIS_WAIT_REPLICAS", "0-100"), id="wait-negative"),
+        pytest.param(
+            {"TTS_REDIS_WAIT_TIMEOUT_MS": "0"}, ("TTS_REDIS_WAIT_TIMEOUT_MS", "1-60000"), id="wait-timeout-zero"
+        ),
+    ],
+)
+def test_bad_redis_value_names_the_variable(env: dict[str, str], names: tuple[str, ...], tmp_path: Path) -> None:
+    given = tmp_path / "given.pem"
+    given.write_text("-")
+    with pytest.raises(SettingsError) as info:
+        from_env({k: v.format(file=given) for k, v in env.items()})
+    assert all(name in str(info.value) for name in names), str(info.value)
+    assert "expected" in str(info.value)
+
+
+def test_sentinels_are_read_and_wait_for_one_replica_by_default() -> None:
+    s = from_env(
+        {"TTS_REDIS_SENTINELS": " s1:26379, [::1]:26380 ,10.0.0.3:5000", "TTS_REDIS_SENTINEL_MASTER": "tts-main"}
+    )
+    assert s.redis_sentinels == (("s1", 26379), ("::1", 26380), ("10.0.0.3", 5000))
+    assert (s.redis_sentinel_master, s.redis_wait_replicas, s.redis_wait_timeout_ms) == ("tts-main", 1, 1000)
+    # Without Sentinel nothing is waited for: a single Redis has no replica to wait on.
+    assert (Settings().redis_sentinels, Settings().redis_wait_replicas) == ((), 0)
+    assert from_env({"TTS_REDIS_SENTINELS": "s1:1", "TTS_REDIS_WAIT_REPLICAS": "0"}).redis_wait_replicas == 0
+    assert from_env({"TTS_REDIS_WAIT_REPLICAS": "2", "TTS_REDIS_WAIT_TIMEOUT_MS": "250"}).redis_wait_replicas == 2
+
+
+def test_sentinel_password_is_never_shown() -> None:
+    s = from_env({"TTS_REDIS_SENTINELS": "s1:26379", "TTS_REDIS_SENTINEL_PASSWORD": "sentinel-secret-pw"})
+    assert s.redis_sentinel_password == "sentinel-secret-pw"
+    assert "sentinel-secret-pw" not in repr(s) and "redis_sentinel_password=<set>" in repr(s)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from splitter import MIN_MAX_CHARS, complete_until, split
 
-TAG = re.compile(r"\[[a-zA-Z_0-9]+\]")
+TAG = re.compile(r"\[(?:uv_break|v_break|lbreak|laugh|(?:break|laugh|oral|speed)_[0-9])\]")
 
 
 @pytest.mark.parametrize(
@@ -145,9 +145,28 @@ def test_max_chars_minimum_is_accepted() -> None:
     assert split("Hello world.", MIN_MAX_CHARS) == ["Hello world."]
 
 
-def test_oversized_tag_is_never_split() -> None:
-    tag = "[" + "a" * 30 + "]"
-    assert split(f"{tag} ok", 20) == [tag, "ok"]
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[" + "9" * 4998 + "]", id="digits-in-brackets"),
+        pytest.param("[" + "a" * 30 + "] ok", id="word-in-brackets"),
+        pytest.param("[" + "ab_" * 400 + "]", id="tag-like-but-not-chattts"),
+    ],
+)
+def test_bracketed_text_that_is_not_a_control_tag_is_cut_like_any_text(text: str) -> None:
+    chunks = split(text, 20)
+    assert len(chunks) > 1 and all(len(chunk) <= 20 for chunk in chunks)
+    assert "".join(chunks).replace(" ", "") == text.replace(" ", "")
+
+
+@pytest.mark.parametrize(
+    "tag", ["[uv_break]", "[v_break]", "[lbreak]", "[laugh]", "[laugh_2]", "[break_7]", "[oral_9]", "[speed_1]"]
+)
+def test_every_chattts_control_tag_is_kept_whole(tag: str) -> None:
+    text = ("x" * 15 + tag) * 6
+    chunks = split(text, 20)
+    assert all(len(chunk) <= 20 for chunk in chunks)
+    assert sum(chunk.count(tag) for chunk in chunks) == 6
 
 
 # Latin words and numbers are always separated from their neighbours by a

@@ -68,3 +68,62 @@ def test_every_free_standing_digit_is_spoken(text: str) -> None:
 
 def test_identity_names_the_libraries() -> None:
     assert spoken.IDENTITY.startswith(f"spoken{spoken.REVISION}+num2words") and "cn2an" in spoken.IDENTITY
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        pytest.param(
+            "价格是12345678901234567.5元。",
+            "价格是一二三四五六七八九零一二三四五六七点五元。",
+            id="zh-17-digit-decimal",
+        ),
+        pytest.param(
+            "价格是1234.12345678901234567元",
+            "价格是一千二百三十四点一二三四五六七八九零一二三四五六七元",
+            id="zh-17-decimals",
+        ),
+        pytest.param(
+            "It is 1234567890123456.5 m",
+            "It is one two three four five six seven eight nine zero one two three four five six point five m",
+            id="en-16-digit-decimal",
+        ),
+        pytest.param(
+            "x 0.12345678901234567",
+            "x zero point one two three four five six seven eight nine zero one two three four five six seven",
+            id="en-17-decimals",
+        ),
+        pytest.param(
+            "$" + "1" * 30 + ".25", " ".join(["one"] * 30) + " dollars and twenty five cents", id="en-long-money"
+        ),
+        pytest.param("the " + "1" * 310 + "th", "the " + " ".join(["one"] * 309) + " first", id="en-long-ordinal"),
+    ],
+)
+def test_numbers_longer_than_the_readers_read_are_read_digit_by_digit(text: str, said: str) -> None:
+    assert spoken.speak(text) == said
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("1" * 400 + ".5", id="en-decimal-past-float-range"),
+        pytest.param("$" + "9" * 4400, id="money-past-int-str-limit"),
+        pytest.param("$" + "9" * 4400 + ".5", id="money-decimal-past-int-str-limit"),
+        pytest.param("9" * 4400 + "th", id="ordinal-past-int-str-limit"),
+        pytest.param("价格是" + "9" * 4400 + ".5元", id="zh-past-int-str-limit"),
+        pytest.param("0." + "1" * 5000 + "%", id="long-percent"),
+    ],
+)
+def test_speak_never_raises_on_very_long_numbers(text: str) -> None:
+    out = spoken.speak(text)
+    assert re.search(r"(?<![A-Za-z0-9_.])[0-9]", out) is None
+
+
+_LONG_NUMBER = st.from_regex(r"-?[0-9]{1,400}(\.[0-9]{1,400})?", fullmatch=True)
+_AROUND = st.sampled_from(["", " ", "$", "€", "¥", "%", "th", "年", "价格", "元", "in ", "。", ".", ","])
+
+
+@given(st.lists(st.one_of(_LONG_NUMBER, _AROUND), max_size=6).map("".join))
+def test_speak_reads_numbers_of_any_length(text: str) -> None:
+    out = spoken.speak(text)
+    assert re.search(r"(?<![A-Za-z0-9_.])[0-9]", out) is None, (text, out)

@@ -30,7 +30,7 @@ import msgspec.inspect as mi
 from msgspec import UNSET, Meta, UnsetType
 from starlette.requests import Request
 
-from common import audio
+from common import audio, sampling
 from common.errors import ApiError
 
 B = TypeVar("B", bound="Body")
@@ -98,6 +98,13 @@ Text = Annotated[
     ),
 ]
 Unit = Annotated[float, Meta(gt=0, le=1)]
+# Below its floor the logits divided by it overflow and sampling turns to NaN (common/sampling.py).
+Temperature = Annotated[
+    float,
+    Meta(ge=sampling.TEMPERATURE_MIN, le=sampling.TEMPERATURE_MAX, description="Sampling temperature."),
+]
+Speed = Annotated[int, Meta(ge=sampling.SPEED_MIN, le=sampling.SPEED_MAX, description="ChatTTS [speed_N].")]
+TopK = Annotated[int, Meta(ge=sampling.TOP_K_MIN, le=sampling.TOP_K_MAX, description="Top-k sampling.")]
 
 
 class Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -119,10 +126,10 @@ class TtsRequest(Body):
     voice: VoiceName | UnsetType = UNSET
     speaker: Speaker | UnsetType = UNSET
     seed: Annotated[Seed, Meta(extra={"from_settings": {"default": "default_seed"}})] | UnsetType = UNSET
-    speed: Annotated[int, Meta(ge=1, le=9, description="ChatTTS [speed_N].")] = 5
-    temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
+    speed: Speed = 5
+    temperature: Temperature = 0.3
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
-    top_k: Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")] = 20
+    top_k: TopK = 20
     refine_text: Annotated[bool, Meta(description="Run ChatTTS's text refinement first.")] = False
     oral: Annotated[int, Meta(ge=0, le=9, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
         UNSET
@@ -165,7 +172,6 @@ SpeechVoice = (
 SpeechSpeed = Annotated[
     float, Meta(ge=0.25, le=4.0, description="Mapped onto ChatTTS's 1-9 on a log scale (1.0 -> 5).")
 ]
-TopK = Annotated[int, Meta(ge=1, le=100, description="Top-k sampling.")]
 
 
 class VoiceRef(Body):
@@ -217,7 +223,7 @@ class Session(Body):
     ] = "alloy"
     speed: SpeechSpeed = 1.0
     response_format: SessionFormat = "pcm"
-    temperature: Annotated[Unit, Meta(description="Sampling temperature.")] = 0.3
+    temperature: Temperature = 0.3
     top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
     top_k: TopK = 20
 
@@ -229,7 +235,7 @@ class SessionPatch(Body):
     seed: Seed | UnsetType = UNSET
     speed: SpeechSpeed | UnsetType = UNSET
     response_format: SessionFormat | UnsetType = UNSET
-    temperature: Unit | UnsetType = UNSET
+    temperature: Temperature | UnsetType = UNSET
     top_p: Unit | UnsetType = UNSET
     top_k: TopK | UnsetType = UNSET
 

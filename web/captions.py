@@ -60,7 +60,7 @@ def _stamp(samples: int, up: bool, separator: str) -> str:
 
 
 def vtt(cues: Sequence[Span]) -> str:
-    """WebVTT: cue text escaped as the format requires (&, <, >)."""
+    """WebVTT: cue text escaped as the format requires (&, <, >; so "-->", which no cue text may hold, is "--&gt;")."""
     lines = ["WEBVTT", ""]
     for index, cue in enumerate(cues, 1):
         text = cue.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -69,10 +69,11 @@ def vtt(cues: Sequence[Span]) -> str:
 
 
 def srt(cues: Sequence[Span]) -> str:
-    """SubRip."""
+    """SubRip: cue text holds no "-->" (the format has no escapes; a parser takes such a line for a cue's times)."""
     lines = []
     for index, cue in enumerate(cues, 1):
-        lines += [str(index), f"{_stamp(cue.start, False, ',')} --> {_stamp(cue.end, True, ',')}", cue.text, ""]
+        text = cue.text.replace("-->", "--\u00a0>")
+        lines += [str(index), f"{_stamp(cue.start, False, ',')} --> {_stamp(cue.end, True, ',')}", text, ""]
     return "\n".join(lines)
 
 

@@ -7,14 +7,12 @@ import hmac
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-import redis.asyncio as aioredis
-from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import HTTPConnection
 
 from cache import AudioCache
-from common import metrics
+from common import connect, metrics
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
@@ -42,9 +40,9 @@ class Context:
         # with retry_on_error, without which each cut connection fails one
         # request with a 503. The pipelines here are idempotent or metrics.
         pool = {"retry_on_error": [RedisConnectionError], "max_connections": settings.redis_max_connections}
-        self.redis = aioredis.from_url(settings.redis_url, **pool)
+        self.redis = connect.async_client(settings, **pool)
         # RQ speaks the synchronous client; it runs in the threadpool.
-        self.sync_redis = Redis.from_url(settings.redis_url, **pool)
+        self.sync_redis = connect.sync_client(settings, **pool)
         self.queue = queueing.queue(self.sync_redis, settings)
         self.cache = AudioCache(self.redis, settings.result_ttl)
         # This process's figures; they reach Redis about once a second.

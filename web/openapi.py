@@ -171,7 +171,11 @@ def schema(settings: Settings) -> dict[str, Any]:
         "413": _error(f"The body is over {settings.max_body} bytes."),
         "422": _error("A field is unknown, of the wrong type or out of range; `field` names it."),
         "429": _error("The queue is full (or the key's rate limit is reached); nothing was queued.", "Retry-After"),
-        "503": _error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),
+        "503": _error(
+            "No worker has published a model yet, Redis is unreachable, or the job did not reach "
+            "TTS_REDIS_WAIT_REPLICAS Redis replicas in time (it may still run; the same body asked again joins it).",
+            "Retry-After",
+        ),
     }
     model_wait = {
         "503": _error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),

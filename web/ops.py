@@ -10,8 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common import keys, metrics
-from common.redact import safe_url
+from common import connect, keys, metrics
 from web.context import Context
 from web.replies import Health, Ready, ReadyModel, reply
 from work import queueing
@@ -41,7 +40,7 @@ async def readyz(ctx: Context, request: Request) -> Response:
             workers=0,
             queue=ctx.settings.queue,
             model=None,
-            detail=f"Redis at {safe_url(ctx.settings.redis_url)} does not answer",
+            detail=f"Redis ({connect.describe(ctx.settings)}) does not answer",
         )
         return reply(body, status=503, headers={"Retry-After": "5"})
     missing = []

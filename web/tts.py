@@ -16,7 +16,7 @@ from starlette.types import Send
 
 import webhooks
 from cache import Spec, is_well_formed_id
-from common import audio, keys, metrics, urls
+from common import audio, connect, keys, metrics, urls
 from common.errors import ApiError
 from common.settings import Settings
 from splitter import split
@@ -86,9 +86,10 @@ class SubmitRoute:
             if callback is None:
                 self.recent.put((known.spec.model, tenant, raw), known, known.size(raw))
         request_id = known.request_id
+        added = False
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            await webhooks.register(
+            added = await webhooks.register(
                 ctx.redis,
                 request_id,
                 callback,
@@ -99,7 +100,12 @@ class SubmitRoute:
             )
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
-        missing, job = await ensure(ctx, known.spec, request_id, tenant)
+        try:
+            missing, job = await ensure(ctx, known.spec, request_id, tenant)
+        except Exception:
+            if added and callback is not None:  # refused (queue full, Redis full): nothing was accepted
+                await webhooks.unregister(ctx.redis, request_id, callback, tenant)
+            raise
         if job is None:
             if callback is not None:
                 await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
@@ -177,7 +183,10 @@ async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tupl
     """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
 
     Returns the indexes of chunks not stored yet, and the job making them
-    (None when everything is stored: the queue is not touched).
+    (None when everything is stored: the queue is not touched). Raises
+    NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
+    time: it stays queued on the primary, and the same request asked again
+    joins it (the job id is the request id).
     """
     missing = await ctx.cache.remember(request_id, spec)
     metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
@@ -186,6 +195,9 @@ async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tupl
     job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
     if job.get_status(refresh=False) == "finished":
         return [], None  # its job ended between the look and the submission: all stored now
+    # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
+    # so a primary that dies next cannot take an accepted request with it.
+    await connect.replicated(ctx.redis, ctx.settings)
     return missing, job
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue, Retry, Worker
-from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
@@ -196,8 +196,21 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int, tenant
     pool.withdraw(request_id, chunk_ids)
     job = fetch(redis, request_id)
     if job is not None and job.get_status(refresh=False) in WAITING:
-        job.cancel()
+        stop_waiting(job)
     return True
+
+
+def stop_waiting(job: Job) -> None:
+    """Cancel `job`, seen waiting: it never runs. A concurrent cancel of it that came first is no error.
+
+    Two DELETEs of one queued request both see it waiting; RQ refuses to
+    cancel a job twice (InvalidJobOperation), and a job deleted meanwhile
+    is gone (NoSuchJobError): either way, what was asked has happened.
+    """
+    try:
+        job.cancel()
+    except (InvalidJobOperation, NoSuchJobError):
+        logger.debug("job %s was canceled or deleted by someone else first", job.id)
 
 
 @dataclass(frozen=True)

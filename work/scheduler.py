@@ -381,6 +381,22 @@ return n
 """
 
 
+# KEYS: (chunk, task, pieces) per chunk; ARGV: the TTL, then each chunk's PCM16 audio.
+# Steps per chunk: store the audio; keep it persistent while a request still
+# waits for it (its task exists: that request's end gives it the TTL,
+# lifetime.release), else start the TTL now (nobody's end will); drop its
+# streamed pieces, which the stored audio now replaces byte for byte.
+_STORE = """
+for c = 0, #KEYS / 3 - 1 do
+  local chunk, task, pieces = KEYS[1 + 3 * c], KEYS[2 + 3 * c], KEYS[3 + 3 * c]
+  redis.call('SET', chunk, ARGV[2 + c])
+  if redis.call('EXISTS', task) == 0 then redis.call('EXPIRE', chunk, ARGV[1]) end
+  redis.call('DEL', pieces)
+end
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A chunk this worker holds the lease on: its id and the one-chunk Spec to synthesize."""
@@ -410,6 +426,7 @@ class Pool:
         self._release = redis.register_script(_RELEASE)
         self._withdraw = redis.register_script(_WITHDRAW)
         self._piece = redis.register_script(_PIECE)
+        self._store = redis.register_script(_STORE)
 
     def _keys(self, chunk_ids: Sequence[str], *kinds: str) -> list[str]:
         """The pool's key and its turns, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
@@ -501,6 +518,19 @@ class Pool:
         if not chunk_ids:
             return 0
         return int(self._renew(keys=[self._key("claim", cid) for cid in chunk_ids], args=[token, lease_ms]))
+
+    def store(self, audio: dict[str, bytes]) -> None:
+        """Store finished chunks (id -> PCM16) and drop their streamed pieces; call before `complete`.
+
+        A chunk some request still waits for is stored without a TTL, so no
+        eviction policy that spares persistent keys (`volatile-*`) can take
+        it while that request is in flight: the request's end starts its TTL
+        (`lifetime.release`). A chunk nobody waits for any more gets the TTL now.
+        """
+        if not audio:
+            return
+        script_keys = [k for cid in audio for k in (chunk_key(cid), self._key("task", cid), pieces_key(cid))]
+        self._store(keys=script_keys, args=[self.ttl, *audio.values()])
 
     def complete(self, token: str, chunk_ids: Sequence[str]) -> list[tuple[str, float]]:
         """Take chunks whose audio is now stored out of the pool and wake their requests.

@@ -38,7 +38,16 @@ FAILURES = {
     "AbandonedJobError": "the worker stopped while synthesizing and the retries ran out",
     "JobTimeoutException": "synthesis ran past its time limit",
     "RedisFull": "Redis is full: it refused to store the audio (its maxmemory is reached); submit it again later",
+    "AudioEvicted": "Redis evicted this request's audio as fast as it was made (its maxmemory is too small for "
+    "the work in flight; see docs/memory.md); submit it again later",
     "OutOfMemoryError": "Redis is full: it refused a write (its maxmemory is reached); submit it again later",
+    # A chunk that failed alone in the decode loop (engines/loop.py names these reasons).
+    "RowSettingsOutOfRange": "a chunk's sampling settings are out of range (temperature 0.001-1, top_p 0-1, "
+    "top_k 1-100, speed 1-9)",
+    "RowInputUnreadable": "the text or voice of a chunk could not be prepared for the model",
+    "RowOutputNotFinite": "the model's output for a chunk was not a number (NaN); try another voice or settings",
+    "RowFailedAlone": "the model failed on a chunk of this request; other requests were not affected",
+    "RowTooBigForMemory": "a chunk did not fit in the model's memory even alone",
 }
 GENERIC_FAILURE = "synthesis failed in the worker (details are in its log)"
 
