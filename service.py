@@ -63,7 +63,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     async def _speech_socket(websocket: WebSocket) -> None:
         # It checks the API key itself: a refused key is told why, then closed with 1008.
-        await session.serve(ctx, websocket, failure)
+        ctx.open_sockets += 1
+        try:
+            await session.serve(ctx, websocket, failure)
+        finally:
+            ctx.open_sockets -= 1
 
     routes = [
         route("/", _page, ["GET"]),
@@ -71,12 +75,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
         route("/healthz", ops.healthz, ["GET"]),
         route("/readyz", ops.readyz, ["GET"]),
         route("/metrics", ops.prometheus, ["GET"]),
+        route("/metrics/process", ops.process_prometheus, ["GET"]),
         route("/v1/tts", tts.SubmitRoute(settings), ["POST"]),
         # One route for both methods: with two, a 405 would name only the first's in Allow.
         route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),
         route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),
         route("/v1/tts/{id}/captions", captions.captions, ["GET"]),
         route(speech.ROUTE, speech.speech, ["POST"]),
+        route("/v1/models", speech.models, ["GET"]),
+        route("/v1/audio/voices", voices.audio_voices, ["GET"]),
         WebSocketRoute(session.ROUTE, _speech_socket, name="speech_socket"),
         route("/v1/voices", voices.listing, ["GET"]),
         route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
@@ -176,6 +183,8 @@ async def _error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, OutOfMemoryError):
         request.app.state.context.metrics.inc("tts_redis_full_total", process="web")
     if request.url.path in OPENAI_ROUTES:
-        return reply(openai_error(known.status, known.detail, known.field, known.code), known.status, known.headers)
+        # OpenAI answers 400 for every request it refuses, so its SDK raises BadRequestError.
+        status = 400 if known.status == 422 else known.status
+        return reply(openai_error(status, known.detail, known.field, known.code), status, known.headers)
     body = Error(detail=known.detail, field=UNSET if known.field is None else known.field)
     return reply(body, known.status, known.headers)

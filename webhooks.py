@@ -9,11 +9,17 @@ distinct URL gets exactly one event) and enqueues one delivery job per URL
 on `settings.webhook_queue`; the event's URL and body wait in a hash of
 their own (`event_key`), so the job, which rq-dashboard shows, names only
 the event. A synthesis worker only touches Redis: the
-webhooks process does the HTTP. A delivery that gets no 2xx within TIMEOUT
-seconds is retried after each of `settings.webhook_retry_delays`, then given
-up. Each try is signed anew as Standard Webhooks says (webhook-id,
-webhook-timestamp: the try's, webhook-signature: one `v1,` signature per
-secret), with the same event id, so a receiver can drop repeats.
+webhooks process does the HTTP. Each try is signed anew as Standard Webhooks
+says (webhook-id, webhook-timestamp: the try's, webhook-signature: one `v1,`
+signature per secret), with the same event id, so a receiver can drop repeats.
+
+A try that gets no 2xx within TIMEOUT seconds schedules the next one itself
+(`retry_delay`: exponential backoff with jitter, or the fixed
+`settings.webhook_retry_delays`, never sooner than the receiver's
+Retry-After) until `settings.webhook_retry_hours` have passed since the
+event was made; then the event is given up. A `410 Gone` stops it at once,
+and every later event to that URL (`gone_key`). The event's hash keeps its
+delivery state, which `GET /v1/tts/{id}` shows (`deliveries`).
 
 Never imports torch; never logs a callback URL beyond its scheme and host,
 nor a signature.
@@ -24,13 +30,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import email.utils
 import hashlib
 import hmac
 import http.client
 import ipaddress
 import json
 import logging
+import math
 import os
+import random
 import signal
 import socket
 import ssl
@@ -40,7 +49,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Annotated, Any, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, Sequence
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import msgspec
@@ -53,7 +63,7 @@ from rq.serializers import JSONSerializer
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio, connect, metrics, urls
 from common.errors import invalid
-from common.keys import chunk_key, event_key, hooks_key, request_key
+from common.keys import chunk_key, deliveries_key, event_key, gone_key, hooks_key, request_key
 from common.settings import Settings
 from work import process
 from work.status import Outcome
@@ -61,9 +71,22 @@ from work.status import Outcome
 logger = logging.getLogger("webhooks")
 
 
+EventType = Literal["tts.finished", "tts.failed", "tts.canceled"]
+DeliveryState = Literal["pending", "delivered", "failed", "gone"]
+EVENT_TYPES: dict[Outcome, EventType] = {
+    "finished": "tts.finished",
+    "failed": "tts.failed",
+    "canceled": "tts.canceled",
+}
+
+
 class WebhookEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a callback_url receives (POSTed, signed) when its request is finished, failed or canceled."""
 
+    type: Annotated[EventType, Meta(description="Standard Webhooks' event type: tts. and the status.")]
+    timestamp: Annotated[
+        str, Meta(description="When the event was made (ISO 8601, UTC).", extra_json_schema={"format": "date-time"})
+    ]
     id: Annotated[str, Meta(pattern=ID_PATTERN)]
     status: Outcome
     audio_url: Annotated[str, Meta(description="Absolute with TTS_PUBLIC_URL set, else a path.")]
@@ -73,18 +96,45 @@ class WebhookEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: Annotated[str, Meta(description="Why it failed (failed only), in safe words.")] | UnsetType = UNSET
 
 
+class WebhookDelivery(msgspec.Struct, kw_only=True):
+    """How the event of one callback URL of a request is doing (GET /v1/tts/{id}'s `webhooks`)."""
+
+    url: str
+    state: Annotated[
+        DeliveryState,
+        Meta(
+            description="pending: not sent yet, or to be tried again; delivered: a 2xx; failed: given up; "
+            "gone: the receiver answered 410 Gone, so nothing more is sent to it."
+        ),
+    ]
+    attempts: Annotated[int, Meta(ge=0)]
+    last_status: Annotated[int, Meta(description="The HTTP status of the last try; null: none, or no answer.")] | None
+
+
 FIELD = "callback_url"
 # Seconds a receiver has to answer one try, in all (connect, send, read the
 # status and a little of the body): one that drips its answer a byte at a
 # time is cut off here (`_post`), not at the job's time limit.
-TIMEOUT = 10.0
+TIMEOUT = 15.0
+# The longest wait between two tries of the backoff.
+MAX_GAP = 3600.0
+# Seconds before RQ runs a try again that failed unexpectedly (Redis lost
+# mid-try): a receiver's answers are retried by `deliver` itself.
+UNEXPECTED_RETRIES = (5, 30, 120)
 USER_AGENT = "chattts-service-webhooks/1"
 # Addresses that is_global does not catch but that answer cloud metadata requests.
 _METADATA = {ipaddress.ip_address("168.63.129.16")}  # Azure's wire server
 
 
 class DeliveryFailed(RuntimeError):
-    """A try got no 2xx; the message names the target by scheme and host only."""
+    """A try got no 2xx; the message names the target by scheme and host only.
+
+    `retry_after`: the seconds the receiver asked to wait (its Retry-After), if it said.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 # -- checking a callback URL -----------------------------------------------------------
@@ -348,10 +398,12 @@ def _enqueue_events(
     status, chunks_total, seconds = _outcome(redis, request_id, error)
     base = settings.public_url or ""
     queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
-    delays = list(settings.webhook_retry_delays)
+    made = datetime.now(UTC)
     for raw_field, raw_fmt in hooks.items():
         (tenant, url), fmt = hook_of(raw_field.decode()), (raw_fmt or b"wav").decode()
         event = WebhookEvent(
+            type=EVENT_TYPES[status],
+            timestamp=made.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             id=request_id,
             status=status,
             audio_url=urls.audio_url(request_id, fmt, base),
@@ -364,19 +416,21 @@ def _enqueue_events(
         # The URL (which may hold credentials or tokens) stays out of the job's
         # arguments, which rq-dashboard shows: the job names the event only.
         # No TTL while it is being delivered (no `volatile-*` eviction takes it between tries):
-        # deleted once delivered, given the TTL once given up (`_over`).
-        redis.hset(event_key(event_id), mapping={"url": url, "body": msgspec.json.encode(event)})
-        queue.enqueue(
-            deliver,
-            event_id,
-            job_id=f"webhook-{event_id}",
-            retry=Retry(max=len(delays), interval=delays),
-            # A try is bounded by TIMEOUT in all (`_post`), plus name resolution.
-            job_timeout=int(TIMEOUT) + 20,
-            result_ttl=24 * 3600,
-            failure_ttl=settings.result_ttl,
-            description=f"webhook {status} of {request_id} to {_shown(url)}",
-        )
+        # its final state gets the TTL (`_settle`).
+        with redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                event_key(event_id),
+                mapping={
+                    "url": url,
+                    "body": msgspec.json.encode(event),
+                    "created": made.timestamp(),
+                    "state": "pending",
+                },
+            )
+            pipe.hset(deliveries_key(request_id), raw_field, event_id)
+            pipe.expire(deliveries_key(request_id), settings.result_ttl)
+            pipe.execute()
+        _enqueue_try(queue, event_id, 1, f"webhook {status} of {request_id} to {_shown(url)}", settings, None)
         logger.info(
             "webhook %s of %s queued for %s",
             status,
@@ -394,6 +448,112 @@ def _enqueue_events(
                 }
             },
         )
+
+
+def _enqueue_try(
+    queue: Queue, event_id: str, attempt: int, description: str, settings: Settings, delay: float | None
+) -> None:
+    """Queue try number `attempt` of event `event_id`: now, or after `delay` seconds (the webhooks process's scheduler)."""
+    options: dict[str, Any] = {
+        "job_id": f"webhook-{event_id}" if attempt == 1 else f"webhook-{event_id}-{attempt}",
+        "retry": Retry(max=len(UNEXPECTED_RETRIES), interval=list(UNEXPECTED_RETRIES)),
+        # A try is bounded by TIMEOUT in all (`_post`), plus name resolution.
+        "job_timeout": int(TIMEOUT) + 20,
+        "result_ttl": 24 * 3600,
+        "failure_ttl": settings.result_ttl,
+        "description": description,
+    }
+    if delay is None:
+        queue.enqueue(deliver, event_id, **options)
+    else:
+        # RQ keeps the due time in whole seconds, cut down: rounded up here, a
+        # try never comes before a receiver's Retry-After.
+        due = datetime.fromtimestamp(math.ceil(time.time() + delay), UTC)
+        queue.enqueue_at(due, deliver, event_id, **options)
+
+
+def backoff(attempts: int, first: float, rng: random.Random | None = None) -> float:
+    """Seconds to wait after `attempts` failed tries: `first` doubled each try, at most MAX_GAP, with jitter.
+
+    The jitter is "equal jitter": between half and all of the doubled wait,
+    so receivers that failed together are not all called again at once, and
+    each wait is still at least half the one before's ceiling.
+    """
+    ceiling = min(MAX_GAP, first * 2.0 ** min(attempts - 1, 40))
+    return ceiling / 2 + (rng or random).uniform(0, ceiling / 2)
+
+
+def retry_delay(settings: Settings, attempts: int, age: float, retry_after: float | None) -> float | None:
+    """Seconds until the next try of an event `age` seconds old whose `attempts` tries failed; None: give it up.
+
+    The receiver's Retry-After, when it sent one, is a floor. Given up when the
+    next try would come past `settings.webhook_retry_hours` from the event, or
+    after the last of `settings.webhook_retry_delays` when that schedule is set.
+    """
+    fixed = settings.webhook_retry_delays
+    if fixed is not None:
+        if attempts > len(fixed):
+            return None
+        delay = float(fixed[attempts - 1])
+    else:
+        delay = backoff(attempts, settings.webhook_retry_first)
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    if age + delay > settings.webhook_retry_hours * 3600:
+        return None
+    return delay
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """A Retry-After header (seconds, or an HTTP date) as seconds from `now`; None when absent or unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
+
+
+def _url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode()).hexdigest()[:32]
+
+
+async def deliveries(redis: Any, request_id: str, tenant: str = "") -> list[WebhookDelivery]:
+    """The delivery state of each of `tenant`'s callback URLs of `request_id` (async client), sorted by URL.
+
+    A URL registered for a request still running is pending with no try; one
+    whose event was made reads its event's state. Other tenants' callbacks
+    are not shown.
+    """
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hkeys(hooks_key(request_id))
+        pipe.hgetall(deliveries_key(request_id))
+        waiting, made = await pipe.execute()
+    mine = {field: event_id for field, event_id in made.items() if hook_of(field.decode())[0] == tenant}
+    found: dict[str, WebhookDelivery] = {}
+    if mine:
+        async with redis.pipeline(transaction=False) as pipe:
+            for event_id in mine.values():
+                pipe.hmget(event_key(event_id.decode()), "state", "attempts", "last_status")
+            states = await pipe.execute()
+        for field, (state, attempts, last) in zip(mine, states):
+            if state is None:
+                continue  # expired
+            url = hook_of(field.decode())[1]
+            found[url] = WebhookDelivery(
+                url=url, state=state.decode(), attempts=int(attempts or 0), last_status=int(last) if last else None
+            )
+    for field in waiting:  # registered again after an earlier event: that one is what is to come
+        owner, url = hook_of(field.decode())
+        if owner == tenant:
+            found[url] = WebhookDelivery(url=url, state="pending", attempts=0, last_status=None)
+    return [found[url] for url in sorted(found)]
 
 
 def _outcome(redis: Redis, request_id: str, error: str | None) -> tuple[Outcome, int, float]:
@@ -450,94 +610,145 @@ def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> s
 
 
 def deliver(event_id: str) -> dict[str, Any]:
-    """RQ job: POST event `event_id`, signed, to its URL. Raises DeliveryFailed (RQ retries) unless it got a 2xx.
+    """RQ job: one try to POST event `event_id`, signed, to its URL.
 
-    A target that now resolves to a refused address is given up at once, as is
-    an event that has expired from Redis.
+    A try without a 2xx schedules the next (`retry_delay`) and returns, as
+    does the last one, which records the event as failed. A 410 Gone stops
+    this event and later ones to the URL. A target that now resolves to a
+    refused address is given up at once, as is an event that has expired
+    from Redis. Anything else raised (Redis lost mid-try) fails the job, and
+    RQ runs the same try again (`UNEXPECTED_RETRIES`).
     """
     if _bound is None:
         raise RuntimeError("no settings are bound in this process; run deliveries with `python webhooks.py`")
-    settings = _bound.settings
-    stored = _bound.redis.hgetall(event_key(event_id))
-    if not stored:
+    settings, redis = _bound.settings, _bound.redis
+    stored = redis.hgetall(event_key(event_id))
+    if b"body" not in stored:
         logger.warning("webhook %s given up: the event has expired", event_id)
         return {"delivered": False, "expired": True}
     url, data = stored[b"url"], stored[b"body"]
     assert isinstance(url, bytes) and isinstance(data, bytes)  # the client does not decode responses
     url = url.decode()
-    job = get_current_job()
-    last_try = job is None or not job.retries_left
+    attempts = int(stored.get(b"attempts") or 0) + 1
     target = _target(url)
-    outcome = "given_up" if last_try else "failed"
+    outcome = "failed"
+    status: int | None = None
+    reason: str | None = None
     started = time.monotonic()
     try:
-        if settings.webhook_secret is None:
-            raise DeliveryFailed("TTS_WEBHOOK_SECRET is not set in the webhooks process: events cannot be signed")
-        addresses: list[str] | None = None
-        if not settings.webhook_allow_private:
-            try:
-                addresses = _check_addresses(socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
-            except ValueError as exc:
-                outcome = "refused"
-                logger.warning("webhook to %s given up: its host %s", target.shown, exc)
-                return {"delivered": False, "refused": True}
-            except (OSError, UnicodeError) as exc:
-                raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
-        timestamp = str(int(time.time()))
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "webhook-id": event_id,
-            "webhook-timestamp": timestamp,
-            "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data),
-        }
-        if target.parts.username is not None:
-            pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        status = _post(target, addresses, data, headers)
-        if not 200 <= status < 300:
-            raise DeliveryFailed(f"{target.shown} answered {status}")
-        outcome = "delivered"
-        _bound.redis.delete(event_key(event_id))
-        return {"delivered": True, "status": status}
-    except DeliveryFailed:
-        raise
-    except (OSError, http.client.HTTPException) as exc:
+        if redis.exists(gone_key(_url_digest(url))):
+            outcome = "gone"
+            _settle(redis, event_id, "gone", attempts - 1, None, settings)
+            return {"delivered": False, "gone": True}
+        status, retry_after = _try(settings, target, event_id, data)
+        if 200 <= status < 300:
+            outcome = "delivered"
+            _settle(redis, event_id, "delivered", attempts, status, settings)
+            return {"delivered": True, "status": status}
+        if status == 410:
+            outcome = "gone"
+            redis.set(gone_key(_url_digest(url)), 1, ex=settings.result_ttl)
+            _settle(redis, event_id, "gone", attempts, status, settings)
+            return {"delivered": False, "gone": True, "status": status}
+        raise DeliveryFailed(f"{target.shown} answered {status}", retry_after)
+    except _Refused:
+        outcome = "refused"
+        _settle(redis, event_id, "failed", attempts - 1, None, settings)
+        return {"delivered": False, "refused": True}
+    except (DeliveryFailed, OSError, http.client.HTTPException) as exc:
         # The message may quote the host, never the path or query; the type says enough.
-        raise DeliveryFailed(f"{target.shown}: {type(exc).__name__} ({_reason(exc)})") from None
-    finally:
-        seconds = time.monotonic() - started
-        _figures.inc("tts_webhook_deliveries_total", result=outcome)
-        log = logger.warning if outcome in ("given_up", "refused") else logger.info
-        log(
-            "webhook %s to %s: %s",
-            event_id,
-            target.shown,
-            outcome,
-            extra={
-                "event": {
-                    "event": "webhook",
-                    "event_id": event_id,
-                    "target": target.shown,
-                    "outcome": outcome,
-                    "seconds": round(seconds, 3),
-                }
-            },
+        failure = (
+            exc
+            if isinstance(exc, DeliveryFailed)
+            else DeliveryFailed(f"{target.shown}: {type(exc).__name__} ({_reason(exc)})")
         )
-        _over(event_id, outcome, settings)
-        try:
-            _figures.flush(_bound.redis)
-        except (RedisError, OSError) as exc:
-            logger.warning("webhook metrics kept for later: Redis said %s", exc)
+        created = float(stored.get(b"created") or time.time())
+        reason = str(failure)
+        delay = retry_delay(settings, attempts, time.time() - created, failure.retry_after)
+        if delay is None:
+            outcome = "given_up"
+            _settle(redis, event_id, "failed", attempts, status, settings)
+            return {"delivered": False, "given_up": True, "status": status}
+        redis.hset(event_key(event_id), mapping={"attempts": attempts, "last_status": status or ""})
+        job = get_current_job()
+        description = job.description if job is not None and job.description else f"webhook {event_id}"
+        queue = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
+        _enqueue_try(queue, event_id, attempts + 1, description, settings, delay)
+        return {"delivered": False, "status": status, "next_try_in": round(delay, 3)}
+    finally:
+        _record_try(event_id, target, outcome, time.monotonic() - started, reason)
 
 
-def _over(event_id: str, outcome: str, settings: Settings) -> None:
-    """An event given up (its last try failed, or its target is refused) expires `result_ttl` s from now."""
-    if outcome in ("given_up", "refused") and _bound is not None:
+class _Refused(Exception):
+    """The target now resolves to an address the service does not call."""
+
+
+def _try(settings: Settings, target: _Target, event_id: str, data: bytes) -> tuple[int, float | None]:
+    """POST the signed event to `target` once; its status and Retry-After (seconds), or raises."""
+    if settings.webhook_secret is None:
+        raise DeliveryFailed("TTS_WEBHOOK_SECRET is not set in the webhooks process: events cannot be signed")
+    addresses: list[str] | None = None
+    if not settings.webhook_allow_private:
         try:
-            _bound.redis.expire(event_key(event_id), settings.result_ttl)
-        except (RedisError, OSError) as exc:
-            logger.warning("webhook %s given up but kept (no TTL set): Redis said %s", event_id, exc)
+            addresses = _check_addresses(socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
+        except ValueError as exc:
+            logger.warning("webhook to %s given up: its host %s", target.shown, exc)
+            raise _Refused() from None
+        except (OSError, UnicodeError) as exc:
+            raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
+    timestamp = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "webhook-id": event_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data),
+    }
+    if target.parts.username is not None:
+        pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    status, retry_after = _post(target, addresses, data, headers)
+    return status, retry_after_seconds(retry_after, time.time())
+
+
+def _settle(
+    redis: Redis, event_id: str, state: DeliveryState, attempts: int, status: int | None, settings: Settings
+) -> None:
+    """Record the event's final state; its body is no longer needed, and the state expires `result_ttl` s from
+    now (until then the event has no TTL, so no `volatile-*` eviction takes it while it is delivered)."""
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(event_key(event_id), mapping={"state": state, "attempts": attempts, "last_status": status or ""})
+        pipe.hdel(event_key(event_id), "body")
+        pipe.expire(event_key(event_id), settings.result_ttl)
+        pipe.execute()
+
+
+def _record_try(event_id: str, target: _Target, outcome: str, seconds: float, reason: str | None) -> None:
+    """Count and log one try, with why it failed (never the URL beyond its scheme and host)."""
+    assert _bound is not None
+    _figures.inc("tts_webhook_deliveries_total", result=outcome)
+    log = logger.warning if outcome in ("given_up", "refused", "gone") else logger.info
+    event: dict[str, Any] = {
+        "event": "webhook",
+        "event_id": event_id,
+        "target": target.shown,
+        "outcome": outcome,
+        "seconds": round(seconds, 3),
+    }
+    if reason is not None:
+        event["reason"] = reason
+    log(
+        "webhook %s to %s: %s%s",
+        event_id,
+        target.shown,
+        outcome,
+        f" ({reason})" if reason else "",
+        extra={"event": event},
+    )
+    try:
+        _figures.flush(_bound.redis)
+    except (RedisError, OSError) as exc:
+        logger.warning("webhook metrics kept for later: Redis said %s", exc)
 
 
 def _reason(exc: BaseException) -> str:
@@ -550,8 +761,11 @@ def _reason(exc: BaseException) -> str:
     return "connection failed"
 
 
-def _post(target: _Target, addresses: list[str] | None, data: bytes, headers: dict[str, str]) -> int:
-    """POST `data` to `target` (at one of `addresses` when given); the answer's status. No redirect is followed."""
+def _post(target: _Target, addresses: list[str] | None, data: bytes, headers: dict[str, str]) -> tuple[int, str | None]:
+    """POST `data` to `target` (at one of `addresses` when given); the answer's status and Retry-After header.
+
+    No redirect is followed.
+    """
     path = target.parts.path or "/"
     if target.parts.query:
         path += "?" + target.parts.query
@@ -580,7 +794,7 @@ def _post(target: _Target, addresses: list[str] | None, data: bytes, headers: di
         response.read(64 * 1024)  # the body is ignored; read a little so the server is not cut off mid-send
         if cut.is_set():
             raise socket.timeout("the try ran out of time")
-        return response.status
+        return response.status, response.getheader("Retry-After")
     except (OSError, http.client.HTTPException):
         if cut.is_set():
             raise socket.timeout("the try ran out of time") from None

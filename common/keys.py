@@ -134,6 +134,16 @@ def event_key(event_id: str) -> str:
     return f"{PREFIX}:webhook:{event_id}"
 
 
+def deliveries_key(request_id: str) -> str:
+    """The webhook events made for a request's callback URLs (hash: url -> event id), for its status."""
+    return f"{PREFIX}:deliveries:{request_id}"
+
+
+def gone_key(url_digest: str) -> str:
+    """A callback URL (by digest) that answered 410 Gone: no event is sent to it while this exists."""
+    return f"{PREFIX}:webhook-gone:{url_digest}"
+
+
 def rate_key(token_digest: str, window: int) -> str:
     """Requests made with one API key (by digest) in rate-limit window `window`."""
     return f"{PREFIX}:rate:{token_digest}:{window}"

@@ -4,9 +4,14 @@ Each process (web or worker, on any host) counts in memory and adds what it
 counted to one Redis hash, METRICS_KEY, in a single MULTI/EXEC: the web
 process about once a second and on each scrape, a worker after each job. Any
 web process renders the whole hash at `GET /metrics`, so the figures are
-those of the service, not of the process that was scraped, and a process
-that restarts loses at most its last second. Histograms are kept as
-cumulative bucket counts, the way Prometheus exposes them.
+those of the service, not of the process that was scraped (one scrape target
+per service), and a process that restarts loses at most its last second.
+Histograms are kept as cumulative bucket counts, the way Prometheus exposes them.
+
+A web process also keeps its own figures since it started (`Recorder.totals`)
+and renders them at `GET /metrics/process` with `process_*`, `tts_build_info`
+and its open WebSocket sessions (`render_process`): one scrape target per
+process, whose sums over the replicas are right.
 
 Never imports the web framework, RQ's worker or torch: both sides use it.
 """
@@ -14,17 +19,23 @@ Never imports the web framework, RQ's worker or torch: both sides use it.
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.metadata
 import json
 import logging
+import re
 import threading
 import time
+import tomllib
+import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 
-from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, ProcessCollector, generate_latest
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -42,6 +53,9 @@ logger = logging.getLogger(__name__)
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # The ASGI scope entry where the web side puts the caller's tenant name (web/context.py), logged with its request.
 TENANT_SCOPE = "tts.tenant"
+
+# The distribution whose version `tts_build_info` shows (pyproject.toml's project name).
+DISTRIBUTION = "chattts-service"
 
 # Seconds; a `?wait=` request may be held up to 60 s and the speech route 120 s.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -192,7 +206,8 @@ METRICS: dict[str, Metric] = {
             "tts_webhook_deliveries_total",
             "counter",
             "Webhook delivery tries by result: delivered (a 2xx), failed (retried later), given_up (the last try "
-            "failed), refused (the host now resolves to a refused address).",
+            "failed), refused (the host now resolves to a refused address), gone (the receiver answered 410 Gone, "
+            "or had before: nothing more is sent to it).",
             ("result",),
         ),
     )
@@ -289,6 +304,8 @@ class Recorder:
         self._hists: dict[_Series, list[float]] = {}
         # Fields of a flush that failed, added to the next one.
         self._returned: defaultdict[_Key, float] = defaultdict(float)
+        # Everything taken since the process started: this process's own figures.
+        self._kept: defaultdict[_Key, float] = defaultdict(float)
 
     def counter(self, name: str, **labels: str) -> Counter:
         """The series of counter `name` with `labels`; KeyError for an unknown name or label set."""
@@ -333,7 +350,32 @@ class Recorder:
         with self._lock:
             counts, hists, returned = self._counts, self._hists, self._returned
             self._counts, self._hists, self._returned = defaultdict(float), {}, defaultdict(float)
-        taken: dict[_Key, float] = dict(returned)
+            fresh = self._fields(counts, hists)
+            for key, value in fresh.items():
+                self._kept[key] += value
+        for key, value in returned.items():  # kept when first taken
+            fresh[key] = fresh.get(key, 0.0) + value
+        return fresh
+
+    def totals(self) -> dict[bytes | str, float]:
+        """This process's figures since it started, as METRICS_KEY fields (what `render` reads).
+
+        Includes what is counted but not yet flushed (it is taken now, and
+        flushed with the next flush).
+        """
+        taken = self._take()
+        if taken:
+            self._give_back(taken)
+        with self._lock:
+            kept: dict[bytes | str, float] = {
+                _field(name, suffix, dict(labels)): value for (name, suffix, labels), value in self._kept.items()
+            }
+        return kept
+
+    @staticmethod
+    def _fields(counts: Mapping[_Series, float], hists: Mapping[_Series, list[float]]) -> dict[_Key, float]:
+        """Counts and histogram cells as flush fields."""
+        taken: dict[_Key, float] = {}
         for (name, labels), amount in counts.items():
             taken[(name, "", labels)] = taken.get((name, "", labels), 0.0) + amount
         for (name, labels), cells in hists.items():
@@ -415,7 +457,7 @@ async def flushing(recorder: Recorder, redis: Any, seconds: float = 1.0) -> Asyn
 
 
 class _Snapshot(Collector):
-    def __init__(self, stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetricFamily]) -> None:
+    def __init__(self, stored: Mapping[bytes | str, bytes | str | float], gauges: Iterable[GaugeMetricFamily]) -> None:
         self.stored = stored
         self.gauges = list(gauges)
 
@@ -453,6 +495,48 @@ def render(stored: Mapping[bytes | str, bytes | str], gauges: Iterable[GaugeMetr
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(stored, gauges))
     return generate_latest(registry)
+
+
+def render_process(recorder: Recorder, gauges: Iterable[GaugeMetricFamily] = ()) -> bytes:
+    """This process's own exposition: its figures since it started (`Recorder.totals`), `gauges`, and the
+    standard `process_*` metrics (CPU seconds, memory, open files, start time) of this process."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(recorder.totals(), gauges))
+    ProcessCollector(registry=registry)
+    return generate_latest(registry)
+
+
+def build_info(version: str, model: str, scheduling: str) -> GaugeMetricFamily:
+    """`tts_build_info`: 1, labelled with what this deployment runs (the model as its workers published it)."""
+    gauge = GaugeMetricFamily(
+        "tts_build_info",
+        "Always 1: the service's version, the model its workers serve (empty before one is published) and the "
+        "scheduling (TTS_SCHEDULING).",
+        labels=["version", "model", "scheduling"],
+    )
+    gauge.add_metric([version, model, scheduling], 1)
+    return gauge
+
+
+def websocket_gauge(open_sessions: int) -> GaugeMetricFamily:
+    """`tts_websocket_sessions`: the WebSocket sessions this process holds open now."""
+    gauge = GaugeMetricFamily("tts_websocket_sessions", "WebSocket sessions open in this process, now.")
+    gauge.add_metric([], open_sessions)
+    return gauge
+
+
+@functools.cache
+def version() -> str:
+    """The service's version: its installed distribution's, else pyproject.toml's (a checkout), else "unknown"."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parent.parent / "pyproject.toml").open("rb") as f:
+            return str(tomllib.load(f)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
 
 
 def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[GaugeMetricFamily]:
@@ -499,8 +583,29 @@ def pool_lanes(redis: Redis, queue: str) -> dict[str, int]:
 # -- the web side's request line and counts ------------------------------------
 
 
+# An incoming X-Request-Id is kept when it is this (what proxies and tracers
+# write: UUIDs, hex, base64 and dotted ids); anything else is replaced, so a
+# log line never carries a client's free text.
+_CALL_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
+
+
+def call_id(headers: Iterable[tuple[bytes, bytes]]) -> str:
+    """The id of one HTTP call: the caller's X-Request-Id when it is a plain token, else a new random one."""
+    for name, value in headers:
+        if name.lower() == b"x-request-id":
+            given = value.decode("latin-1").strip()
+            if _CALL_ID.fullmatch(given):
+                return given
+            break
+    return uuid.uuid4().hex
+
+
 class RequestTelemetry:
-    """ASGI middleware: counts and times every HTTP request and logs one line for it.
+    """ASGI middleware: counts and times every HTTP request, gives it an id, and logs one line for it.
+
+    Every answer carries `X-Request-Id`: the caller's (a proxy's) when it is a
+    plain token, else a new one; the log line has it as `request_id`. A
+    synthesis id an answer names (Location, X-TTS-Id, or the path) is logged as `id`.
 
     The route label is the matched route's template (`/v1/tts/{id}`), never the
     raw path, so series stay few; paths that match nothing are `unmatched`.
@@ -530,6 +635,7 @@ class RequestTelemetry:
         status = 500
         size = 0
         header_id: str | None = None
+        call = call_id(scope.get("headers", ()))
 
         async def sending(message: MutableMapping[str, Any]) -> None:
             nonlocal status, size, header_id
@@ -537,11 +643,13 @@ class RequestTelemetry:
                 size += len(message.get("body", b""))
             elif message["type"] == "http.response.start":
                 status = message["status"]
-                for name, value in message.get("headers", ()):
-                    # The request id of a submission is in its Location (or X-Request-Id) header.
-                    if name == b"location" or name == b"x-request-id":
+                headers = list(message.get("headers", ()))
+                for name, value in headers:
+                    # The request id of a submission is in its Location (or X-TTS-Id) header.
+                    if name == b"location" or name == b"x-tts-id":
                         header_id = value.decode("latin-1").rsplit("/", 1)[-1]
                         break
+                message = {**message, "headers": [*headers, (b"x-request-id", call.encode("latin-1"))]}
             await send(message)
 
         try:
@@ -556,7 +664,7 @@ class RequestTelemetry:
             if self.log.isEnabledFor(logging.INFO):
                 request_id = scope.get("path_params", {}).get("id") or header_id
                 tenant = scope.get(TENANT_SCOPE, "")
-                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), tenant)
+                self._log_line(method, route, status, seconds, size, request_id, scope.get("client"), call, tenant)
 
     def _make_series(self, route: str, method: str, status: int) -> tuple[Counter, Histogram]:
         series = (
@@ -576,10 +684,12 @@ class RequestTelemetry:
         size: int,
         request_id: str | None,
         client: tuple[str, int] | None,
+        call: str,
         tenant: str = "",
     ) -> None:
         event: dict[str, Any] = {
             "event": "request",
+            "request_id": call,
             "method": method,
             "route": route,
             "status": status,

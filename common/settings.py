@@ -104,8 +104,14 @@ class Settings:
     webhook_secret: str | None = field(default=None, repr=False)
     # Deliver to loopback, private, link-local and metadata addresses (tests, private networks).
     webhook_allow_private: bool = False
-    # Seconds between a failed delivery and its next try; the event is given up after the last.
-    webhook_retry_delays: tuple[int, ...] = (5, 15, 30, 60, 120, 180, 240)
+    # Hours a webhook event is retried for (exponential backoff with jitter,
+    # from `webhook_retry_first` seconds, doubling up to an hour between
+    # tries); it is given up once its next try would fall past them.
+    webhook_retry_hours: float = 24.0
+    webhook_retry_first: float = 5.0
+    # A fixed schedule instead: seconds between a failed try and the next;
+    # the event is given up after the last. None: the backoff above.
+    webhook_retry_delays: tuple[int, ...] | None = None
     # The launcher (worker.py --gpus) gives a GPU up when its worker failed
     # this many times within worker_failure_window seconds; before that it
     # restarts it after 1, 2, 4 … 60 s.
@@ -192,6 +198,16 @@ def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     def convert(raw: str) -> int:
         value = int(raw)
         if value < low or (high is not None and value > high):
+            raise ValueError(raw)
+        return value
+
+    return convert
+
+
+def _number_in(above: float, high: float) -> Callable[[str], float]:
+    def convert(raw: str) -> float:
+        value = float(raw)
+        if not above < value <= high:  # NaN fails too
             raise ValueError(raw)
         return value
 
@@ -370,7 +386,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             "TTS_WEBHOOK_SECRET",
             d.webhook_secret,
             _secret,
-            "Standard Webhooks secrets: whsec_ and the base64 of 16-64 random bytes, several "
+            "Standard Webhooks secrets: whsec_ and the base64 of 24-64 random bytes, several "
             'separated by spaces to rotate (make one: python -c "import base64, os; '
             "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\")",
             secret=True,
@@ -381,6 +397,16 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         worker_failure_window=_parse(
             env, "TTS_WORKER_FAILURE_WINDOW", d.worker_failure_window, _int_in(1), "seconds, at least 1"
+        ),
+        webhook_retry_hours=_parse(
+            env, "TTS_WEBHOOK_RETRY_HOURS", d.webhook_retry_hours, _number_in(0, 720), "hours, more than 0 up to 720"
+        ),
+        webhook_retry_first=_parse(
+            env,
+            "TTS_WEBHOOK_RETRY_FIRST",
+            d.webhook_retry_first,
+            _number_in(0, 3600),
+            "seconds, more than 0 up to 3600",
         ),
         webhook_retry_delays=_parse(
             env,
@@ -496,15 +522,15 @@ WEBHOOK_SECRET_PREFIX = "whsec_"
 
 
 def _webhook_key(secret: str) -> bytes:
-    """The HMAC key of one `whsec_<base64>` secret; ValueError unless it is one of 16-64 bytes."""
+    """The HMAC key of one `whsec_<base64>` secret; ValueError unless it is one of 24-64 bytes (Standard Webhooks)."""
     if not secret.startswith(WEBHOOK_SECRET_PREFIX):
         raise ValueError("prefix")
     try:
         key = base64.b64decode(secret[len(WEBHOOK_SECRET_PREFIX) :], validate=True)
     except binascii.Error:
         raise ValueError("base64") from None
-    # Standard Webhooks asks for 24-64 bytes; fewer than 16 can be guessed.
-    if not 16 <= len(key) <= 64:
+    # Standard Webhooks' bounds: its libraries and receivers expect them.
+    if not 24 <= len(key) <= 64:
         raise ValueError("length")
     return key
 

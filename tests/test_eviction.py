@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -148,10 +149,13 @@ def test_a_webhook_event_has_no_ttl_until_its_delivery_is_over(redis: Redis) -> 
     [key] = redis.keys(event_key("*"))
     assert redis.ttl(key) == -1  # waiting for delivery: no volatile-* policy evicts it
     q = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
-    [job] = [q.fetch_job(job_id) for job_id in q.job_ids]
-    job.retries_left = 0  # this try is the last: it gives up
-    job.save()
     webhooks.bind(settings, redis)
     SimpleWorker([q], connection=redis, serializer=JSONSerializer).work(burst=True)
-    assert job.get_status(refresh=True) == "failed"
+    # The try failed and the next is scheduled (API 1.3: the delivery reschedules itself): still no TTL.
+    assert redis.hget(key, "state") == b"pending" and redis.hget(key, "attempts") == b"1"
+    assert redis.ttl(key) == -1 and q.scheduled_job_registry.count == 1
+    # Its next try comes past the retry window: given up.
+    webhooks.bind(replace(settings, webhook_retry_hours=1e-6), redis)
+    assert webhooks.deliver(key.decode().rsplit(":", 1)[1])["given_up"] is True
+    assert redis.hget(key, "state") == b"failed"
     assert 0 < redis.ttl(key) <= TTL  # given up: kept a while, then gone

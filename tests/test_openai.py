@@ -13,7 +13,7 @@ import httpx
 import pytest
 import soundfile
 from conftest import Stack, mp3_samples, wait_for
-from openai import AuthenticationError, BadRequestError, OpenAI, UnprocessableEntityError
+from openai import AuthenticationError, BadRequestError, OpenAI
 from redis import Redis
 
 from common import keys
@@ -54,7 +54,7 @@ def test_streaming_response_and_sharing_with_v1_tts(client: OpenAI, tone_stack: 
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="onyx", input="Streamed to the client.", response_format="wav", speed=1.0
     ) as response:
-        request_id = response.headers["x-request-id"]
+        request_id = response.headers["x-tts-id"]
         data = b"".join(response.iter_bytes())
     assert soundfile.info(io.BytesIO(data)).samplerate == 24000
     jobs_before = sorted(redis.keys("rq:job:*"))
@@ -71,7 +71,7 @@ def test_voices_seeds_and_speed_change_the_request(tone_stack: Stack) -> None:
             json={"model": "tts-1", "input": "Same words.", "response_format": "wav", **body},
         )
         assert r.status_code == 200, r.text
-        return r.headers["x-request-id"]
+        return r.headers["x-tts-id"]
 
     assert rid(voice="alloy") != rid(voice="echo")
     assert rid(voice="42") == rid(voice=42)
@@ -98,18 +98,21 @@ def test_unsupported_format_is_400_naming_the_supported(client: OpenAI) -> None:
         pytest.param({"input": "x", "voice": "alloy", "colour": 1}, "colour", id="unknown-field"),
     ],
 )
-def test_bad_speech_body_is_422_in_openais_shape(tone_stack: Stack, body: dict, field: str) -> None:
+def test_bad_speech_body_is_400_in_openais_shape(tone_stack: Stack, body: dict, field: str) -> None:
     r = httpx.post(tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
-    assert r.status_code == 422
+    assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error" and field in error["message"]
     assert set(error) == {"message", "type", "param", "code"}
 
 
 def test_sdk_raises_its_error_classes_with_our_message_and_param(client: OpenAI) -> None:
-    with pytest.raises(UnprocessableEntityError) as info:
+    with pytest.raises(BadRequestError) as info:
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
     assert info.value.param == "voice" and "nobody" in info.value.message
+    with pytest.raises(BadRequestError) as info:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", extra_body={"pitch": 2})
+    assert info.value.param == "pitch" and info.value.type == "invalid_request_error"
 
 
 def test_v1_tts_keeps_its_own_error_shape(tone_stack: Stack) -> None:
@@ -160,7 +163,7 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="onyx", input=TWO, response_format="pcm"
     ) as response:
-        request_id = response.headers["x-request-id"]
+        request_id = response.headers["x-tts-id"]
         assert "content-length" not in response.headers
         pieces = response.iter_bytes()
         first = next(pieces)
@@ -183,10 +186,17 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
 
 
 def _events(raw: bytes) -> list[dict]:
-    lines = raw.decode().split("\n\n")
-    assert lines[-1] == ""
-    assert all(line.startswith("data: ") for line in lines[:-1])
-    return [json.loads(line[len("data: ") :]) for line in lines[:-1]]
+    """The events of an SSE body; each must name its type in an `event:` line before its `data:` line."""
+    blocks = raw.decode().split("\n\n")
+    assert blocks[-1] == ""
+    events = []
+    for block in blocks[:-1]:
+        name, data = block.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: "), block
+        payload = json.loads(data[len("data: ") :])
+        assert payload["type"] == name[len("event: ") :]
+        events.append(payload)
+    return events
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "mp3", "aac", "flac"])
@@ -207,7 +217,7 @@ def test_sse_events_parse_and_their_usage_adds_up(client: OpenAI, redis: Redis, 
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert usage["input_tokens"] == len("Server - sent events , one delta at a time . Then usage .".split())
     pcm = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm").content
-    layout = json.loads(redis.get(keys.request_key(response.response.headers["x-request-id"])))
+    layout = json.loads(redis.get(keys.request_key(response.response.headers["x-tts-id"])))
     speech_samples = len(pcm) // 2 - sum(layout["pauses"]) * 24
     assert usage["output_tokens"] == math.ceil(speech_samples / 512)
 
@@ -228,3 +238,103 @@ def test_aac_decodes_to_the_stored_samples(client: OpenAI) -> None:
     # samples) first, and the last frame is padded to a whole 1024.
     stored = len(pcm) // 2
     assert stored + AAC_PRIMING <= decoded < stored + AAC_PRIMING + AAC_FRAME
+
+
+# -- OpenAI's listings, call ids, and streams that stop short (v1.3) --------------------
+
+
+def test_models_lists_openais_names_and_the_loaded_model(client: OpenAI, tone_stack: Stack) -> None:
+    ids = [model.id for model in client.models.list()]
+    served = httpx.get(tone_stack.url + "/readyz").json()["model"]["name"]
+    assert ids == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts", served]
+    raw = httpx.get(tone_stack.url + "/v1/models").json()
+    assert raw["object"] == "list" and all(m["object"] == "model" and m["owned_by"] for m in raw["data"])
+    # Every listed name is one `model` takes.
+    for name in ids:
+        assert client.audio.speech.create(model=name, voice="alloy", input="Listed.", response_format="pcm").content
+
+
+def test_audio_voices_lists_the_builtin_names_and_saved_voices(tone_stack: Stack) -> None:
+    saved = httpx.put(tone_stack.url + "/v1/voices/narrator", json={"seed": 77, "description": "calm"}, timeout=60)
+    assert saved.status_code == 201, saved.text
+    voices = httpx.get(tone_stack.url + "/v1/audio/voices").json()["voices"]
+    builtin = [v for v in voices if v["builtin"]]
+    assert [v["id"] for v in builtin][:2] == ["alloy", "ash"] and len(builtin) == 13
+    assert voices[-1] == {"id": "narrator", "name": "narrator", "builtin": False, "description": "calm"}
+    # Each listed id is a voice the speech route takes.
+    for voice in (builtin[0]["id"], "narrator"):
+        r = httpx.post(tone_stack.url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice}, timeout=60)
+        assert r.status_code == 200, r.text
+
+
+def test_each_call_has_its_own_request_id_and_a_callers_is_kept(tone_stack: Stack) -> None:
+    body = {"model": "tts-1", "input": "Twice the same words.", "voice": "alloy", "response_format": "wav"}
+    first = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    second = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    assert first.headers["x-tts-id"] == second.headers["x-tts-id"]  # one synthesis
+    assert first.headers["x-request-id"] != second.headers["x-request-id"]  # two calls
+    assert first.headers["x-request-id"] != first.headers["x-tts-id"]
+    given = "proxy-5f0c.42"
+    kept = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, headers={"X-Request-Id": given}, timeout=60)
+    assert kept.headers["x-request-id"] == given
+    # Free text is not echoed: it is replaced.
+    odd = httpx.get(tone_stack.url + "/healthz", headers={"X-Request-Id": "two words"})
+    assert odd.headers["x-request-id"] != "two words" and len(odd.headers["x-request-id"]) == 32
+    # Every route has one, errors included.
+    assert httpx.get(tone_stack.url + "/v1/tts/nothing").headers["x-request-id"]
+
+    def logged() -> list[dict]:
+        assert tone_stack.web is not None
+        lines = [json.loads(line) for line in tone_stack.web.output().splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("request_id") == given]
+
+    lines = wait_for(logged, 10, "the log line of the call with the caller's id")
+    assert isinstance(lines, list) and len(lines) == 1
+    line = lines[0]
+    assert line["id"] == first.headers["x-tts-id"] and line["route"] == "/v1/audio/speech"
+
+
+def _half_made(stack_factory: Callable[..., Stack]) -> Stack:
+    """A stack whose worker stored FIRST's chunk and then stopped: TWO's second chunk waits in the queue."""
+    stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="40")
+    stack.start_web()
+    worker = stack.start_worker()
+    stack.wait_ready()
+    stored = httpx.post(stack.url + "/v1/tts", json={"text": FIRST, "seed": 1007}).json()["id"]
+    assert httpx.get(f"{stack.url}/v1/tts/{stored}/audio?wait=30&format=wav").status_code == 200
+    worker.stop()
+    return stack
+
+
+def test_an_sse_stream_that_stops_short_ends_with_an_error_event(stack_factory: Callable[..., Stack]) -> None:
+    stack = _half_made(stack_factory)
+    body = {"model": "tts-1", "voice": "onyx", "input": TWO, "response_format": "pcm", "stream_format": "sse"}
+    with httpx.stream("POST", stack.url + "/v1/audio/speech", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(lines) == "event: speech.audio.delta"  # the stored first chunk
+        # Canceled while its second chunk waits: the stream cannot be whole.
+        assert httpx.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
+        rest = "\n".join(lines)
+    last = [line for line in rest.split("\n") if line.startswith("data: ")][-1]
+    error = json.loads(last[len("data: ") :])
+    assert error["type"] == "error" and "speech.audio.done" not in rest
+    assert error["error"]["code"] == "canceled" and error["error"]["type"] == "invalid_request_error"
+    assert "event: error" in rest
+
+
+def test_an_audio_stream_that_stops_short_is_an_incomplete_transfer(stack_factory: Callable[..., Stack]) -> None:
+    stack = _half_made(stack_factory)
+    client = OpenAI(base_url=stack.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice="onyx", input=TWO, response_format="pcm"
+    ) as response:
+        pieces = response.iter_bytes()
+        assert next(pieces)
+        assert httpx.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
+        # The client sees the transfer end without its last chunk, never a short clip that looks whole
+        # (the SDK's HTTP client, httpx2, raises its RemoteProtocolError).
+        with pytest.raises(Exception, match="incomplete chunked read") as info:
+            for _ in pieces:
+                pass
+        assert type(info.value).__name__ == "RemoteProtocolError"

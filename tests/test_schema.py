@@ -70,7 +70,9 @@ def test_the_websocket_is_described_with_its_messages() -> None:
     }
     speech = doc["paths"]["/v1/audio/speech"]["post"]
     assert set(speech["responses"]["200"]["content"]) >= {"audio/aac", "text/event-stream"}
-    assert speech["responses"]["422"]["content"]["application/json"]["schema"] == {
+    # What OpenAI refuses is 400 in its error shape, never 422 (API 1.3).
+    assert "422" not in speech["responses"]
+    assert speech["responses"]["400"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/OpenAIError"
     }
     assert schemas["SpeechRequest"]["properties"]["stream_format"]["enum"] == ["audio", "sse"]

@@ -91,7 +91,9 @@ def test_v11_values_are_read() -> None:
 def test_several_webhook_secrets_rotate() -> None:
     s = from_env({"TTS_WEBHOOK_SECRET": f"  {WHSEC_NEXT}   {WHSEC} "})
     assert s.webhook_secret == f"{WHSEC_NEXT} {WHSEC}" and s.webhook_keys == (b"n" * 32, b"k" * 24)
-    assert sum(Settings().webhook_retry_delays) / 60 > 9  # about ten minutes of retries by default
+    # API 1.3: backoff with jitter over a day by default, no fixed schedule.
+    assert (Settings().webhook_retry_hours, Settings().webhook_retry_delays) == (24.0, None)
+    assert from_env({"TTS_WEBHOOK_RETRY_HOURS": "0.5"}).webhook_retry_hours == 0.5
 
 
 @pytest.mark.parametrize(
@@ -105,6 +107,9 @@ def test_several_webhook_secrets_rotate() -> None:
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_not*base64*at-all!!", id="secret-not-base64"),
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 8).decode(), id="secret-8-bytes"),
         pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 65).decode(), id="secret-65-bytes"),
+        # Standard Webhooks: 24 bytes at least (API 1.3).
+        pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 23).decode(), id="secret-23-bytes"),
+        pytest.param("TTS_WEBHOOK_SECRET", "whsec_" + base64.b64encode(b"k" * 16).decode(), id="secret-16-bytes"),
         pytest.param(
             "TTS_WEBHOOK_SECRET",
             WHSEC + " whsec_" + base64.b64encode(b"k" * 8).decode(),
@@ -113,6 +118,10 @@ def test_several_webhook_secrets_rotate() -> None:
         pytest.param("TTS_WEBHOOK_ALLOW_PRIVATE", "maybe", id="allow-private-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "5,x", id="delays-word"),
         pytest.param("TTS_WEBHOOK_RETRY_DELAYS", "0", id="delays-zero"),
+        pytest.param("TTS_WEBHOOK_RETRY_HOURS", "0", id="retry-hours-zero"),
+        pytest.param("TTS_WEBHOOK_RETRY_HOURS", "nan", id="retry-hours-nan"),
+        pytest.param("TTS_WEBHOOK_RETRY_HOURS", "721", id="retry-hours-past-a-month"),
+        pytest.param("TTS_WEBHOOK_RETRY_FIRST", "-1", id="retry-first-negative"),
         pytest.param("TTS_WORKER_MAX_FAILURES", "0", id="worker-max-failures-zero"),
         pytest.param("TTS_WORKER_FAILURE_WINDOW", "soon", id="worker-failure-window-word"),
     ],

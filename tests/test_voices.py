@@ -80,7 +80,7 @@ def test_save_use_replace_list_and_delete_a_voice(stack: Stack) -> None:
         timeout=60,
         json={"model": "tts-1", "input": "Voices, saved and mixed.", "voice": "calm", "response_format": "wav"},
     )
-    assert speech.status_code == 200 and speech.headers["x-request-id"] == first, speech.text
+    assert speech.status_code == 200 and speech.headers["x-tts-id"] == first, speech.text
 
     # Saving over the name: new requests get the new voice, never the old audio.
     replaced = _put(stack, "calm", {"seed": 8})

@@ -9,7 +9,7 @@ import threading
 import time
 import wave
 import zlib
-from datetime import UTC
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -39,6 +39,8 @@ class Receiver:
         self.answers: dict[str, list[int]] = {}
         # path -> seconds to hold each call before answering.
         self.delays: dict[str, float] = {}
+        # path -> headers to answer with (Retry-After).
+        self.headers: dict[str, dict[str, str]] = {}
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -54,6 +56,8 @@ class Receiver:
                 self.send_response(status)
                 if status in (301, 302, 307, 308):
                     self.send_header("Location", "/landed")
+                for name, value in receiver.headers.get(path, {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -144,6 +148,10 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     submitted = _submit(stack, "Call me back. When it is done.", receiver.url + "/done?user=7", 202)
     event = _verify(receiver.wait("/done", 1)[0])
     assert event["id"] == submitted["id"] and event["status"] == "finished" and "error" not in event
+    # Standard Webhooks' envelope fields (API 1.3): the type, and when the event was made.
+    assert event["type"] == "tts.finished"
+    made = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+    assert made.tzinfo is not None and abs(made.timestamp() - time.time()) < 60
     assert event["audio_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/audio"
     assert event["captions_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/captions"
     wav = httpx.get(f"{stack.url}/v1/tts/{submitted['id']}/audio").content
@@ -205,8 +213,6 @@ def test_sign_matches_the_reference_implementation() -> None:
     body = b'{"id":"x","status":"finished"}'
     keys = (b"a" * 24, b"b" * 32)
     header = webhooks.sign(keys, "evt_1", "1796135224", body)
-    from datetime import datetime
-
     at = datetime.fromtimestamp(1796135224, tz=UTC)
     assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
 
@@ -280,6 +286,7 @@ def test_canceled_and_failed_requests_post_their_events(
     assert httpx.delete(stack.url + canceled["status_url"]).status_code == 204
     event = _verify(receiver.wait("/canceled", 1)[0])
     assert event["status"] == "canceled" and event["audio_seconds"] == 0 and "error" not in event
+    assert event["type"] == "tts.canceled"
 
     failing = _submit(stack, "Fail me.", receiver.url + "/failed", 202)
     key = f"rq:job:{failing['id']}"
@@ -296,6 +303,7 @@ def test_canceled_and_failed_requests_post_their_events(
     wait_for(retried, 60, "the retry to fail and its event", interval=0.5)
     event = _verify(receiver.at("/failed")[0])
     assert event["status"] == "failed" and "model" in event["error"] and "Traceback" not in event["error"]
+    assert event["type"] == "tts.failed"
     time.sleep(0.5)
     assert len(receiver.at("/failed")) == 1
 
@@ -429,3 +437,172 @@ def test_secrets_stay_out_of_logs_and_torch_out_of_the_webhooks_process(
         assert b"s3cr3t-path" not in shown and b"hook-pass" not in shown and b"t0psecret" not in shown
     maps = Path(f"/proc/{hooks.pid}/maps").read_text()
     assert "libtorch" not in maps and "torch/lib" not in maps
+
+
+# -- API 1.3: retries over hours with jitter, Retry-After, 410 Gone, the delivery state --------------------
+
+
+def _deliveries(stack: Stack, request_id: str) -> list[dict[str, Any]]:
+    status = httpx.get(f"{stack.url}/v1/tts/{request_id}")
+    assert status.status_code == 200, status.text
+    return status.json().get("webhooks", [])  # type: ignore[no-any-return]
+
+
+def _state_is(stack: Stack, request_id: str, state: str) -> list[dict[str, Any]] | None:
+    found = _deliveries(stack, request_id)
+    return found if found and all(d["state"] == state for d in found) else None
+
+
+def test_backoff_doubles_with_jitter_up_to_an_hour() -> None:
+    import random
+
+    rng = random.Random(7)
+    for attempts, ceiling in ((1, 5), (2, 10), (3, 20), (8, 640), (10, 2560), (11, 3600), (60, 3600)):
+        waits = [webhooks.backoff(attempts, 5.0, rng) for _ in range(200)]
+        assert all(ceiling / 2 <= w <= ceiling for w in waits), (attempts, min(waits), max(waits))
+        assert len(set(waits)) > 100  # jittered: receivers that failed together are not called together
+
+
+@pytest.mark.parametrize(
+    ("env", "attempts", "age", "retry_after", "expected"),
+    [
+        pytest.param({}, 1, 0.0, None, (2.5, 5.0), id="first-retry"),
+        pytest.param({}, 1, 0.0, 120.0, (120.0, 120.0), id="retry-after-is-a-floor"),
+        pytest.param({}, 12, 3600.0, None, (1800.0, 3600.0), id="hourly-late-on"),
+        pytest.param({}, 30, 24 * 3600 - 60.0, None, None, id="past-24-hours-given-up"),
+        pytest.param({}, 2, 0.0, 25 * 3600.0, None, id="retry-after-past-the-window-given-up"),
+        pytest.param({"TTS_WEBHOOK_RETRY_HOURS": "0.01"}, 3, 30.0, None, None, id="short-window"),
+        pytest.param({"TTS_WEBHOOK_RETRY_DELAYS": "2,1"}, 2, 0.0, None, (1.0, 1.0), id="fixed-schedule"),
+        pytest.param({"TTS_WEBHOOK_RETRY_DELAYS": "2,1"}, 2, 0.0, 4.0, (4.0, 4.0), id="fixed-and-retry-after"),
+        pytest.param({"TTS_WEBHOOK_RETRY_DELAYS": "2,1"}, 3, 0.0, None, None, id="fixed-schedule-spent"),
+    ],
+)
+def test_retry_delay(
+    env: dict[str, str], attempts: int, age: float, retry_after: float | None, expected: tuple[float, float] | None
+) -> None:
+    delay = webhooks.retry_delay(from_env(env), attempts, age, retry_after)
+    if expected is None:
+        assert delay is None
+    else:
+        assert delay is not None and expected[0] <= delay <= expected[1]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        pytest.param(None, None, id="absent"),
+        pytest.param("7", 7.0, id="seconds"),
+        pytest.param(" 30 ", 30.0, id="seconds-spaced"),
+        pytest.param("Wed, 02 Dec 2026 10:00:20 GMT", 20.0, id="http-date"),
+        pytest.param("Wed, 02 Dec 2026 09:59:00 GMT", 0.0, id="http-date-past"),
+        pytest.param("soon", None, id="word"),
+        pytest.param("-5", None, id="negative"),
+    ],
+)
+def test_retry_after_header(header: str | None, expected: float | None) -> None:
+    now = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC).timestamp()
+    assert webhooks.retry_after_seconds(header, now) == expected
+
+
+def test_retries_back_off_with_jitter_until_the_window_closes(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
+    """No fixed schedule: waits of about 1, 2, 4 s (each between half and all of it) in a 12-second window."""
+    stack = _stack(
+        stack_factory, TTS_WEBHOOK_RETRY_DELAYS="", TTS_WEBHOOK_RETRY_FIRST="1", TTS_WEBHOOK_RETRY_HOURS="0.0035"
+    )
+    receiver.answers["/never"] = [500]
+    request_id = _submit(stack, "Never answered well.", receiver.url + "/never")["id"]
+    given_up = wait_for(lambda: _state_is(stack, request_id, "failed"), 40, "the event to be given up", interval=0.3)
+    assert isinstance(given_up, list)
+    tries = receiver.at("/never")
+    assert given_up == [{"url": receiver.url + "/never", "state": "failed", "attempts": len(tries), "last_status": 500}]
+    assert 3 <= len(tries) <= 6
+    assert len({c["headers"]["webhook-id"] for c in tries}) == 1
+    gaps = [b["at"] - a["at"] for a, b in zip(tries, tries[1:])]
+    # RQ's scheduler runs due jobs to the whole second: each wait is within a second or so of its jittered value.
+    for n, gap in enumerate(gaps, start=1):
+        assert 2 ** (n - 1) / 2 - 1 <= gap <= 2 ** (n - 1) + 2.5, gaps
+    assert tries[-1]["at"] - tries[0]["at"] <= 0.0035 * 3600 + 2
+    time.sleep(2)
+    assert len(receiver.at("/never")) == len(tries)  # nothing after it was given up
+
+
+def test_retry_after_is_honoured_and_the_state_shows_in_the_status(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
+    stack = _stack(stack_factory, worker=False, TTS_WEBHOOK_RETRY_DELAYS="1,1")
+    receiver.answers["/busy"] = [503, 200]
+    receiver.headers["/busy"] = {"Retry-After": "4"}
+    request_id = _submit(stack, "Come back in four seconds.", receiver.url + "/busy", 202)["id"]
+    # Registered while the request waits for a worker: pending, never tried.
+    assert _deliveries(stack, request_id) == [
+        {"url": receiver.url + "/busy", "state": "pending", "attempts": 0, "last_status": None}
+    ]
+    stack.run_worker_burst()
+    first = receiver.wait("/busy", 1)[0]
+    after_first = wait_for(lambda: _deliveries(stack, request_id)[0]["attempts"] == 1, 10, "the first try's state")
+    assert after_first
+    assert _deliveries(stack, request_id) == [
+        {"url": receiver.url + "/busy", "state": "pending", "attempts": 1, "last_status": 503}
+    ]
+    second = receiver.wait("/busy", 2, timeout=30)[1]
+    assert second["at"] - first["at"] >= 3.9  # the receiver's 4 s, not the schedule's 1 s
+    assert wait_for(lambda: _state_is(stack, request_id, "delivered"), 10, "the delivered state") == [
+        {"url": receiver.url + "/busy", "state": "delivered", "attempts": 2, "last_status": 200}
+    ]
+
+
+def test_410_gone_stops_the_event_and_later_ones_to_that_url(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
+    stack = _stack(stack_factory, TTS_WEBHOOK_RETRY_DELAYS="1,1")
+    receiver.answers["/gone"] = [410]
+    first = _submit(stack, "Nobody lives here any more.", receiver.url + "/gone")["id"]
+    assert wait_for(lambda: _state_is(stack, first, "gone"), 20, "the gone state") == [
+        {"url": receiver.url + "/gone", "state": "gone", "attempts": 1, "last_status": 410}
+    ]
+    # Another request's event to the same URL is not sent; another URL's is.
+    second = _submit(stack, "Still nobody there.", receiver.url + "/gone")["id"]
+    _submit(stack, "Still nobody there.", receiver.url + "/here")
+    receiver.wait("/here", 1)
+
+    def states() -> dict[str, tuple[str, int]] | None:
+        found = {d["url"].rsplit("/", 1)[1]: (d["state"], d["attempts"]) for d in _deliveries(stack, second)}
+        return found if found.get("gone", ("",))[0] == "gone" else None
+
+    assert wait_for(states, 20, "the later event's gone state") == {"gone": ("gone", 0), "here": ("delivered", 1)}
+    time.sleep(1.5)  # a retry would have come by now
+    assert len(receiver.at("/gone")) == 1
+    wait_for(lambda: _scrape(stack, "tts_webhook_deliveries_total", result="gone") == 2, 10, "two gone tries counted")
+
+
+def test_each_tenant_sees_only_its_own_callbacks_delivery(
+    stack_factory: Callable[..., Stack], receiver: Receiver
+) -> None:
+    alice, bob = "alice-key-0123456789abcdef", "bob-key-0123456789abcdefgh"
+    stack = _stack(stack_factory, TTS_API_KEYS=f"alice={alice},bob={bob}")
+    ids = set()
+    for key, path in ((alice, "/alice"), (bob, "/bob")):
+        r = httpx.post(
+            stack.url + "/v1/tts",
+            json={"text": "One request, two tenants.", "callback_url": receiver.url + path},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert r.status_code in (200, 202), r.text
+        ids.add(r.json()["id"])
+    (request_id,) = ids  # shared (TTS_TENANCY=shared): one job, one id
+    receiver.wait("/alice", 1)
+    receiver.wait("/bob", 1)
+
+    def seen(key: str) -> list[dict[str, Any]] | None:
+        r = httpx.get(f"{stack.url}/v1/tts/{request_id}", headers={"Authorization": f"Bearer {key}"})
+        hooks = r.json().get("webhooks", [])
+        return hooks if hooks and all(h["state"] == "delivered" for h in hooks) else None
+
+    assert wait_for(lambda: seen(alice), 10, "alice's delivery") == [
+        {"url": receiver.url + "/alice", "state": "delivered", "attempts": 1, "last_status": 200}
+    ]
+    assert wait_for(lambda: seen(bob), 10, "bob's delivery") == [
+        {"url": receiver.url + "/bob", "state": "delivered", "attempts": 1, "last_status": 200}
+    ]

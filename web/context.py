@@ -51,6 +51,8 @@ class Context:
         # The OpenAPI document as JSON, made by the first GET /openapi.json
         # (service.py): settings never change in a process.
         self.openapi_json: bytes | None = None
+        # WebSocket sessions this process holds open now (tts_websocket_sessions).
+        self.open_sockets = 0
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -23,7 +23,7 @@ from common import audio
 from common.settings import Settings
 from web import bodies, captions, replies
 
-VERSION = "1.2"
+VERSION = "1.3"
 _JSON = "application/json"
 # The Content-Types of what each audio route serves.
 _TTS_MEDIA = sorted({audio.FORMATS[fmt][0] for fmt in audio.TTS_FORMATS})
@@ -55,6 +55,8 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.SegmentDone,
     replies.Cleared,
     replies.ErrorEvent,
+    replies.ModelList,
+    replies.AudioVoiceList,
 )
 # What the WebSocket sends, by the names of their schemas.
 SOCKET_EVENTS = (
@@ -71,7 +73,7 @@ SOCKET_EVENTS = (
 WEBSOCKETS = "x-websockets"
 SPEECH_SOCKET = "/v1/audio/speech/websocket"
 # Paths whose errors have OpenAI's shape (service.OPENAI_ROUTES).
-OPENAI_PATHS = ("/v1/audio/speech",)
+OPENAI_PATHS = ("/v1/audio/speech", "/v1/models", "/v1/audio/voices")
 
 
 def components(settings: Settings) -> dict[str, Any]:
@@ -148,7 +150,11 @@ def _headers() -> dict[str, Any]:
         ),
         "Cache-Control": header("Audio never changes under its URL."),
         "Content-Disposition": header("A file name for the download."),
-        "X-Request-Id": header("The /v1/tts id of the same request.", pattern=ID_PATTERN),
+        "X-Request-Id": header(
+            "The id of this HTTP call: the caller's X-Request-Id when it is a plain token (letters, digits and "
+            "._:/+=@-, at most 128), else a new one; logged with the call."
+        ),
+        "X-TTS-Id": header("The /v1/tts id of the audio served.", pattern=ID_PATTERN),
         "WWW-Authenticate": header("Bearer."),
     }
 
@@ -361,9 +367,26 @@ def schema(settings: Settings) -> dict[str, Any]:
                     "500": _error("Synthesis failed; the message is safe to show."),
                     "504": _error(f"Not ready within {settings.speech_wait} s; it goes on: poll Location.", "Location"),
                     **common,
-                    **body_errors,
-                    "400": _error("The body is not JSON, or response_format is not supported."),
+                    **{status: answer for status, answer in body_errors.items() if status != "422"},
+                    "400": _error(
+                        "What OpenAI refuses: the body is not JSON, or a field is unknown, of the wrong type, out "
+                        "of range or not supported (`param` names it)."
+                    ),
                 },
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "OpenAI-compatible: the model names POST /v1/audio/speech takes",
+                "responses": {"200": _json(_ref("ModelList"), "OpenAI's list object."), **common},
+            }
+        },
+        "/v1/audio/voices": {
+            "get": {
+                "operationId": "listAudioVoices",
+                "summary": "The voices POST /v1/audio/speech takes by name: the built-in ones, then the saved ones",
+                "responses": {"200": _json(_ref("AudioVoiceList"), "The voices."), **common},
             }
         },
         "/v1/voices": {
@@ -461,10 +484,24 @@ def schema(settings: Settings) -> dict[str, Any]:
                 "summary": "Prometheus text format",
                 "responses": {
                     "200": {
-                        "description": "The metrics of every web process and worker.",
+                        "description": "The service's figures: every web process and worker, added up in Redis "
+                        "(one scrape target per service: every replica answers the same), and tts_build_info.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
                     **common,
+                },
+            }
+        },
+        "/metrics/process": {
+            "get": {
+                "operationId": "processMetrics",
+                "summary": "Prometheus text format: this web process only",
+                "responses": {
+                    "200": {
+                        "description": "This process's own figures since it started, process_*, tts_build_info "
+                        "and tts_websocket_sessions (one scrape target per process: sums over replicas are right).",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
                 },
             }
         },
@@ -555,28 +592,29 @@ def _speech_answer() -> dict[str, Any]:
     answer = _binary(
         _SPEECH_MEDIA,
         "stream_format audio: the audio bytes as they are made (chunked transfer; "
-        "a stored request comes whole, with its length; flac always whole).",
-        {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}},
+        "a stored request comes whole, with its length; flac always whole). A synthesis that stops "
+        "midway cuts the transfer without its last chunk (an incomplete transfer), never a clean end.",
+        {name: {"$ref": f"#/components/headers/{name}"} for name in ("X-Request-Id", "X-TTS-Id")},
     )
     answer["description"] += (
-        " stream_format sse: text/event-stream, each event `data: <JSON>` and a blank line: "
+        " stream_format sse: text/event-stream, each event `event: <type>`, `data: <JSON>` and a blank line: "
         "speech.audio.delta events (Delta: base64 of the next bytes in "
-        "response_format) in order, then one speech.audio.done (Done, with usage). "
-        "A stream whose synthesis fails midway ends without its last chunk (an "
-        "incomplete transfer)."
+        "response_format) in order, then one speech.audio.done (Done, with usage); a synthesis "
+        "that stops midway ends with an error event (ErrorEvent) instead of speech.audio.done."
     )
     # Each event, as OpenAPI 3.2 describes a stream's items (a 3.1 `schema` of
     # an event stream is read per event): its `data` is JSON of Delta or Done.
     answer["content"]["text/event-stream"] = {
         "schema": {
             "type": "object",
-            "required": ["data"],
+            "required": ["event", "data"],
             "properties": {
+                "event": {"type": "string", "enum": ["speech.audio.delta", "speech.audio.done", "error"]},
                 "data": {
                     "type": "string",
                     "contentMediaType": _JSON,
-                    "contentSchema": {"oneOf": [_ref("Delta"), _ref("Done")]},
-                }
+                    "contentSchema": {"oneOf": [_ref("Delta"), _ref("Done"), _ref("ErrorEvent")]},
+                },
             },
         }
     }
@@ -591,8 +629,10 @@ def _event_operation() -> dict[str, Any]:
 
     return {
         "summary": "The request is finished, failed or canceled",
-        "description": "Delivered at least once: a try without a 2xx answer within 10 s is retried with "
-        "backoff for about 10 minutes, then given up. Redirects are not followed.",
+        "description": "Delivered at least once: a try without a 2xx answer within 15 s is retried with "
+        "exponential backoff and jitter (never sooner than the receiver's Retry-After) for "
+        "TTS_WEBHOOK_RETRY_HOURS (24 by default), then given up; 410 Gone stops it and every later event "
+        "to that URL. GET /v1/tts/{id} shows each URL's delivery. Redirects are not followed.",
         "parameters": [
             {
                 "name": "webhook-id",
@@ -611,5 +651,8 @@ def _event_operation() -> dict[str, Any]:
             },
         ],
         "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("WebhookEvent")}}},
-        "responses": {"2XX": {"description": "Received; any other answer is retried."}},
+        "responses": {
+            "2XX": {"description": "Received; any other answer but 410 is retried."},
+            "410": {"description": "Gone: no more events are sent to this URL."},
+        },
     }

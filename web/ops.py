@@ -69,4 +69,20 @@ async def prometheus(ctx: Context, request: Request) -> Response:
         live = {q.name: queueing.census(q.connection, q.name).live for q in (ctx.queue, hooks)}
         return metrics.queue_gauges(live, ctx.queue, hooks)
 
-    return Response(metrics.render(stored, await run_in_threadpool(gauges)), media_type=metrics.CONTENT_TYPE)
+    found = [*await run_in_threadpool(gauges), await _build_info(ctx)]
+    return Response(metrics.render(stored, found), media_type=metrics.CONTENT_TYPE)
+
+
+async def process_prometheus(ctx: Context, request: Request) -> Response:
+    """Prometheus text format: this web process's own figures since it started, `process_*`, its open
+    WebSocket sessions and the build: one scrape target per process, so sums over the replicas are right."""
+    gauges = [await _build_info(ctx), metrics.websocket_gauge(ctx.open_sockets)]
+    return Response(metrics.render_process(ctx.metrics, gauges), media_type=metrics.CONTENT_TYPE)
+
+
+async def _build_info(ctx: Context) -> GaugeMetricFamily:
+    try:
+        model = await ctx.model()
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        model = None  # the build is still worth a scrape while Redis is away
+    return metrics.build_info(metrics.version(), "" if model is None else model.name, ctx.settings.scheduling)

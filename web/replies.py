@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from cache import ID_PATTERN
 from web.bodies import NAME_PATTERN, Seed, Session
+from webhooks import WebhookDelivery
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -163,6 +164,37 @@ class ErrorEvent(Reply, tag_field="type", tag="error"):
     context_id: Annotated[str, Meta(description="The context at fault, when one is.")] | UnsetType = UNSET
 
 
+class ModelCard(Reply):
+    """One model of GET /v1/models, in OpenAI's shape."""
+
+    id: str
+    object: Literal["model"]
+    created: Annotated[int, Meta(ge=0, description="Unix seconds; 0: not known.")]
+    owned_by: str
+
+
+class ModelList(Reply):
+    """GET /v1/models: the names POST /v1/audio/speech's `model` takes, as OpenAI's list object."""
+
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class AudioVoice(Reply):
+    """One voice of GET /v1/audio/voices: a built-in (OpenAI) name or one of the caller's saved voices."""
+
+    id: Annotated[str, Meta(pattern=NAME_PATTERN, description="What POST /v1/audio/speech's `voice` takes.")]
+    name: str
+    builtin: bool
+    description: str
+
+
+class AudioVoiceList(Reply):
+    """GET /v1/audio/voices: the voices POST /v1/audio/speech takes by name, built-in ones first."""
+
+    voices: list[AudioVoice]
+
+
 class Progress(Reply):
     chunks_done: Annotated[int, Meta(ge=0)]
     chunks_total: Annotated[int, Meta(ge=1)]
@@ -184,6 +216,10 @@ class TtsStatus(Reply):
     progress: Progress
     position: Annotated[int, Meta(ge=0, description="Place in the queue (when queued).")] | UnsetType = UNSET
     error: Annotated[str, Meta(description="Why it failed (when failed), in safe words.")] | UnsetType = UNSET
+    webhooks: (
+        Annotated[list[WebhookDelivery], Meta(description="Each callback URL's delivery (when it has any).")]
+        | UnsetType
+    ) = UNSET
 
 
 class SeedVoice(Reply):

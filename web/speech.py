@@ -3,12 +3,18 @@
 `stream_format: "audio"` sends the encoded bytes as the relay (relay.py)
 yields them; `"sse"` sends them base64 in `speech.audio.delta` events and
 ends with `speech.audio.done` and its usage. A request whose audio is all
-stored is answered whole (with its length) at once.
+stored is answered whole (with its length) at once. A stream that stops
+before its audio is whole never ends cleanly: `sse` sends an `error` event
+last, `audio` is cut without its last chunk (tts.AudioStream).
+
+Also OpenAI's listings that clients read before they speak: GET /v1/models
+(the names `model` takes) and, in voices.py, GET /v1/audio/voices.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import math
 import re
 import time
@@ -26,9 +32,15 @@ from web import bodies, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
 from web.context import Context, tenant_of
 from web.relay import Relay
-from web.replies import Delta, Done, Usage
+from web.replies import Delta, Done, ErrorEvent, ModelCard, ModelList, Usage, openai_error, reply
+
+logger = logging.getLogger("service")
 
 ROUTE = "/v1/audio/speech"
+# OpenAI's speech model names, which `model` takes (besides the loaded model's own name).
+OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+# The header naming the /v1/tts id of the audio served; X-Request-Id names the HTTP call (metrics.RequestTelemetry).
+TTS_ID = "X-TTS-Id"
 # The OpenAI route names these of our fields by its own.
 NAMES = {"text": "input", "voice": "voice", "speaker": "voice", "seed": "voice"}
 # What one pre-token is, as ChatTTS's BERT tokenizer splits text before
@@ -69,7 +81,7 @@ async def speech(ctx: Context, request: Request) -> Response:
     request_id = spec.request_id()
     _, job = await tts.ensure(ctx, spec, request_id, tenant)
     layout = manifest(spec)
-    headers = {"X-Request-Id": request_id}
+    headers = {TTS_ID: request_id}
     if body.stream_format == "audio" and (job is None or fmt == "flac"):
         return await _whole(ctx, request_id, layout, fmt, job is not None, headers, tenant)
     relay = Relay(ctx, request_id, layout, ROUTE, started)
@@ -79,7 +91,8 @@ async def speech(ctx: Context, request: Request) -> Response:
         raise _late(ctx, request_id)
     headers.update({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
     if body.stream_format == "sse":
-        return tts.AudioStream(_events(pieces, fmt, spec, relay), media_type="text/event-stream", headers=headers)
+        events = _events(ctx, pieces, fmt, spec, relay, (layout, tenant))
+        return tts.AudioStream(events, media_type="text/event-stream", headers=headers)
     return tts.AudioStream(tts.encoded(pieces, fmt), media_type=audio.FORMATS[fmt][0], headers=headers)
 
 
@@ -113,24 +126,65 @@ def _late(ctx: Context, request_id: str) -> ApiError:
 
 
 def event(payload: msgspec.Struct) -> bytes:
-    """One server-sent event carrying `payload` as JSON."""
-    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+    """One server-sent event carrying `payload` as JSON, named by its `type` (an `event:` line) when it has one."""
+    tag = payload.__struct_config__.tag
+    name = b"event: " + str(tag).encode() + b"\n" if isinstance(tag, str) else b""
+    return name + b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
 async def _events(
-    pieces: AsyncGenerator[bytes, None], fmt: str, spec: Spec, relay: Relay
+    ctx: Context,
+    pieces: AsyncGenerator[bytes, None],
+    fmt: str,
+    spec: Spec,
+    relay: Relay,
+    asked: tuple[dict[str, Any], str],
 ) -> AsyncGenerator[bytes | None, None]:
-    """The SSE body: a delta per encoded piece, then done with usage; cut short (None) if the relay is."""
+    """The SSE body: a delta per encoded piece, then done with usage; an `error` event last if the audio stops short.
+
+    `asked`: the request's manifest and the caller's tenant, for what the error event says.
+    """
     whole: list[bytes] | None = [] if fmt == "flac" else None  # flac is encoded once, at the end
-    async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):
-        if data is None:
-            yield None
-            return
+    try:
+        async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):
+            if data is None:
+                yield event(await _stopped(ctx, relay.request_id, *asked))
+                return
+            if whole is not None:
+                whole.append(data)
+                continue
+            yield event(Delta(audio=base64.b64encode(data).decode()))
         if whole is not None:
-            whole.append(data)
-            continue
-        yield event(Delta(audio=base64.b64encode(data).decode()))
-    if whole is not None:
-        data = await run_in_threadpool(audio.encode, b"".join(whole), fmt)
-        yield event(Delta(audio=base64.b64encode(data).decode()))
+            data = await run_in_threadpool(audio.encode, b"".join(whole), fmt)
+            yield event(Delta(audio=base64.b64encode(data).decode()))
+    except Exception:
+        # The answer has started: its status cannot change, so the event says it.
+        logger.exception("the event stream of %s failed", relay.request_id)
+        yield event(ErrorEvent(error=openai_error(500, "the stream failed; submit the request again").error))
+        return
     yield event(Done(usage=usage(spec, relay)))
+
+
+async def _stopped(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> ErrorEvent:
+    """The error event of a stream whose job stopped before its audio was whole: failed, canceled or timed out."""
+    try:
+        await tts.not_ready(ctx, request_id, layout, tenant)
+    except ApiError as exc:  # failed (500) or canceled (409)
+        code = {409: "canceled", 500: "synthesis_failed"}.get(exc.status)
+        return ErrorEvent(error=openai_error(exc.status, exc.detail, code=code).error)
+    return ErrorEvent(
+        error=openai_error(504, "the audio stopped coming before it was complete; submit the request again").error
+    )
+
+
+# -- GET /v1/models ---------------------------------------------------------------------
+
+
+async def models(ctx: Context, request: Request) -> Response:
+    """GET /v1/models: OpenAI's list of the names `model` takes, the loaded model's own name last."""
+    names = list(OPENAI_MODELS)
+    model = await ctx.model()
+    if model is not None and model.name not in names:
+        names.append(model.name)
+    cards = [ModelCard(id=name, object="model", created=0, owned_by="chattts-service") for name in names]
+    return reply(ModelList(object="list", data=cards))

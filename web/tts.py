@@ -278,7 +278,11 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     tenant = tenant_of(request)
     layout = await manifest_of(ctx, request_id, tenant)
     if request.method == "GET":
-        return reply(await status_of(ctx, request_id, layout, tenant))
+        status = await status_of(ctx, request_id, layout, tenant)
+        hooks = await webhooks.deliveries(ctx.redis, request_id, tenant)
+        if hooks:
+            status.webhooks = hooks
+        return reply(status)
     await run_in_threadpool(_cancel, ctx, request_id, layout["chunks"], tenant)
     return Response(status_code=204)
 

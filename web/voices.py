@@ -31,7 +31,7 @@ from common.speakers import encode_speaker
 from web import bodies, validation
 from web.bodies import MixPart, VoiceRequest
 from web.context import Context, tenant_of
-from web.replies import SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
+from web.replies import AudioVoice, AudioVoiceList, SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
 from work import queueing
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
@@ -279,8 +279,8 @@ async def _delete(ctx: Context, request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def listing(ctx: Context, request: Request) -> Response:
-    """GET /v1/voices: the caller's saved voices (without their speaker strings) and the built-in names, by name."""
+async def _summaries(ctx: Context, request: Request) -> list[VoiceSummary]:
+    """The caller's saved voices (without their speaker strings), sorted by name."""
     saved = await ctx.redis.hgetall(voices_key(tenant_of(request)))
     voices = []
     for raw_name, raw in sorted(saved.items()):
@@ -293,4 +293,22 @@ async def listing(ctx: Context, request: Request) -> Response:
                 updated=record["updated"],
             )
         )
-    return reply(VoiceList(voices=voices, builtin=sorted(BUILTIN)))
+    return voices
+
+
+async def listing(ctx: Context, request: Request) -> Response:
+    """GET /v1/voices: the caller's saved voices (without their speaker strings) and the built-in names, by name."""
+    return reply(VoiceList(voices=await _summaries(ctx, request), builtin=sorted(BUILTIN)))
+
+
+async def audio_voices(ctx: Context, request: Request) -> Response:
+    """GET /v1/audio/voices: what Open WebUI and similar clients list, built-in names first, then saved ones."""
+    builtin = [
+        AudioVoice(id=name, name=name, builtin=True, description=f"built in: seed {seed}")
+        for name, seed in sorted(BUILTIN.items())
+    ]
+    saved = [
+        AudioVoice(id=v.name, name=v.name, builtin=False, description=v.description)
+        for v in await _summaries(ctx, request)
+    ]
+    return reply(AudioVoiceList(voices=builtin + saved))
