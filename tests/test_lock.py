@@ -28,7 +28,7 @@ def declared(group: str) -> dict[str, str]:
     pins = {}
     for spec in specs:
         name, version = spec.split("==")
-        pins[_name(name)] = version
+        pins[_name(name.split("[")[0])] = version  # an extra's packages are locked under the project's name
     return pins
 
 
