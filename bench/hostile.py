@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from harness import percentile
 from traffic import Life, Record
@@ -29,13 +29,14 @@ BUSY, QUIET = "busy", "quiet"
 # Seconds between QUIET's one-sentence requests (an open loop, throughout the load).
 PROBE_EVERY = 1.0
 # The flood: a burst of this many seconds of the measured capacity, all submitted at once.
-FLOOD_CAPACITY_SECONDS = 12.0
+FLOOD_CAPACITY_SECONDS = 10.0
 # QUIET's p95 latency while the flood lasts may be at most this multiple of its p95 before the flood. Tenants
-# take the model's rows in turn (docs/tenants.md), so a QUIET request waits for the next free row of a loop
-# that is now always full: about one more chunk's decode at most, and steps of full rows cost more than the
-# part-full ones of a 70 % load. Twice its usual latency allows that; without the turns it would queue
-# behind the whole burst, tens of times its usual latency (the flood's length is reported beside).
-FLOOD_BOUND = 2.0
+# take the model's rows in turn (docs/tenants.md), so a QUIET request is not queued behind the flood, but in a
+# loop that is now always full it waits for the next free row (up to one chunk's decode) and then decodes in
+# steps of full rows, which cost more than the part-full ones of a 70 % load: about twice its usual time,
+# and more at the tail. Without the turns it would wait behind the whole burst: the flood's length,
+# reported beside, tens of times its usual latency.
+FLOOD_BOUND = 3.0
 # The web process that the poison is also sent to splits text into chunks of this many characters (the
 # highest TTS_CHUNK_CHARS allows): long numbers and brackets then reach the model whole, as they did when
 # they broke the loop at TTS_CHUNK_CHARS >= 320.
@@ -150,12 +151,15 @@ def count_poison(record: Record) -> PoisonCount:
     return PoisonCount(len(record.lives), refused, made, failed, wrong)
 
 
-def victims(record: Record, window: tuple[float, float]) -> tuple[int, list[str]]:
-    """New requests of `record` in flight during `window` (loop time), and why each that failed did."""
+def victims(record: Record, window: tuple[float, float], excused: Callable[[Life], bool]) -> tuple[int, list[str]]:
+    """New requests of `record` in flight during `window` (loop time), and why each that failed did, unless
+    `excused` says another fault explains its end."""
     during = [life for life in record.lives if life.sent <= window[1] and life.done >= window[0]]
     failed = []
     for life in during:
         rid = life.request_id
+        if excused(life):
+            continue
         if life.status not in (200, 202):
             failed.append(f"{life.kind}: {life.status or 'no answer'}")
         elif rid is not None and rid in record.failed:
