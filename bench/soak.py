@@ -33,6 +33,21 @@ logged per log file, and both workers must be registered again within
 FULL_BACK s of Redis having room, by themselves (the supervisor restarts a
 worker that exits, so an exit counts as a failure, not a recovery).
 
+Every process gets two named API keys (TTS_API_KEYS): tenant `busy` sends
+the mixed load, and tenant `quiet` one new one-sentence request every
+second throughout, each timed from its POST to its audio. Two hostile phases
+come before the first fault (bench/hostile.py): at 8 % `busy` submits a
+flood, FLOOD_CAPACITY_SECONDS of the measured capacity in distinct requests
+at once, and `quiet`'s p95 latency while it is worked off must stay within
+FLOOD_BOUND times its p95 before it; at 15 % (once the flood is over, by
+19 % at the latest) poison requests go out beside the load, each body to the
+web process and to a second one with TTS_CHUNK_CHARS=1000 (numbers and
+brackets reach the model whole there): inputs that once broke the decode
+loop for every row in it, numbers, brackets and tags no reader handles,
+settings at and past the edges of their ranges, bodies that are not JSON.
+Each must be refused with a 4xx, or be made, or fail alone with a reason,
+and no other request in flight meanwhile may fail.
+
 It talks to the service only over HTTP and with process signals (Redis is
 read only for its memory figures and for worker liveness), so it holds
 whatever the worker's internals become. At the end it waits up to
@@ -68,6 +83,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import hostile  # noqa: E402
 import procfile  # noqa: E402
 from harness import (  # noqa: E402
     MIB,
@@ -85,6 +101,7 @@ from harness import (  # noqa: E402
     write_section,
     write_tiny_model,
 )
+from hostile import BUSY, QUIET  # noqa: E402
 from redis import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
 from rq.exceptions import NoSuchJobError  # noqa: E402
@@ -97,6 +114,7 @@ from traffic import (  # noqa: E402
     MIX,
     Answer,
     Client,
+    Life,
     Record,
     calibrate,
     drain,
@@ -125,6 +143,13 @@ RESTARTING = 20.0
 # both workers must be registered.
 FULL_LINES = 30
 FULL_BACK = 60.0
+# When the flood is submitted, and when the poison is sent (once the flood is worked off, by POISON_LATEST at
+# the latest), as shares of the run: both before the first fault, so that what they cost is theirs alone.
+FLOOD_AT = 0.08
+POISON_AT = 0.15
+POISON_LATEST = 0.19
+# Seconds between two poison submissions (each body to each web process), beside the load.
+POISON_GAP = 0.15
 
 
 @dataclass
@@ -154,6 +179,19 @@ class Soak:
     # Worker pid -> RSS (MiB) at its first and its latest look once past RESTARTING s of age.
     lives: dict[int, tuple[float, float]] = field(default_factory=dict)
     stopping: bool = False
+    keys: dict[str, str] = field(default_factory=hostile.keys)  # tenant -> its API key
+    wide_port: int = 0  # the web process with TTS_CHUNK_CHARS=WIDE_CHUNKS, for the poison
+    poison: Record = field(default_factory=Record)  # the poison requests' answers, apart from the load's
+    poison_window: tuple[float, float] | None = None  # first poison sent, last poison answered (loop time)
+    flood_window: tuple[float, float] | None = None  # the burst sent, its last request answered (loop time)
+    flood_size: int = 0
+    killed_at: float | None = None  # when the soak killed a worker (loop time)
+    t0: float = 0.0  # the load's start (loop time)
+    phases: list[asyncio.Future[None]] = field(default_factory=list)  # the probes, the flood, the poison
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """What every process of the service gets: Redis and the two tenants' named keys."""
+        return bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=hostile.api_keys(self.keys), **extra)
 
     def redis(self) -> Redis:
         return Redis.from_url(self.cluster.redis_url, socket_timeout=5)
@@ -174,9 +212,7 @@ def start_worker(s: Soak, slot: int) -> Proc:
     proc = s.cluster.spawn(
         f"worker{slot}",
         [sys.executable, "worker.py", *limit],
-        bench_env(
-            REDIS_URL=s.cluster.redis_url, TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1"
-        ),
+        s.env(TTS_MODEL_PATH=str(s.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1"),
     )
     s.workers[slot] = proc
     return proc
@@ -207,6 +243,7 @@ def busy_worker(s: Soak) -> Proc | None:
 
 
 async def kill_a_busy_worker(s: Soak) -> str:
+    s.killed_at = asyncio.get_running_loop().time()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         proc = await asyncio.to_thread(busy_worker, s)
@@ -298,6 +335,140 @@ def _full_lines(path: Path) -> int:
     """Lines of a process's log that speak of a full Redis (our waits, RQ's and redis-py's OOM errors)."""
     text = path.read_text(errors="replace")
     return sum(1 for line in text.splitlines() if "full" in line.lower() or "maxmemory" in line)
+
+
+# -- tenants and poison ---------------------------------------------------------------
+
+
+async def probe(s: Soak, quiet: Client, seconds: float) -> None:
+    """QUIET's short requests: one new sentence every PROBE_EVERY s for `seconds`, each timed to its audio."""
+    loop = asyncio.get_running_loop()
+    tasks = []
+    while loop.time() - s.t0 < seconds:
+        text = s.record.texts.sentence()
+        tasks.append(asyncio.ensure_future(quiet.new_request(text, kind=f"new ({QUIET})")))
+        await asyncio.sleep(hostile.PROBE_EVERY)
+    await asyncio.gather(*tasks)
+
+
+async def flood(s: Soak, busy: Client, capacity: float) -> str:
+    """BUSY submits FLOOD_CAPACITY_SECONDS of the measured capacity at once; the flood lasts until the
+    last of them is answered with its audio."""
+    loop = asyncio.get_running_loop()
+    s.flood_size = max(20, int(hostile.FLOOD_CAPACITY_SECONDS * capacity))
+    began = loop.time()
+    texts = [s.record.texts.mixed() for _ in range(s.flood_size)]
+
+    async def burst() -> None:
+        await asyncio.gather(*(busy.new_request(text, kind=f"new ({BUSY} flood)") for text in texts))
+        s.flood_window = (began, loop.time())
+        say(f"the flood of {s.flood_size} requests was worked off in {loop.time() - began:.1f} s")
+
+    s.phases.append(asyncio.ensure_future(burst()))
+    return f"{BUSY} submitted {s.flood_size} distinct requests at once (a flood)"
+
+
+async def send_poison(s: Soak, latest: float) -> str:
+    """Each poison body to the web process and to the wide-chunk one, POISON_GAP s apart, beside the load;
+    once the flood is worked off, or at `latest` (loop time)."""
+    loop = asyncio.get_running_loop()
+    while s.flood_window is None and loop.time() < latest:
+        await asyncio.sleep(0.2)
+    clients = {
+        "": Client(s.web_port, s.poison, s.keys[BUSY]),
+        f", TTS_CHUNK_CHARS={hostile.WIDE_CHUNKS}": Client(s.wide_port, s.poison, s.keys[BUSY]),
+    }
+    bodies = hostile.poison()
+    began = loop.time()
+
+    async def all_of_it() -> None:
+        tasks = []
+        for what, body in bodies:
+            for where, client in clients.items():
+                tasks.append(asyncio.ensure_future(client.new_request(what, kind=f"poison: {what}{where}", body=body)))
+                await asyncio.sleep(POISON_GAP)
+        await asyncio.gather(*tasks)
+        s.poison_window = (began, max(life.done for life in s.poison.lives))
+        for client in clients.values():
+            await client.close()
+        say(f"the poison was answered within {s.poison_window[1] - began:.1f} s")
+
+    s.phases.append(asyncio.ensure_future(all_of_it()))
+    overlap = "" if s.flood_window is not None else " (the flood was not over yet)"
+    return f"{len(bodies)} poison bodies, each to both web processes, {POISON_GAP:g} s apart{overlap}"
+
+
+def hostile_report(s: Soak) -> tuple[list[tuple[str, str]], list[str]]:
+    """The poison, its victims, the flood and QUIET's latency: lines of the report and failures.
+
+    A request in flight beside the poison that ended in a 503 while Redis was down or full (plus GRACE s), or
+    failed because Redis was full, is the outage's, not the poison's: a short run's phases overlap.
+    """
+    lines: list[tuple[str, str]] = []
+    failures = []
+    windows = [w for w in (s.outage, s.full) if w is not None]
+
+    def excused(life: Life) -> bool:
+        if life.status == 503:
+            return any(life.sent <= w[1] + GRACE and life.done >= w[0] for w in windows)
+        reason = s.record.failed.get(life.request_id or "", "")
+        return "Redis is full" in reason and s.full is not None and life.done >= s.full[0]
+
+    def overlaps(window: tuple[float, float]) -> str:
+        """The faults that fell inside `window`, for the reader of a short run."""
+        faults = {"worker killed": s.killed_at, "Redis down": (s.outage or (None,))[0]}
+        faults.update({"evicting": (s.evicting or (None,))[0], "Redis full": (s.full or (None,))[0]})
+        inside = [what for what, at in faults.items() if at is not None and window[0] <= at <= window[1]]
+        return f" (overlapped by: {', '.join(inside)})" if inside else ""
+
+    if s.poison_window is not None:
+        count = hostile.count_poison(s.poison)
+        refused = ", ".join(f"{status}: {n}" for status, n in sorted(count.refused.items())) or "none"
+        reasons = "; ".join(f"{reason} ({n})" for reason, n in sorted(count.failed.items()))
+        lines.append(
+            (
+                f"poison requests ({count.sent // 2} bodies, each to the web process and to one with "
+                f"TTS_CHUNK_CHARS={hostile.WIDE_CHUNKS}): refused at submission by status / made / failed "
+                "alone with a reason / anything else (target 0)",
+                f"{sum(count.refused.values())} ({refused}) / {count.made} / {sum(count.failed.values())}"
+                f"{': ' + reasons if reasons else ''} / {len(count.wrong)}",
+            )
+        )
+        if count.wrong:
+            failures.append(f"poison requests neither refused nor over: {count.wrong[:5]}")
+        during, failed = hostile.victims(s.record, s.poison_window, excused)
+        lines.append(
+            (
+                "victims: other new requests in flight while the poison was sent and answered / of them failed "
+                f"(target 0){overlaps(s.poison_window)}",
+                f"{during} / {len(failed)}" + "".join(f"; {why}" for why in failed[:5]),
+            )
+        )
+        if failed:
+            failures.append(f"{len(failed)} requests in flight beside the poison failed: {failed[:5]}")
+    else:
+        failures.append("the poison phase never ended")
+    if s.flood_window is not None:
+        latency = hostile.quiet_latency(s.record.lives, s.t0, s.flood_window)
+        flood_seconds = s.flood_window[1] - s.flood_window[0]
+        lines.append(
+            (
+                f"tenant {QUIET}'s one-sentence requests (one every {hostile.PROBE_EVERY:g} s) while tenant {BUSY}'s "
+                f"flood of {s.flood_size} requests was worked off ({flood_seconds:.1f} s) vs before it (target: p95 "
+                f"<= {hostile.FLOOD_BOUND:g}x){overlaps(s.flood_window)}",
+                latency.line(),
+            )
+        )
+        if not latency.before or not latency.during:
+            failures.append(f"too few {QUIET} requests to compare: {len(latency.before)} / {len(latency.during)}")
+        elif not latency.ratio() <= hostile.FLOOD_BOUND:
+            failures.append(
+                f"tenant {QUIET}'s p95 latency during the flood was {latency.ratio():.2f}x its usual "
+                f"(bound {hostile.FLOOD_BOUND:g}x)"
+            )
+    else:
+        failures.append("the flood was never worked off")
+    return lines, failures
 
 
 # -- workers' jobs, samples and the report ------------------------------------------
@@ -522,6 +693,18 @@ def judge(s: Soak, made: int, rate: float, capacity: float, events: list[str]) -
     if wrong:
         failures.append(f"{wrong} repeated WAVs differed from the first one served")
     failures += full_failures(s)
+    more, failed = hostile_report(s)
+    lines += more
+    failures += failed
+    if s.full is not None:
+        back = f"{s.full_back:.1f} s" if s.full_back is not None else f"not within {FULL_BACK:.0f} s"
+        lines.append(
+            (
+                f"workers registered again by themselves after Redis had room (target <= {FULL_BACK:.0f} s; "
+                "exits while it was full: none)",
+                f"{back}; exits while full: {dict(+s.full_exits) or 'none'}",
+            )
+        )
     return Verdict(lines, failures)
 
 
@@ -583,10 +766,13 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
     given_max_jobs = s.max_jobs
     s.max_jobs = None  # calibration workers run without a limit
     procs = [start_worker(s, 0), start_worker(s, 1)]
-    s.web, s.web_port = procfile.start_web(c, "web")
+    keyed = {"TTS_API_KEYS": hostile.api_keys(s.keys)}
+    s.web, s.web_port = procfile.start_web(c, "web", env=keyed)
+    _, s.wide_port = procfile.start_web(c, "web-wide", env={**keyed, "TTS_CHUNK_CHARS": str(hostile.WIDE_CHUNKS)})
     c.wait_workers(procs, QUEUE)
     loop = asyncio.get_running_loop()
-    client = Client(s.web_port, s.record)
+    client = Client(s.web_port, s.record, s.keys[BUSY])
+    quiet = Client(s.web_port, s.record, s.keys[QUIET])
     supervisor: asyncio.Future[None] | None = None
     try:
         say(f"calibrating: {CALIBRATION_CLIENTS} clients sending new requests for {CALIBRATION_SECONDS:.0f} s")
@@ -607,12 +793,19 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         await asyncio.to_thread(c.wait_workers, procs, QUEUE)
         s.worker_ready_rss = {slot: rss_bytes(p.pid) / MIB for slot, p in s.workers.items()}
         supervisor = asyncio.ensure_future(supervise(s))
-        t0 = loop.time()
+        t0 = s.t0 = loop.time()
         sample(s, "start", 0.0)
         events: list[str] = []
 
         async def timeline() -> None:
-            plan = [(0.25, "kill"), (0.40, "redis"), (0.55, "evict"), (0.68, "full")]
+            plan = [
+                (FLOOD_AT, "flood"),
+                (POISON_AT, "poison"),
+                (0.25, "kill"),
+                (0.40, "redis"),
+                (0.55, "evict"),
+                (0.68, "full"),
+            ]
             next_sample = 30.0
             next_look = 0.0
             while loop.time() - t0 < seconds:
@@ -620,6 +813,8 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                 if plan and now >= plan[0][0] * seconds:
                     _, what = plan.pop(0)
                     event = await {
+                        "flood": lambda: flood(s, client, capacity),
+                        "poison": lambda: send_poison(s, t0 + POISON_LATEST * seconds),
                         "kill": lambda: kill_a_busy_worker(s),
                         "redis": lambda: restart_redis(s),
                         "evict": lambda: evict(s, 0.12 * seconds),
@@ -640,11 +835,15 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
                     next_sample += 30.0
                 await asyncio.sleep(0.2)
 
+        s.phases.append(asyncio.ensure_future(probe(s, quiet, seconds)))
         made, _ = await asyncio.gather(drive(client, rate, seconds, seed=int(t0)), timeline())
+        await asyncio.gather(*s.phases)
         track_lives(s)
         sample(s, "end", loop.time() - t0)
         say(f"load over: {made} arrivals; draining (up to {drain_seconds:.0f} s)")
         await drain(client, drain_seconds, over=lambda rid: job_over(s, rid))
+        # The poison's ids: polled, never submitted again (their bodies are not {"text": ...}).
+        await drain(Client(s.web_port, s.poison, s.keys[BUSY]), drain_seconds)
         s.stopping = True
         await supervisor
         return await asyncio.to_thread(judge, s, made, rate, capacity, events)
@@ -652,7 +851,10 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         s.stopping = True
         if supervisor is not None:
             supervisor.cancel()
+        for phase in s.phases:
+            phase.cancel()
         await client.close()
+        await quiet.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,18 @@ class Answer:
 
 
 @dataclass
+class Life:
+    """One new request from its POST to its client's last answer: its id (None: not accepted), when it was
+    sent and answered, and the status of that last answer (None: no answer)."""
+
+    kind: str
+    request_id: str | None
+    sent: float
+    done: float
+    status: int | None
+
+
+@dataclass
 class Record:
     """What the clients sent and got back, for the report."""
 
@@ -50,25 +62,29 @@ class Record:
     text_of: dict[str, str] = field(default_factory=dict)  # accepted request id -> its text
     # Accepted ids that answered 404 once over (evicted before their client fetched them) and were submitted again.
     resubmitted: set[str] = field(default_factory=set)
+    lives: list[Life] = field(default_factory=list)  # every new request, in the order they ended
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
 
 
-def post(path: str, body: dict[str, Any]) -> bytes:
-    return loadgen.request("POST", path, body)
-
-
-def get(path: str) -> bytes:
-    return loadgen.request("GET", path)
-
-
 class Client:
-    """Keep-alive connections to the web process on `port`, reused; every exchange goes into `record`."""
+    """Keep-alive connections to the web process on `port`, reused; every exchange goes into `record`.
 
-    def __init__(self, port: int, record: Record) -> None:
+    With `key`, every request carries it as `Authorization: Bearer`: the client is that key's tenant.
+    """
+
+    def __init__(self, port: int, record: Record, key: str | None = None) -> None:
         self.port = port
         self.record = record
+        self.headers = {} if key is None else {"Authorization": f"Bearer {key}"}
         self.idle: list[loadgen.Connection] = []
         self.loop = asyncio.get_running_loop()
+
+    def post(self, path: str, body: dict[str, Any] | bytes) -> bytes:
+        """A POST of `body` (JSON, or bytes as they are)."""
+        return loadgen.request("POST", path, body, self.headers)
+
+    def get(self, path: str) -> bytes:
+        return loadgen.request("GET", path, None, self.headers)
 
     async def send(
         self, kind: str, data: bytes, conn: loadgen.Connection | None = None, timeout: float = 90
@@ -88,31 +104,49 @@ class Client:
             self.idle.append(conn)
         return status, body
 
-    async def new_request(self, text: str) -> None:
+    async def new_request(self, text: str, kind: str = "new", body: dict[str, Any] | bytes | None = None) -> None:
+        """POST {"text": text} (or `body` as it is), then GET its audio with ?wait=60 on the same connection.
+
+        `kind` starts the kind of both answers ("new", "new (quiet)"...); the request's life goes into
+        `record.lives`. Only requests of {"text": text} become repeats (`record.stored`).
+        """
         conn = self.idle.pop() if self.idle else loadgen.Connection(self.port)
+        sent = self.loop.time()
+        request_id: str | None = None
+        status: int | None = None
         try:
-            status, body = await self.send("new: POST", post("/v1/tts", {"text": text}), conn)
+            status, answer = await self.send(
+                f"{kind}: POST", self.post("/v1/tts", {"text": text} if body is None else body), conn
+            )
             if status not in (200, 202):
                 return
-            request_id = json.loads(body)["id"]
+            request_id = json.loads(answer)["id"]
             self.record.accepted.setdefault(request_id, False)
             self.record.text_of[request_id] = text
-            status, audio = await self.send("new: GET audio?wait=60", get(f"/v1/tts/{request_id}/audio?wait=60"), conn)
+            status, audio = await self.send(
+                f"{kind}: GET audio?wait=60", self.get(f"/v1/tts/{request_id}/audio?wait=60"), conn
+            )
             if status == 200:
                 self.record.accepted[request_id] = True
-                self.record.stored.append((text, request_id))
+                if body is None:
+                    self.record.stored.append((text, request_id))
                 self.record.wav_bytes[request_id] = len(audio)
                 self.record.encoded[(request_id, "wav")] = len(audio)
+            elif status == 500:
+                # Over, with a reason (the answer's words): what the API promises for a request it could not make.
+                self.record.accepted[request_id] = True
+                self.record.failed[request_id] = _message(audio)
         finally:
             self.idle.append(conn)
+            self.record.lives.append(Life(kind, request_id, sent, self.loop.time(), status))
 
     async def repeat(self, kind: str, rng: random.Random) -> None:
         text, request_id = rng.choice(self.record.stored)
         data = {
-            "post stored": lambda: post("/v1/tts", {"text": text}),
-            "get wav": lambda: get(f"/v1/tts/{request_id}/audio"),
-            "get mp3": lambda: get(f"/v1/tts/{request_id}/audio?format=mp3"),
-            "get status": lambda: get(f"/v1/tts/{request_id}"),
+            "post stored": lambda: self.post("/v1/tts", {"text": text}),
+            "get wav": lambda: self.get(f"/v1/tts/{request_id}/audio"),
+            "get mp3": lambda: self.get(f"/v1/tts/{request_id}/audio?format=mp3"),
+            "get status": lambda: self.get(f"/v1/tts/{request_id}"),
         }[kind]()
         status, body = await self.send(kind, data)
         if status == 200 and kind.startswith("get ") and kind != "get status":
@@ -124,6 +158,14 @@ class Client:
     async def close(self) -> None:
         for conn in self.idle:
             await conn.close()
+
+
+def _message(body: bytes) -> str:
+    """The message of an error answer (`{"error": {"message": ...}}`), else its first bytes."""
+    try:
+        return str(json.loads(body)["error"]["message"])[:200]
+    except (ValueError, KeyError, TypeError):
+        return body[:160].decode("utf-8", "replace")
 
 
 async def calibrate(client: Client, seconds: float = CALIBRATION_SECONDS, clients: int = CALIBRATION_CLIENTS) -> float:
@@ -174,7 +216,7 @@ async def drain(client: Client, timeout: float, over: Callable[[str], bool] | No
         if not pending:
             return
         for rid in pending:
-            status, body = await client.send("drain: GET status", get(f"/v1/tts/{rid}"))
+            status, body = await client.send("drain: GET status", client.get(f"/v1/tts/{rid}"))
             if (
                 status == 404
                 and over is not None
@@ -182,7 +224,7 @@ async def drain(client: Client, timeout: float, over: Callable[[str], bool] | No
                 and await asyncio.to_thread(over, rid)
             ):
                 client.record.resubmitted.add(rid)
-                await client.send("drain: POST again", post("/v1/tts", {"text": client.record.text_of[rid]}))
+                await client.send("drain: POST again", client.post("/v1/tts", {"text": client.record.text_of[rid]}))
                 continue
             answer = json.loads(body) if status == 200 else {}
             if answer.get("status") == "finished":

@@ -1,0 +1,95 @@
+"""How the soak judges its hostile phases (bench/hostile.py): the poison's outcomes, its victims, and the
+quiet tenant's latency around the flood. Pure functions over recorded answers; `make soak` runs the rest."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import hostile  # noqa: E402
+from traffic import Life, Record  # noqa: E402
+
+
+def _record(*lives: Life, finished: tuple[str, ...] = (), failed: dict[str, str] | None = None) -> Record:
+    record = Record()
+    record.lives = list(lives)
+    for life in lives:
+        if life.request_id is not None:
+            record.accepted[life.request_id] = life.request_id in finished or life.request_id in (failed or {})
+    record.failed = dict(failed or {})
+    return record
+
+
+def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
+    record = _record(
+        Life("poison: temperature 1e-40", None, 0, 1, 422),
+        Life("poison: not JSON", None, 0, 1, 400),
+        Life("poison: bracket", "a", 0, 2, 200),
+        Life("poison: cn2an", "b", 0, 2, 500),
+        Life("poison: crash", None, 0, 1, 500),
+        Life("poison: hang", None, 0, 90, None),
+        Life("poison: lost", "c", 0, 60, 202),
+        finished=("a",),
+        failed={"b": "synthesis failed: the text could not be read"},
+    )
+    count = hostile.count_poison(record)
+    assert count.sent == 7
+    assert count.refused == {400: 1, 422: 1}
+    assert count.made == 1
+    assert count.failed == {"synthesis failed: the text could not be read": 1}
+    assert count.wrong == [
+        "poison: crash: 500 at submission",
+        "poison: hang: no answer at submission",
+        "poison: lost: accepted, never over",
+    ]
+
+
+def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excuses_its_own() -> None:
+    record = _record(
+        Life("new", "before", 0, 4, 200),  # over before the window
+        Life("new", "ok", 4, 12, 200),
+        Life("new", "slow", 9, 70, 202),  # its wait ran out; the drain found it finished
+        Life("new", "hurt", 11, 13, 500),
+        Life("new (quiet)", "dropped", 14, 16, 202),  # never finished
+        Life("new", None, 12, 12.1, 503),  # refused while Redis was down
+        Life("new", "after", 21, 22, 500),  # after the window
+        finished=("before", "ok", "slow", "after"),
+        failed={"hurt": "synthesis failed", "after": "synthesis failed"},
+    )
+    in_flight, failed = hostile.victims(record, (10.0, 20.0), excused=lambda life: life.status == 503)
+    assert in_flight == 5
+    assert failed == ["new: 500", "new (quiet) dropped: never finished"]
+
+
+def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_requests() -> None:
+    lives = [Life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]  # 1 s each
+    lives += [Life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 133 + i, 200) for i in range(20)]  # 3 s each
+    lives += [Life(f"new ({hostile.QUIET})", "late", 125, 185, 202), Life("new", "busy", 130, 190, 200)]
+    latency = hostile.quiet_latency(lives, t0=100.0, flood=(130.0, 160.0))
+    assert latency.before == [1.0] * 20 and latency.during == [3.0] * 20
+    assert abs(latency.ratio() - 3.0) < 1e-9
+    assert "before the flood: 20 requests" in latency.line() and "p95 ratio 3.00x" in latency.line()
+
+
+def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> None:
+    bodies = hostile.poison()
+    texts = [json.dumps(b) if isinstance(b, dict) else b.decode() for _, b in bodies]
+    assert len(set(texts)) == len(texts)
+    assert len({what for what, _ in bodies}) == len(bodies)
+    found = {json.dumps(b) for _, b in bodies if isinstance(b, dict)}
+    assert json.dumps({"text": "价格是12345678901234567.5元。"}) in found
+    assert json.dumps({"text": "[" + "9" * 4998 + "]"}) in found
+    assert any(isinstance(b, dict) and b.get("temperature") == 1e-40 for _, b in bodies)
+    assert any(isinstance(b, dict) and len(str(b.get("text", ""))) > 320 and "." in str(b["text"]) for _, b in bodies)
+
+
+def test_tenant_keys_are_fresh_named_and_long_enough() -> None:
+    first, second = hostile.keys(), hostile.keys()
+    assert set(first) == {hostile.BUSY, hostile.QUIET}
+    assert first[hostile.BUSY] != second[hostile.BUSY] and first[hostile.BUSY] != first[hostile.QUIET]
+    assert all(len(key) >= 16 for key in first.values())
+    assert hostile.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']}"
