@@ -7,7 +7,7 @@ running batch's: the batch cache is left-padded to its longest row, each
 row's real positions right-aligned, and
 the attention mask and position ids say which columns are real. A step feeds
 every row its last token (one Llama forward), samples each row's next four
-codes with the row's own settings and generator, and drops the columns no
+codes with the row's own settings and random stream, and drops the columns no
 row uses any more. A row ends at its end token or at its token budget
 (`common.model.token_budget`).
 
@@ -15,7 +15,8 @@ Sampling follows `GPT.generate` (ChatTTS 0.2.5) operation for operation:
 logits / temperature, repetition penalty 1.05 over the last 16 codes, top-p,
 top-k, softmax, multinomial from a generator re-seeded with the row's seed
 every step (ChatTTS re-seeds its one generator every step when given a
-`manual_seed`). A row alone in the loop therefore makes the very tokens that
+`manual_seed`), the whole batch's draws in one call (`_draw`). A row alone
+in the loop therefore makes the very tokens that
 `Chat.infer(split_text=False)` makes with `manual_seed=row_seed(spec)`.
 
 Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
@@ -66,7 +67,7 @@ class _Row:
     processors: list[Callable[[Any, Any], Any]]
     warpers: list[Callable[[Any, Any], Any]]
     warp_key: tuple[float, int]
-    generator: Any
+    noise: Any  # (num_vq, num_audio_tokens): the Exp(1) draws of its generator (ChatTTSLoop._draw)
     codes: Any  # (budget, 4) long: the codes sampled so far
     length: int  # real positions in the KV cache
     hiddens: list[Any] = field(default_factory=list)
@@ -77,7 +78,7 @@ class _Row:
 
 
 class ChatTTSLoop:
-    """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
+    """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and random stream."""
 
     def __init__(
         self,
@@ -167,11 +168,12 @@ class ChatTTSLoop:
                 processors=processors,
                 warpers=warpers,
                 warp_key=(spec.top_p, spec.top_k),
-                generator=torch.Generator(device=chat.device),
+                noise=None,
                 codes=None,
                 length=int(length),
             )
             row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
+            row.noise = self._noise(row)
             joined.append(row)
         self._sample(joined, hidden)
         return joined, cache
@@ -315,16 +317,36 @@ class ChatTTSLoop:
             stacked = F.softmax(stacked, dim=-1)
             for j, i in enumerate(members):
                 probs[i] = stacked.narrow(0, j * nv, nv)
+        drawn = self._draw(rows, torch.cat(probs)).view(len(rows), nv)
+        ended = drawn.eq(self.eos).any(1).tolist()
         for i, row in enumerate(rows):
-            codes = torch.multinomial(probs[i], num_samples=1, generator=row.generator.manual_seed(row.seed)).view(-1)
-            if bool(codes.eq(self.eos).any()):
+            if ended[i]:
                 row.done = True
                 continue
-            row.codes[row.made] = codes
+            row.codes[row.made] = drawn[i]
             row.hiddens.append(last_hidden[i].clone())
             row.made += 1
             if row.made >= row.budget:
                 row.done = True
+
+    def _draw(self, rows: Sequence[_Row], probs: Any) -> Any:
+        """One code per line of `probs` (rows * num_vq lines, in row order), each row from its own noise: one call.
+
+        `torch.multinomial(p, 1, generator)` is `argmax(p / q)` with q drawn by
+        `exponential_(1, generator)` over p's shape (its one-sample path), and
+        ChatTTS re-seeds its generator with the same seed before every draw: a
+        row's q is the same at every step. So each row draws its q once, when it
+        joins (`_noise`), and a step divides and takes the argmax of every row
+        at once: the very codes of a multinomial per row, its own stream.
+        """
+        return self.torch.argmax(probs / self.torch.cat([row.noise for row in rows]), dim=-1)
+
+    def _noise(self, row: _Row) -> Any:
+        """The row's q (num_vq, num_audio_tokens): the Exp(1) draws `torch.multinomial` makes from its
+        generator seeded with the row's seed."""
+        torch, gpt = self.torch, self.chat.gpt
+        q = torch.empty(self.num_vq, gpt.num_audio_tokens, dtype=torch.float, device=gpt.device)
+        return q.exponential_(1, generator=torch.Generator(device=gpt.device).manual_seed(row.seed))
 
     def _keep(self, indices: list[int]) -> None:
         """Keep only these batch rows, and drop the cache columns no remaining row uses."""

@@ -387,3 +387,26 @@ def test_refinement_is_chat_infers_own_pass_and_both_schedulers_take_it(engine: 
         with torch.inference_mode():
             pieces = decode_all(engine[0].decoder(2, 24, continuous), [("refined", spec.row(0))])["refined"]
         assert pieces and pieces[-1].last and sum(len(p.samples) for p in pieces) > 0, continuous
+
+
+def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """The batched draw (`ChatTTSLoop._draw`) gives, line for line, the code that `torch.multinomial` with the
+    row's generator re-seeded (as ChatTTS samples) gives, whatever the probabilities and the batch mates."""
+    eng, info = engine
+    loop = _loop(eng)
+    nv, width = loop.num_vq, int(eng.chat.gpt.num_audio_tokens)
+    with torch.inference_mode():
+        loop.join([(f"r{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=i)) for i in range(3)])
+        rows = list(loop._rows) + list(loop._ended)
+        torch.manual_seed(0)
+        for trial in range(50):
+            logits = torch.randn(len(rows) * nv, width) * (1 + trial % 5)
+            logits[torch.rand(logits.shape) < 0.8] = -torch.inf  # as top-k and top-p leave them
+            logits[:, trial % width] = 0.0  # never a line without a candidate
+            probs = torch.softmax(logits, dim=-1)
+            batched = loop._draw(rows, probs).view(len(rows), nv)
+            for i, row in enumerate(rows):
+                own = probs.narrow(0, i * nv, nv)
+                generator = torch.Generator().manual_seed(row.seed)
+                assert torch.equal(batched[i], torch.multinomial(own, 1, generator=generator).view(-1)), (trial, i)
+                assert torch.equal(loop._draw([row], own), batched[i]), "a row's draw never depends on its mates"
