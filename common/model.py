@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -49,13 +49,41 @@ class Piece:
     error: str | None = None
 
 
+class Place(NamedTuple):
+    """Where a row stands in the pool's fair order (work/scheduler.py): lower comes first.
+
+    Its chunk's index in its request, then the request's arrival (ms, Redis's
+    clock): every request's first row comes before any request's later rows.
+    """
+
+    chunk_index: int
+    arrival: int
+
+    @property
+    def first(self) -> bool:
+        """Is this its request's first chunk (the one its first audio waits for)?"""
+        return self.chunk_index == 0
+
+
 class Decoder(Protocol):
-    """A running decode that rows join and leave between steps (README "Scheduling")."""
+    """A running decode that rows join and leave between steps (README "Scheduling").
+
+    It holds at most `capacity + reserve` rows and steps at most `capacity`
+    of them, the best placed; the others are parked, their state kept, and
+    step again, best placed first, when a slot frees. The caller gives rows
+    beyond `capacity` only to first rows (`Place.first`), so that a new
+    request's first row joins at once whatever holds the slots.
+    """
 
     capacity: int
+    # Rows beyond `capacity` it may hold parked (0: none; a static decoder, which runs each row to its end in one step).
+    reserve: int
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
-        """Start decoding each (key, one-chunk Spec) row; at most `capacity - len(keys())` of them."""
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
+        """Start decoding each (key, one-chunk Spec) row; at most `capacity + reserve - len(keys())` of them.
+
+        `places`: each row's Place (default: first rows, in the order given, after every row held).
+        """
         ...
 
     def step(self) -> list[Piece]:
@@ -67,15 +95,15 @@ class Decoder(Protocol):
         ...
 
     def keys(self) -> list[str]:
-        """The rows decoding now."""
+        """The rows decoding now, parked ones included."""
         ...
 
 
 class Engine(Protocol):
     """A text-to-speech model, as the jobs see it: one method."""
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
-        """A decoder of up to `capacity` rows.
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
+        """A decoder of up to `capacity` rows stepping (and `reserve` more parked, where it can park rows).
 
         `continuous`: rows join a running decode and hand out a piece every
         `stream_tokens` tokens. Otherwise (static) each step is one model call

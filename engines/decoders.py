@@ -21,7 +21,7 @@ import numpy as np
 
 from cache import Spec
 from common import audio
-from common.model import SAMPLES_PER_TOKEN, Piece
+from common.model import SAMPLES_PER_TOKEN, Piece, Place
 
 logger = logging.getLogger("engine")
 Synthesize = Callable[[Sequence[Spec]], list[np.ndarray]]
@@ -53,12 +53,15 @@ def each_or_alone(synthesize: Synthesize, rows: Sequence[tuple[str, Spec]]) -> d
 class StaticDecoder:
     """Static scheduling: one model call per step for the rows joined since the last step."""
 
+    # A static call runs each row to its end in one step: nothing to park.
+    reserve = 0
+
     def __init__(self, synthesize: Synthesize, capacity: int) -> None:
         self.synthesize = synthesize
         self.capacity = capacity
         self._rows: dict[str, Spec] = {}
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         if len(self._rows) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in {self.capacity - len(self._rows)} free slots")
         self._rows.update(rows)
@@ -102,6 +105,9 @@ class ClipDecoder:
     round trips per chunk.
     """
 
+    # Its clips are made when they join: it parks nothing.
+    reserve = 0
+
     def __init__(self, synthesize: Synthesize, capacity: int, stream_tokens: int) -> None:
         self.synthesize = synthesize
         self.capacity = capacity
@@ -109,7 +115,7 @@ class ClipDecoder:
         self._rows: dict[str, _Clip] = {}
         self._failed: dict[str, str] = {}
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         if len(self._rows) + len(self._failed) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
         for key, wav in each_or_alone(self.synthesize, rows).items():

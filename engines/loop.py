@@ -22,11 +22,19 @@ in the loop therefore makes the very tokens that
 Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
 with `lookahead` tokens of context on both sides and handed out as a Piece.
 
+Slots (`_balance`): the loop holds up to `capacity + reserve` rows and steps
+the `capacity` best placed (`common.model.Place`: the pool's fair order).
+A row placed worse than `capacity` others is parked: it leaves the batch with
+its KV cache (its real positions), codes and noise kept, and merges back,
+best placed first, when a slot frees. Nothing a row samples depends on when
+it steps, so a parked row makes the codes it makes unparked.
+
 Imports torch on construction only; the worker side alone imports engines/.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -35,7 +43,7 @@ import numpy as np
 
 from cache import Spec
 from common import audio
-from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
+from common.model import SAMPLES_PER_TOKEN, Piece, Place, token_budget
 from engines import spoken
 from engines.refine import refine
 
@@ -71,6 +79,9 @@ class _Row:
     codes: Any  # (budget, 4) long: the codes sampled so far
     length: int  # real positions in the KV cache
     hiddens: list[Any] = field(default_factory=list)
+    place: Place = Place(0, 0)
+    # While parked: its KV cache, a batch of one with its real positions only.
+    parked: Any = None
     made: int = 0  # codes sampled (a row ends before adding its end token)
     sent: int = 0  # tokens handed out in pieces
     pieces: int = 0
@@ -88,6 +99,7 @@ class ChatTTSLoop:
         capacity: int,
         stream_tokens: int,
         lookahead: int = LOOKAHEAD,
+        reserve: int = 0,
     ) -> None:
         import torch
         from ChatTTS.model.processors import gen_logits
@@ -97,6 +109,7 @@ class ChatTTSLoop:
         self.speaker = speaker
         self.max_new_token = max_new_token
         self.capacity = capacity
+        self.reserve = reserve
         self.stream_tokens = stream_tokens
         self.lookahead = lookahead
         self.num_vq = int(chat.config.gpt.num_vq)
@@ -105,6 +118,8 @@ class ChatTTSLoop:
         self.min_new_token = chat.InferCodeParams().min_new_token
         self._rows: list[_Row] = []  # in batch order
         self._ended: list[_Row] = []  # ended at their first token: never in the batch
+        self._parked: list[_Row] = []  # held, their state kept, but not stepping (`_balance`)
+        self._joined = 0  # rows joined so far: the default places' order
         self._cache: Any = None
         self._warpers: dict[tuple[float, int], tuple[list[Any], list[Any]]] = {}
         # Rows per step (keys), and each ended row's codes and hidden states
@@ -114,14 +129,21 @@ class ChatTTSLoop:
 
     # -- joining -------------------------------------------------------------
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
-        codes, and add those that did not end at once to the running batch."""
-        if len(self._rows) + len(self._ended) + len(rows) > self.capacity:
-            raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
+        codes, and add those that did not end at once to the running batch; then the worst placed rows beyond
+        `capacity` are parked (`_balance`). `places`: default, first rows in the order given."""
+        held = len(self.keys())
+        if held + len(rows) > self.capacity + self.reserve:
+            raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity} (+{self.reserve})")
         if not rows:
             return
+        if places is None:
+            places = [Place(0, self._joined + i) for i in range(len(rows))]
+        self._joined += len(rows)
         joined, cache = self._prefill(rows)
+        for row, place in zip(joined, places):
+            row.place = place
         for row in joined:
             if row.done:
                 self._ended.append(row)
@@ -130,6 +152,7 @@ class ChatTTSLoop:
             if len(going) < len(joined):
                 cache = self._select(cache, going)
             self._merge([joined[i] for i in going], cache)
+        self._balance()
 
     def _prefill(self, rows: Sequence[tuple[str, Spec]]) -> tuple[list[_Row], Any]:
         """Prefill rows in one forward and sample their first codes, as GPT.generate's first step does for a
@@ -244,6 +267,7 @@ class ChatTTSLoop:
                 out.append(piece)
         if any(row.done for row in rows):
             self._keep([i for i, row in enumerate(rows) if not row.done])
+            self._balance()
         return out
 
     def _forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
@@ -363,6 +387,39 @@ class ChatTTSLoop:
                 kept = getattr(layer, name).index_select(0, index)
                 setattr(layer, name, kept.narrow(2, unused, width - unused).contiguous() if unused else kept)
 
+    # -- slots ---------------------------------------------------------------
+
+    def _balance(self) -> None:
+        """Step the `capacity` best placed rows: park the worst placed beyond them, and while a slot is free
+        resume the best placed parked row."""
+        if len(self._rows) > self.capacity:
+            ranked = sorted(range(len(self._rows)), key=lambda i: self._rows[i].place)
+            self._park(sorted(ranked[self.capacity :]))
+        while self._parked and len(self._rows) < self.capacity:
+            row = min(self._parked, key=lambda r: r.place)
+            self._parked.remove(row)
+            cache, row.parked = row.parked, None
+            self._merge([row], cache)
+
+    def _park(self, indices: list[int]) -> None:
+        """Take these batch rows out of the batch, each with its own KV cache (its real positions only)."""
+        for i in indices:
+            row = self._rows[i]
+            row.parked = self._cache_of(i, row.length)
+            self._parked.append(row)
+        gone = set(indices)
+        self._keep([i for i in range(len(self._rows)) if i not in gone])
+
+    def _cache_of(self, i: int, length: int) -> Any:
+        """A copy of batch row `i`'s last `length` cache columns, as a cache of its own (a batch of one)."""
+        part = copy.copy(self._cache)
+        part.layers = [copy.copy(layer) for layer in self._cache.layers]
+        for layer in part.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                setattr(layer, name, kv.narrow(0, i, 1).narrow(2, kv.shape[2] - length, length).clone())
+        return part
+
     # -- audio ---------------------------------------------------------------
 
     def _piece(self, row: _Row) -> Piece | None:
@@ -399,9 +456,15 @@ class ChatTTSLoop:
     def leave(self, keys: Iterable[str]) -> None:
         gone = set(keys)
         self._ended = [row for row in self._ended if row.key not in gone]
+        self._parked = [row for row in self._parked if row.key not in gone]
         kept = [i for i, row in enumerate(self._rows) if row.key not in gone]
         if len(kept) != len(self._rows):
             self._keep(kept)
+            self._balance()
 
     def keys(self) -> list[str]:
-        return [row.key for row in self._rows] + [row.key for row in self._ended]
+        return [row.key for row in self._rows + self._parked + self._ended]
+
+    def parked(self) -> list[str]:
+        """The rows held but not stepping now (see `_balance`)."""
+        return [row.key for row in self._parked]

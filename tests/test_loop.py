@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Iterator, cast
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ import jobs
 from cache import Spec, chunk_key
 from common import audio
 from common.keys import pieces_key
-from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
+from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
 from engines import tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
@@ -410,3 +410,120 @@ def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engin
                 generator = torch.Generator().manual_seed(row.seed)
                 assert torch.equal(batched[i], torch.multinomial(own, 1, generator=generator).view(-1)), (trial, i)
                 assert torch.equal(loop._draw([row], own), batched[i]), "a row's draw never depends on its mates"
+
+
+def _lasting(eng: ChatTTSEngine, info: Any, text: str, tokens: int, seeds: range) -> Iterator[int]:
+    """Seeds whose row of `text` makes at least `tokens` tokens alone (random weights end some rows early)."""
+    return (s for s in seeds if len(_alone(eng, f"s{s}", Spec(chunks=(text,), model=info.id, seed=s))) >= tokens)
+
+
+def test_a_parked_row_makes_the_codes_it_makes_unparked(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """A loop of 2 holds a request's chunks 1 and 2; a new request's first row joins beyond the 2 slots (the
+    reserve) and steps at once, chunk 2 (the worst placed) is parked, its KV cache kept, and steps again when
+    the first row ends. Every row's codes are those it makes without the newcomer, and alone."""
+    eng, info = engine
+    seeds = _lasting(eng, info, TEXTS[2], 40, range(1, 60))
+    s1, s2 = next(seeds), next(seeds)
+    longs = [(f"l{s}", Spec(chunks=(TEXTS[2],), model=info.id, seed=s)) for s in (s1, s2)]
+    places = [Place(1, 0), Place(2, 0)]
+    newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
+
+    def run(reserve: int, join_at: int | None) -> ChatTTSLoop:
+        loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=reserve)
+        loop.record = {}
+        with torch.inference_mode():
+            loop.join(longs, places)
+            while loop.keys():
+                if len(loop.steps) == join_at:
+                    loop.join([newcomer], [Place(0, 5)])
+                    assert loop.parked() == [longs[1][0]]
+                    with pytest.raises(ValueError):
+                        loop.join([("g", newcomer[1])], [Place(0, 6)])  # past capacity + reserve
+                loop.step()
+        return loop
+
+    plain, preempted = run(0, None), run(1, 5)
+    assert max(len(keys) for keys in preempted.steps) == 2, "never more than `capacity` rows a step"
+    assert preempted.steps[5] == [longs[0][0], "f"], "the first row steps right after its prefill"
+    parked_for = [i for i, keys in enumerate(preempted.steps) if longs[1][0] not in keys and i < 40]
+    assert parked_for and parked_for[0] == 5 and len(parked_for) < 40, parked_for
+    for key, _ in longs:
+        assert torch.equal(_rec(preempted)[key][0], _rec(plain)[key][0]), key
+    assert torch.equal(_rec(preempted)["f"][0], _alone(eng, "f", newcomer[1]))
+
+
+def test_without_a_reserve_a_full_loop_parks_nothing(engine: tuple[ChatTTSEngine, Any]) -> None:
+    eng, info = engine
+    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 1, 24)
+    with torch.inference_mode():
+        loop.join([("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1))])
+        with pytest.raises(ValueError):
+            loop.join([("b", Spec(chunks=(TEXTS[3],), model=info.id, seed=2))])
+    assert loop.parked() == []
+
+
+@pytest.fixture(scope="module")
+def uncapped(tmp_path_factory: pytest.TempPathFactory) -> tuple[ChatTTSEngine, Any]:
+    """The tiny checkpoint with its 48-token cap lifted: each row runs to its own budget or end token, as real
+    rows do (`python -m engines.tiny_checkpoint DIR --max-new-token 2048`)."""
+    directory = tiny_checkpoint.write(tmp_path_factory.mktemp("uncapped") / "model", max_new_token=2048)
+    return load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(directory),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("reserve", ["4", "0"], ids=["reserve", "no-reserve"])
+def test_a_short_request_behind_a_long_one_joins_at_the_next_look(
+    uncapped: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str, reserve: str, record_property: Any
+) -> None:
+    """A long request's rows hold both slots of a worker's loop; a short request arrives. With a reserve (the
+    default), its first row is claimed at the loop's next look at the pool and steps in the step after its
+    prefill, the long request's worst placed row parked meanwhile; without one, it waits for a row to end."""
+    eng, info = uncapped
+    state, settings = _in_process_worker(redis, redis_url, uncapped, TTS_BATCH_SIZE="2", TTS_PREEMPT_ROWS=reserve)
+    q = queueing.queue(redis, settings)
+    texts = (TEXTS[6], TEXTS[2], TEXTS[0])
+
+    def request(seed: int) -> Spec:
+        return Spec(chunks=texts, model=info.id, seed=seed)
+
+    def long_enough(seed: int) -> bool:
+        spec = request(seed)
+        return all(len(_alone(eng, cid, spec.row(i))) >= 60 for i, cid in enumerate(spec.chunk_ids()[:2]))
+
+    long = request(next(s for s in range(1, 60) if long_enough(s)))
+    short = Spec(chunks=(TEXTS[5],), model=info.id, seed=next(_lasting(eng, info, TEXTS[5], 8, range(1, 60))))
+    key = short.chunk_ids()[0]
+    run = jobs._Run()
+    queueing.submit(q, long, settings)
+    loop = state.decoder.inner
+    with torch.inference_mode():
+        jobs._advance(state, run, None)
+        assert loop.keys() == long.chunk_ids()[:2], "the long request holds every slot"
+        jobs._advance(state, run, None)
+        queueing.submit(q, short, settings)
+        due, late = state.next_claim, 0
+        while not any(key in keys for keys in loop.steps):
+            began = time.monotonic()
+            jobs._advance(state, run, None)
+            late += began >= due and not any(key in keys for keys in loop.steps)
+        held = loop.keys()
+        while jobs._advance(state, run, None):
+            pass
+    record_property("advances_late", late)
+    if reserve == "0":
+        assert late > 0 and not set(long.chunk_ids()[:2]) <= set(held), "it waited for a long row to end"
+    else:
+        assert late == 0, f"{late} advance(s) after the look was due went without the short row"
+        assert loop.parked() == [] and set(held) >= set(long.chunk_ids()[:2]) | {key}, held
+        waited = [i for i, keys in enumerate(loop.steps) if long.chunk_ids()[1] not in keys and key in keys]
+        record_property("steps_the_parked_row_lost", len(waited))
+    for cid in long.chunk_ids() + short.chunk_ids():
+        assert redis.exists(chunk_key(cid)), cid

@@ -37,6 +37,7 @@ from redis import Redis
 from cache import Spec
 from common import keys, metrics
 from common.keys import chunk_key, events_channel, pieces_key, pool_entry_key, pool_key
+from common.model import Place
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -105,6 +106,7 @@ local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local share = tonumber(ARGV[10])
 local pool, events, chunks = ARGV[11], ARGV[12], ARGV[13]
+local firsts = tonumber(ARGV[14])
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local out, taken, stale, orphans = {}, {}, {}, {}
@@ -123,10 +125,14 @@ local function open(member, cid)
   return task
 end
 
-local function take(cid, task, request)
+-- Past `firsts` rows, only a request's first chunk (score below `slot`) is taken.
+local function allowed(score) return rows < firsts or tonumber(score) < slot end
+
+local function take(cid, task, request, score)
   redis.call('SET', key('claim', cid), token, 'PX', lease)
   out[#out + 1] = cid
   out[#out + 1] = task[2]
+  out[#out + 1] = score
   taken[cid] = true
   rows = rows + 1
   batch = task[1]
@@ -158,21 +164,25 @@ if share > 1 then
 end
 
 if own ~= '' then
-  for i = 14, #ARGV do
+  for i = 15, #ARGV do
     local cid = ARGV[i]
     if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
       local task = open(own .. ':' .. cid, cid)
-      if task then take(cid, task, own); break end
+      -- Not in the pool under this request: placed as a later chunk.
+      local score = redis.call('ZSCORE', pool, own .. ':' .. cid) or tostring(slot)
+      if task and allowed(score) then take(cid, task, own, score) end
+      if task then break end
     end
   end
 end
 
 -- 2. The rest in fair order: every request's chunk 0, then every chunk 1...
-local start = 0
-while start < limit and (rows < n or more == 0) do
-  local members = redis.call('ZRANGE', pool, start, start + 99)
-  if #members == 0 then break end
-  for _, member in ipairs(members) do
+local start, stop = 0, false
+while not stop and start < limit and (rows < n or more == 0) do
+  local page = redis.call('ZRANGE', pool, start, start + 99, 'WITHSCORES')
+  if #page == 0 then break end
+  for m = 1, #page, 2 do
+    local member, score = page[m], page[m + 1]
     local sep = string.find(member, ':', 1, true)
     local request, cid = string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
     if not taken[cid] then
@@ -182,12 +192,13 @@ while start < limit and (rows < n or more == 0) do
         if fits and only ~= nil and request ~= only then
           fits = redis.call('SISMEMBER', key('waiters', cid), only) == 1
         end
-        if fits and rows < n then
-          take(cid, task, request)
+        if fits and rows < n and allowed(score) then
+          take(cid, task, request, score)
         else
           -- Open work this call leaves: another worker could take it.
           more = 1
-          if rows >= n then break end
+          -- In score order, nothing after a later chunk past `firsts` is allowed either.
+          if rows >= n or not allowed(score) then stop = true; break end
         end
       end
     end
@@ -287,10 +298,17 @@ return n
 
 @dataclass(frozen=True)
 class Claimed:
-    """A chunk this worker holds the lease on: its id and the one-chunk Spec to synthesize."""
+    """A chunk this worker holds the lease on: its id, the one-chunk Spec to synthesize, its place in the pool."""
 
     chunk_id: str
     row: Spec
+    place: Place = Place(0, 0)
+
+
+def place_of(score: float) -> Place:
+    """The Place of a pool entry scored `score` (index * SLOT + arrival in ms)."""
+    index, arrival = divmod(int(score), SLOT)
+    return Place(index, arrival)
 
 
 class Pool:
@@ -350,6 +368,7 @@ class Pool:
         own: str | None = None,
         own_chunks: Sequence[str] = (),
         share: int = 1,
+        firsts: int | None = None,
     ) -> tuple[list[Claimed], bool]:
         """Lease up to `size` open chunks that can share one model call, in fair order.
 
@@ -357,8 +376,10 @@ class Pool:
         request order) is taken first. Without `cross`, every row belongs to
         one request. With `share` > 1 (this worker and idle ones), at most
         1/share of the open chunks are taken, so that the others get theirs.
-        Returns the claimed chunks and whether open work was left in the pool
-        for another worker.
+        With `firsts`, rows past the first `firsts` are taken only if they are
+        their request's first chunk (a loop's reserve, common.model.Decoder).
+        Returns the claimed chunks, each with its place, and whether open work
+        was left in the pool for another worker.
         """
         reply = self._claim(
             args=[
@@ -375,11 +396,15 @@ class Pool:
                 pool_key(self.queue),
                 events_channel(""),
                 chunk_key(""),
+                size if firsts is None else firsts,
                 *own_chunks,
             ]
         )
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
-        claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
+        claimed = [
+            Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1])), place_of(float(flat[i + 2])))
+            for i in range(0, len(flat), 3)
+        ]
         return claimed, more == "1"
 
     def renew(self, token: str, chunk_ids: Sequence[str], lease_ms: int) -> int:
