@@ -436,13 +436,11 @@ def _advance(state: WorkerState, run: _Run, request: _Request | None) -> bool:
 def _room(decoder: Decoder) -> tuple[int, int]:
     """(slots any row may take, further slots only a request's first row may take) in `decoder` now.
 
-    The further ones are its reserve (common.model.Decoder): a first row that
-    finds every slot held joins at once, and the decoder parks its worst
-    placed row (a later chunk of some request) until a slot frees.
+    The further ones are its reserve (common.model.Decoder.preemptible): a
+    first row that finds every slot held joins at once, and the decoder parks
+    a later chunk of some request until a slot frees.
     """
-    held = len(decoder.keys())
-    free = max(0, decoder.capacity - held)
-    return free, max(0, decoder.capacity + decoder.reserve - max(held, decoder.capacity))
+    return max(0, decoder.capacity - len(decoder.keys())), decoder.preemptible()
 
 
 def _fill(state: WorkerState, free: int, reserve: int, request: _Request | None) -> None:

@@ -68,22 +68,25 @@ class Place(NamedTuple):
 class Decoder(Protocol):
     """A running decode that rows join and leave between steps (README "Scheduling").
 
-    It holds at most `capacity + reserve` rows and steps at most `capacity`
-    of them, the best placed; the others are parked, their state kept, and
-    step again, best placed first, when a slot frees. The caller gives rows
-    beyond `capacity` only to first rows (`Place.first`), so that a new
-    request's first row joins at once whatever holds the slots.
+    It steps at most `capacity` rows, the best placed. A decoder that can
+    park rows (the continuous ChatTTS loop) takes, beyond `capacity`, up to
+    `preemptible()` first rows (`Place.first`): each parks a later row, its
+    state kept, which steps again, best placed first, when a slot frees. So a
+    new request's first row joins at once whatever holds the slots.
     """
 
     capacity: int
-    # Rows beyond `capacity` it may hold parked (0: none; a static decoder, which runs each row to its end in one step).
-    reserve: int
 
     def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
-        """Start decoding each (key, one-chunk Spec) row; at most `capacity + reserve - len(keys())` of them.
+        """Start decoding each (key, one-chunk Spec) row: at most `capacity - len(keys())` of them, and
+        `preemptible()` first rows more.
 
         `places`: each row's Place (default: first rows, in the order given, after every row held).
         """
+        ...
+
+    def preemptible(self) -> int:
+        """How many first rows may join beyond `capacity` now, each parking a later row (0: none)."""
         ...
 
     def step(self) -> list[Piece]:
@@ -103,7 +106,7 @@ class Engine(Protocol):
     """A text-to-speech model, as the jobs see it: one method."""
 
     def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
-        """A decoder of up to `capacity` rows stepping (and `reserve` more parked, where it can park rows).
+        """A decoder of up to `capacity` rows stepping, and up to `reserve` rows parked where it can park rows.
 
         `continuous`: rows join a running decode and hand out a piece every
         `stream_tokens` tokens. Otherwise (static) each step is one model call

@@ -159,7 +159,6 @@ class _InferenceDecoder:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.capacity = inner.capacity
-        self.reserve = inner.reserve
 
     @_inference
     def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
@@ -175,6 +174,9 @@ class _InferenceDecoder:
 
     def keys(self) -> list[str]:
         return self.inner.keys()
+
+    def preemptible(self) -> int:
+        return self.inner.preemptible()
 
 
 def _voice_seed(row: Spec) -> int:

@@ -53,9 +53,6 @@ def each_or_alone(synthesize: Synthesize, rows: Sequence[tuple[str, Spec]]) -> d
 class StaticDecoder:
     """Static scheduling: one model call per step for the rows joined since the last step."""
 
-    # A static call runs each row to its end in one step: nothing to park.
-    reserve = 0
-
     def __init__(self, synthesize: Synthesize, capacity: int) -> None:
         self.synthesize = synthesize
         self.capacity = capacity
@@ -87,6 +84,10 @@ class StaticDecoder:
     def keys(self) -> list[str]:
         return list(self._rows)
 
+    def preemptible(self) -> int:
+        """None: a static call runs each row to its end in one step, there is nothing to park."""
+        return 0
+
 
 class _Clip:
     def __init__(self, samples: np.ndarray, tokens: int) -> None:
@@ -104,9 +105,6 @@ class ClipDecoder:
     already, and a step per token would only multiply the worker's Redis
     round trips per chunk.
     """
-
-    # Its clips are made when they join: it parks nothing.
-    reserve = 0
 
     def __init__(self, synthesize: Synthesize, capacity: int, stream_tokens: int) -> None:
         self.synthesize = synthesize
@@ -144,3 +142,7 @@ class ClipDecoder:
 
     def keys(self) -> list[str]:
         return [*self._rows, *self._failed]
+
+    def preemptible(self) -> int:
+        """None: its clips are whole when they join, it parks nothing."""
+        return 0

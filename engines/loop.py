@@ -22,12 +22,13 @@ in the loop therefore makes the very tokens that
 Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
 with `lookahead` tokens of context on both sides and handed out as a Piece.
 
-Slots (`_balance`): the loop holds up to `capacity + reserve` rows and steps
-the `capacity` best placed (`common.model.Place`: the pool's fair order).
-A row placed worse than `capacity` others is parked: it leaves the batch with
-its KV cache (its real positions), codes and noise kept, and merges back,
-best placed first, when a slot frees. Nothing a row samples depends on when
-it steps, so a parked row makes the codes it makes unparked.
+Slots (`_balance`): the loop steps the `capacity` best placed rows
+(`common.model.Place`: the pool's fair order) and takes up to `reserve` first
+rows beyond them, one for each later row stepping (`preemptible`). A row
+placed worse than `capacity` others is parked: it leaves the batch with its
+KV cache (its real positions), codes and noise kept, and merges back, best
+placed first, when a slot frees. Nothing a row samples depends on when it
+steps, so a parked row makes the codes it makes unparked.
 
 Imports torch on construction only; the worker side alone imports engines/.
 """
@@ -133,9 +134,9 @@ class ChatTTSLoop:
         """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
         codes, and add those that did not end at once to the running batch; then the worst placed rows beyond
         `capacity` are parked (`_balance`). `places`: default, first rows in the order given."""
-        held = len(self.keys())
-        if held + len(rows) > self.capacity + self.reserve:
-            raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity} (+{self.reserve})")
+        room = max(0, self.capacity - len(self.keys())) + self.preemptible()
+        if len(rows) > room:
+            raise ValueError(f"{len(rows)} rows do not fit in the {room} free slot(s) of {self.capacity}")
         if not rows:
             return
         if places is None:
@@ -468,3 +469,9 @@ class ChatTTSLoop:
     def parked(self) -> list[str]:
         """The rows held but not stepping now (see `_balance`)."""
         return [row.key for row in self._parked]
+
+    def preemptible(self) -> int:
+        """How many first rows may join beyond `capacity` now: one for each stepping later row (a first row
+        would only wait parked behind first rows), while the reserve has room."""
+        later = sum(1 for row in self._rows if not row.place.first)
+        return max(0, min(later, self.reserve - len(self._parked)))
