@@ -4,7 +4,8 @@ A worker process keeps one decode loop (`WorkerState.decoder`, see
 common/model.Decoder and README "Scheduling") across the RQ jobs it runs.
 Whichever job runs steps it: after every step, rows that ended leave (their
 audio is stored and completed in the pool) and free slots are filled from
-the pool at once. A job returns when its own request's chunks are all
+the pool at once; a new request's first row that finds every slot held joins
+too, the loop parking a later row for it (`_room`, TTS_PREEMPT_ROWS). A job returns when its own request's chunks are all
 stored; rows still in the loop then wait for the worker's next job, or, when
 the queue is empty, the job finishes them first. How jobs are enqueued and
 found again is queueing.py's.
