@@ -4,10 +4,11 @@ A worker process keeps one decode loop (`WorkerState.decoder`, see
 common/model.Decoder and README "Scheduling") across the RQ jobs it runs.
 Whichever job runs steps it: after every step, rows that ended leave (their
 audio is stored and completed in the pool) and free slots are filled from
-the pool at once. A job returns when its own request's chunks are all
-stored; rows still in the loop then wait for the worker's next job, or, when
-the queue is empty, the job finishes them first. How jobs are enqueued and
-found again is queueing.py's.
+the pool at once; a new request's first row that finds every slot held joins
+too, the loop parking a later row for it (`_room`, TTS_PREEMPT_ROWS). A job
+returns when its own request's chunks are all stored; rows still in the loop
+then wait for the worker's next job, or, when the queue is empty, the job
+finishes them first. How jobs are enqueued and found again is queueing.py's.
 """
 
 from __future__ import annotations
@@ -149,7 +150,6 @@ def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> 
     """Give the jobs of this process their model and decode loop (called once by the worker); publishes the model."""
     global _bound
     token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    decoder = engine.decoder(settings.batch_size, settings.stream_tokens, settings.scheduling == "continuous")
     _bound = WorkerState(
         engine,
         model,
@@ -158,10 +158,18 @@ def bind(engine: Engine, model: ModelInfo, settings: Settings, redis: Redis) -> 
         Pool(redis, settings.queue, settings.result_ttl),
         queue(redis, settings),
         token,
-        decoder,
+        _new_decoder(engine, settings),
     )
     _bound.announce()
     return _bound
+
+
+def _new_decoder(engine: Engine, settings: Settings) -> Decoder:
+    """An empty decoder as the settings ask: its capacity, its streaming, its scheduler and its reserve."""
+    continuous = settings.scheduling == "continuous"
+    return engine.decoder(
+        settings.batch_size, settings.stream_tokens, continuous, reserve=settings.preempt_rows if continuous else 0
+    )
 
 
 def _state() -> WorkerState:
@@ -455,17 +463,28 @@ def _idle_workers(state: WorkerState, max_age: float = CENSUS_EVERY) -> int:
 
 def _advance(state: WorkerState, run: _Run, request: _Request | None) -> bool:
     """Fill the loop's free slots from the pool, then step it once. False when the loop was empty."""
-    free = state.decoder.capacity - len(state.decoder.keys())
-    if free > 0 and (time.monotonic() >= state.next_claim or not state.decoder.keys()):
-        _fill(state, free, request)
+    free, reserve = _room(state.decoder)
+    if free + reserve > 0 and (time.monotonic() >= state.next_claim or not state.decoder.keys()):
+        _fill(state, free, reserve, request)
     if not state.decoder.keys():
         return False
     _step(state, run)
     return True
 
 
-def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
-    """Claim up to `free` open chunks and join them to the loop (prefilled together)."""
+def _room(decoder: Decoder) -> tuple[int, int]:
+    """(slots any row may take, further slots only a request's first row may take) in `decoder` now.
+
+    The further ones are its reserve (common.model.Decoder.preemptible): a
+    first row that finds every slot held joins at once, and the decoder parks
+    a later chunk of some request until a slot frees.
+    """
+    return max(0, decoder.capacity - len(decoder.keys())), decoder.preemptible()
+
+
+def _fill(state: WorkerState, free: int, reserve: int, request: _Request | None) -> None:
+    """Claim up to `free` open chunks, and up to `reserve` more first chunks of their requests, and join
+    them to the loop (prefilled together)."""
     # The request's own earliest open chunk goes first only while none of its
     # rows is in the loop: that is enough for its job to make progress and keep
     # its time limit, and leaves every other free slot to the pool's fair
@@ -483,12 +502,13 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
     idle = _idle_workers(state, 0.0 if fresh else CENSUS_EVERY)
     claimed, more = state.pool.claim(
         state.token,
-        free,
+        free + reserve,
         LEASE_MS,
         state.settings.cross_batch,
         own=own,
         own_chunks=request.missing if request is not None else (),
         share=idle + 1,
+        firsts=free,
     )
     if more and idle:
         _spawn_assist(state)
@@ -503,7 +523,7 @@ def _fill(state: WorkerState, free: int, request: _Request | None) -> None:
         for c in claimed:
             state.making[c.chunk_id] = []
     try:
-        state.decoder.join([(c.chunk_id, c.row) for c in claimed])
+        state.decoder.join([(c.chunk_id, c.row) for c in claimed], [c.place for c in claimed])
     except JobTimeoutException:
         _after_alarm(state)
         raise
@@ -680,8 +700,7 @@ def _release_all(state: WorkerState) -> None:
 def _reset(state: WorkerState) -> None:
     """A fresh, empty decoder (the old one may have stopped mid-step)."""
     keys = state.decoder.keys()
-    s = state.settings
-    state.decoder = state.engine.decoder(s.batch_size, s.stream_tokens, s.scheduling == "continuous")
+    state.decoder = _new_decoder(state.engine, state.settings)
     _forget(state, keys)
 
 

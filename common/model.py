@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -50,16 +50,49 @@ class Piece:
     error: str | None = None
 
 
+class Place(NamedTuple):
+    """Where a row stands in the pool's fair order (work/scheduler.py): lower comes first.
+
+    Its chunk's index in its request, then the request's arrival (ms, Redis's
+    clock): every request's first row comes before any request's later rows.
+    """
+
+    chunk_index: int
+    arrival: int
+
+    @property
+    def first(self) -> bool:
+        """Is this its request's first chunk (the one its first audio waits for)?"""
+        return self.chunk_index == 0
+
+
 class Decoder(Protocol):
-    """A running decode that rows join and leave between steps (README "Scheduling")."""
+    """A running decode that rows join and leave between steps (README "Scheduling").
+
+    It steps at most `capacity` rows, the best placed. A decoder that can
+    park rows (the continuous ChatTTS loop) takes, beyond `capacity`, up to
+    `preemptible()` first rows (`Place.first`): each parks a later row, its
+    state kept, which steps again, best placed first, when a slot frees. So a
+    new request's first row joins at once whatever holds the slots.
+    """
 
     @property
     def capacity(self) -> int:
-        """The rows it holds at most now: its configured size, or fewer for a while after it ran out of memory."""
+        """The rows it steps at most now (parked rows apart): its configured size, or fewer for a while after it
+        ran out of memory."""
         ...
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
-        """Start decoding each (key, one-chunk Spec) row; at most `capacity - len(keys())` of them."""
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
+        """Start decoding each (key, one-chunk Spec) row: at most `capacity - len(keys())` of them, and
+        `preemptible()` first rows more.
+
+        `places`: each row's Place (default: first rows, in the order given, after every row held).
+        """
+        ...
+
+    def preemptible(self) -> int:
+        """How many first rows may join beyond `capacity` now, each parking a later row (0: none; none for a
+        while after running out of memory)."""
         ...
 
     def step(self) -> list[Piece]:
@@ -71,7 +104,7 @@ class Decoder(Protocol):
         ...
 
     def keys(self) -> list[str]:
-        """The rows decoding now."""
+        """The rows decoding now, parked ones included."""
         ...
 
     def take_returned(self) -> list[str]:
@@ -83,8 +116,8 @@ class Decoder(Protocol):
 class Engine(Protocol):
     """A text-to-speech model, as the jobs see it: one method."""
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
-        """A decoder of up to `capacity` rows.
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
+        """A decoder of up to `capacity` rows stepping, and up to `reserve` rows parked where it can park rows.
 
         `continuous`: rows join a running decode and hand out a piece every
         `stream_tokens` tokens. Otherwise (static) each step is one model call

@@ -51,6 +51,10 @@ class Settings:
     # A decoding row's new audio is stored (and announced) every this many
     # tokens: 24 tokens = 0.51 s of speech, ChatTTS's own stream_batch.
     stream_tokens: int = 24
+    # Rows a continuous loop may park beyond batch_size (their KV cache kept)
+    # so that a new request's first row joins at once when a long request
+    # holds every slot (README "Scheduling"); 0: a first row waits for a free slot.
+    preempt_rows: int = 4
     result_ttl: int = 7 * 24 * 3600
     default_seed: int = 2
     job_timeout_base: int = 60
@@ -332,6 +336,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         max_new_token=_parse(env, "TTS_MAX_NEW_TOKEN", d.max_new_token, _int_in(1, 4096), "a whole number 1-4096"),
         scheduling=_parse(env, "TTS_SCHEDULING", d.scheduling, _choice("continuous", "static"), "continuous or static"),
         stream_tokens=_parse(env, "TTS_STREAM_TOKENS", d.stream_tokens, _int_in(1, 4096), "a whole number 1-4096"),
+        preempt_rows=_parse(env, "TTS_PREEMPT_ROWS", d.preempt_rows, _int_in(0, 256), "a whole number 0-256"),
         result_ttl=_parse(env, "TTS_RESULT_TTL", d.result_ttl, _int_in(1), "seconds, at least 1"),
         default_seed=_parse(
             env, "TTS_DEFAULT_SEED", d.default_seed, _int_in(0, 2**32 - 1), "a whole number 0-4294967295"

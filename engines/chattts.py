@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from cache import Spec
-from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
+from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
 from common.settings import Settings
 from engines import spoken
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
@@ -86,13 +86,15 @@ class ChatTTSEngine:
         """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
         return self.chat.speaker._encode(self._speaker(seed, None))
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
-        """The continuous loop (engines/loop.py), or static calls of `synthesize`; both in inference mode."""
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
+        """The continuous loop (engines/loop.py, parking up to `reserve` rows), or static calls of `synthesize`;
+        both in inference mode."""
         if not continuous:
             return StaticDecoder(self.synthesize, capacity)
         from engines.loop import ChatTTSLoop
 
-        return _InferenceDecoder(ChatTTSLoop(self.chat, self._speaker, self.max_new_token, capacity, stream_tokens))
+        loop = ChatTTSLoop(self.chat, self._speaker, self.max_new_token, capacity, stream_tokens, reserve=reserve)
+        return _InferenceDecoder(loop)
 
     @_inference
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
@@ -162,8 +164,8 @@ class _InferenceDecoder:
         return int(self.inner.capacity)
 
     @_inference
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
-        self.inner.join(rows)
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
+        self.inner.join(rows, places)
 
     @_inference
     def step(self) -> list[Any]:
@@ -178,6 +180,9 @@ class _InferenceDecoder:
 
     def take_returned(self) -> list[str]:
         return self.inner.take_returned()
+
+    def preemptible(self) -> int:
+        return self.inner.preemptible()
 
 
 def _voice_seed(row: Spec) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from cache import Spec
 from common import audio
-from common.model import SAMPLES_PER_TOKEN, Piece
+from common.model import SAMPLES_PER_TOKEN, Piece, Place
 
 logger = logging.getLogger("engine")
 Synthesize = Callable[[Sequence[Spec]], list[np.ndarray]]
@@ -58,7 +58,7 @@ class StaticDecoder:
         self.capacity = capacity
         self._rows: dict[str, Spec] = {}
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         if len(self._rows) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in {self.capacity - len(self._rows)} free slots")
         self._rows.update(rows)
@@ -87,6 +87,10 @@ class StaticDecoder:
     def take_returned(self) -> list[str]:
         return []
 
+    def preemptible(self) -> int:
+        """None: a static call runs each row to its end in one step, there is nothing to park."""
+        return 0
+
 
 class _Clip:
     def __init__(self, samples: np.ndarray, tokens: int) -> None:
@@ -112,7 +116,7 @@ class ClipDecoder:
         self._rows: dict[str, _Clip] = {}
         self._failed: dict[str, str] = {}
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         if len(self._rows) + len(self._failed) + len(rows) > self.capacity:
             raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
         for key, wav in each_or_alone(self.synthesize, rows).items():
@@ -144,3 +148,7 @@ class ClipDecoder:
 
     def take_returned(self) -> list[str]:
         return []
+
+    def preemptible(self) -> int:
+        """None: its clips are whole when they join, it parks nothing."""
+        return 0

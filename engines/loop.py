@@ -7,7 +7,7 @@ running batch's: the batch cache is left-padded to its longest row, each
 row's real positions right-aligned, and
 the attention mask and position ids say which columns are real. A step feeds
 every row its last token (one Llama forward), samples each row's next four
-codes with the row's own settings and generator, and drops the columns no
+codes with the row's own settings and random stream, and drops the columns no
 row uses any more. A row ends at its end token or at its token budget
 (`common.model.token_budget`).
 
@@ -15,7 +15,8 @@ Sampling follows `GPT.generate` (ChatTTS 0.2.5) operation for operation:
 logits / temperature, repetition penalty 1.05 over the last 16 codes, top-p,
 top-k, softmax, multinomial from a generator re-seeded with the row's seed
 every step (ChatTTS re-seeds its one generator every step when given a
-`manual_seed`). A row alone in the loop therefore makes the very tokens that
+`manual_seed`), the whole batch's draws in one call (`_draw`). A row alone
+in the loop therefore makes the very tokens that
 `Chat.infer(split_text=False)` makes with `manual_seed=row_seed(spec)`.
 
 Every `stream_tokens` tokens (and at its end) a row's new audio is decoded
@@ -29,6 +30,16 @@ a batched prefill or step that raises is retried without the row that caused
 it, found by bisecting when the exception names none. Out of memory fails
 nobody: the newest rows are given back unmade (`take_returned`) and the loop
 holds fewer rows for a while (`OOM_HOLD`).
+
+Slots (`_balance`): the loop steps the `capacity` best placed rows
+(`common.model.Place`: the pool's fair order) and takes up to `reserve` first
+rows beyond them, one for each later row stepping (`preemptible`). A row
+placed worse than `capacity` others is parked: it leaves the batch with its
+KV cache (its real positions), codes and noise kept, and merges back, best
+placed first, when a slot frees. Nothing a row samples depends on when it
+steps, so a parked row makes the codes it makes unparked. A row that fails
+or leaves goes wherever it is, parked or not; out of memory gives back
+parked rows first, and no first row preempts for a while after it.
 
 Imports torch on construction only; the worker side alone imports engines/.
 """
@@ -46,7 +57,7 @@ import numpy as np
 
 from cache import Spec
 from common import audio, sampling
-from common.model import SAMPLES_PER_TOKEN, Piece, token_budget
+from common.model import SAMPLES_PER_TOKEN, Piece, Place, token_budget
 from engines import spoken
 from engines.refine import refine
 from engines.rowfaults import (
@@ -93,10 +104,13 @@ class _Row:
     processors: list[Callable[[Any, Any], Any]]
     warpers: list[Callable[[Any, Any], Any]]
     warp_key: tuple[float, int]
-    generator: Any
+    noise: Any  # (num_vq, num_audio_tokens): the Exp(1) draws of its generator (ChatTTSLoop._draw)
     codes: Any  # (budget, 4) long: the codes sampled so far
     length: int  # real positions in the KV cache
     hiddens: list[Any] = field(default_factory=list)
+    place: Place = Place(0, 0)
+    # While parked: its KV cache, a batch of one with its real positions only.
+    parked: Any = None
     made: int = 0  # codes sampled (a row ends before adding its end token)
     sent: int = 0  # tokens handed out in pieces
     pieces: int = 0
@@ -114,10 +128,11 @@ class _Prompt:
     speaker: Any
     processors: list[Callable[[Any, Any], Any]]
     warpers: list[Callable[[Any, Any], Any]]
+    place: Place
 
 
 class ChatTTSLoop:
-    """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and generator."""
+    """Continuous batching over ChatTTS's GPT: up to `capacity` rows, each with its own sampling and random stream."""
 
     def __init__(
         self,
@@ -128,6 +143,7 @@ class ChatTTSLoop:
         stream_tokens: int,
         lookahead: int = LOOKAHEAD,
         clock: Callable[[], float] = time.monotonic,
+        reserve: int = 0,
     ) -> None:
         import torch
         from ChatTTS.model.processors import gen_logits
@@ -137,6 +153,7 @@ class ChatTTSLoop:
         self.speaker = speaker
         self.max_new_token = max_new_token
         self._capacity = Capacity(capacity, clock)
+        self.reserve = reserve
         self.stream_tokens = stream_tokens
         self.lookahead = lookahead
         self.num_vq = int(chat.config.gpt.num_vq)
@@ -145,6 +162,8 @@ class ChatTTSLoop:
         self.min_new_token = chat.InferCodeParams().min_new_token
         self._rows: list[_Row] = []  # in batch order
         self._ended: list[_Row] = []  # ended at their first token: never in the batch
+        self._parked: list[_Row] = []  # held, their state kept, but not stepping (`_balance`)
+        self._joined = 0  # rows joined so far: the default places' order
         self._cache: Any = None
         self._warpers: dict[tuple[float, int], tuple[list[Any], list[Any]]] = {}
         # Rows that failed (key -> reason), each handed out as an error piece by the next step.
@@ -161,24 +180,33 @@ class ChatTTSLoop:
         """The rows the loop takes now: its limit, or fewer for a while after it ran out of memory."""
         return self._capacity.now()
 
-    def join(self, rows: Sequence[tuple[str, Spec]]) -> None:
+    def join(self, rows: Sequence[tuple[str, Spec]], places: Sequence[Place] | None = None) -> None:
         """Prefill `rows` together (one forward, left-padded as ChatTTS pads a batch), sample each one's first
-        codes, and add those that did not end at once to the running batch.
+        codes, and add those that did not end at once to the running batch; then the worst placed rows beyond
+        `capacity` are parked (`_balance`). `places`: default, first rows in the order given.
 
         A row that cannot be made fails alone (an error piece at the next
         step); one that does not fit in memory is given back (`take_returned`).
-        Raises ValueError only when the rows are more than the free slots.
+        Raises ValueError only when the rows are more than the free slots and
+        the first rows `preemptible()` allows, or `places` are not one a row.
         """
-        if len(self.keys()) + len(rows) > self.capacity:
-            raise ValueError(f"{len(rows)} rows do not fit in the free slots of {self.capacity}")
-        prompts = [p for p in (self._prepare(key, spec) for key, spec in rows) if p is not None]
-        self._join_prompts(prompts)
+        room = max(0, self.capacity - len(self.keys())) + self.preemptible()
+        if len(rows) > room:
+            raise ValueError(f"{len(rows)} rows do not fit in the {room} free slot(s) of {self.capacity}")
+        if places is None:
+            places = [Place(0, self._joined + i) for i in range(len(rows))]
+        elif len(places) != len(rows):
+            raise ValueError(f"{len(places)} places for {len(rows)} rows")
+        self._joined += len(rows)
+        prepared = (self._prepare(key, spec, place) for (key, spec), place in zip(rows, places))
+        self._join_prompts([p for p in prepared if p is not None])
+        self._balance()
 
     def take_returned(self) -> list[str]:
         """The rows given back unmade since the last call (out of memory): the caller puts them back in the pool."""
         return self._capacity.take_returned()
 
-    def _prepare(self, key: str, spec: Spec) -> _Prompt | None:
+    def _prepare(self, key: str, spec: Spec, place: Place) -> _Prompt | None:
         """The row's prompt, speaker and sampling; None when it failed (or, out of memory, was given back)."""
         chat = self.chat
         problem = sampling.out_of_range(spec)
@@ -201,7 +229,7 @@ class ChatTTSLoop:
                 logger.exception("row %s fails alone: its text or voice could not be prepared", key)
                 self._fail(key, reason(BAD_INPUT, exc))
             return None
-        return _Prompt(key, spec, seed, prompt, emb_spk, processors, warpers)
+        return _Prompt(key, spec, seed, prompt, emb_spk, processors, warpers, place)
 
     def _join_prompts(self, prompts: list[_Prompt]) -> None:
         """Prefill `prompts` together and add them; when that raises, each half alone, down to single rows:
@@ -273,11 +301,13 @@ class ChatTTSLoop:
                 processors=p.processors,
                 warpers=p.warpers,
                 warp_key=(spec.top_p, spec.top_k),
-                generator=torch.Generator(device=chat.device),
+                noise=None,
                 codes=None,
                 length=int(length),
+                place=p.place,
             )
             row.codes = torch.zeros(row.budget, self.num_vq, dtype=torch.long, device=chat.device)
+            row.noise = self._noise(row)
             joined.append(row)
         self._sample(joined, hidden)
         return joined, cache
@@ -334,6 +364,7 @@ class ChatTTSLoop:
         for row in self._ended:
             out += self._pieces_of([row])
         self._ended.clear()
+        self._balance()
         if not self._rows:
             return out
         self.steps.append([row.key for row in self._rows])
@@ -342,6 +373,7 @@ class ChatTTSLoop:
         out += self._pieces_of(rows)
         if any(row.done for row in rows):
             self._keep([i for i, row in enumerate(rows) if not row.done])
+        self._balance()
         return out
 
     def _advance(self) -> None:
@@ -349,8 +381,9 @@ class ChatTTSLoop:
 
         A row whose output is not finite fails; when the step raises, the rows
         that raise without the others (bisecting) fail and the rest step again;
-        out of memory, or a fault no row causes alone, gives back the newest row
-        and steps again with the rest.
+        out of memory gives back a parked row (its cache is memory the batch
+        can use), or when none is parked the newest row, and steps again; so
+        does a fault no row causes alone, giving back the newest row.
         """
         while self._rows:
             try:
@@ -363,7 +396,10 @@ class ChatTTSLoop:
                 self._keep([i for i in range(len(self._rows)) if i not in bad])
             except Exception as exc:
                 if is_out_of_memory(exc):
-                    self._give_back_newest()
+                    if self._parked:
+                        self._give_back_parked()
+                    else:
+                        self._give_back_newest()
                     continue
                 logger.warning("a step of %d rows raised (%s): finding the row", len(self._rows), type(exc).__name__)
                 found = culprits(list(range(len(self._rows))), exc, self._trial)
@@ -449,10 +485,18 @@ class ChatTTSLoop:
             self._short_of_memory([row.key])
         self._keep(list(range(len(self._rows) - 1)))
 
+    def _give_back_parked(self) -> None:
+        """Out of memory in a step: the worst placed parked row leaves unmade (the pool's fair order would
+        step it last), its cache freed; the loop steps no more rows than it steps now for a while."""
+        row = max(self._parked, key=lambda r: r.place)
+        self._parked.remove(row)
+        row.parked = None
+        self._short_of_memory([row.key])
+
     def _no_room(self, key: str) -> None:
         """Out of memory for a joining row: given back while the loop holds others (it may fit once they
         leave), failed when it had the device to itself."""
-        if self._rows or self._ended:
+        if self._rows or self._parked or self._ended:
             self._short_of_memory([key])
         else:
             logger.error("row %s fails: it does not fit in memory alone", key)
@@ -460,7 +504,8 @@ class ChatTTSLoop:
             self._short_of_memory([])
 
     def _short_of_memory(self, keys: list[str]) -> None:
-        """Out of memory: `keys` are given back unmade and the loop holds no more than it holds now for a while."""
+        """Out of memory: `keys` are given back unmade and the loop steps no more rows than it holds now (parked
+        rows apart) for a while."""
         held = len(self._rows) + len(self._ended) - sum(1 for row in self._rows if row.key in keys)
         self._capacity.short(held, keys)
 
@@ -535,16 +580,36 @@ class ChatTTSLoop:
             stacked = F.softmax(stacked, dim=-1)
             for j, i in enumerate(members):
                 probs[i] = stacked.narrow(0, j * nv, nv)
+        drawn = self._draw(rows, torch.cat(probs)).view(len(rows), nv)
+        ended = drawn.eq(self.eos).any(1).tolist()
         for i, row in enumerate(rows):
-            codes = torch.multinomial(probs[i], num_samples=1, generator=row.generator.manual_seed(row.seed)).view(-1)
-            if bool(codes.eq(self.eos).any()):
+            if ended[i]:
                 row.done = True
                 continue
-            row.codes[row.made] = codes
+            row.codes[row.made] = drawn[i]
             row.hiddens.append(last_hidden[i].clone())
             row.made += 1
             if row.made >= row.budget:
                 row.done = True
+
+    def _draw(self, rows: Sequence[_Row], probs: Any) -> Any:
+        """One code per line of `probs` (rows * num_vq lines, in row order), each row from its own noise: one call.
+
+        `torch.multinomial(p, 1, generator)` is `argmax(p / q)` with q drawn by
+        `exponential_(1, generator)` over p's shape (its one-sample path), and
+        ChatTTS re-seeds its generator with the same seed before every draw: a
+        row's q is the same at every step. So each row draws its q once, when it
+        joins (`_noise`), and a step divides and takes the argmax of every row
+        at once: the very codes of a multinomial per row, its own stream.
+        """
+        return self.torch.argmax(probs / self.torch.cat([row.noise for row in rows]), dim=-1)
+
+    def _noise(self, row: _Row) -> Any:
+        """The row's q (num_vq, num_audio_tokens): the Exp(1) draws `torch.multinomial` makes from its
+        generator seeded with the row's seed."""
+        torch, gpt = self.torch, self.chat.gpt
+        q = torch.empty(self.num_vq, gpt.num_audio_tokens, dtype=torch.float, device=gpt.device)
+        return q.exponential_(1, generator=torch.Generator(device=gpt.device).manual_seed(row.seed))
 
     def _keep(self, indices: list[int]) -> None:
         """Keep only these batch rows, and drop the cache columns no remaining row uses."""
@@ -560,6 +625,53 @@ class ChatTTSLoop:
             for name in ("keys", "values"):
                 kept = getattr(layer, name).index_select(0, index)
                 setattr(layer, name, kept.narrow(2, unused, width - unused).contiguous() if unused else kept)
+
+    # -- slots ---------------------------------------------------------------
+
+    def _balance(self) -> None:
+        """Step the `capacity` best placed rows: park the worst placed beyond them, and while a slot is free
+        resume the best placed parked row. Out of memory for a resumed row's cache, it stays parked and the
+        loop steps no more rows than it steps now for a while."""
+        capacity = self.capacity
+        if len(self._rows) > capacity:
+            ranked = sorted(range(len(self._rows)), key=lambda i: self._rows[i].place)
+            self._park(sorted(ranked[capacity:]))
+        while self._parked and len(self._rows) < self.capacity:
+            row = min(self._parked, key=lambda r: r.place)
+            try:
+                self._merge([row], row.parked)
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                self._short_of_memory([])
+                return
+            self._parked.remove(row)
+            row.parked = None
+
+    def _park(self, indices: list[int]) -> None:
+        """Take these batch rows out of the batch, each with its own KV cache (its real positions only); out of
+        memory for those caches, the rows are given back unmade instead (`take_returned`)."""
+        try:
+            caches = [self._cache_of(i, self._rows[i].length) for i in indices]
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            self._short_of_memory([self._rows[i].key for i in indices])
+        else:
+            for i, cache in zip(indices, caches):
+                self._rows[i].parked = cache
+                self._parked.append(self._rows[i])
+        gone = set(indices)
+        self._keep([i for i in range(len(self._rows)) if i not in gone])
+
+    def _cache_of(self, i: int, length: int) -> Any:
+        """A copy of batch row `i`'s last `length` cache columns, as a cache of its own (a batch of one)."""
+        part = _shallow(self._cache)
+        for layer in part.layers:
+            for name in ("keys", "values"):
+                kv = getattr(layer, name)
+                setattr(layer, name, kv.narrow(0, i, 1).narrow(2, kv.shape[2] - length, length).clone())
+        return part
 
     # -- audio ---------------------------------------------------------------
 
@@ -597,14 +709,29 @@ class ChatTTSLoop:
     def leave(self, keys: Iterable[str]) -> None:
         gone = set(keys)
         self._ended = [row for row in self._ended if row.key not in gone]
+        self._parked = [row for row in self._parked if row.key not in gone]
         for key in gone:
             self._failed.pop(key, None)
         kept = [i for i, row in enumerate(self._rows) if row.key not in gone]
         if len(kept) != len(self._rows):
             self._keep(kept)
+            self._balance()
 
     def keys(self) -> list[str]:
-        return [row.key for row in self._rows] + [row.key for row in self._ended] + list(self._failed)
+        return [row.key for row in self._rows + self._parked + self._ended] + list(self._failed)
+
+    def parked(self) -> list[str]:
+        """The rows held but not stepping now (see `_balance`)."""
+        return [row.key for row in self._parked]
+
+    def preemptible(self) -> int:
+        """How many first rows may join beyond `capacity` now: one for each stepping later row (a first row
+        would only wait parked behind first rows), while the reserve has room; none for a while after the
+        loop ran out of memory (`Capacity.pressed`)."""
+        if self._capacity.pressed():
+            return 0
+        later = sum(1 for row in self._rows if not row.place.first)
+        return max(0, min(later, self.reserve - len(self._parked)))
 
 
 _Mark = tuple[int, bool, int, int]

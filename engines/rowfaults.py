@@ -92,6 +92,11 @@ class Capacity:
             self._grow_at = self._clock() + OOM_HOLD
         return self._now
 
+    def pressed(self) -> bool:
+        """Whether memory ran short lately: the loop holds fewer rows than its limit, or got back to it less
+        than OOM_HOLD s ago (it should not take rows beyond its slots meanwhile)."""
+        return self.now() < self.limit or self._clock() < self._grow_at
+
     def short(self, held: int, given_back: list[str]) -> None:
         """Out of memory: `given_back` rows leave unmade and the loop holds at most `held` rows (1 at least)."""
         import torch

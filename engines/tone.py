@@ -22,8 +22,9 @@ class ToneEngine:
     (token-aligned like ChatTTS: 512*T - 256 samples).
     """
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Decoder:
-        """Static: one `synthesize` call per step. Continuous: each row's tone handed out a token per step."""
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
+        """Static: one `synthesize` call per step. Continuous: each row's tone handed out a token per step.
+        Neither parks rows: `reserve` is not used."""
         if continuous:
             return ClipDecoder(self.synthesize, capacity, stream_tokens)
         return StaticDecoder(self.synthesize, capacity)

@@ -25,7 +25,7 @@ class WatchingEngine:
 
         self.tone, self.before, self.calls = ToneEngine(), before, 0
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Any:
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Any:
         from engines.decoders import ClipDecoder
 
         return ClipDecoder(self.synthesize, capacity, stream_tokens)

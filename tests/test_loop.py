@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Iterator, cast
 
 import numpy as np
 import pytest
@@ -25,9 +25,9 @@ import jobs
 from cache import Spec, chunk_key
 from common import audio
 from common.keys import pieces_key
-from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
+from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
-from engines import tiny_checkpoint
+from engines import rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.loop import ChatTTSLoop, row_seed
 from engines.refine import refine
@@ -455,7 +455,7 @@ def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
         later = Spec(chunks=(TEXTS[4], TEXTS[6]), model=engine[1].id, seed=3)
         queueing.submit(q, later, settings)
 
-        def broken(rows: Any) -> None:
+        def broken(rows: Any, places: Any = None) -> None:
             raise RuntimeError("the decoder's own fault")
 
         state.decoder.join = broken
@@ -501,3 +501,234 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
             assert time.monotonic() < deadline, "the chunks were not all made"
             jobs._advance(state, run, None)
     assert not Pool(redis, "tts", 60).failures(spec.chunk_ids())
+
+
+def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """The batched draw (`ChatTTSLoop._draw`) gives, line for line, the code that `torch.multinomial` with the
+    row's generator re-seeded (as ChatTTS samples) gives, whatever the probabilities and the batch mates."""
+    eng, info = engine
+    loop = _loop(eng)
+    nv, width = loop.num_vq, int(eng.chat.gpt.num_audio_tokens)
+    with torch.inference_mode():
+        loop.join([(f"r{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=i)) for i in range(3)])
+        rows = list(loop._rows) + list(loop._ended)
+        torch.manual_seed(0)
+        for trial in range(50):
+            logits = torch.randn(len(rows) * nv, width) * (1 + trial % 5)
+            logits[torch.rand(logits.shape) < 0.8] = -torch.inf  # as top-k and top-p leave them
+            logits[:, trial % width] = 0.0  # never a line without a candidate
+            probs = torch.softmax(logits, dim=-1)
+            batched = loop._draw(rows, probs).view(len(rows), nv)
+            for i, row in enumerate(rows):
+                own = probs.narrow(0, i * nv, nv)
+                generator = torch.Generator().manual_seed(row.seed)
+                assert torch.equal(batched[i], torch.multinomial(own, 1, generator=generator).view(-1)), (trial, i)
+                assert torch.equal(loop._draw([row], own), batched[i]), "a row's draw never depends on its mates"
+
+
+def _lasting_seeds(eng: ChatTTSEngine, info: Any, text: str, tokens: int, seeds: range) -> Iterator[int]:
+    """Seeds whose row of `text` makes at least `tokens` tokens alone (random weights end some rows early)."""
+    return (s for s in seeds if len(_alone(eng, f"s{s}", Spec(chunks=(text,), model=info.id, seed=s))) >= tokens)
+
+
+def test_a_parked_row_makes_the_codes_it_makes_unparked(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """A loop of 2 holds a request's chunks 1 and 2; a new request's first row joins beyond the 2 slots (the
+    reserve) and steps at once, chunk 2 (the worst placed) is parked, its KV cache kept, and steps again when
+    the first row ends. Every row's codes are those it makes without the newcomer, and alone."""
+    eng, info = engine
+    seeds = _lasting_seeds(eng, info, TEXTS[2], 40, range(1, 60))
+    s1, s2 = next(seeds), next(seeds)
+    longs = [(f"l{s}", Spec(chunks=(TEXTS[2],), model=info.id, seed=s)) for s in (s1, s2)]
+    places = [Place(1, 0), Place(2, 0)]
+    newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
+
+    def run(reserve: int, join_at: int | None) -> ChatTTSLoop:
+        loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=reserve)
+        loop.record = {}
+        with torch.inference_mode():
+            loop.join(longs, places)
+            while loop.keys():
+                if len(loop.steps) == join_at:
+                    loop.join([newcomer], [Place(0, 5)])
+                    assert loop.parked() == [longs[1][0]]
+                    with pytest.raises(ValueError):
+                        loop.join([("g", newcomer[1])], [Place(0, 6)])  # past capacity + reserve
+                loop.step()
+        return loop
+
+    plain, preempted = run(0, None), run(1, 5)
+    assert max(len(keys) for keys in preempted.steps) == 2, "never more than `capacity` rows a step"
+    assert preempted.steps[5] == [longs[0][0], "f"], "the first row steps right after its prefill"
+    parked_for = [i for i, keys in enumerate(preempted.steps) if longs[1][0] not in keys and i < 40]
+    assert parked_for and parked_for[0] == 5 and len(parked_for) < 40, parked_for
+    for key, _ in longs:
+        assert torch.equal(_rec(preempted)[key][0], _rec(plain)[key][0]), key
+    assert torch.equal(_rec(preempted)["f"][0], _alone(eng, "f", newcomer[1]))
+
+
+def _preempting(eng: ChatTTSEngine, info: Any, clock: Any = None) -> tuple[ChatTTSLoop, list[tuple[str, Spec]]]:
+    """A loop of 2 slots (reserve 2) stepping two long later rows of a request; the rows."""
+    seeds = _lasting_seeds(eng, info, TEXTS[2], 40, range(1, 60))
+    longs = [(f"l{s}", Spec(chunks=(TEXTS[2],), model=info.id, seed=s)) for s in (next(seeds), next(seeds))]
+    extra = {"clock": clock} if clock is not None else {}
+    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=2, **extra)
+    loop.record = {}
+    with torch.inference_mode():
+        loop.join(longs, [Place(1, 0), Place(2, 0)])
+        for _ in range(3):
+            loop.step()
+    return loop, longs
+
+
+def test_out_of_memory_gives_a_parked_row_back_first_and_stops_preemption_for_a_while(
+    engine: tuple[ChatTTSEngine, Any],
+) -> None:
+    """A newcomer parks the worst placed of two long rows; the next step runs out of memory once: the parked
+    row is given back unmade (its cache is memory the batch can use), nobody fails, the stepping rows make
+    their own codes, and no first row joins beyond the slots until OOM_HOLD has passed."""
+    eng, info = engine
+    now = [0.0]
+    loop, longs = _preempting(eng, info, clock=lambda: now[0])
+    newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
+    forward, short = loop._forward, [False]
+
+    def once_short(emb: Any, *args: Any) -> Any:
+        if short[0]:
+            short[0] = False
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return forward(emb, *args)
+
+    loop._forward = once_short  # type: ignore[method-assign, assignment]
+    with torch.inference_mode():
+        loop.join([newcomer], [Place(0, 5)])
+        assert loop.parked() == [longs[1][0]]
+        short[0] = True
+        assert not [p.error for p in loop.step() if p.error is not None]
+        assert loop.take_returned() == [longs[1][0]], "the parked row, not a stepping one"
+        assert loop.parked() == [] and sorted(loop.keys()) == sorted([longs[0][0], "f"])
+        assert loop.preemptible() == 0
+        with pytest.raises(ValueError):
+            loop.join([("g", Spec(chunks=(TEXTS[4],), model=info.id, seed=4))], [Place(0, 6)])
+        now[0] += rowfaults.OOM_HOLD
+        assert loop.preemptible() == 1, "one later row steps: one first row may preempt it again"
+        while loop.keys():
+            assert all(p.error is None for p in loop.step())
+    assert torch.equal(_rec(loop)[longs[0][0]][0], _alone(eng, *longs[0]))
+    assert torch.equal(_rec(loop)["f"][0], _alone(eng, *newcomer))
+
+
+def test_a_failing_row_frees_its_slot_for_a_parked_row_and_a_parked_row_leaves_with_its_request(
+    engine: tuple[ChatTTSEngine, Any],
+) -> None:
+    """Two newcomers park both long rows; one newcomer's step raises: it fails alone, the best placed parked
+    row steps again at once and makes its own codes. The other parked row leaves (its request is gone)."""
+    eng, info = engine
+    loop, longs = _preempting(eng, info)
+    sample = loop._sample
+
+    def faulty(rows: list[Any], hidden: Any) -> None:
+        if any(row.key == "bad" and row.made >= 2 for row in rows):
+            raise RuntimeError("a fault of row 'bad'")
+        sample(rows, hidden)
+
+    loop._sample = faulty  # type: ignore[method-assign, assignment]
+    good = (
+        "good",
+        Spec(chunks=(TEXTS[3],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[3], 20, range(1, 60)))),
+    )
+    bad = (
+        "bad",
+        Spec(chunks=(TEXTS[4],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[4], 10, range(1, 60)))),
+    )
+    with torch.inference_mode():
+        loop.join([good, bad], [Place(0, 5), Place(0, 6)])
+        assert sorted(loop.parked()) == sorted(key for key, _ in longs)
+        while "bad" not in loop._failed:
+            assert not [p for p in loop.step() if p.error is not None]
+        assert loop.parked() == [longs[1][0]], "the best placed parked row took the failed row's slot at once"
+        errors = [(p.key, p.error) for p in loop.step() if p.error is not None]
+        assert errors == [("bad", f"{rowfaults.ROW_RAISED} (RuntimeError)")]
+        assert loop.steps[-1] == ["good", longs[0][0]]
+        loop.leave([longs[1][0]])
+        assert loop.parked() == [] and set(loop.keys()) == {"good", longs[0][0]}
+        while loop.keys():
+            assert all(p.error is None for p in loop.step())
+    assert torch.equal(_rec(loop)[longs[0][0]][0], _alone(eng, *longs[0]))
+    assert torch.equal(_rec(loop)["good"][0], _alone(eng, *good))
+
+
+def test_without_a_reserve_a_full_loop_parks_nothing(engine: tuple[ChatTTSEngine, Any]) -> None:
+    eng, info = engine
+    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 1, 24)
+    with torch.inference_mode():
+        loop.join([("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1))])
+        with pytest.raises(ValueError):
+            loop.join([("b", Spec(chunks=(TEXTS[3],), model=info.id, seed=2))])
+    assert loop.parked() == []
+
+
+@pytest.fixture(scope="module")
+def uncapped(tmp_path_factory: pytest.TempPathFactory) -> tuple[ChatTTSEngine, Any]:
+    """The tiny checkpoint with its 48-token cap lifted: each row runs to its own budget or end token, as real
+    rows do (`python -m engines.tiny_checkpoint DIR --max-new-token 2048`)."""
+    directory = tiny_checkpoint.write(tmp_path_factory.mktemp("uncapped") / "model", max_new_token=2048)
+    return load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(directory),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("reserve", ["4", "0"], ids=["reserve", "no-reserve"])
+def test_a_short_request_behind_a_long_one_joins_at_the_next_look(
+    uncapped: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str, reserve: str, record_property: Any
+) -> None:
+    """A long request's rows hold both slots of a worker's loop; a short request arrives. With a reserve (the
+    default), its first row is claimed at the loop's next look at the pool and steps in the step after its
+    prefill, the long request's worst placed row parked meanwhile; without one, it waits for a row to end."""
+    eng, info = uncapped
+    state, settings = _in_process_worker(redis, redis_url, uncapped, TTS_BATCH_SIZE="2", TTS_PREEMPT_ROWS=reserve)
+    q = queueing.queue(redis, settings)
+    texts = (TEXTS[6], TEXTS[2], TEXTS[0])
+
+    def request(seed: int) -> Spec:
+        return Spec(chunks=texts, model=info.id, seed=seed)
+
+    def long_enough(seed: int) -> bool:
+        spec = request(seed)
+        return all(len(_alone(eng, cid, spec.row(i))) >= 60 for i, cid in enumerate(spec.chunk_ids()[:2]))
+
+    long = request(next(s for s in range(1, 60) if long_enough(s)))
+    short = Spec(chunks=(TEXTS[5],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[5], 8, range(1, 60))))
+    key = short.chunk_ids()[0]
+    run = jobs._Run()
+    queueing.submit(q, long, settings)
+    loop = state.decoder.inner
+    with torch.inference_mode():
+        jobs._advance(state, run, None)
+        assert loop.keys() == long.chunk_ids()[:2], "the long request holds every slot"
+        jobs._advance(state, run, None)
+        queueing.submit(q, short, settings)
+        due, late = state.next_claim, 0
+        while not any(key in keys for keys in loop.steps):
+            began = time.monotonic()
+            jobs._advance(state, run, None)
+            late += began >= due and not any(key in keys for keys in loop.steps)
+        held = loop.keys()
+        while jobs._advance(state, run, None):
+            pass
+    record_property("advances_late", late)
+    if reserve == "0":
+        assert late > 0 and not set(long.chunk_ids()[:2]) <= set(held), "it waited for a long row to end"
+    else:
+        assert late == 0, f"{late} advance(s) after the look was due went without the short row"
+        assert loop.parked() == [] and set(held) >= set(long.chunk_ids()[:2]) | {key}, held
+        waited = [i for i, keys in enumerate(loop.steps) if long.chunk_ids()[1] not in keys and key in keys]
+        record_property("steps_the_parked_row_lost", len(waited))
+    for cid in long.chunk_ids() + short.chunk_ids():
+        assert redis.exists(chunk_key(cid)), cid

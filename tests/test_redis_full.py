@@ -122,7 +122,7 @@ class FillingEngine:
         self.tone, self.redis, self.after = ToneEngine(), redis, after
         self.freed = threading.Event()
 
-    def decoder(self, capacity: int, stream_tokens: int, continuous: bool) -> Any:
+    def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Any:
         from engines.decoders import StaticDecoder
 
         return StaticDecoder(self.synthesize, capacity)

@@ -20,7 +20,7 @@ from test_ops import log_events, scrape, value
 from cache import Spec, manifest
 from common import audio, keys, metrics
 from common.keys import chunk_key, request_key
-from common.model import ModelInfo
+from common.model import ModelInfo, Place
 from splitter import split
 from work.scheduler import Pool
 
@@ -60,6 +60,27 @@ def test_every_requests_first_chunk_comes_before_any_second_chunk(pool: Pool) ->
     # The claimed ones are leased: nobody else gets them.
     rest, more = pool.claim("other", 4, 10_000, cross=True)
     assert texts(rest) == ["Long part 5."] and not more
+
+
+def test_past_firsts_only_first_chunks_are_taken_each_with_its_place(pool: Pool) -> None:
+    """A full loop claims into its reserve (`firsts`): a request's first chunk is taken, a later one is not,
+    not even the claiming request's own; each claimed chunk comes with its Place in the fair order."""
+    pool.register("long", request(*(f"Long part {i}." for i in range(4))))
+    claimed, _ = pool.claim("w", 2, 10_000, cross=True)
+    assert texts(claimed) == ["Long part 0.", "Long part 1."]
+    assert [c.place.chunk_index for c in claimed] == [0, 1] and claimed[0].place.arrival == claimed[1].place.arrival
+    own = request(*(f"Long part {i}." for i in range(4))).chunk_ids()[2:]
+    assert pool.claim("w", 2, 10_000, cross=True, own="long", own_chunks=own, firsts=0) == ([], True)
+    pool.register("short", request("Short zero.", "Short one."))
+    claimed, more = pool.claim("w", 2, 10_000, cross=True, own="long", own_chunks=own, firsts=0)
+    assert texts(claimed) == ["Short zero."] and more
+    assert claimed[0].place.first and claimed[0].place > Place(0, 0)
+    # One free slot: any chunk takes it, in fair order; past it only first chunks.
+    claimed, _ = pool.claim("w", 3, 10_000, cross=True, firsts=1)
+    assert texts(claimed) == ["Short one."] and claimed[0].place.chunk_index == 1
+    pool.register("third", request("Third zero."))
+    claimed, _ = pool.claim("w", 3, 10_000, cross=True, firsts=1)
+    assert texts(claimed) == ["Third zero."], "the free slot went to a first chunk: no later one past it"
 
 
 def test_a_requests_own_earliest_open_chunk_leads_its_batch(pool: Pool) -> None:

@@ -35,12 +35,14 @@ def test_values_are_read(tmp_path: object) -> None:
             "TTS_DEFAULT_SEED": "7",
             "TTS_SCHEDULING": "static",
             "TTS_STREAM_TOKENS": "12",
+            "TTS_PREEMPT_ROWS": "0",
         }
     )
     assert (s.redis_url, s.model_path, s.device) == ("rediss://:pw@host:6380/2", str(tmp_path), "cuda:1")
     assert (s.max_chars, s.result_ttl, s.default_seed) == (100, 60, 7)
     assert (s.scheduling, s.stream_tokens) == ("static", 12)
     assert (Settings().scheduling, Settings().stream_tokens) == ("continuous", 24)
+    assert (s.preempt_rows, Settings().preempt_rows) == (0, 4)
 
 
 @pytest.mark.parametrize(
@@ -48,6 +50,8 @@ def test_values_are_read(tmp_path: object) -> None:
     [
         pytest.param("TTS_SCHEDULING", "dynamic", id="scheduling"),
         pytest.param("TTS_STREAM_TOKENS", "0", id="stream-tokens-zero"),
+        pytest.param("TTS_PREEMPT_ROWS", "-1", id="preempt-rows-negative"),
+        pytest.param("TTS_PREEMPT_ROWS", "257", id="preempt-rows-too-many"),
         pytest.param("REDIS_URL", "localhost:6379", id="redis-no-scheme"),
         pytest.param("TTS_MODEL_PATH", "/no/such/dir", id="model-path-missing"),
         pytest.param("TTS_DEVICE", "gpu", id="device"),

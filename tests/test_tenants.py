@@ -17,6 +17,7 @@ from websockets.sync.client import connect
 
 from cache import Spec
 from common import keys
+from common.model import Place
 from common.settings import SettingsError, bare_key_name, from_env
 from common.speakers import encode_speaker
 from work import interest
@@ -107,6 +108,33 @@ def test_the_pool_takes_work_from_tenants_in_turn(redis: Redis) -> None:
     second, _ = pool.claim("w", 3, 10_000, cross=True)
     assert [c.row.chunks[0] for c in second][:2] in (["Alice 1.", "Bob two."], ["Bob two.", "Alice 1."])
     assert redis.zcard(keys.lane_key("q", "alice")) == 50 and pool.size() == 50 + 2 + 1
+
+
+def test_a_full_loop_takes_only_first_chunks_from_the_lanes_each_with_its_place(redis: Redis) -> None:
+    """A claim into a loop's reserve (`firsts`) takes from every tenant's lane in turn, but past `firsts` rows
+    only requests' first chunks; each chunk comes with its Place, an own chunk's read from its tenant's lane."""
+    pool = Pool(redis, "q", ttl=600)
+    _want(redis, pool, "along", "alice", *(f"Alice {i}." for i in range(4)))
+    _want(redis, pool, "blong", "bob", *(f"Bob {i}." for i in range(3)))
+    first, _ = pool.claim("w", 2, 10_000, cross=True)
+    assert sorted(c.row.chunks[0] for c in first) == ["Alice 0.", "Bob 0."]
+    assert all(c.place.first for c in first)
+    second, _ = pool.claim("w", 2, 10_000, cross=True)
+    assert sorted(c.row.chunks[0] for c in second) == ["Alice 1.", "Bob 1."]
+    assert [c.place.chunk_index for c in second] == [1, 1]
+    _want(redis, pool, "cnew", "carol", "Carol zero.", "Carol one.")
+    own = Spec(chunks=tuple(f"Alice {i}." for i in range(4)), model="m0").chunk_ids()[2:]
+    # The loop is full: no free slot, only its reserve. Alice's own later chunk is not taken, nor bob's.
+    third, more = pool.claim("w", 3, 10_000, cross=True, own="along", own_chunks=own, firsts=0)
+    assert [c.row.chunks[0] for c in third] == ["Carol zero."] and more
+    arrival = third[0].place.arrival
+    assert third[0].place == Place(0, arrival) and arrival >= first[0].place.arrival
+    # One free slot: carol's own later chunk takes it, placed as in her lane; past it, first chunks only.
+    _want(redis, pool, "dnew", "dave", "Dave zero.", "Dave one.")
+    carol_one = Spec(chunks=("Carol zero.", "Carol one."), model="m0").chunk_ids()[1:]
+    fourth, _ = pool.claim("w", 3, 10_000, cross=True, own="cnew", own_chunks=carol_one, firsts=1)
+    assert [c.row.chunks[0] for c in fourth] == ["Carol one.", "Dave zero."]
+    assert fourth[0].place == Place(1, arrival) and fourth[1].place.first
 
 
 def test_a_withdrawing_tenant_leaves_only_its_lane(redis: Redis) -> None:

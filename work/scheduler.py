@@ -56,6 +56,7 @@ from common.keys import (
     tenants_key,
     turns_key,
 )
+from common.model import Place
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request
 # sorts after chunk 0 of every request. SLOT ms is 115 days, so arrival order
@@ -141,12 +142,17 @@ end
 _CLAIM = (
     _FORGET
     + """
+-- ARGV: 1 entry prefix, 2 queue, 3 rows wanted (n), 4 lease ms, 5 token, 6 cross ('1'/'0'), 7 scan limit,
+-- 8 slot, 9 own request ('' for none), 10 share, 11 pool (the pool's own lane), 12 events prefix,
+-- 13 chunk prefix, 14 turns, 15 lane prefix, 16 firsts (rows past these are first chunks only),
+-- 17... own chunk ids in request order.
+-- Returns (chunk id, spec, pool score) per chunk taken, then '1' when open work was left, else '0'.
 local p, q = ARGV[1], ARGV[2]
 local n, lease, token = tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local cross, limit, slot, own = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local share = tonumber(ARGV[10])
 local pool, events, chunks = ARGV[11], ARGV[12], ARGV[13]
-local turns, lanep = ARGV[14], ARGV[15]
+local turns, lanep, firsts = ARGV[14], ARGV[15], tonumber(ARGV[16])
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local out, taken, stale, orphans = {}, {}, {}, {}
@@ -175,33 +181,38 @@ local function open(lane, member, cid)
   return task
 end
 
-local function take(cid, task, request)
+-- Past `firsts` rows, only a request's first chunk (score below `slot`) is taken.
+local function allowed(score) return rows < firsts or tonumber(score) < slot end
+
+local function take(cid, task, request, score)
   redis.call('SET', key('claim', cid), token, 'PX', lease)
   out[#out + 1] = cid
   out[#out + 1] = task[2]
+  out[#out + 1] = score
   taken[cid] = true
   rows = rows + 1
   batch = task[1]
   if not cross and only == nil then only = request end
 end
 
--- A lane's next member in its order, scanning at most `limit` of them; nil at its end.
+-- A lane's next member in its order and its score, scanning at most `limit` of them; nil at its end.
 local function following(lane)
   if lane.i > #lane.buf then
     if lane.pos >= limit then return nil end
-    lane.buf, lane.i = redis.call('ZRANGE', lane.key, lane.pos, lane.pos + 99), 1
+    lane.buf, lane.i = redis.call('ZRANGE', lane.key, lane.pos, lane.pos + 99, 'WITHSCORES'), 1
     lane.pos = lane.pos + 100
     if #lane.buf == 0 then return nil end
   end
-  lane.i = lane.i + 1
-  return lane.buf[lane.i - 1]
+  lane.i = lane.i + 2
+  return lane.buf[lane.i - 2], lane.buf[lane.i - 1]
 end
 
--- A lane's next open chunk that fits this call: request, chunk id and task; nil when it has none.
--- Open chunks that do not fit are work left for another worker (`more`).
+-- A lane's next open chunk that fits this call: request, chunk id, task and score; nil when it has none.
+-- Open chunks that do not fit are work left for another worker (`more`). Past `firsts` rows the lane
+-- ends at its first later chunk: in score order nothing after it is a first chunk.
 local function next_fit(lane)
   while true do
-    local member = following(lane)
+    local member, score = following(lane)
     if member == nil then return nil end
     local sep = string.find(member, ':', 1, true)
     local request, cid = string.sub(member, 1, sep - 1), string.sub(member, sep + 1)
@@ -212,8 +223,9 @@ local function next_fit(lane)
         if fits and only ~= nil and request ~= only then
           fits = redis.call('SISMEMBER', key('waiters', cid), only) == 1
         end
-        if fits then return request, cid, task end
+        if fits and allowed(score) then return request, cid, task, score end
         more = 1
+        if not allowed(score) then return nil end
       end
     end
   end
@@ -246,11 +258,21 @@ end
 -- 1. The claiming request's own earliest open chunk comes first, so its job
 -- makes progress with every batch and keeps to its time limit.
 if own ~= '' then
-  for i = 16, #ARGV do
+  for i = 17, #ARGV do
     local cid = ARGV[i]
     if not taken[cid] and redis.call('SISMEMBER', key('waiters', cid), own) == 1 then
-      local task = open(pool, own .. ':' .. cid, cid)
-      if task then take(cid, task, own); break end
+      local member = own .. ':' .. cid
+      local task = open(pool, member, cid)
+      if task then
+        -- Its score in whichever lane holds it; in none, placed as a later chunk.
+        local score = nil
+        for _, lane in ipairs(lanes) do
+          score = score or redis.call('ZSCORE', lane.key, member) or nil
+        end
+        score = score or tostring(slot)
+        if allowed(score) then take(cid, task, own, score) end
+        break
+      end
     end
   end
 end
@@ -261,9 +283,9 @@ local active = #lanes
 while rows < n and active > 0 do
   for _, lane in ipairs(lanes) do
     if rows < n and not lane.done then
-      local request, cid, task = next_fit(lane)
+      local request, cid, task, score = next_fit(lane)
       if request then
-        take(cid, task, request)
+        take(cid, task, request, score)
         served = served + 1
         redis.call('ZADD', turns, served, lane.tenant)
       else
@@ -399,10 +421,17 @@ return 1
 
 @dataclass(frozen=True)
 class Claimed:
-    """A chunk this worker holds the lease on: its id and the one-chunk Spec to synthesize."""
+    """A chunk this worker holds the lease on: its id, the one-chunk Spec to synthesize, its place in the pool."""
 
     chunk_id: str
     row: Spec
+    place: Place = Place(0, 0)
+
+
+def place_of(score: float) -> Place:
+    """The Place of a pool entry scored `score` (index * SLOT + arrival in ms)."""
+    index, arrival = divmod(int(score), SLOT)
+    return Place(index, arrival)
 
 
 class Pool:
@@ -478,16 +507,19 @@ class Pool:
         own: str | None = None,
         own_chunks: Sequence[str] = (),
         share: int = 1,
+        firsts: int | None = None,
     ) -> tuple[list[Claimed], bool]:
         """Lease up to `size` open chunks that can share one model call, in fair order.
 
         Rows are taken from the tenants' lanes in turn, the tenant served
         least recently first. With `own`, that request's earliest open chunk
-        among `own_chunks` (in request order) is taken first. Without `cross`, every row belongs to
-        one request. With `share` > 1 (this worker and idle ones), at most
+        among `own_chunks` (in request order) is taken first. Without `cross`,
+        every row belongs to one request. With `share` > 1 (this worker and idle ones), at most
         1/share of the open chunks are taken, so that the others get theirs.
-        Returns the claimed chunks and whether open work was left in the pool
-        for another worker.
+        With `firsts`, rows past the first `firsts` are taken only if they are
+        their request's first chunk (a loop's reserve, common.model.Decoder).
+        Returns the claimed chunks, each with its place, and whether open work
+        was left in the pool for another worker.
         """
         reply = self._claim(
             args=[
@@ -506,11 +538,15 @@ class Pool:
                 chunk_key(""),
                 turns_key(self.queue),
                 self._lane_prefix,
+                size if firsts is None else firsts,
                 *own_chunks,
             ]
         )
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
-        claimed = [Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1]))) for i in range(0, len(flat), 2)]
+        claimed = [
+            Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1])), place_of(float(flat[i + 2])))
+            for i in range(0, len(flat), 3)
+        ]
         return claimed, more == "1"
 
     def renew(self, token: str, chunk_ids: Sequence[str], lease_ms: int) -> int:
