@@ -120,9 +120,6 @@ def parse_strict(raw: bytes) -> Any:
     return value
 
 
-MAX_DEPTH = 64  # what the service reads (docs/API.md); deeper is a 400
-
-
 def _depth(value: Any) -> int:
     """Levels of arrays and objects in a parsed JSON value (a scalar is 0)."""
     deepest, todo = 0, [(value, 0)]
