@@ -108,27 +108,13 @@ def _no_constants(name: str) -> Any:
 def parse_strict(raw: bytes) -> Any:
     """RFC 8259 JSON from UTF-8 bytes, or NotJson.
 
-    NaN and Infinity are Python extensions, not JSON; nesting deeper than the
-    service reads (web.bodies.MAX_DEPTH) is refused (RFC 8259 section 9).
+    NaN and Infinity are Python extensions, not JSON; nesting beyond what a
+    parser can hold may be refused (RFC 8259 section 9; `post_and_check`).
     """
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise NotJson(str(exc)) from exc
-    if _depth(value) > MAX_DEPTH:
-        raise NotJson("nested too deeply")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """Levels of arrays and objects in a parsed JSON value (a scalar is 0)."""
-    deepest, todo = 0, [(value, 0)]
-    while todo:
-        item, level = todo.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level + 1)
-            todo.extend((v, level + 1) for v in (item if isinstance(item, list) else item.values()))
-    return deepest
 
 
 def _is_int(value: Any) -> bool:
