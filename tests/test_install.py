@@ -18,17 +18,22 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from packaging import tags
 from packaging.markers import Marker
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
 # What the README promises: Linux x86_64 and aarch64 (glibc 2.28 or later, as torch's wheels need),
 # macOS 14 or later on Apple silicon; each at every Python that requires-python allows.
 PYTHONS = ("3.11", "3.12", "3.13")
 PLATFORMS = {
-    "linux-x86_64": [f"manylinux_2_{n}_x86_64" for n in range(28, 16, -1)] + ["manylinux2014_x86_64"],
+    "linux-x86_64": [f"manylinux_2_{n}_x86_64" for n in range(28, 4, -1)]
+    + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"],
     "linux-aarch64": [f"manylinux_2_{n}_aarch64" for n in range(28, 16, -1)] + ["manylinux2014_aarch64"],
     "macos-arm64": [f"macosx_{v}_0_arm64" for v in (14, 13, 12, 11)]
     + ["macosx_11_0_universal2"]
@@ -167,24 +172,81 @@ def test_a_fresh_machine_resolves_the_set_from_pypi_and_the_torch_index(
     assert not [i for i in install if _name(i["metadata"]["name"]).startswith(("nvidia-", "cuda-"))]
 
 
-@pytest.mark.parametrize("python", PYTHONS)
-@pytest.mark.parametrize("platform", list(PLATFORMS))
-def test_every_named_platform_and_python_resolves_with_hashes(
-    platform: str, python: str, torch_index: str, tmp_path: Path
-) -> None:
-    lock = ROOT / "requirements-test.txt"  # the widest set: the run set is a part of it, at the same versions
-    tags = [f"--platform={tag}" for tag in PLATFORMS[platform]]
-    env = clean_env(TORCH_INDEX_URL=torch_index)
-    # scripts/torch-source decides for the machine it runs on; for another platform the index is named here.
+def target(platform: str, python: str) -> dict[str, str]:
+    """The environment markers of `platform` at `python`."""
     sys_platform, system, machine = MACHINES[platform]
-    target = {
+    return {
         "sys_platform": sys_platform, "platform_system": system, "platform_machine": machine, "os_name": "posix",
         "implementation_name": "cpython", "platform_python_implementation": "CPython",
         "python_version": python, "python_full_version": f"{python}.0",
     }  # fmt: skip
-    # Each locked distribution for this target, alone (--no-deps: the lock is uv's universal resolution, so
-    # it is complete; the test above resolves dependencies in full on this machine). pip takes no source
-    # distribution for another platform: the source-only ones are left out.
+
+
+def locked_entries(lock: Path) -> list[tuple[str, str, str | None]]:
+    """(name, version, marker) of every entry of `lock`."""
+    found = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ; ([^\\\n]+?))?(?: \\)?$", lock.read_text(), re.M)
+    return [(_name(n), v, m or None) for n, v, m in found]
+
+
+@pytest.fixture(scope="module")
+def index_files(pypi: None) -> dict[str, list[tuple[str, str]]]:
+    """name -> (file name, sha256) of every wheel PyPI serves for it, read from its PEP 691 page; torch's CPU
+    builds from the list the locks were made from (scripts/torch-cpu-wheels.txt)."""
+
+    def files(name: str) -> list[tuple[str, str]]:
+        request = urllib.request.Request(
+            f"https://pypi.org/simple/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            page = json.load(answer)
+        return [(f["filename"], f["hashes"].get("sha256", "")) for f in page["files"] if f["filename"].endswith(".whl")]
+
+    names = sorted({name for name, _, _ in locked_entries(ROOT / "requirements-test.txt")})
+    with ThreadPoolExecutor(16) as pool:
+        found = dict(zip(names, pool.map(files, names)))
+    recorded = (ROOT / "scripts" / "torch-cpu-wheels.txt").read_text().splitlines()
+    found["torch"] += [tuple(line.split()) for line in recorded if line and not line.startswith("#")]  # type: ignore[misc]
+    return found
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+@pytest.mark.parametrize("platform", list(PLATFORMS))
+def test_every_locked_distribution_has_a_hashed_wheel_for_every_platform_and_python(
+    platform: str, python: str, index_files: dict[str, list[tuple[str, str]]]
+) -> None:
+    """What pip would pick for each locked entry of the test set on `platform` at `python`: a wheel of the locked
+    version whose tags the target takes and whose sha256 the lock allows (the index's own record of it)."""
+    version_info = tuple(int(p) for p in python.split("."))
+    ours = f"cp{version_info[0]}{version_info[1]}"
+    taken = set(tags.cpython_tags(version_info, [ours, "abi3", "none"], PLATFORMS[platform]))
+    taken |= set(tags.compatible_tags(version_info, ours, PLATFORMS[platform]))
+    lock = ROOT / "requirements-test.txt"
+    allowed = lock_hashes(lock)
+    missing = []
+    for name, version, marker in locked_entries(lock):
+        if name in SOURCE_ONLY or (marker and not Marker(marker).evaluate(target(platform, python))):
+            continue
+        wheels = [
+            wheel
+            for wheel, digest in index_files[name]
+            if digest in allowed[name] and parse_wheel_filename(wheel)[1] == Version(version)
+        ]
+        if not any(set(parse_wheel_filename(wheel)[3]) & taken for wheel in wheels):
+            missing.append(f"{name}=={version}")
+    assert not missing, f"no wheel with a locked hash for {platform}, Python {python}: {missing}"
+
+
+# pip itself, once a platform (each at another Python): every locked distribution alone (--no-deps: the lock is
+# uv's universal resolution, so it is complete; the test above resolves dependencies in full on this machine).
+@pytest.mark.parametrize(
+    ("platform", "python"), [("linux-aarch64", "3.13"), ("macos-arm64", "3.12"), ("linux-x86_64", "3.11")]
+)
+def test_pip_resolves_each_platform_with_hashes(platform: str, python: str, torch_index: str, tmp_path: Path) -> None:
+    lock = ROOT / "requirements-test.txt"
+    platform_tags = [f"--platform={tag}" for tag in PLATFORMS[platform]]
+    env = clean_env(TORCH_INDEX_URL=torch_index)
+    # pip decides markers for the machine it runs on and takes no source distribution for another platform:
+    # markers are decided for the target here, the source-only distributions left out.
     install = dry_run(
         tmp_path,
         lock,
@@ -192,13 +254,13 @@ def test_every_named_platform_and_python_resolves_with_hashes(
         "--no-deps",
         "--only-binary=:all:",
         f"--python-version={python}",
-        *tags,
+        *platform_tags,
         "--target",
         str(tmp_path / "target"),
         "--extra-index-url",
         torch_index,
         leave_out=frozenset(SOURCE_ONLY),
-        target=target,
+        target=target(platform, python),
     )
     names = {_name(i["metadata"]["name"]) for i in install}
     assert {"torch", "torchaudio", "transformers", "rq", "starlette", "numpy"} <= names
