@@ -47,9 +47,15 @@ lint: $(VENV)/.test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(VENV)/.test lint
-	@url=$$(scripts/redis-url $(BIN)/python) && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS)
+# The linters run beside the tests (mypy keeps one core busy for a minute while the
+# test processes start); either failing fails `make test`, the linters' output last.
+test: $(VENV)/.test
+	@mkdir -p .cache && url=$$(scripts/redis-url $(BIN)/python) && \
+	{ $(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; } && \
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS); \
+	tests=$$?; wait $$lint; linted=$$?; cat .cache/lint.log; \
+	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)" >&2; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)
