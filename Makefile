@@ -21,6 +21,10 @@ $(VENV)/.test: requirements-test.txt
 	$(call venv_install,requirements-test.txt)
 	touch $(VENV)/.run $@
 
+# On Linux the CPU locks pin torch's CPU build, which PyTorch's CPU index serves:
+# scripts/torch-source adds `--extra-index-url $$TORCH_INDEX_URL` (default
+# https://download.pytorch.org/whl/cpu; a mirror may stand in) unless that torch
+# is installed already or a wheel of it lies in a find-links folder.
 define venv_install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
