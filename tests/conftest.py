@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -148,6 +148,25 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         stderr=subprocess.DEVNULL,
     )
     return path
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> tuple[Any, Any]:
+    """The tiny checkpoint loaded as a CPU worker loads it (float32, one thread), once a module:
+    (the engine, its ModelInfo). The decode-loop tests drive it in-process."""
+    from common.settings import from_env
+    from engines.chattts import load_chattts
+
+    return load_chattts(
+        from_env(
+            {
+                "TTS_MODEL_PATH": str(tiny_model),
+                "TTS_TORCH_THREADS": "1",
+                "TTS_DTYPE": "float32",
+                "TTS_QUANTIZE": "none",
+            }
+        )
+    )
 
 
 class Proc:

@@ -11,7 +11,6 @@ device running out of memory) are raised from inside the real loop.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -20,30 +19,15 @@ import torch
 
 from cache import Spec
 from common.model import Piece, decode_all
-from common.settings import from_env
 from common.speakers import encode_speaker
 from engines import rowfaults
-from engines.chattts import ChatTTSEngine, load_chattts
+from engines.chattts import ChatTTSEngine
 from engines.loop import ChatTTSLoop
 
 VICTIM_TEXT = "The victim sentence keeps on going for quite a while here."
 CAPACITY = 4
 TAGS = ["[uv_break]", "[laugh]", "[lbreak]", "[break_3]", "[oral_2]", "[laugh_1]", "[speed_7]", "[v_break]"]
 NOT_TAGS = ["[spk_emb]", "[Stts]", "[empty_spk]", "[", "]", "[[", "[x]", "[" + "9" * 60 + "]", "[uv_break"]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
-    return load_chattts(
-        from_env(
-            {
-                "TTS_MODEL_PATH": str(tiny_model),
-                "TTS_TORCH_THREADS": "1",
-                "TTS_DTYPE": "float32",
-                "TTS_QUANTIZE": "none",
-            }
-        )
-    )
 
 
 def _loop(engine: ChatTTSEngine, clock: Callable[[], float] | None = None) -> ChatTTSLoop:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Iterator, cast
 
 import numpy as np
@@ -47,20 +46,6 @@ TEXTS = [
     "The seventh sentence has more words in it than most.",
     "Eight.",
 ]
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model: Path) -> tuple[ChatTTSEngine, Any]:
-    return load_chattts(
-        from_env(
-            {
-                "TTS_MODEL_PATH": str(tiny_model),
-                "TTS_TORCH_THREADS": "1",
-                "TTS_DTYPE": "float32",
-                "TTS_QUANTIZE": "none",
-            }
-        )
-    )
 
 
 @pytest.fixture(scope="module")

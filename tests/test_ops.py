@@ -41,9 +41,11 @@ TEXT = "Purple elephants juggle quietly at dawn. Nobody in the village has ever 
 # -- helpers -------------------------------------------------------------------
 
 
-def scrape(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """GET /metrics, parsed by prometheus_client: {(sample name, sorted labels): value}."""
-    r = httpx.get(url + "/metrics", headers=headers, timeout=10)
+def scrape(
+    url: str, headers: dict[str, str] | None = None, path: str = "/metrics"
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET `path` (/metrics), parsed by prometheus_client: {(sample name, sorted labels): value}."""
+    r = httpx.get(url + path, headers=headers, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     return {

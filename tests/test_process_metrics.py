@@ -7,23 +7,12 @@ from typing import Callable
 
 import httpx
 from conftest import Stack, wait_for
-from prometheus_client.parser import text_string_to_metric_families
+from test_ops import scrape
 from websockets.sync.client import connect
 
 from common import metrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str, path: str, headers: dict[str, str] | None = None) -> Samples:
-    r = httpx.get(url + path, headers=headers, timeout=10)
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(r.text)
-        for s in family.samples
-    }
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -42,19 +31,19 @@ def test_per_process_figures_sum_to_the_service_figures(stack_factory: Callable[
         for _ in range(count):
             assert httpx.get(stack.url + "/v1/voices").status_code == 200
     route = {"route": "/v1/voices", "method": "GET", "status": "200"}
-    per_a = scrape(a.url, "/metrics/process")
-    per_b = scrape(b.url, "/metrics/process")
+    per_a = scrape(a.url, path="/metrics/process")
+    per_b = scrape(b.url, path="/metrics/process")
     # Each process shows its own requests only; their sum is the service's figure.
     assert total(per_a, "tts_http_requests_total", **route) == 3
     assert total(per_b, "tts_http_requests_total", **route) == 2
 
     def service() -> Samples | None:
-        found = scrape(a.url, "/metrics")
+        found = scrape(a.url, path="/metrics")
         return found if total(found, "tts_http_requests_total", **route) == 5 else None
 
     whole = wait_for(service, 10, "the service's figure to add both processes up")
     assert isinstance(whole, dict)
-    assert scrape(b.url, "/metrics")  # any replica answers the service's figures
+    assert scrape(b.url, path="/metrics")  # any replica answers the service's figures
     # The standard process metrics, of the process scraped.
     assert total(per_a, "process_resident_memory_bytes") > 10e6 and total(per_a, "process_cpu_seconds_total") > 0
     assert total(per_a, "process_start_time_seconds") != total(per_b, "process_start_time_seconds")
@@ -71,7 +60,7 @@ def test_open_websocket_sessions_are_counted_by_the_process_that_holds_them(tone
     url = tone_stack.url.replace("http://", "ws://") + "/v1/audio/speech/websocket"
 
     def sessions() -> float:
-        return total(scrape(tone_stack.url, "/metrics/process"), "tts_websocket_sessions")
+        return total(scrape(tone_stack.url, path="/metrics/process"), "tts_websocket_sessions")
 
     assert sessions() == 0
     with connect(url, open_timeout=30) as first, connect(url, open_timeout=30):
@@ -89,12 +78,12 @@ def test_tenants_are_a_label_and_keys_never_appear(stack_factory: Callable[..., 
         assert httpx.get(stack.url + "/v1/voices", headers=auth).status_code == 200
     assert httpx.get(stack.url + "/v1/voices").status_code == 401  # no key: no tenant
     # The scrape is a request of the tenant too: two, then itself.
-    own = scrape(stack.url, "/metrics/process", auth)
+    own = scrape(stack.url, auth, path="/metrics/process")
     assert total(own, "tts_tenant_requests_total", tenant="alice") == 3
     assert total(own, "tts_http_requests_total", route="/v1/voices", status="401") == 1
 
     def service() -> Samples | None:
-        samples = scrape(stack.url, "/metrics", auth)
+        samples = scrape(stack.url, auth, path="/metrics")
         return samples if total(samples, "tts_tenant_requests_total", tenant="alice") >= 4 else None
 
     assert wait_for(service, 10, "the tenant's requests in the service's figures")
