@@ -90,7 +90,8 @@ class Settings:
     # Engine switches (tuning.py; part of the model identity). dtype of the
     # GPT and decoder: auto = bfloat16 on a CUDA device that has it, else float32.
     dtype: str = "auto"
-    # int8 dynamic quantization of the GPT's linear layers: auto = on the CPU.
+    # Quantization of the GPT's linear layers: int8 (dynamic), int4-weight
+    # (weight-only) or none; auto = int8 on the CPU.
     quantize: str = "auto"
     # torch.compile of the GPT: off, since on the CPU it did not pay (BENCHMARKS.md).
     compile: bool = False
@@ -282,7 +283,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
         _choice("auto", "float32", "bfloat16", "float16"),
         "auto, float32, bfloat16 or float16",
     )
-    quantize = _parse(env, "TTS_QUANTIZE", d.quantize, _choice("auto", "none", "int8"), "auto, none or int8")
+    quantize = _parse(
+        env,
+        "TTS_QUANTIZE",
+        d.quantize,
+        _choice("auto", "none", "int8", "int4-weight"),
+        "auto, none, int8 or int4-weight",
+    )
     if quantize == "int8" and dtype not in ("auto", "float32"):
         # torch's dynamic int8 kernels take float32 activations only.
         raise SettingsError(

@@ -1,4 +1,4 @@
-"""How a loaded ChatTTS runs: precision, int8 quantization and torch.compile of its GPT and decoder.
+"""How a loaded ChatTTS runs: precision, int8 or int4 quantization and torch.compile of its GPT and decoder.
 
 The switches come from Settings (TTS_DTYPE, TTS_QUANTIZE, TTS_COMPILE);
 `resolve` turns them into a `Tuning` for the device the model is on, and
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from common.settings import Settings
+from engines import weightonly
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # 1) took 6.7 us in float32 and 17.8 us in int8 at 64 (the tiny test model),
 # 20 and 20 at 256, 157 and 32 at 512, 350 and 96 at 768 (ChatTTS).
 INT8_MIN_HIDDEN = 256
+# TTS_QUANTIZE values past "none": dynamic int8 (weights and activations),
+# weight-only int4 (engines/weightonly.py). Both run on the CPU only.
+QUANTIZERS = ("int8", "int4-weight")
 
 
 class TuningError(ValueError):
@@ -58,18 +62,21 @@ class Tuning:
 
     def label(self) -> str:
         """A short name for tables and logs, e.g. 'float32+int8' or 'bfloat16+compile'."""
-        parts = [self.dtype] + (["int8"] if self.quantize == "int8" else []) + (["compile"] if self.compile else [])
+        parts = (
+            [self.dtype] + ([self.quantize] if self.quantize != "none" else []) + (["compile"] if self.compile else [])
+        )
         return "+".join(parts)
 
     @classmethod
     def from_label(cls, label: str) -> Tuning:
         """The Tuning `label()` names. Raises ValueError on an unknown part."""
         dtype, *rest = label.split("+")
-        if dtype not in DTYPES or not set(rest) <= {"int8", "compile"}:
+        quantizers = [part for part in rest if part in QUANTIZERS]
+        if dtype not in DTYPES or not set(rest) <= {*QUANTIZERS, "compile"} or len(quantizers) > 1:
             raise ValueError(
-                f"unknown tuning {label!r}: expected DTYPE[+int8][+compile], DTYPE one of {sorted(DTYPES)}"
+                f"unknown tuning {label!r}: expected DTYPE[+int8|+int4-weight][+compile], DTYPE one of {sorted(DTYPES)}"
             )
-        return cls(dtype=dtype, quantize="int8" if "int8" in rest else "none", compile="compile" in rest)
+        return cls(dtype=dtype, quantize=quantizers[0] if quantizers else "none", compile="compile" in rest)
 
 
 def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tuning:
@@ -78,7 +85,10 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
     TTS_DTYPE=auto: bfloat16 on a CUDA device that supports it, else float32.
     TTS_QUANTIZE=auto: int8 on the CPU for a GPT at least INT8_MIN_HIDDEN
     wide, none elsewhere (torch's dynamic int8 kernels are CPU-only and take
-    float32 activations). Raises TuningError naming the variables at fault.
+    float32 activations). TTS_QUANTIZE=int4-weight runs on the CPU only, with
+    any dtype. TTS_DTYPE=float32 with TTS_QUANTIZE=none is exact float32
+    (`Tuning.plain`), the reference every switch is measured against.
+    Raises TuningError naming the variables at fault.
     """
     cuda = device.type == "cuda"
     dtype = settings.dtype
@@ -88,9 +98,9 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
     if quantize == "auto":
         cpu_int8 = device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN
         quantize = "int8" if cpu_int8 else "none"
-    if quantize == "int8" and device.type != "cpu":
+    if quantize in QUANTIZERS and device.type != "cpu":
         raise TuningError(
-            f"TTS_QUANTIZE=int8 runs on the CPU only, but the model is on {device}: "
+            f"TTS_QUANTIZE={quantize} runs on the CPU only, but the model is on {device}: "
             "set TTS_QUANTIZE=none (or auto), or TTS_DEVICE=cpu"
         )
     if quantize == "int8" and dtype != "float32":
@@ -162,6 +172,9 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
             warnings.filterwarnings("ignore", message=".*quantiz.*", category=Warning)
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             inner = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+        _own_memory(inner)
+    elif tuning.quantize == "int4-weight":
+        weightonly.quantize(inner)
         _own_memory(inner)
     forward = None
     if tuning.compile:

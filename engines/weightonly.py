@@ -1,0 +1,78 @@
+"""Weight-only int4 linear layers for the CPU: 4-bit weights, bfloat16 products, the model's dtype outside.
+
+torch's dynamic int8 (tuning.py's "int8") quantizes the activations on every
+call and runs an int8 GEMM. These layers instead keep only the weights
+quantized, in groups, and hand them to torch's fused weight-only kernel
+(`aten._weight_int4pack_mm_for_cpu`), which dequantizes inside the matrix
+product: at one row a decode step reads each weight once, and a 4-bit weight
+is half the bytes of an int8 one. The kernel's fast path takes bfloat16
+activations, so each layer casts its input to bfloat16 and its output back
+to the input's dtype; everything between the layers (norms, attention, the
+KV cache) keeps the model's dtype. Imports torch: the worker's engine side,
+benches and tests only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# One scale and one zero point per this many input features of an output
+# row: smaller groups follow the weights more closely and cost more scales.
+GROUP = 32
+# The product's dtype: the kernel's vectorised path (float32 activations take a scalar one).
+COMPUTE_DTYPE = torch.bfloat16
+
+
+class Int4WeightLinear(torch.nn.Module):
+    """`linear` with 4-bit weights, asymmetric per group of `group` input features.
+
+    A weight is (q - 8) * scale + zero with q in 0..15 (the layout of
+    `aten._weight_int4pack_mm_for_cpu`); each group's minimum and maximum
+    are represented exactly. Raises ValueError when the input width is not a
+    multiple of `group` (`supports` says beforehand).
+    """
+
+    def __init__(self, linear: torch.nn.Linear, group: int = GROUP) -> None:
+        super().__init__()
+        if not supports(linear, group):
+            raise ValueError(f"int4 needs an input width that is a multiple of {group}, got {linear.in_features}")
+        weight = linear.weight.detach().float()
+        rows, width = weight.shape
+        groups = weight.reshape(rows, width // group, group)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        scale = (high - low).clamp(min=1e-12) / 15
+        q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(rows, width)
+        zero = low + 8 * scale
+        self.register_buffer("weight_q", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        # (width // group, rows, 2): each group's scale and zero, as the kernel reads them.
+        pairs = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
+        self.register_buffer("scale_zero", pairs.to(COMPUTE_DTYPE))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(COMPUTE_DTYPE))
+        self.group = group
+        self.in_features, self.out_features = width, rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.weight_q, self.group, self.scale_zero)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def supports(linear: torch.nn.Linear, group: int = GROUP) -> bool:
+    """Whether `linear`'s input width packs as int4 in groups of `group`."""
+    return linear.in_features % group == 0
+
+
+def quantize(module: torch.nn.Module, group: int = GROUP) -> int:
+    """Replace every nn.Linear inside `module` that `supports` by an Int4WeightLinear, in place.
+
+    Returns how many layers were replaced; the others stay as they are.
+    """
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and supports(child, group):
+                setattr(parent, name, Int4WeightLinear(child, group))
+                replaced += 1
+    return replaced
