@@ -1,7 +1,7 @@
 """The model alone, in-process: real-time factor and throughput by batch size for each engine tuning.
 
     python bench/engine_bench.py --model DIR [--batch-sizes 1,4] [--chunks 4] [--rounds 2]
-                                 [--tunings float32,float32+int8,bfloat16] [--fidelity] [--profile]
+                                 [--tunings float32,float32+int8,bfloat16,upstream] [--fidelity] [--profile]
                                  [--device auto] [--threads N] [--max-new-token N] [--warmup] [--json FILE]
 
 Loads the model as the worker does (`engine.load_engine`: the same config,
@@ -10,7 +10,10 @@ copies of its GPT and decoder (tuning.py; labels DTYPE[+int8][+compile]) and
 swaps them in turn into the one loaded chat. The same one-chunk texts go
 through the engine in batches of each size, rounds interleaved (the order
 rotates every round, so drift of the machine falls on every variant alike).
-Prints one line per run and writes everything as JSON to `--json`.
+The label `upstream` runs ChatTTS's own `Chat.infer` (no refinement, no
+splitting, a random voice) on the float32 model in the same rotation: the
+reference for the engine's figures. Prints one line per run and writes
+everything as JSON to `--json`.
 
 Per run: seconds, chunks/s, generated tokens, audio seconds, the real-time
 factor (synthesis seconds / audio seconds; below 1 is faster than real time),
@@ -40,7 +43,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Texts  # noqa: E402
 
+# A --tunings label for upstream ChatTTS's own `Chat.infer` on the float32
+# model: the reference the engine's runs are read against.
+UPSTREAM = "upstream"
 FIDELITY_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. 你好，世界。"
+
+
+def upstream(chat: Any, texts: Sequence[str], seed: int, max_new_token: int) -> list[Any]:
+    """`Chat.infer` of ChatTTS itself on `texts` in one batch: no refinement, no splitting, one waveform each."""
+    params = chat.InferCodeParams(
+        spk_emb=chat.sample_random_speaker(), manual_seed=seed, max_new_token=max_new_token, show_tqdm=False
+    )
+    wavs = chat.infer(
+        list(texts),
+        skip_refine_text=True,
+        split_text=False,
+        do_text_normalization=False,
+        do_homophone_replacement=False,
+        params_infer_code=params,
+    )
+    return [w.reshape(-1) for w in wavs]
 
 
 def synthesize(engine: Any, texts: Sequence[str], spec: Any) -> list[Any]:
@@ -174,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     base = (chat.gpt.gpt, chat.decoder)
     variants = {}
     for label in labels:
-        tuned = tuning.Tuning.from_label(label)
+        tuned = tuning.Tuning() if label == UPSTREAM else tuning.Tuning.from_label(label)
         started = time.perf_counter()
         variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
@@ -189,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
     fidelities = {}
     if args.fidelity:
-        for label in labels:
+        for label in [label for label in labels if label != UPSTREAM]:
             f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=settings.default_seed)
             fidelities[label] = {
                 "cosine": f.cosine,
@@ -223,8 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         samples = 0
         for i in range(0, len(chunks), size):
-            for wav in synthesize(engine, chunks[i : i + size], spec):
-                samples += len(wav)
+            batch = chunks[i : i + size]
+            wavs = (
+                upstream(chat, batch, spec.seed, engine.max_new_token)
+                if label == UPSTREAM
+                else synthesize(engine, batch, spec)
+            )
+            samples += sum(len(wav) for wav in wavs)
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - start, len(chunks), samples
@@ -237,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         install(chat, *variants[label], None)
         one = texts[:1]
         start = time.perf_counter()
-        synthesize(engine, one, spec)
+        if label == UPSTREAM:
+            upstream(chat, one, spec.seed, engine.max_new_token)
+        else:
+            synthesize(engine, one, spec)
         first = time.perf_counter() - start
         if "compile" in label:
             start = time.perf_counter()
