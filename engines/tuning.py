@@ -27,9 +27,8 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Below this GPT width, quantizing the activations on every call costs more
-# than int8 weights save: one 1-thread linear layer (width -> 4x width, batch
-# 1) took 6.7 us in float32 and 17.8 us in int8 at 64 (the tiny test model),
-# 20 and 20 at 256, 157 and 32 at 512, 350 and 96 at 768 (ChatTTS).
+# than int8 weights save (the tiny test model is 64 wide; at 256 a linear
+# layer takes as long either way; ChatTTS is 768 wide): docs/tuning.md.
 INT8_MIN_HIDDEN = 256
 # TTS_QUANTIZE values past "none": dynamic int8 (weights and activations),
 # weight-only int4 (engines/weightonly.py). Both run on the CPU only.
@@ -206,8 +205,8 @@ def fold_weight_norm(chat: Any) -> int:
     """Compute the weight-normed heads' weights once, in place; returns how many modules were folded.
 
     ChatTTS wraps its text and code heads in weight_norm parametrizations,
-    which recompute weight = g * v / ||v|| on every decode step (the heads
-    took 2.1 ms a step of the full-size model on 2 CPU cores, 0.3 folded). The
+    which recompute weight = g * v / ||v|| on every decode step, a cost
+    that shows in a CPU step of the full-size model (docs/tuning.md). The
     weights never change after loading, and the folded weight is the very
     tensor the parametrization computes, so logits stay bit for bit the same
     and the model identity does not change (tests/test_engine.py).
