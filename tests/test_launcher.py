@@ -15,7 +15,7 @@ import pytest
 from conftest import Proc, Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.launcher import RestartPolicy
+from work.supervisor import RestartPolicy
 
 # A stand-in for worker.py: it notes each start, then fails or serves by the GPU it was given.
 CHILD = textwrap.dedent("""
@@ -44,7 +44,8 @@ def _launcher(tmp_path: Path, redis_url: str, devices: list[str], policy: str) -
         "import sys\n"
         "from redis import Redis\n"
         "from common import logs\n"
-        "from engines.launcher import RestartPolicy, launch\n"
+        "from engines.launcher import launch\n"
+        "from work.supervisor import RestartPolicy\n"
         "logs.configure_logging('INFO', 'text')\n"
         f"raise SystemExit(launch({devices!r}, 1, [{str(tmp_path)!r}], policy=RestartPolicy({policy}), "
         f"redis=Redis.from_url({redis_url!r}), command=[sys.executable, {str(child)!r}]))\n"

@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-import webhooks
 from cache import ID_PATTERN
 from common import audio
 from common.settings import Settings
 from web import bodies, captions, replies
+from work import events
 
 VERSION = "1.3"
 _JSON = "application/json"
@@ -42,7 +42,7 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.SavedVoice,
     replies.VoiceList,
     replies.Captions,
-    webhooks.WebhookEvent,
+    events.WebhookEvent,
     replies.Ready,
     replies.Health,
     replies.OpenAIError,

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from cache import ID_PATTERN
 from web.bodies import NAME_PATTERN, Seed, Session
-from webhooks import WebhookDelivery
+from web.callbacks import WebhookDelivery
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]

@@ -14,21 +14,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Send
 
-import webhooks
 from cache import Spec, is_well_formed_id
 from common import audio, connect, keys, metrics, urls
 from common.errors import ApiError
 from common.settings import Settings
 from splitter import split
-from web import bodies, validation, voices
+from web import bodies, callbacks, validation, voices
 from web.bodies import TtsRequest
 from web.context import Context, tenant_of
 from web.lru import BoundedLRU
 from web.relay import Cut, Relay
 from web.replies import Progress, TtsStatus, TtsSubmitted, reply
 from web.submissions import Submission
-from work import lifetime, queueing
-from work.status import State, failure, state_of
+from work import events, queueing
+from work.status import State, failure, outcome, state_of
 
 logger = logging.getLogger("service")
 
@@ -89,7 +88,7 @@ class SubmitRoute:
         added = False
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            added = await webhooks.register(
+            added = await callbacks.register(
                 ctx.redis,
                 request_id,
                 callback,
@@ -104,11 +103,11 @@ class SubmitRoute:
             missing, job = await ensure(ctx, known.spec, request_id, tenant)
         except Exception:
             if added and callback is not None:  # refused (queue full, Redis full): nothing was accepted
-                await webhooks.unregister(ctx.redis, request_id, callback, tenant)
+                await callbacks.unregister(ctx.redis, request_id, callback, tenant)
             raise
         if job is None:
             if callback is not None:
-                await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
+                await run_in_threadpool(callbacks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
             self.recent.confirm((known.spec.model, tenant, raw), looked)
             return _json(known.stored_answer)
         status = state_of(job.get_status(refresh=False))
@@ -120,7 +119,7 @@ async def _work_out(ctx: Context, raw: bytes, tenant: str) -> tuple[Submission, 
     """What a POST /v1/tts body of `tenant` comes to, and its checked callback URL (None without one)."""
     body = bodies.decode(raw, TtsRequest)
     fmt = validation.audio_format(body.format)
-    callback = None if body.callback_url is UNSET else await webhooks.check(body.callback_url, ctx.settings)
+    callback = None if body.callback_url is UNSET else await callbacks.check(body.callback_url, ctx.settings)
     spec = await spec_of(ctx, body, tenant=tenant)
     request_id = spec.request_id()
     total = len(spec.chunks)
@@ -228,10 +227,9 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenan
     missing = await ctx.cache.missing(chunk_ids)
     total = len(chunk_ids)
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
-    if not missing:
-        return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await _canceled_for(ctx, request_id, tenant):
-        return TtsStatus(id=request_id, status="canceled", progress=progress)
+    ended = outcome(not missing, bool(missing) and await _canceled_for(ctx, request_id, tenant))
+    if ended is not None:
+        return TtsStatus(id=request_id, status=ended, progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:
         raise not_found(request_id)
@@ -279,7 +277,7 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     layout = await manifest_of(ctx, request_id, tenant)
     if request.method == "GET":
         status = await status_of(ctx, request_id, layout, tenant)
-        hooks = await webhooks.deliveries(ctx.redis, request_id, tenant)
+        hooks = await callbacks.deliveries(ctx.redis, request_id, tenant)
         if hooks:
             status.webhooks = hooks
         return reply(status)
@@ -296,14 +294,13 @@ async def cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: st
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
     """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends."""
     if not queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl, tenant):
-        webhooks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
+        callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
         return
     job = queueing.fetch(ctx.sync_redis, request_id)
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.
     if job is None or job.get_status(refresh=True) != "started":
-        lifetime.release(ctx.sync_redis, request_id, chunk_ids, ctx.settings.result_ttl)
-        webhooks.request_over(ctx.sync_redis, request_id, ctx.settings)
+        events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
 
 
 # -- the audio --------------------------------------------------------------------------
