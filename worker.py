@@ -3,9 +3,10 @@
     python worker.py [--burst] [--max-jobs N] [--gpus all|N|I,J [--per-gpu K]]
 
 One process per GPU, each pinned with CUDA_VISIBLE_DEVICES: `--gpus` starts
-them (engines/launcher.py, run by work/supervisor.py). The worker never forks: CUDA does not survive a fork, and on CPU a child forked after torch
-has run deadlocks in OpenMP. With engine.py, the only module that imports
-torch and ChatTTS.
+them (engines/launcher.py, supervised by work/supervisor.py). The worker
+never forks: CUDA does not survive a fork, and on CPU a child forked after
+torch has run deadlocks in OpenMP. With engine.py, the only module that
+imports torch and ChatTTS.
 """
 
 from __future__ import annotations

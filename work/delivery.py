@@ -55,7 +55,7 @@ def queue(redis: Redis, settings: Settings) -> Queue:
 def enqueue_try(
     q: Queue, event_id: str, attempt: int, description: str, settings: Settings, delay: float | None
 ) -> None:
-    """Queue try number `attempt` of event `event_id`: now, or after `delay` seconds (the webhooks process's scheduler)."""
+    """Queue try number `attempt` of event `event_id`: now, or after `delay` s (the webhooks process's scheduler)."""
     options: dict[str, Any] = {
         "job_id": f"webhook-{event_id}" if attempt == 1 else f"webhook-{event_id}-{attempt}",
         "retry": Retry(max=len(UNEXPECTED_RETRIES), interval=list(UNEXPECTED_RETRIES)),
