@@ -214,7 +214,7 @@ class AudioCache:
         self.redis = redis
         self.ttl = ttl
         # One EVALSHA (redis-py loads the script again after a Redis restart)
-        # costs the client about half of what a pipeline of the same commands does.
+        # costs the client less than a pipeline of the same commands.
         self._remember = scripts.register(redis, "remember.lua")
 
     async def missing(self, chunk_ids: Sequence[str]) -> list[int]:
