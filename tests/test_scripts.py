@@ -35,7 +35,8 @@ LUA = sorted(p.name for p in scripts.LUA_DIR.glob("*.lua"))
 # Files other scripts name on a `-- Uses:` line: libraries, with functions but no KEYS of their own.
 LIBRARIES = sorted({lib for name in LUA for lib in _uses(name)})
 ENTRIES = [name for name in LUA if name not in LIBRARIES]
-# Modules whose Lua is still a string in Python (issue 29 moves them; each must still hold some, or leave).
+# Modules that keep their Lua in a Python string (issue 29 item 5 covers them too). The set must match
+# exactly, so a module that moves its Lua to work/lua/ must leave it.
 INLINE = {"web/voices.py", "webhooks.py"}
 # An argument of a MONITOR line: "...", with backslash escapes inside.
 _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
@@ -194,6 +195,6 @@ def _unhanded(redis: Redis, runs: list[tuple[str, list[str], list[str], list[lis
 
 
 def _sources() -> list[Path]:
-    """The project's Python modules, tests and benchmarks aside."""
-    skip = {"tests", "bench", ".venv"}
-    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts[:1]))
+    """The project's Python modules: tests, benchmarks and hidden folders (virtualenvs, caches) aside."""
+    top = [p for p in ROOT.iterdir() if p.is_dir() and p.name not in ("tests", "bench") and not p.name.startswith(".")]
+    return sorted([*ROOT.glob("*.py"), *(p for folder in top for p in folder.rglob("*.py"))])
