@@ -19,7 +19,7 @@ from common import targets
 from common.errors import invalid
 from common.keys import deliveries_key, event_key, hooks_key
 from common.settings import Settings
-from work import events
+from work import events, scripts
 from work.delivery import DeliveryState
 from work.events import hook_field, hook_of
 
@@ -69,24 +69,6 @@ async def check(url: str, settings: Settings) -> str:
     return url
 
 
-# KEYS[1] the request's hooks; ARGV field, format, limit, ttl, the tenant's field prefix. 0 when the
-# tenant has `limit` other URLs on the request already, 2 when the field is new, 1 when it was registered already.
-_REGISTER = """
-local added = 1
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
-  local mine = 0
-  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(field, 1, #ARGV[5]) == ARGV[5] then mine = mine + 1 end
-  end
-  if mine >= tonumber(ARGV[3]) then return 0 end
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  added = 2
-end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return added
-"""
-
-
 async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> bool:
     """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
 
@@ -97,7 +79,8 @@ async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, li
     afterwards (`unregister`) takes back only what it added.
     """
     field, prefix = hook_field(tenant, url), hook_field(tenant, "")
-    found = await redis.eval(_REGISTER, 1, hooks_key(request_id), field, fmt, limit, ttl, prefix)
+    script = scripts.register(redis, "register_hook.lua")
+    found = await script(keys=[hooks_key(request_id)], args=[field, fmt, limit, ttl, prefix])
     if not found:
         raise invalid(
             FIELD,
