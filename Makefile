@@ -52,8 +52,8 @@ lint: $(VENV)/.test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The linters run beside the tests (mypy keeps one core busy for a minute while the
-# test processes start); either failing fails `make test`, the linters' output last.
+# The linters run beside the tests (mypy keeps one core busy while the test
+# processes start); either failing fails `make test`, the linters' output last.
 test: $(VENV)/.test
 	@mkdir -p .cache && url=$$(scripts/redis-url $(BIN)/python) && \
 	{ $(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; } && \
@@ -76,7 +76,7 @@ clean:
 
 # Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
 # a private redis-server, the web process, workers on the tiny checkpoint and
-# the two baselines, about 6 minutes on 2 cores; the table goes to stdout and
+# the two baselines (docs/development.md says how long); the table goes to stdout and
 # into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
 # worker on full-size random weights. On a GPU machine: bench/gpu.sh.
 .PHONY: bench wrk soak

@@ -130,7 +130,7 @@ class Spec:
             "top_p": round(self.top_p, 4),
             "top_k": self.top_k,
             **refine,
-            # Only when set, so that ids without a tenant stay what they were.
+            # Only when set: a request without a tenant has the id of its settings alone.
             **({"tenant": self.tenant} if self.tenant else {}),
         }
 
@@ -230,7 +230,7 @@ class AudioCache:
         self.redis = redis
         self.ttl = ttl
         # One EVALSHA (redis-py loads the script again after a Redis restart)
-        # costs the client about half of what a pipeline of the same commands does.
+        # costs the client less than a pipeline of the same commands.
         self._remember = redis.register_script(_REMEMBER)
 
     async def missing(self, chunk_ids: Sequence[str]) -> list[int]:

@@ -324,7 +324,7 @@ class Stack:
     def __init__(self, redis_url: str, tmp: Path, env: dict[str, str]) -> None:
         # One torch thread per worker: tests share two cores with the web
         # process and pytest, and OpenMP threads spinning on busy cores slow
-        # the tiny model down tenfold.
+        # the tiny model down.
         self.env = {"TTS_TORCH_THREADS": "1", **os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
         self.tmp = tmp
         self.port = _free_port()
