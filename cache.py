@@ -131,7 +131,7 @@ class Spec:
             "top_p": round(self.top_p, 4),
             "top_k": self.top_k,
             **refine,
-            # Only when set, so that ids without a tenant stay what they were.
+            # Only when set: a request without a tenant has the id of its settings alone.
             **({"tenant": self.tenant} if self.tenant else {}),
         }
 

@@ -129,6 +129,7 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
     assert text.startswith("intro\n\n# Benchmarks") and text.endswith("<!-- b:begin -->\n\nother\n\n<!-- b:end -->\n")
 
 
+@pytest.mark.slow
 def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> None:
     """Keep-alive connections, GET and POST, answers counted and timed; a wrong status fails the run."""
     redis.set("bench:test:wav", b"RIFF" + bytes(200_000))
@@ -159,6 +160,7 @@ def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
     assert "--factory" in flags and "service:create_app" not in flags
 
 
+@pytest.mark.slow
 def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Redis, redis_url: str) -> None:
     if shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
@@ -179,6 +181,7 @@ def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Red
             wrk.run(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
 
 
+@pytest.mark.slow
 def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
     """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
     offline into a temporary folder and imported from there; tiny model, engine alone in float32 and

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -21,6 +22,7 @@ from scenarios.realtime import BUFFER_DELAY, STREAM_TOKENS, Realtime  # noqa: E4
 from engines import loop  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
     with Cluster() as cluster:
         cluster.start_redis()

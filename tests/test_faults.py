@@ -19,6 +19,9 @@ from rq.job import Job
 from common import keys
 from work.queueing import SERIALIZER
 
+# Every test here starts a redis-server of its own and the web and worker processes.
+pytestmark = pytest.mark.slow
+
 
 class RedisServer:
     """A private redis-server that keeps its data (AOF), so it can be stopped and started."""

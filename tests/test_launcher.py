@@ -114,6 +114,7 @@ def test_a_failing_gpu_is_restarted_then_given_up_while_the_others_serve(
         launcher.stop()
 
 
+@pytest.mark.slow
 def test_the_launcher_exits_with_the_failure_once_every_gpu_is_given_up(redis_url: str, tmp_path: Path) -> None:
     launcher = _launcher(tmp_path, redis_url, ["0"], "max_failures=2, window=60, first_delay=0.1, max_delay=1")
     try:

@@ -33,6 +33,9 @@ from engines.refine import refine
 from work import queueing
 from work.scheduler import Pool
 
+# Every test here loads a checkpoint (the tiny one, or full-size random weights).
+pytestmark = pytest.mark.slow
+
 # Tokens a chunk of the full-size random checkpoint: its random weights never draw the end token, so every row
 # runs to this cap (the real cost of a step, few steps).
 FULL_TOKENS = 20
