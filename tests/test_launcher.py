@@ -154,6 +154,7 @@ DELIVERER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_same_supervisor_never_gives_a_webhook_process_up(tmp_path: Path) -> None:
     """The webhooks process's policy: a delivery process that fails is started again a second later, past the
     failures after which a GPU's worker is given up; the supervisor still stops on SIGTERM with 0."""

@@ -99,6 +99,7 @@ def test_hold_persists_only_while_the_job_is_active(redis: Redis, status: str) -
     assert (redis.ttl("tts:req:r") == -1) == (status in ACTIVE)
 
 
+@pytest.mark.slow
 def test_scripts_are_found_from_any_working_directory(tmp_path: Path) -> None:
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from work import scripts; print(len(scripts.source('claim.lua')))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
