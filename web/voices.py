@@ -28,7 +28,7 @@ from cache import normalize
 from common.errors import ApiError, invalid
 from common.keys import voice_key, voices_key
 from common.speakers import encode_speaker
-from web import bodies, validation
+from web import bodies, decoding, fields, validation
 from web.bodies import MixPart, VoiceRequest
 from web.context import Context, tenant_of
 from web.replies import AudioVoice, AudioVoiceList, SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
@@ -51,7 +51,7 @@ BUILTIN = {
     "marin": 1012,
     "cedar": 1013,
 }
-_NAME = re.compile(bodies.NAME_PATTERN)
+_NAME = re.compile(fields.NAME_PATTERN)
 # Saves one voice unless the registry is full; keeps the first save's `created`.
 # KEYS[1] the registry; ARGV name, record (JSON), limit. Returns {1 replaced | 0 new | -1 full, record}.
 _SAVE = """
@@ -247,7 +247,7 @@ async def _put(ctx: Context, request: Request) -> Response:
     name = _name(request.path_params["name"])
     if name in BUILTIN:
         raise _builtin_refused(name, "saved over")
-    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), VoiceRequest)
+    body = decoding.decode(await decoding.read(request, ctx.settings.max_body), VoiceRequest)
     model = await ctx.require_model()
     tenant = tenant_of(request)
     speaker = await _speaker_of(ctx, body, model, tenant)
