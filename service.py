@@ -39,7 +39,7 @@ logger = logging.getLogger("service")
 _FULL = logs.Throttled(logger, 60.0)
 
 Handler = Callable[[Context, Request], Awaitable[Response]]
-# Every exception is answered by `_error`; these are the ones `failure` knows.
+# What `_error` answers: the exceptions `failure` knows, and any other (Exception) as a 500.
 _HANDLED = (
     ApiError,
     HTTPException,

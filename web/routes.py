@@ -1,9 +1,9 @@
 """Every route of the service, declared once: its path, its name, whether it is public and its error shape.
 
-service.py binds a handler to each record, the OpenAPI document (openapi.py)
-describes each one under its path, links.py makes the URLs the service hands
-out from their names (Starlette's url_path_for), and service.py answers each
-route's errors in its shape.
+service.py binds a handler to each record and answers each route's errors
+in its shape; openapi.py describes each one under its path (the public ones
+without the API key); links.py makes the URLs the service hands out from
+their names (Starlette's url_path_for).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Endpoint:
     """One route.
 
     `name` is Starlette's route name (url_path_for) and the key of its
-    operations in openapi.py. A `public` route answers without an API key
+    operations in the openapi_* modules. A `public` route answers without an API key
     even when keys are configured. An `openai` route answers errors in
     OpenAI's shape ({"error": {message, type, param, code}}), so OpenAI
     clients show them; every other route answers {detail, field}. A `socket`
