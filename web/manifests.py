@@ -13,6 +13,7 @@ from work import queueing
 
 
 def not_found(request_id: str) -> ApiError:
+    """The 404 of an id that is unknown, expired, or another tenant's (all alike: no tenant learns another's ids)."""
     return ApiError(404, f"no request with id {request_id!r} (unknown, or its audio expired: submit it again)")
 
 
