@@ -197,7 +197,7 @@ def manifest(spec: Spec) -> dict[str, Any]:
     if pauses:
         pauses[-1] = 0
     layout: dict[str, Any] = {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
-    if spec.tenant:  # isolated tenancy: only this tenant may see it (web/tts.manifest_of)
+    if spec.tenant:  # isolated tenancy: only this tenant may see it (web/manifests.manifest_of)
         layout["tenant"] = spec.tenant
     return layout
 
