@@ -1,4 +1,4 @@
-"""The continuous decode loop (engines/loop.py, jobs.py) on the real tiny ChatTTS.
+"""The continuous decode loop (engines/loop.py, work/decode_loop.py) on the real tiny ChatTTS.
 
 Upstream equivalence stands in for real weights: a row alone in the loop
 makes the very codes and hidden states of ChatTTS's own `_infer_code`
@@ -31,6 +31,7 @@ from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.loop import ChatTTSLoop, row_seed
 from engines.refine import refine
 from work import queueing
+from work.decode_loop import LOOK_EVERY, Tally
 from work.scheduler import Pool
 
 # Tokens a chunk of the full-size random checkpoint: its random weights never draw the end token, so every row
@@ -301,7 +302,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
     # What each piece stored in its list held (the list is dropped once its chunk is stored).
     listed: dict[str, list[bytes]] = {}
-    store_piece = state.pool.piece
+    store_piece = state.loop.pool.piece
 
     def piece(token: str, cid: str, index: int, pcm: bytes) -> int:
         n = store_piece(token, cid, index, pcm)
@@ -309,7 +310,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(
             listed[cid] = [*listed.get(cid, [])[:n], pcm]
         return n
 
-    state.pool.piece = piece
+    state.loop.pool.piece = piece
     TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     news = []
     quiet = 0
@@ -332,7 +333,7 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
 ) -> None:
     """Two requests share a chunk; the loop holds the shared chunk and one of the canceled request's own.
-    After the cancel, the first step that ends a look (jobs.LOOK_EVERY) after it drops the canceled row, and
+    After the cancel, the first step that ends a look (LOOK_EVERY) after it drops the canceled row, and
     the loop keeps decoding the shared one to the end."""
     state, settings = _in_process_worker(redis, redis_url, engine, TTS_BATCH_SIZE="4")
     q = queueing.queue(redis, settings)
@@ -351,25 +352,25 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     for spec in (canceled, other):
         queueing.submit(q, spec, settings)
     own, shared_id = canceled.chunk_ids()
-    run = jobs._Run()
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert sorted(state.decoder.keys()) == sorted([own, shared_id])
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
+        assert sorted(state.loop.decoder.keys()) == sorted([own, shared_id])
+        state.loop.advance(run)
         canceled_at = time.monotonic()
         queueing.cancel(q, canceled.request_id(), canceled.chunk_ids(), settings.result_ttl)
         kept_until = []  # when each step that kept the canceled row ended
-        rows = state.decoder.keys
+        rows = state.loop.decoder.keys
         while own in rows() and shared_id in rows():
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
             if own in rows():
                 kept_until.append(time.monotonic())
-        assert state.decoder.keys() == [shared_id]
+        assert state.loop.decoder.keys() == [shared_id]
         # A step ending a look's interval after the cancel would have dropped it.
-        assert all(t < canceled_at + jobs.LOOK_EVERY for t in kept_until), (kept_until, canceled_at)
-        assert Pool(redis, "tts", 60).live(state.token, [own]) == [False]
-        while state.decoder.keys():
-            jobs._advance(state, run, None)
+        assert all(t < canceled_at + LOOK_EVERY for t in kept_until), (kept_until, canceled_at)
+        assert Pool(redis, "tts", 60).live(state.loop.token, [own]) == [False]
+        while state.loop.decoder.keys():
+            state.loop.advance(run)
     assert redis.exists(chunk_key(shared_id)) and not redis.exists(chunk_key(own)), (run.tokens, own)
     assert not redis.exists(f"tts:claim:tts:{own}"), "the canceled row's lease was given up"
 
@@ -421,7 +422,7 @@ def test_a_poison_request_fails_alone_and_its_batch_mates_finish_without_a_retry
     assert all(redis.exists(chunk_key(cid)) for cid in good.chunk_ids())
     assert poison_job.get_status(refresh=True) == "failed"
     assert failure(poison_job) == FAILURES["RowSettingsOutOfRange"]
-    assert not redis.keys("tts:claim:*") and not state.making
+    assert not redis.keys("tts:claim:*") and not state.loop.making
 
 
 def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
@@ -433,26 +434,26 @@ def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
     q = queueing.queue(redis, settings)
     first = _lasting(engine, Spec(chunks=(TEXTS[2],), model=engine[1].id, seed=1), 30)
     queueing.submit(q, first, settings)
-    run = jobs._Run()
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert state.decoder.keys() == first.chunk_ids()
+        state.loop.advance(run)
+        assert state.loop.decoder.keys() == first.chunk_ids()
         later = Spec(chunks=(TEXTS[4], TEXTS[6]), model=engine[1].id, seed=3)
         queueing.submit(q, later, settings)
 
         def broken(rows: Any, places: Any = None) -> None:
             raise RuntimeError("the decoder's own fault")
 
-        state.decoder.join = broken
-        state.next_claim = 0.0
-        jobs._advance(state, run, None)
-        assert state.decoder.keys() == first.chunk_ids(), "the row in the loop goes on"
-        assert set(state.making) == set(first.chunk_ids())
+        state.loop.decoder.join = broken
+        state.loop.next_claim = 0.0
+        state.loop.advance(run)
+        assert state.loop.decoder.keys() == first.chunk_ids(), "the row in the loop goes on"
+        assert set(state.loop.making) == set(first.chunk_ids())
         for cid in later.chunk_ids():
             assert not redis.exists(f"tts:claim:tts:{cid}")
         assert Pool(redis, "tts", 60).failures(later.chunk_ids()) == dict.fromkeys(later.chunk_ids(), "RuntimeError")
-        while state.decoder.keys():
-            jobs._advance(state, run, None)
+        while state.loop.decoder.keys():
+            state.loop.advance(run)
     assert redis.exists(chunk_key(first.chunk_ids()[0]))
 
 
@@ -465,7 +466,7 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
     q = queueing.queue(redis, settings)
     spec = Spec(chunks=(TEXTS[0], TEXTS[1], TEXTS[3]), model=engine[1].id, seed=4)
     queueing.submit(q, spec, settings)
-    loop = state.decoder.inner
+    loop = state.loop.decoder.inner
     forward = loop._forward
 
     def one_row_fits(emb: Any, *args: Any) -> Any:
@@ -474,17 +475,17 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
         return forward(emb, *args)
 
     loop._forward = one_row_fits
-    run = jobs._Run()
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert len(state.decoder.keys()) == 1 and state.decoder.capacity == 1
-        held = state.decoder.keys()[0]
+        state.loop.advance(run)
+        assert len(state.loop.decoder.keys()) == 1 and state.loop.decoder.capacity == 1
+        held = state.loop.decoder.keys()[0]
         for cid in set(spec.chunk_ids()) - {held}:
-            assert cid not in state.making and not redis.exists(f"tts:claim:tts:{cid}"), "back in the pool"
+            assert cid not in state.loop.making and not redis.exists(f"tts:claim:tts:{cid}"), "back in the pool"
         deadline = time.monotonic() + 120
         while not all(redis.exists(chunk_key(cid)) for cid in spec.chunk_ids()):
             assert time.monotonic() < deadline, "the chunks were not all made"
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
     assert not Pool(redis, "tts", 60).failures(spec.chunk_ids())
 
 
@@ -691,21 +692,21 @@ def test_a_short_request_behind_a_long_one_joins_at_the_next_look(
     long = request(next(s for s in range(1, 60) if long_enough(s)))
     short = Spec(chunks=(TEXTS[5],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[5], 8, range(1, 60))))
     key = short.chunk_ids()[0]
-    run = jobs._Run()
+    run = Tally()
     queueing.submit(q, long, settings)
-    loop = state.decoder.inner
+    loop = state.loop.decoder.inner
     with torch.inference_mode():
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
         assert loop.keys() == long.chunk_ids()[:2], "the long request holds every slot"
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
         queueing.submit(q, short, settings)
-        due, late = state.next_claim, 0
+        due, late = state.loop.next_claim, 0
         while not any(key in keys for keys in loop.steps):
             began = time.monotonic()
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
             late += began >= due and not any(key in keys for keys in loop.steps)
         held = loop.keys()
-        while jobs._advance(state, run, None):
+        while state.loop.advance(run):
             pass
     record_property("advances_late", late)
     if reserve == "0":
