@@ -28,8 +28,9 @@ from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
 from engines import rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
-from engines.loop import ChatTTSLoop, row_seed
+from engines.loop import ChatTTSLoop
 from engines.refine import refine
+from engines.rowmodel import row_seed
 from work import queueing
 from work.decode_loop import LOOK_EVERY, Tally
 from work.scheduler import Pool
@@ -76,7 +77,7 @@ def either(request: pytest.FixtureRequest) -> tuple[ChatTTSEngine, Any]:
 
 
 def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTSLoop:
-    loop = ChatTTSLoop(engine.chat, engine._speaker, engine.max_new_token, capacity, stream)
+    loop = engine.loop(capacity, stream)
     loop.record = {}
     return loop
 
@@ -145,7 +146,7 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
         raw = chat._decode_to_wavs([torch.stack(hiddens)], True)[0]
     assert np.array_equal(wav, raw[np.abs(raw) > np.float32(1e-5)])
     assert np.array_equal(
-        loop.decode(hiddens, 0, len(hiddens), last=True),
+        loop.model.decode(hiddens, 0, len(hiddens), last=True),
         raw[: SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2],
     )
 
@@ -263,7 +264,7 @@ def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any
     with torch.inference_mode():
         pieces = decode_all(loop, [("j", Spec(chunks=(TEXTS[6],), model=info.id, seed=9))])["j"]
         hiddens = _rec(loop)["j"][1]
-        whole = audio.fade_edges(loop.decode(hiddens, 0, len(hiddens), last=True), True, True)
+        whole = audio.fade_edges(loop.model.decode(hiddens, 0, len(hiddens), last=True), True, True)
     joined = np.concatenate([p.samples for p in pieces])
     assert len(pieces) >= 3 and [p.index for p in pieces] == list(range(len(pieces))) and pieces[-1].last
     assert len(joined) == len(whole) == SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2
@@ -467,14 +468,14 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
     spec = Spec(chunks=(TEXTS[0], TEXTS[1], TEXTS[3]), model=engine[1].id, seed=4)
     queueing.submit(q, spec, settings)
     loop = state.loop.decoder.inner
-    forward = loop._forward
+    forward = loop.model.forward
 
     def one_row_fits(emb: Any, *args: Any) -> Any:
         if emb.shape[0] > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return forward(emb, *args)
 
-    loop._forward = one_row_fits
+    loop.model.forward = one_row_fits
     run = Tally()
     with torch.inference_mode():
         state.loop.advance(run)
@@ -490,11 +491,11 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
 
 
 def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engine: tuple[ChatTTSEngine, Any]) -> None:
-    """The batched draw (`ChatTTSLoop._draw`) gives, line for line, the code that `torch.multinomial` with the
+    """The batched draw (`RowModel.draw`) gives, line for line, the code that `torch.multinomial` with the
     row's generator re-seeded (as ChatTTS samples) gives, whatever the probabilities and the batch mates."""
     eng, info = engine
     loop = _loop(eng)
-    nv, width = loop.num_vq, int(eng.chat.gpt.num_audio_tokens)
+    nv, width = loop.model.num_vq, int(eng.chat.gpt.num_audio_tokens)
     with torch.inference_mode():
         loop.join([(f"r{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=i)) for i in range(3)])
         rows = list(loop._rows) + list(loop._ended)
@@ -504,12 +505,12 @@ def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engin
             logits[torch.rand(logits.shape) < 0.8] = -torch.inf  # as top-k and top-p leave them
             logits[:, trial % width] = 0.0  # never a line without a candidate
             probs = torch.softmax(logits, dim=-1)
-            batched = loop._draw(rows, probs).view(len(rows), nv)
+            batched = loop.model.draw(rows, probs).view(len(rows), nv)
             for i, row in enumerate(rows):
                 own = probs.narrow(0, i * nv, nv)
                 generator = torch.Generator().manual_seed(row.seed)
                 assert torch.equal(batched[i], torch.multinomial(own, 1, generator=generator).view(-1)), (trial, i)
-                assert torch.equal(loop._draw([row], own), batched[i]), "a row's draw never depends on its mates"
+                assert torch.equal(loop.model.draw([row], own), batched[i]), "a row's draw never depends on its mates"
 
 
 def _lasting_seeds(eng: ChatTTSEngine, info: Any, text: str, tokens: int, seeds: range) -> Iterator[int]:
@@ -529,7 +530,7 @@ def test_a_parked_row_makes_the_codes_it_makes_unparked(engine: tuple[ChatTTSEng
     newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
 
     def run(reserve: int, join_at: int | None) -> ChatTTSLoop:
-        loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=reserve)
+        loop = eng.loop(2, 24, reserve=reserve)
         loop.record = {}
         with torch.inference_mode():
             loop.join(longs, places)
@@ -557,7 +558,7 @@ def _preempting(eng: ChatTTSEngine, info: Any, clock: Any = None) -> tuple[ChatT
     seeds = _lasting_seeds(eng, info, TEXTS[2], 40, range(1, 60))
     longs = [(f"l{s}", Spec(chunks=(TEXTS[2],), model=info.id, seed=s)) for s in (next(seeds), next(seeds))]
     extra = {"clock": clock} if clock is not None else {}
-    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=2, **extra)
+    loop = eng.loop(2, 24, reserve=2, **extra)
     loop.record = {}
     with torch.inference_mode():
         loop.join(longs, [Place(1, 0), Place(2, 0)])
@@ -576,7 +577,7 @@ def test_out_of_memory_gives_a_parked_row_back_first_and_stops_preemption_for_a_
     now = [0.0]
     loop, longs = _preempting(eng, info, clock=lambda: now[0])
     newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
-    forward, short = loop._forward, [False]
+    forward, short = loop.model.forward, [False]
 
     def once_short(emb: Any, *args: Any) -> Any:
         if short[0]:
@@ -584,7 +585,7 @@ def test_out_of_memory_gives_a_parked_row_back_first_and_stops_preemption_for_a_
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return forward(emb, *args)
 
-    loop._forward = once_short  # type: ignore[method-assign, assignment]
+    loop.model.forward = once_short  # type: ignore[method-assign, assignment]
     with torch.inference_mode():
         loop.join([newcomer], [Place(0, 5)])
         assert loop.parked() == [longs[1][0]]
@@ -610,14 +611,14 @@ def test_a_failing_row_frees_its_slot_for_a_parked_row_and_a_parked_row_leaves_w
     row steps again at once and makes its own codes. The other parked row leaves (its request is gone)."""
     eng, info = engine
     loop, longs = _preempting(eng, info)
-    sample = loop._sample
+    sample = loop.model.sample
 
     def faulty(rows: list[Any], hidden: Any) -> None:
         if any(row.key == "bad" and row.made >= 2 for row in rows):
             raise RuntimeError("a fault of row 'bad'")
         sample(rows, hidden)
 
-    loop._sample = faulty  # type: ignore[method-assign, assignment]
+    loop.model.sample = faulty  # type: ignore[method-assign, assignment]
     good = (
         "good",
         Spec(chunks=(TEXTS[3],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[3], 20, range(1, 60)))),
@@ -645,7 +646,7 @@ def test_a_failing_row_frees_its_slot_for_a_parked_row_and_a_parked_row_leaves_w
 
 def test_without_a_reserve_a_full_loop_parks_nothing(engine: tuple[ChatTTSEngine, Any]) -> None:
     eng, info = engine
-    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 1, 24)
+    loop = eng.loop(1, 24)
     with torch.inference_mode():
         loop.join([("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1))])
         with pytest.raises(ValueError):
