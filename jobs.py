@@ -26,7 +26,8 @@ from common import metrics
 from common.keys import MODEL_KEY, assist_key, events_channel, voice_key
 from common.model import Engine, ModelInfo
 from common.settings import Settings
-from work.decode_loop import ASSIST_SECONDS, DecodeLoop, Tally
+from work.assist import ASSIST_SECONDS
+from work.decode_loop import DecodeLoop, Tally
 from work.queueing import voice_job_id
 from work.request_run import ModelMismatch, RequestRun, Stop
 

@@ -30,10 +30,10 @@ from rq.timeouts import JobTimeoutException
 
 from common import audio, logs, metrics
 from common.errors import RedisFull
-from common.keys import assist_key
 from common.model import Decoder, Engine, Piece, decoder_for
 from common.settings import Settings
-from work.queueing import ASSIST, census, queue
+from work.assist import CENSUS_EVERY, Helpers
+from work.queueing import queue
 from work.scheduler import Claimed, Pool
 
 logger = logging.getLogger(__name__)
@@ -44,9 +44,6 @@ T = TypeVar("T")
 # A claimed chunk's lease: renewed every TTSWorker.HEARTBEAT_EVERY seconds
 # while its worker lives; another worker takes it this long after a death.
 LEASE_MS = 15_000
-# An assist job returns after this long (and hands on to another one if work
-# is left), so that request jobs waiting in the queue get their turn.
-ASSIST_SECONDS = 30
 # A busy loop looks at Redis (the pool for new rows, cancels and leases of its
 # rows, the request's stored chunks) at most this often, and at once when one
 # of its rows ends: a look is a few round trips, far more than a step of a
@@ -54,9 +51,6 @@ ASSIST_SECONDS = 30
 # long, so there it is every step; a new row waits at most this long for its
 # slot, and a canceled row leaves within it.
 LOOK_EVERY = 0.02
-# The idle workers of the queue (which decide whether to ask one for help)
-# are counted at most this often: a census reads every worker's hash.
-CENSUS_EVERY = 1.0
 
 
 @dataclass
@@ -109,8 +103,7 @@ class DecodeLoop:
         self.next_claim = 0.0
         self._next_drop = 0.0
         self._lock = threading.Lock()
-        # (when counted, idle workers) of the last census (see CENSUS_EVERY).
-        self._census: tuple[float, int] = (-CENSUS_EVERY, 0)
+        self.helpers = Helpers(redis, self.queue, settings)
 
     # -- stepping ----------------------------------------------------------------
 
@@ -159,8 +152,8 @@ class DecodeLoop:
                 if not self.advance(tally):
                     break
             else:
-                if not self.stopping.is_set() and self.idle_workers():
-                    self.spawn_assist()
+                if not self.stopping.is_set() and self.helpers.idle():
+                    self.helpers.ask()
             if self.stopping.is_set():
                 self.release_all()
         except JobTimeoutException:
@@ -202,36 +195,6 @@ class DecodeLoop:
         drop_idle_connections(self.redis)
         self.release_all()
 
-    # -- help from idle workers ----------------------------------------------------
-
-    def idle_workers(self, max_age: float = CENSUS_EVERY) -> int:
-        """Live workers of the queue waiting for a job (counted again once the last count is `max_age` s old)."""
-        now = time.monotonic()
-        if now - self._census[0] >= max_age:
-            self._census = (now, census(self.redis, self.queue.name).idle)
-        return self._census[1]
-
-    def spawn_assist(self) -> None:
-        """Ask an idle worker of the queue for help with the pool (the caller saw one).
-
-        Not when the queue already holds work for it: a request job waiting in
-        the queue drains the pool as well as an assist job would, and one
-        waiting assist job is enough.
-        """
-        if self.queue.count > 0:
-            return
-        if not self.redis.set(assist_key(self.queue.name), 1, nx=True, ex=ASSIST_SECONDS):
-            return
-        self.queue.enqueue(
-            ASSIST,
-            self.queue.name,
-            at_front=True,
-            result_ttl=0,
-            failure_ttl=self.settings.result_ttl,
-            job_timeout=ASSIST_SECONDS + self.settings.job_timeout(self.settings.batch_size),
-            description="assist: synthesize waiting chunks of any request",
-        )
-
     # -- claiming and joining ------------------------------------------------------
 
     def _claim(self, free: int, reserve: int, owner: Owner | None) -> list[Claimed]:
@@ -249,7 +212,7 @@ class DecodeLoop:
         fresh = owner is not None and not owner.counted
         if owner is not None:
             owner.counted = True
-        idle = self.idle_workers(0.0 if fresh else CENSUS_EVERY)
+        idle = self.helpers.idle(0.0 if fresh else CENSUS_EVERY)
         claimed, more = self.pool.claim(
             self.token,
             free + reserve,
@@ -261,7 +224,7 @@ class DecodeLoop:
             firsts=free,
         )
         if more and idle:
-            self.spawn_assist()
+            self.helpers.ask()
         self.next_claim = time.monotonic() + LOOK_EVERY
         return claimed
 
