@@ -130,7 +130,7 @@ def drive(
 
 
 def per_row_draws(loop: Any) -> Any:
-    """`loop` drawing with a multinomial per row from its re-seeded generator (the loop's former way)."""
+    """`loop` drawing with a multinomial per row from its re-seeded generator, as ChatTTS draws."""
     import torch
 
     def draw(rows: Any, probs: Any) -> Any:

@@ -141,8 +141,7 @@ class RequestRun:
     def abandon(self) -> None:
         """The job failed: its chunks leave the pool unless another request needs them (a retry puts them back).
 
-        Those in the loop stay and are finished, as a model call in progress
-        was before: the retry finds them stored.
+        Those in the loop stay and are finished: the retry finds them stored.
         """
         in_loop = set(self.loop.held())
         self.loop.pool.withdraw(self.id, [cid for cid in dict.fromkeys(self.chunk_ids) if cid not in in_loop])
