@@ -27,7 +27,7 @@ Scenarios, each run continuous and static back to back:
 - full: `--batch` rows with the same text at once: tokens per second of the
   loop against one static call (the loop's bookkeeping);
 - samplers: tokens per second of a full loop at batch 1, 4 and 8 with the
-  batch's draws in one call (the loop's `_draw`) and with a multinomial per
+  batch's draws in one call (`RowModel.draw`) and with a multinomial per
   row (what it replaced), and whether their codes are equal.
 
 Prints a markdown table and the continuous/static ratios measured in this
@@ -129,21 +129,21 @@ def drive(
     return out
 
 
-def per_row_draws(loop_class: Any) -> Any:
-    """`loop_class` drawing with a multinomial per row from its re-seeded generator (the loop's former way)."""
+def per_row_draws(loop: Any) -> Any:
+    """`loop` drawing with a multinomial per row from its re-seeded generator, as ChatTTS draws."""
     import torch
 
-    class PerRowDraws(loop_class):
-        def _draw(self, rows: Any, probs: Any) -> Any:
-            nv, generator = self.num_vq, torch.Generator(device=probs.device)
-            return torch.cat(
-                [
-                    torch.multinomial(probs.narrow(0, i * nv, nv), 1, generator=generator.manual_seed(row.seed))
-                    for i, row in enumerate(rows)
-                ]
-            ).view(-1)
+    def draw(rows: Any, probs: Any) -> Any:
+        nv, generator = loop.model.num_vq, torch.Generator(device=probs.device)
+        return torch.cat(
+            [
+                torch.multinomial(probs.narrow(0, i * nv, nv), 1, generator=generator.manual_seed(row.seed))
+                for i, row in enumerate(rows)
+            ]
+        ).view(-1)
 
-    return PerRowDraws
+    loop.model.draw = draw
+    return loop
 
 
 def samplers(engine: Any, info: Any, stream_tokens: int, repeats: int) -> list[str]:
@@ -154,9 +154,8 @@ def samplers(engine: Any, info: Any, stream_tokens: int, repeats: int) -> list[s
 
     from cache import Spec
     from common.model import decode_all
-    from engines.loop import ChatTTSLoop
 
-    classes = {"one": ChatTTSLoop, "each": per_row_draws(ChatTTSLoop)}
+    classes = {"one": lambda loop: loop, "each": per_row_draws}
     lines = [
         "| batch | draw, one call | draw, per row | loop, one call | loop, per row | loop ratio | codes equal |",
         "|---|---|---|---|---|---|---|",
@@ -167,8 +166,8 @@ def samplers(engine: Any, info: Any, stream_tokens: int, repeats: int) -> list[s
         draw_us: dict[str, float] = {}
         codes: dict[str, dict[str, Any]] = {}
         for _ in range(repeats):
-            for name, cls in classes.items():
-                loop = cls(engine.chat, engine._speaker, engine.max_new_token, batch, stream_tokens)
+            for name, make in classes.items():
+                loop = make(engine.loop(batch, stream_tokens))
                 loop.record = {}
                 began = time.perf_counter()
                 with torch.inference_mode():
@@ -177,14 +176,14 @@ def samplers(engine: Any, info: Any, stream_tokens: int, repeats: int) -> list[s
                 rate[name] = max(rate[name], sum(pieces[-1].tokens for pieces in made.values()) / seconds)
                 codes[name] = {key: loop.record[key][0] for key, _ in rows}
         with torch.inference_mode():
-            for name, cls in classes.items():
-                loop = cls(engine.chat, engine._speaker, engine.max_new_token, batch, stream_tokens)
+            for name, make in classes.items():
+                loop = make(engine.loop(batch, stream_tokens))
                 loop.join(rows)
                 held = list(loop._rows) + list(loop._ended)
-                probs = torch.softmax(torch.randn(batch * loop.num_vq, int(engine.chat.gpt.num_audio_tokens)), -1)
+                probs = torch.softmax(torch.randn(batch * loop.model.num_vq, int(engine.chat.gpt.num_audio_tokens)), -1)
                 began = time.perf_counter()
                 for _ in range(500):
-                    loop._draw(held, probs)
+                    loop.model.draw(held, probs)
                 draw_us[name] = (time.perf_counter() - began) / 500 * 1e6
         same = all(torch.equal(codes["one"][k], codes["each"][k]) for k, _ in rows)
         lines.append(

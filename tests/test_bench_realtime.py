@@ -19,7 +19,7 @@ from scenarios import (  # noqa: E402
 )
 from scenarios.realtime import BUFFER_DELAY, STREAM_TOKENS, Realtime  # noqa: E402
 
-from engines import loop  # noqa: E402
+from engines import rowmodel  # noqa: E402
 
 
 @pytest.mark.slow
@@ -55,4 +55,4 @@ def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
 
 
 def test_the_scenario_knows_the_decoders_look_ahead() -> None:
-    assert realtime.LOOKAHEAD == loop.LOOKAHEAD
+    assert realtime.LOOKAHEAD == rowmodel.LOOKAHEAD
