@@ -30,8 +30,7 @@ from typing import AsyncIterator, Callable
 logger = logging.getLogger("service")
 
 # Seconds between two trims: RSS runs ahead of use by what one interval's
-# churn frees (up to ~15 MiB in 30 s at the soak's load); a trim costs
-# milliseconds.
+# churn frees, and a trim is cheap beside it (BENCHMARKS.md, "Soak").
 TRIM_EVERY = 10.0
 
 
