@@ -380,6 +380,7 @@ def test_a_flooding_tenant_delays_another_tenants_request_by_about_one_batch(
     finally:
         events.close()
     assert ahead >= 0, "bob's request was not made within 120 s"
+    assert _stored(redis, bob_chunks) == len(bob_chunks)
     # Made before bob's one chunk: about one batch of alice's (the job running is alice's, and
     # its own chunk leads each claim), never her whole backlog.
     assert ahead <= 3 * batch, f"{ahead} of alice's {flood} chunks were made before bob's one"
