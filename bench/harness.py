@@ -544,7 +544,7 @@ class Figure:
     `ratio` is computed run by run (subject run i / baseline run i, the two
     run back to back), so slow drift of the machine cancels out.
     `target` is a predicate on the median (of the ratio when there is a
-    baseline, else of the value) with its words.
+    baseline, else of the value) with its words; on every run's when `every`.
     """
 
     scenario: str
@@ -554,6 +554,7 @@ class Figure:
     baseline: list[float] = field(default_factory=list)
     target: tuple[str, Callable[[float], bool]] | None = None
     note: str = ""
+    every: bool = False
 
     @property
     def ratios(self) -> list[float]:
@@ -567,7 +568,8 @@ class Figure:
         value = self.judged()
         if self.target is None or value is None:
             return None
-        return self.target[1](value)
+        pool = (self.ratios if self.baseline else self.values) if self.every else [value]
+        return all(self.target[1](v) for v in pool)
 
 
 def spread(values: Sequence[float], digits: int) -> str:

@@ -51,6 +51,8 @@ class Plan:
     first_chunk_requests: int
     llm_seconds: float
     socket_sentences: int
+    behind_rounds: int
+    curve_requests: int
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
@@ -71,6 +73,8 @@ class Plan:
                 first_chunk_requests=6,
                 llm_seconds=3.0,
                 socket_sentences=3,
+                behind_rounds=1,
+                curve_requests=8,
             )
         return cls(
             rounds=3,
@@ -88,6 +92,8 @@ class Plan:
             first_chunk_requests=12,
             llm_seconds=30.0,
             socket_sentences=8,
+            behind_rounds=5,
+            curve_requests=24,
         )
 
 
@@ -112,6 +118,8 @@ class Bench:
     mixed_rate: float = 0.0
     # Scenario 8's own workers: name -> (queue, its workers).
     sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
+    # Scenario 9's load curves: side -> [(offered req/s, first audio p50 s, p95 s, throughput req/s)].
+    curves: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
 
     @property
     def main(self) -> tuple[str, list[Proc]]:
