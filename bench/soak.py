@@ -188,9 +188,9 @@ def busy_worker(s: Soak) -> Proc | None:
 async def kill_a_busy_worker(s: Soak) -> str:
     """SIGKILL a worker that runs a job (within 20 s; else any)."""
     s.killed_at = asyncio.get_running_loop().time()
-    deadline, proc = time.monotonic() + 20, None
-    while proc is None and time.monotonic() < deadline:
-        proc = await asyncio.to_thread(busy_worker, s) or await asyncio.sleep(0.1)
+    deadline = time.monotonic() + 20
+    while (proc := await asyncio.to_thread(busy_worker, s)) is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
     why = "while it ran a job" if proc is not None else "(none was busy within 20 s)"
     proc = proc or next(iter(s.workers.values()))
     s.killed.add(proc.pid)

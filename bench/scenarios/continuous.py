@@ -1,26 +1,14 @@
-"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, and short requests
-behind a long one.
+"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, a full loop, short
+requests behind a long one, and load curves beside the naive server.
 
-The other scenarios run the tiny checkpoint capped at 48 tokens a chunk, so
-every row of a model call is as long as the others, and a continuous loop has
-nothing to gain over a static call. Here two workers of their own, one per
-scheduler (`TTS_SCHEDULING`), run the same tiny checkpoint with the cap lifted:
-each row runs to its token budget (`common.model.token_budget`: 32 + 6 a
-Latin character) or to an end token the random weights draw, so rows differ
-in length as real weights' rows do. They use a Redis database of their own
-(database 1 of the run's redis-server): a second model in database 0 would
-take over what the web process keys its requests for.
-
-Each round runs both schedulers on the same requests, in an order that
-alternates with the round, and gives (continuous, static) pairs. The
-continuous worker keeps `TTS_PREEMPT_ROWS` (4) rows of a long request
-preemptible, so a new request's first row joins within one step.
-
-Last, the load curves (drawn by run.py, not tabled): one-chunk requests
-arriving at random (Poisson) at several rates, on each worker and on a naive
-server of its own on the same lifted cap (the same per-row token budgets):
-first audio (the whole file, for the naive server) and throughput against
-the offered load.
+Two workers of their own (one per `TTS_SCHEDULING`) and a naive server run
+the tiny checkpoint with its cap lifted, so each row runs to its token
+budget (`common.model.token_budget`) or to an end token the random weights
+draw, as real rows differ in length. The workers use Redis database 1: a
+second model in database 0 would take over what the web process keys its
+requests for. Each round runs both schedulers on the same requests, the
+order alternating, and gives (continuous, static) pairs; bench/README.md
+says what each figure is.
 """
 
 from __future__ import annotations
