@@ -17,7 +17,6 @@ import asyncio
 import random
 import statistics
 import sys
-import threading
 import time
 from typing import Any, Iterator
 
@@ -27,6 +26,7 @@ from harness import (
     BenchError,
     Figure,
     Proc,
+    Watch,
     bench_env,
     is_worker_of,
     make_spec,
@@ -39,7 +39,6 @@ from harness import (
 )
 from redis import Redis
 
-from common.keys import chunk_key, pieces_key
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
 from scenarios.mixed import speech_body
@@ -313,61 +312,3 @@ class Continuous(Scenario):
 
 def queue_of(scheduling: str) -> str:
     return f"bench-budget-{scheduling}"
-
-
-class Watch:
-    """Chunks' first audio (a streamed piece or the stored chunk) and completion times, polled in a thread;
-    and the times each piece of some other chunks (`pieced`) appeared."""
-
-    def __init__(self, redis: Redis, pieced: list[str] | None = None) -> None:
-        self.redis, self.pieced = redis, pieced or []
-        self.sent: list[tuple[float, str]] = []
-        self.heard: dict[int, float] = {}
-        self.done: dict[int, float] = {}
-        self.pieces: dict[str, list[tuple[float, int]]] = {cid: [] for cid in self.pieced}
-        self.lock = threading.Lock()
-        self.running = True
-        self.thread = threading.Thread(target=self.poll, daemon=True)
-        self.thread.start()
-
-    def add(self, chunk_id: str, at: float | None = None) -> None:
-        with self.lock:
-            self.sent.append((time.monotonic() if at is None else at, chunk_id))
-
-    def poll(self) -> None:
-        while self.running:
-            with self.lock:
-                pending = [(i, cid) for i, (_, cid) in enumerate(self.sent) if i not in self.done]
-            with self.redis.pipeline(transaction=False) as pipe:
-                for _, cid in pending:
-                    pipe.llen(pieces_key(cid))
-                    pipe.exists(chunk_key(cid))
-                for cid in self.pieced:
-                    pipe.llen(pieces_key(cid))
-                found = pipe.execute()
-            now = time.monotonic()
-            for k, (i, _) in enumerate(pending):
-                if found[2 * k] or found[2 * k + 1]:
-                    self.heard.setdefault(i, now)
-                if found[2 * k + 1]:
-                    self.done[i] = now
-            for cid, n in zip(self.pieced, found[2 * len(pending) :]):
-                if n and (not self.pieces[cid] or self.pieces[cid][-1][1] != n):
-                    self.pieces[cid].append((now, n))
-            time.sleep(0.002)
-
-    def wait(self, timeout: float) -> list[tuple[float, float, float]]:
-        """Once every chunk added is done: (sent, first audio, done) of each; stops polling."""
-        wait_for(lambda: len(self.done) == len(self.sent), timeout, "every request's audio", interval=0.01)
-        self.running = False
-        self.thread.join()
-        return [(at, self.heard[i], self.done[i]) for i, (at, _) in enumerate(self.sent)]
-
-    def piece_gap(self) -> float:
-        """The median seconds between one `pieced` chunk's consecutive pieces (stream_tokens steps)."""
-        self.running = False
-        self.thread.join()
-        gaps = [b[0] - a[0] for seen in self.pieces.values() for a, b in zip(seen, seen[1:]) if b[1] == a[1] + 1]
-        if not gaps:
-            raise BenchError("no two consecutive pieces of the long request were seen")
-        return statistics.median(gaps)
