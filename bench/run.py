@@ -140,21 +140,14 @@ def report(b: Bench, info: dict[str, str], seconds: float, quick: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    env = {name: os.environ.get(name, "") not in ("", "0") for name in ("BENCH_QUICK", "BENCH_FULL")}
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
-        help="a short smoke run (also BENCH_QUICK=1)",
+        "--quick", action="store_true", default=env["BENCH_QUICK"], help="a short smoke run (BENCH_QUICK=1)"
     )
     parser.add_argument(
-        "--full-model",
-        action="store_true",
-        default=os.environ.get("BENCH_FULL", "") not in ("", "0"),
-        help="also measure a worker on full-size random weights (also BENCH_FULL=1; +1 min)",
+        "--full-model", action="store_true", default=env["BENCH_FULL"], help="also a full-size worker (BENCH_FULL=1)"
     )
-    parser.add_argument(
-        "--write", metavar="FILE", help="write the table into FILE, between its markers (not in quick mode)"
-    )
+    parser.add_argument("--write", metavar="FILE", help="write the table into FILE, between its markers (not --quick)")
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {s.number for s in SCENARIOS}

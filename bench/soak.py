@@ -786,18 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
     parser.add_argument(
-        "--max-jobs",
-        type=int,
-        default=None,
-        help=f"worker.py --max-jobs of the first worker; the second gets 1.5x (default: what "
-        f"makes about {RESTARTS} restarts per worker at the measured rate)",
+        "--max-jobs", type=int, help=f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
     )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
     parser.add_argument(
-        "--full-minutes",
-        type=float,
-        default=3.0,
-        help="how long Redis stays full (default 3; 30 %% of the run at most)",
+        "--full-minutes", type=float, default=3.0, help="Redis full for this long (3; 30 %% of the run at most)"
     )
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)

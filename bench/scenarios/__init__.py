@@ -77,7 +77,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "llm_seconds": (3.0, 30.0),
     "socket_sentences": (3, 8),
     "behind_rounds": (1, 5),
-    "curve_requests": (8, 24),
+    "curve_requests": (4, 24),
 }
 
 
