@@ -43,6 +43,15 @@ def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median()
     assert Figure("5", "info", "x", values=[1.0]).met() is None
 
 
+def test_a_figure_judged_in_every_run_misses_on_one_run_past_its_target() -> None:
+    every = Figure("9", "p95", "ms", [10, 20, 60], [100, 100, 100], ("<= 0.5x in every run", lambda r: r <= 0.5))
+    assert every.judged() == 0.2 and every.met() is True
+    every.every = True
+    assert every.met() is False
+    every.values[2] = 50
+    assert every.met() is True
+
+
 def test_table_shows_median_and_range_and_flags_a_missed_target() -> None:
     figs = [
         Figure(
