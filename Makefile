@@ -1,10 +1,11 @@
-# Two commands do everything:  make run  (Redis, web and worker)  and  make test.
+# Two commands do everything:  make run  (Redis, web and worker)  and  make test;
+# make test-fast runs the tests that start no process and load no model.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TINY := .cache/tiny-model
 
-.PHONY: install run test lint lock tiny-model clean
+.PHONY: install run test test-fast lint lock tiny-model clean
 
 # pyproject.toml declares the project and its groups; `make lock` turns it
 # into the requirements*.txt locks (every distribution pinned, with hashes),
@@ -51,8 +52,8 @@ lint: $(VENV)/.test
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The linters run beside the tests (mypy keeps one core busy for a minute while the
-# test processes start); either failing fails `make test`, the linters' output last.
+# The linters run beside the tests (mypy keeps one core busy while the test
+# processes start); either failing fails `make test`, the linters' output last.
 test: $(VENV)/.test
 	@mkdir -p .cache && url=$$(scripts/redis-url $(BIN)/python) && \
 	{ $(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; } && \
@@ -60,6 +61,12 @@ test: $(VENV)/.test
 	tests=$$?; wait $$lint; linted=$$?; cat .cache/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)" >&2; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
+
+# The tests that start no process and load no model (tests/conftest.py marks the others
+# `slow` and fails a fast test that starts a process), in one pytest process, no linters.
+test-fast: $(VENV)/.test
+	@url=$$(scripts/redis-url $(BIN)/python) && \
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -m "not slow" -n $${TEST_PROCESSES:-0} $(PYTEST_ARGS)
 
 tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)
@@ -69,7 +76,7 @@ clean:
 
 # Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
 # a private redis-server, the web process, workers on the tiny checkpoint and
-# the two baselines, about 6 minutes on 2 cores; the table goes to stdout and
+# the two baselines (docs/development.md says how long); the table goes to stdout and
 # into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
 # worker on full-size random weights. On a GPU machine: bench/gpu.sh.
 .PHONY: bench wrk soak

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from common.keys import chunk_key, request_key
 from splitter import pause_after
+from work import scripts
 
 # Bump when anything that changes the sound for the same inputs changes
 # (splitting rules, how audio is trimmed or stored): old keys then miss.
@@ -130,7 +131,7 @@ class Spec:
             "top_p": round(self.top_p, 4),
             "top_k": self.top_k,
             **refine,
-            # Only when set, so that ids without a tenant stay what they were.
+            # Only when set: a request without a tenant has the id of its settings alone.
             **({"tenant": self.tenant} if self.tenant else {}),
         }
 
@@ -196,26 +197,9 @@ def manifest(spec: Spec) -> dict[str, Any]:
     if pauses:
         pauses[-1] = 0
     layout: dict[str, Any] = {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
-    if spec.tenant:  # isolated tenancy: only this tenant may see it (web/tts.manifest_of)
+    if spec.tenant:  # isolated tenancy: only this tenant may see it (web/manifests.manifest_of)
         layout["tenant"] = spec.tenant
     return layout
-
-
-# KEYS: a request's chunk keys, then its manifest's key; ARGV: the TTL, the manifest.
-# Each stored chunk's TTL is renewed, except a chunk without one: a request in
-# flight holds it, and its end starts the TTL (scheduler.Pool.store). The
-# manifest is (re)written with the same TTL. Returns 1 for each chunk stored, 0 else.
-_REMEMBER = """
-local found = {}
-for i = 1, #KEYS - 1 do
-  local left = redis.call('PTTL', KEYS[i])
-  if left == -2 then found[i] = 0
-  elseif left == -1 then found[i] = 1
-  else found[i] = redis.call('EXPIRE', KEYS[i], ARGV[1]) end
-end
-redis.call('SET', KEYS[#KEYS], ARGV[2], 'EX', ARGV[1])
-return found
-"""
 
 
 class AudioCache:
@@ -230,8 +214,8 @@ class AudioCache:
         self.redis = redis
         self.ttl = ttl
         # One EVALSHA (redis-py loads the script again after a Redis restart)
-        # costs the client about half of what a pipeline of the same commands does.
-        self._remember = redis.register_script(_REMEMBER)
+        # costs the client less than a pipeline of the same commands.
+        self._remember = scripts.register(redis, "remember.lua")
 
     async def missing(self, chunk_ids: Sequence[str]) -> list[int]:
         """Indexes of the chunks whose audio is not stored."""

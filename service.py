@@ -1,20 +1,19 @@
-"""The HTTP API: the Starlette app, its routes assembled in one list, and errors mapped to HTTP.
+"""The HTTP API: the Starlette app, its routes bound to their handlers, and errors mapped to HTTP.
 
     uvicorn service:create_app --factory --port $PORT
 
-Each concern's handlers live in its own module (tts, voices, captions,
-ops); they take the shared Context first. Never imports torch, ChatTTS or
-the worker: the web process stays small and starts fast.
+Every route is declared once, in web/routes.py; each concern's handlers live
+in its own module (tts, speech, session, voices, captions, ops) and take the
+shared Context first. Never imports torch, ChatTTS or the worker: the web
+process stays small and starts fast.
 """
 
 from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable
 
-import msgspec
 from msgspec import UNSET
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ExecAbortError, MaxConnectionsError, OutOfMemoryError
@@ -23,14 +22,14 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from common import logs, metrics
 from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
-from web import captions, heap, openapi, ops, session, speech, tts, voices
+from web import captions, heap, ops, routes, session, speech, tts, voices
 from web.context import Context
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
@@ -39,8 +38,19 @@ logger = logging.getLogger("service")
 # While Redis is full every write is refused: one line for the first 503, then one a minute at most.
 _FULL = logs.Throttled(logger, 60.0)
 
-PAGE = Path(__file__).with_name("static") / "index.html"
 Handler = Callable[[Context, Request], Awaitable[Response]]
+# What `_error` answers: the exceptions `failure` knows, and any other (Exception) as a 500.
+_HANDLED = (
+    ApiError,
+    HTTPException,
+    queueing.QueueFull,
+    NotReplicated,
+    MaxConnectionsError,
+    OutOfMemoryError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    Exception,
+)
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -50,59 +60,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
         logs.configure_logging(settings.log_level, settings.log_format)
     ctx = Context(settings)
 
-    def route(path: str, handler: Handler, methods: list[str]) -> Route:
-        """A route whose handler gets the Context, after the API key check unless the path is public."""
-        public = path in openapi.PUBLIC
-
-        async def endpoint(request: Request) -> Response:
-            if not public:
-                await ctx.guard(request)
-            return await handler(ctx, request)
-
-        return Route(path, endpoint, methods=methods, name=getattr(handler, "__name__", path))
-
-    async def _speech_socket(websocket: WebSocket) -> None:
-        # It checks the API key itself: a refused key is told why, then closed with 1008.
-        ctx.open_sockets += 1
-        try:
-            await session.serve(ctx, websocket, failure)
-        finally:
-            ctx.open_sockets -= 1
-
-    routes = [
-        route("/", _page, ["GET"]),
-        route("/openapi.json", _openapi, ["GET"]),
-        route("/healthz", ops.healthz, ["GET"]),
-        route("/readyz", ops.readyz, ["GET"]),
-        route("/metrics", ops.prometheus, ["GET"]),
-        route("/metrics/process", ops.process_prometheus, ["GET"]),
-        route("/v1/tts", tts.SubmitRoute(settings), ["POST"]),
-        # One route for both methods: with two, a 405 would name only the first's in Allow.
-        route("/v1/tts/{id}", tts.status_or_cancel, ["GET", "DELETE"]),
-        route("/v1/tts/{id}/audio", tts.AudioRoute(settings), ["GET"]),
-        route("/v1/tts/{id}/captions", captions.captions, ["GET"]),
-        route(speech.ROUTE, speech.speech, ["POST"]),
-        route("/v1/models", speech.models, ["GET"]),
-        route("/v1/audio/voices", voices.audio_voices, ["GET"]),
-        WebSocketRoute(session.ROUTE, _speech_socket, name="speech_socket"),
-        route("/v1/voices", voices.listing, ["GET"]),
-        route("/v1/voices/{name}", voices.one, ["GET", "PUT", "DELETE"]),
-    ]
-    handlers: dict[Any, Any] = dict.fromkeys(
-        (
-            ApiError,
-            HTTPException,
-            queueing.QueueFull,
-            NotReplicated,
-            MaxConnectionsError,
-            OutOfMemoryError,
-            RedisConnectionError,
-            RedisTimeoutError,
-            Exception,
-        ),
-        _error,
-    )
-
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Ends after uvicorn's graceful shutdown has let in-flight requests finish.
@@ -110,28 +67,69 @@ def create_app(settings: Settings | None = None) -> Starlette:
             yield
         await ctx.close()
 
-    middleware = [Middleware(metrics.RequestTelemetry, recorder=ctx.metrics)]
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(
+        routes=_routes(ctx, settings),
+        middleware=[Middleware(metrics.RequestTelemetry, recorder=ctx.metrics)],
+        exception_handlers=dict.fromkeys(_HANDLED, _error),
+        lifespan=lifespan,
+    )
     app.state.context = ctx
     return app
 
 
-async def _page(ctx: Context, request: Request) -> Response:
-    return FileResponse(PAGE, media_type="text/html; charset=utf-8")
+def _handlers(settings: Settings) -> dict[routes.Endpoint, Handler]:
+    """The handler of each HTTP route."""
+    return {
+        routes.PAGE: ops.page,
+        routes.OPENAPI: ops.openapi_document,
+        routes.HEALTHZ: ops.healthz,
+        routes.READYZ: ops.readyz,
+        routes.METRICS: ops.prometheus,
+        routes.PROCESS_METRICS: ops.process_prometheus,
+        routes.SUBMIT: tts.SubmitRoute(settings),
+        routes.STATUS: tts.status_or_cancel,
+        routes.AUDIO: tts.AudioRoute(settings),
+        routes.CAPTIONS: captions.captions,
+        routes.SPEECH: speech.speech,
+        routes.MODELS: speech.models,
+        routes.AUDIO_VOICES: voices.audio_voices,
+        routes.VOICES: voices.listing,
+        routes.VOICE: voices.one,
+    }
 
 
-async def _openapi(ctx: Context, request: Request) -> Response:
-    """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
-    if ctx.openapi_json is None:  # built once per process
-        ctx.openapi_json = msgspec.json.encode(openapi.schema(ctx.settings))
-    return Response(ctx.openapi_json, media_type="application/json")
+def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
+    """The router's routes, one for each record of routes.ALL, in its order."""
+    handlers = _handlers(settings)
+
+    def http(endpoint: routes.Endpoint) -> Route:
+        """The route of a handler that gets the Context, after the API key check unless the route is public."""
+        handler = handlers[endpoint]
+
+        async def serve(request: Request) -> Response:
+            if not endpoint.public:
+                await ctx.guard(request)
+            return await handler(ctx, request)
+
+        return Route(endpoint.path, serve, methods=list(endpoint.methods), name=endpoint.name)
+
+    async def speech_socket(websocket: WebSocket) -> None:
+        # It checks the API key itself: a refused key is told why, then closed with 1008.
+        ctx.open_sockets += 1
+        try:
+            await session.serve(ctx, websocket, failure)
+        finally:
+            ctx.open_sockets -= 1
+
+    sockets = {routes.SPEECH_SOCKET: speech_socket}
+    assert set(handlers) | set(sockets) == set(routes.ALL), "a route without a handler, or the reverse"
+    return [
+        WebSocketRoute(endpoint.path, sockets[endpoint], name=endpoint.name) if endpoint.socket else http(endpoint)
+        for endpoint in routes.ALL
+    ]
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------
-
-# Routes whose errors have OpenAI's shape ({"error": {message, type, param,
-# code}}), so OpenAI clients show them; every other route answers {detail, field}.
-OPENAI_ROUTES = frozenset(openapi.OPENAI_PATHS)
 
 
 def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
@@ -178,11 +176,12 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
-    """An error answer in the shape of the route asked."""
+    """An error answer in the shape of the route asked (routes.Endpoint.openai)."""
     known = failure(exc, request.method, f"{request.method} {request.url.path}")
     if isinstance(exc, OutOfMemoryError):
         request.app.state.context.metrics.inc("tts_redis_full_total", process="web")
-    if request.url.path in OPENAI_ROUTES:
+    endpoint = routes.at(request.url.path)
+    if endpoint is not None and endpoint.openai:
         # OpenAI answers 400 for every request it refuses, so its SDK raises BadRequestError.
         status = 400 if known.status == 422 else known.status
         return reply(openai_error(status, known.detail, known.field, known.code), status, known.headers)

@@ -3,9 +3,10 @@
     python worker.py [--burst] [--max-jobs N] [--gpus all|N|I,J [--per-gpu K]]
 
 One process per GPU, each pinned with CUDA_VISIBLE_DEVICES: `--gpus` starts
-them (launcher.py). The worker never forks: CUDA does not survive a fork, and on CPU a child forked after torch
-has run deadlocks in OpenMP. With engine.py, the only module that imports
-torch and ChatTTS.
+them (engines/launcher.py, supervised by work/supervisor.py). The worker
+never forks: CUDA does not survive a fork, and on CPU a child forked after
+torch has run deadlocks in OpenMP. With engine.py, the only module that
+imports torch and ChatTTS.
 """
 
 from __future__ import annotations
@@ -24,22 +25,22 @@ from rq import SimpleWorker, worker_registration
 from rq.scheduler import RQScheduler
 
 import jobs
-import webhooks
 from common import connect, logs
 from common.errors import RedisFull
 from common.settings import Settings
 from engines.config import ModelUnavailable
-from engines.launcher import CPU, RestartPolicy, gpu_slots, launch
+from engines.launcher import CPU, gpu_slots, launch
 from engines.loading import load_engine
-from work import lifetime, process, queueing
+from work import events, lifetime, process, queueing
 from work.status import failure_words
+from work.supervisor import RestartPolicy
 
 logger = logging.getLogger("worker")
 # Beats fail together while Redis is full or away: a line for the first, then a few.
 _MISSED_BEAT = logs.Throttled(logger, 60.0)
-# The job of a request (its id is the request id); its end fires the request's webhooks.
 # Tries at queueing a request's webhook events when its job is over (Redis refused, or went away).
 OVER_TRIES = 3
+# The job of a request (its id is the request id); its end fires the request's webhooks.
 REQUEST_JOB = f"{jobs.synthesize.__module__}.{jobs.synthesize.__name__}"
 
 
@@ -121,8 +122,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
             # A full Redis would refuse the events: wait until it stores again (nothing else can happen meanwhile).
             process.wait_for_writes(self.connection)
             try:
-                lifetime.release(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings.result_ttl)
-                webhooks.request_over(self.connection, job.id, self.settings, error)
+                events.request_over(self.connection, job.id, spec.chunk_ids() if spec else [], self.settings, error)
                 return
             except (RedisError, OSError):
                 # The URLs not queued yet stay registered: the next try queues them.
@@ -185,7 +185,7 @@ class TTSWorker(process.StopAware, SimpleWorker):
             thread.join()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="ChatTTS synthesis worker (non-forking rq worker)")
     parser.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     parser.add_argument("--max-jobs", type=int, default=None, help="exit after N jobs (let the supervisor restart it)")
@@ -205,14 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         help="with --gpus: K worker processes per GPU, when its memory holds K models (with no GPU: K CPU "
         "workers, each taking its share of the cores)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     # OpenMP's wait policy stays libgomp's default unless the environment
     # sets OMP_WAIT_POLICY: a thread spins briefly after each parallel region,
     # then sleeps, so an idle worker takes no CPU. PASSIVE (sleep at once)
-    # wakes a thread for every operation: on the full-size model with 2
-    # threads an int8 decode step took 44 ms against 23 ms (BENCHMARKS.md,
-    # bench/cpu_engine.py). What hurts is more threads than free cores: each
-    # worker takes cores / workers on this host (engines/config.torch_threads).
+    # wakes a thread for every operation, which slows each decode step down
+    # (BENCHMARKS.md, bench/cpu_engine.py). What hurts is more threads than
+    # free cores: each worker takes cores / workers on this host
+    # (engines/config.torch_threads).
     settings = process.settings_from_env()
     if settings is None:
         return 2
@@ -223,31 +228,31 @@ def main(argv: list[str] | None = None) -> int:
             devices = gpu_slots(args.gpus, os.environ)
         except ValueError as exc:
             parser.error(str(exc))
-        child_args = (["--burst"] if args.burst else []) + (
-            ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else []
-        )
-        restart = args.max_jobs is not None and not args.burst
-        policy = RestartPolicy(max_failures=settings.worker_max_failures, window=settings.worker_failure_window)
-        if devices:
-            return launch(
-                devices,
-                args.per_gpu,
-                child_args,
-                restart=restart,
-                policy=policy,
-                redis=connect.sync_client(settings, socket_timeout=5),
-            )
-        if args.per_gpu > 1:
-            logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
-            return launch(
-                [CPU],
-                args.per_gpu,
-                child_args,
-                restart=restart,
-                policy=policy,
-                redis=connect.sync_client(settings, socket_timeout=5),
-            )
+        if devices or args.per_gpu > 1:
+            return _launch(args, devices, settings)
         logger.info("no GPU is visible: running one CPU worker")
+    return _serve(args, settings)
+
+
+def _launch(args: argparse.Namespace, devices: list[str], settings: Settings) -> int:
+    """`--gpus`: the workers in processes of their own, `--per-gpu` on each GPU (on the CPU when none is visible)."""
+    if not devices:
+        logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
+    child_args = (["--burst"] if args.burst else []) + (
+        ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else []
+    )
+    return launch(
+        devices or [CPU],
+        args.per_gpu,
+        child_args,
+        restart=args.max_jobs is not None and not args.burst,
+        policy=RestartPolicy(max_failures=settings.worker_max_failures, window=settings.worker_failure_window),
+        redis=connect.sync_client(settings, socket_timeout=5),
+    )
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """One worker in this process: the model loaded once, then rq workers until told to stop."""
     try:
         engine, info = load_engine(settings)
     except ModelUnavailable as exc:

@@ -1,42 +1,12 @@
-"""The GPU benchmark behind bench/gpu.sh; on a machine without CUDA it runs a reduced CPU mode.
+"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode.
 
     bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,8,32] [--tunings ...]
                  [--workers 1,2] [--streams 1,8,32,64] [--rounds N] [--model DIR] [--write FILE | --no-write]
 
-With CUDA (under 10 minutes on one GPU; bench/gpu.sh first installs the
-device kit from .whl/):
- - writes a full-size random-weight ChatTTS (bench/random_checkpoint.py),
-   every chunk capped at --max-new-token tokens (default 128, 2.7 s audio);
- - the engine alone on cuda:0 (bench/engine_bench.py): real-time factor,
-   chunks/s and peak GPU memory at batch 1, 8 and 32 for float32, bfloat16
-   and bfloat16 + torch.compile (tuning.py), each one's fidelity against
-   float32 (fidelity.py) and what its first call cost beyond a warm one
-   (compilation); a warm-up pass first, then --rounds rounds interleaved;
- - rq workers (`worker.py`, pinned with CUDA_VISIBLE_DEVICES=0, the service's
-   defaults: bfloat16, no compile), 1 and 2 on one GPU: both are started at
-   once, each on its own queue, and every round measures 1, then 2 of them
-   by spreading equal 4-chunk jobs over that many queues; GPU memory per
-   worker from nvidia-smi; time to first chunk of a 4-chunk request on an
-   idle worker (enqueue to the first chunk's audio stored in Redis);
- - the worker part twice: cross-request batching off, then on
-   (TTS_CROSS_BATCH);
- - the schedulers (TTS_SCHEDULING continuous and static, one worker each,
-   TTS_BATCH_SIZE = the most streams) at 1, 8, 32 and 64 concurrent
-   streams (--streams): N one-chunk requests at once, per scheduler in
-   alternating order: real-time factor per stream (its time to finished over
-   its audio), chunks/s, time to first audio p50/p95 (enqueue to the first
-   piece stored) and the worker's memory above idle at the peak (GPU memory
-   from nvidia-smi: KV cache and activations).
-Prints one table and appends it, with the GPU's name, to BENCHMARKS.md (and
-to $OUT/BENCHMARKS.md where $OUT is set, so a copy comes back from the device).
-
-Without CUDA the same steps run on the tiny checkpoint: batch sizes 1 and 4,
-float32 against bfloat16, 1 and 2 workers of 1 thread, 1 and 4 streams per
-scheduler, short runs, memory as RSS; nothing is written. It proves the script works end to end before a GPU
-is lent; its figures mean nothing for a GPU.
-
+Engine alone per tuning and batch size, 1 and 2 workers a GPU, cross-request
+batching off and on, and both schedulers (continuous, static) by streams.
 Every figure is the median [min–max] over rounds; ratios are against float32
-(a +compile tuning: against itself eager) and against 1 worker. Every process it starts is stopped on exit.
+(a +compile tuning: against itself eager) and against 1 worker.
 """
 
 from __future__ import annotations

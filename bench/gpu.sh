@@ -1,21 +1,9 @@
 #!/usr/bin/env bash
-# GPU benchmark, one script, under 10 minutes on a machine with a GPU:
-# full-size random-weight ChatTTS; real-time factor, chunks/s and memory at
-# batch 1/8/32 for float32, bfloat16 and bfloat16 + torch.compile, with each
-# one's fidelity against float32; 1 and 2 workers on one GPU, their GPU
-# memory and time to first chunk. Prints one table and appends it to
-# BENCHMARKS.md (bench/gpu.py says what each figure is). Without CUDA it runs
-# a reduced CPU mode on the tiny checkpoint, so it is known to work before a
-# GPU is lent.
+# The GPU benchmark (bench/gpu.py; bench/README.md says what it measures), under 10 minutes on a GPU; without
+# CUDA a reduced CPU mode on the tiny checkpoint. Installs the device kit from .whl/ first where there is one
+# (bench/kit.sh collects it), offline into a temporary folder, on PYTHONPATH where this Python lacks ChatTTS.
 #   bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,8,32] [--workers 1,2] [--rounds N]
-#
-# The device kit: where .whl/ holds wheels (bench/kit.sh collects them, with
-# PyPI, before the GPU machine is lent), they are installed first, offline,
-# into a temporary folder and imported from there (bench/kit.py install
-# --verify). Where this Python lacks ChatTTS (the GPU machine), that folder
-# then goes on PYTHONPATH for the bench and its workers; elsewhere the check
-# alone runs. The device tool's call, with .whl carried:
-#   bash bench/gpu.sh 2>&1 | tee $OUT/gpu.log
+# The device tool's call, with .whl carried: bash bench/gpu.sh 2>&1 | tee $OUT/gpu.log
 # Python: $PYTHON, else .venv/bin/python, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -36,7 +36,7 @@ from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker import BaseWorker, Worker  # noqa: E402
 
 from cache import Spec, normalize  # noqa: E402
-from common.keys import MODEL_KEY, events_channel  # noqa: E402
+from common.keys import MODEL_KEY, chunk_key, events_channel, pieces_key  # noqa: E402
 from common.model import ModelInfo  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
@@ -482,6 +482,64 @@ def progress_ticks(redis: Redis, request_id: str) -> Iterator[list[float]]:
         pubsub.close()
 
 
+class Watch:
+    """Chunks' first audio (a streamed piece or the stored chunk) and completion times, polled in a thread;
+    and the times each piece of some other chunks (`pieced`) appeared."""
+
+    def __init__(self, redis: Redis, pieced: list[str] | None = None) -> None:
+        self.redis, self.pieced = redis, pieced or []
+        self.sent: list[tuple[float, str]] = []
+        self.heard: dict[int, float] = {}
+        self.done: dict[int, float] = {}
+        self.pieces: dict[str, list[tuple[float, int]]] = {cid: [] for cid in self.pieced}
+        self.lock = threading.Lock()
+        self.running = True
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def add(self, chunk_id: str, at: float | None = None) -> None:
+        with self.lock:
+            self.sent.append((time.monotonic() if at is None else at, chunk_id))
+
+    def poll(self) -> None:
+        while self.running:
+            with self.lock:
+                pending = [(i, cid) for i, (_, cid) in enumerate(self.sent) if i not in self.done]
+            with self.redis.pipeline(transaction=False) as pipe:
+                for _, cid in pending:
+                    pipe.llen(pieces_key(cid))
+                    pipe.exists(chunk_key(cid))
+                for cid in self.pieced:
+                    pipe.llen(pieces_key(cid))
+                found = pipe.execute()
+            now = time.monotonic()
+            for k, (i, _) in enumerate(pending):
+                if found[2 * k] or found[2 * k + 1]:
+                    self.heard.setdefault(i, now)
+                if found[2 * k + 1]:
+                    self.done[i] = now
+            for cid, n in zip(self.pieced, found[2 * len(pending) :]):
+                if n and (not self.pieces[cid] or self.pieces[cid][-1][1] != n):
+                    self.pieces[cid].append((now, n))
+            time.sleep(0.002)
+
+    def wait(self, timeout: float) -> list[tuple[float, float, float]]:
+        """Once every chunk added is done: (sent, first audio, done) of each; stops polling."""
+        wait_for(lambda: len(self.done) == len(self.sent), timeout, "every request's audio", interval=0.01)
+        self.running = False
+        self.thread.join()
+        return [(at, self.heard[i], self.done[i]) for i, (at, _) in enumerate(self.sent)]
+
+    def piece_gap(self) -> float:
+        """The median seconds between one `pieced` chunk's consecutive pieces (stream_tokens steps)."""
+        self.running = False
+        self.thread.join()
+        gaps = [b[0] - a[0] for seen in self.pieces.values() for a, b in zip(seen, seen[1:]) if b[1] == a[1] + 1]
+        if not gaps:
+            raise BenchError("no two consecutive pieces of the long request were seen")
+        return statistics.median(gaps)
+
+
 def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:
     """The Spec the web process builds for {"text": text} with default settings."""
     settings = settings or Settings()
@@ -544,7 +602,7 @@ class Figure:
     `ratio` is computed run by run (subject run i / baseline run i, the two
     run back to back), so slow drift of the machine cancels out.
     `target` is a predicate on the median (of the ratio when there is a
-    baseline, else of the value) with its words.
+    baseline, else of the value) with its words; on every run's when `every`.
     """
 
     scenario: str
@@ -554,6 +612,7 @@ class Figure:
     baseline: list[float] = field(default_factory=list)
     target: tuple[str, Callable[[float], bool]] | None = None
     note: str = ""
+    every: bool = False
 
     @property
     def ratios(self) -> list[float]:
@@ -567,7 +626,8 @@ class Figure:
         value = self.judged()
         if self.target is None or value is None:
             return None
-        return self.target[1](value)
+        pool = (self.ratios if self.baseline else self.values) if self.every else [value]
+        return all(self.target[1](v) for v in pool)
 
 
 def spread(values: Sequence[float], digits: int) -> str:

@@ -4,19 +4,9 @@
     python bench/kit.py check [--dest .whl]              # every requirement met, one version each, size
     python bench/kit.py install --target DIR [--dest .whl] [--verify]
 
-`collect` fetches every pin of bench/kit.txt as a wheel for CPython 3.12 on
-manylinux x86-64 (`pip download --platform ...`); a package PyPI offers only
-as an sdist is built here into a wheel, which must come out pure Python.
-`check` fails, saying what is wrong, unless every requirement of every
-wheel (markers evaluated for CPython 3.12 on Linux) is met by the kit or by
-bench/device-packages.txt, each project has one wheel, and the kit with the
-working tree fits the device's MAX_MIB. `install` puts the wheels into
-`--target` with pip's offline, no-dependency install for that platform;
-`--verify` then imports the kit's modules and the worker from there, in a
-child interpreter with the target first on its path, and checks that the
-kit's modules came from the target. Under another Python than 3.12 (here),
-the compiled wheels install but cannot load, so they are left to the
-interpreter's own copies where it has them. The wheels go to `.whl/`, which git ignores.
+bench/README.md ("gpu.sh and the device kit") says what each step checks.
+Under another Python than 3.12 (here), the compiled wheels install but
+cannot load, so they are left to the interpreter's own copies.
 """
 
 from __future__ import annotations

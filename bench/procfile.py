@@ -1,14 +1,13 @@
 """Web servers started with the Procfile's own `web` flags, for benchmarks that must measure what deploys.
 
 The Procfile's web line is read, not copied: when it changes (another event
-loop, other proxy settings), the benchmarks, the profile and the soak follow.
+loop, other proxy settings), the benchmarks and the soak follow.
 Only the host (loopback) and the port (a free one) are replaced, and any app
 can be served with the same flags, so a baseline runs on the same stack.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from typing import Mapping
@@ -48,8 +47,7 @@ def start_web(
     `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads; REDIS_URL for another database).
     """
     port = free_port()
-    launcher = [str(ROOT / "bench" / "heapweb.py")] if os.environ.get("HEAP_DIR") else ["-m", "uvicorn"]
-    args = [sys.executable, *launcher, app, *web_flags(port), "--app-dir", app_dir]
+    args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
     proc = cluster.spawn(name, args, bench_env(**{"REDIS_URL": cluster.redis_url, **dict(env or {})}))
     wait_for(
         lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]

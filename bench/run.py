@@ -1,45 +1,14 @@
-"""The service's benchmarks: one command starts what it needs, runs every scenario, prints one table.
+"""`make bench`: one command starts what it needs, runs every scenario, prints one table.
 
-    .venv/bin/python bench/run.py [--quick] [--full-model] [--write BENCHMARKS.md]
+    .venv/bin/python bench/run.py [--quick] [--full-model] [--only 1,9] [--write BENCHMARKS.md]
     make bench                      # the same, writing BENCHMARKS.md (BENCH_QUICK=1: --quick)
 
-Starts a private redis-server, the web process (uvicorn, as the Procfile
-does), rq workers (`worker.py`) on the tiny ChatTTS checkpoint, and the two
-baselines in bench/ (`bare.py`, `naive.py`), all on loopback, in a temporary
-directory; stops every one of them on exit, error, Ctrl-C or SIGTERM.
-
-Scenarios (numbers as in BENCHMARKS.md):
- 1. cache hit: GET /v1/tts/{id}/audio and POST /v1/tts of a stored request
-    vs the bare endpoint serving the same bytes from the same Redis;
- 2. queue overhead: end to end time of a one-chunk request minus the
-    worker's own synthesis time (the job's `synthesis_seconds`);
- 3. mixed load (65% repeats) vs the naive in-process server;
- 4. dedupe: 50 identical concurrent requests, count the syntheses;
- 5. chunk batching: the engine alone at batch 1, 2, 4, 8;
- 6. scaling: workers x torch threads: 1 x 1, 1 x all cores, 2 x half the cores
-    each, and 1 x all cores with OMP_WAIT_POLICY=PASSIVE;
- 7. footprint: RSS and start time of the web process (vs the bare app)
-    and of a worker (tiny; full-size random weights with --full-model);
- 8. scheduling: a burst of 16 new requests on one worker with cross-request
-    batching on vs off; a 16-chunk request on 2 workers vs 1; time to first
-    chunk of short requests while a 40-chunk request runs, against one
-    batch's synthesis time; and in every scenario, chunks synthesized per
-    chunk needed (counted by the workers and the pool);
- 9. continuous vs static scheduling on two workers of its own, the tiny
-    checkpoint's cap lifted so that rows run to their token budgets: a
-    staggered burst, a full loop, short requests behind a long one;
-10. real-time clients on a web process and worker of its own: streamed
-    speech's first audio against the whole file, idle and under scenario
-    3's load, with the worst playback gap; the WebSocket's sentence-to-audio
-    time beside a second stream; an LLM-like client's playback gaps.
-
-Each scenario is a module of bench/scenarios/, in one shape (setup, measure
-one side, teardown); bench/README.md says how to add one.
-
-Every figure is measured in several runs; a figure with a baseline is
-measured against it side by side (A B, B A, ...) and reported as the median
-and range of the run-by-run ratio, because absolute times on a shared
-machine drift.
+A private redis-server, the web process (uvicorn, as the Procfile does), rq
+workers on the tiny ChatTTS checkpoint and the baselines (`bare.py`,
+`naive.py`), on loopback in a temporary directory, all stopped on exit.
+Scenarios are modules of bench/scenarios/ (bench/README.md: what each
+measures and how to add one); BENCHMARKS.md gets the table, and scenario
+9's load curves are drawn into docs/img/bench-load.png.
 """
 
 from __future__ import annotations
@@ -47,13 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plot  # noqa: E402
 from harness import (  # noqa: E402
+    ROOT,
     BenchError,
     Cluster,
     http_ok,
@@ -79,6 +51,8 @@ from scenarios.scheduling import Scheduling  # noqa: E402
 
 BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
 END = "<!-- bench:end -->"
+# Scenario 9's load curves, where BENCHMARKS.md shows them (a quick run draws into the temporary folder instead).
+CURVE_PNG = ROOT / "docs" / "img" / "bench-load.png"
 # Rows per model call for every worker here (TTS_BATCH_SIZE; BENCH_BATCH
 # overrides it): scenario 5 measures what each size gains on this machine.
 BATCH = int(os.environ.get("BENCH_BATCH") or 8)
@@ -166,21 +140,14 @@ def report(b: Bench, info: dict[str, str], seconds: float, quick: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    env = {name: os.environ.get(name, "") not in ("", "0") for name in ("BENCH_QUICK", "BENCH_FULL")}
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
-        help="a short smoke run (also BENCH_QUICK=1)",
+        "--quick", action="store_true", default=env["BENCH_QUICK"], help="a short smoke run (BENCH_QUICK=1)"
     )
     parser.add_argument(
-        "--full-model",
-        action="store_true",
-        default=os.environ.get("BENCH_FULL", "") not in ("", "0"),
-        help="also measure a worker on full-size random weights (also BENCH_FULL=1; +1 min)",
+        "--full-model", action="store_true", default=env["BENCH_FULL"], help="also a full-size worker (BENCH_FULL=1)"
     )
-    parser.add_argument(
-        "--write", metavar="FILE", help="write the table into FILE, between its markers (not in quick mode)"
-    )
+    parser.add_argument("--write", metavar="FILE", help="write the table into FILE, between its markers (not --quick)")
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
     only = set(args.only.split(",")) if args.only else {s.number for s in SCENARIOS}
@@ -216,6 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     for note in b.notes:
         print("- " + note)
     print(f"\n{seconds:.0f} s in all")
+    if b.curves:
+        where = Path(tempfile.gettempdir()) / CURVE_PNG.name if args.quick or not args.write else CURVE_PNG
+        title = f"scenario 9: tiny checkpoint, cap lifted; 1 worker, 1 torch thread, batch {b.batch}" + (
+            " (QUICK MODE: a smoke test, not a measurement)" if args.quick else ""
+        )
+        for side, points in b.curves.items():
+            print(
+                f"9 {side}: " + "; ".join(f"{r:.2f}/s: {p50:.2f} / {p95:.2f} s, {x:.2f}/s" for r, p50, p95, x in points)
+            )
+        print(f"load curves (offered: first audio p50 / p95, throughput): {plot.draw(b.curves, where, title)}")
     if args.write and args.quick:
         print(f"quick mode: {args.write} left as it is (a smoke run is not a measurement)")
     elif args.write:

@@ -1,68 +1,11 @@
-"""A bounded soak: mixed load at about 70 % of capacity, with faults, and what it leaves behind.
+"""`make soak`: minutes of mixed load at 70 % of capacity with faults and hostile tenants, judged.
 
-    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs N] [--write BENCHMARKS.md]
-    make soak                       # 10 minutes (SOAK_MINUTES), writes its section of BENCHMARKS.md
+    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs N] [--full-minutes 3] [--write FILE]
 
-Starts, on loopback in a temporary directory: a private redis-server with
-AOF on (`--appendonly yes`), the web process with the Procfile's web flags,
-and two `worker.py` on the tiny ChatTTS checkpoint (one torch thread each).
-
-Capacity is measured first: 8 closed-loop clients send only new 1-3 chunk
-requests for 15 s, each waiting for its audio before the next (a burst would
-overstate it: cross-request batching makes a burst cheaper per request than
-a steady stream). The workers are then restarted with `--max-jobs N`, N
-chosen for about 3 restarts each over the run (or given; the second
-worker's N is half as large again, so that the two do not restart
-together), and this script restarts any worker that exits, as a process
-supervisor would.
-
-The load is an open loop (Poisson arrivals) whose new requests come at
-`--load` times that capacity; they are 35 % of the arrivals, and the rest
-repeat stored requests: POST /v1/tts (200 from the cache), GET of the audio
-as WAV and MP3, and GET of the status. A new request is a POST /v1/tts
-followed by GET .../audio?wait=60 on the same connection. During the run a
-busy worker is SIGKILLed (at 25 % of the time), Redis is stopped and
-started again on its AOF (at 40 %), then memory pressure: from 55 % to 67 %
-Redis runs with `maxmemory` at 70 % of its use under `volatile-lru` (it
-evicts stored audio and finished requests; requests in flight have no TTL
-and stay), and from 68 % it is full under `noeviction` (`maxmemory` just
-under its use: every write refused) for `--full-minutes` (3; at most 30 %
-of the run). Every process must wait it out: no worker may exit
-with an error while it lasts, at most FULL_LINES lines about it may be
-logged per log file, and both workers must be registered again within
-FULL_BACK s of Redis having room, by themselves (the supervisor restarts a
-worker that exits, so an exit counts as a failure, not a recovery).
-
-Every process gets two named API keys (TTS_API_KEYS): tenant `busy` sends
-the mixed load, and tenant `quiet` one new one-sentence request every
-second throughout, each timed from its POST to its audio. Two hostile phases
-come before the first fault (bench/hostile.py): at 8 % `busy` submits a
-flood, FLOOD_CAPACITY_SECONDS of the measured capacity in distinct requests
-at once, and `quiet`'s p95 latency while it is worked off must stay within
-FLOOD_BOUND times its p95 before it; at 15 % (once the flood is over, by
-19 % at the latest) poison requests go out beside the load, each body to the
-web process and to a second one with TTS_CHUNK_CHARS=1000 (numbers and
-brackets reach the model whole there): inputs that once broke the decode
-loop for every row in it, numbers, brackets and tags no reader handles,
-settings at and past the edges of their ranges, bodies that are not JSON.
-Each must be refused with a 4xx, or be made, or fail alone with a reason,
-and no other request in flight meanwhile may fail.
-
-It talks to the service only over HTTP and with process signals (Redis is
-read only for its memory figures and for worker liveness), so it holds
-whatever the worker's internals become. At the end it waits up to
-`--drain` s for every accepted request to finish, then reports: requests
-sent and answered, every non-2xx by status (503 is allowed only while Redis
-is down or full, plus `GRACE` s; a 404 for a repeat of audio the eviction
-phase took; a 500 "Redis is full" for a request whose job could not store),
-accepted requests that never finished nor failed with a reason, web and
-worker RSS at start and end, and Redis memory against the audio it holds.
-Exits 1 when any of those checks fails, or when the web process's highest
-RSS in the run's second half exceeds its first half's by more than WEB_FLAT.
-
-With HEAP_DIR set, the web process runs under `bench/heapweb.py` and each
-sample also writes its heap figures (and, unless HEAP_FRAMES=0, a
-tracemalloc snapshot) there: how to find what grows.
+bench/README.md ("soak.py") says what it starts, when each phase and fault
+comes (a flood, poison, a killed worker, Redis restarted, evicting, full)
+and every check it judges; exit 1 when one fails. Only HTTP and signals
+reach the service; Redis is read for memory figures and worker liveness.
 """
 
 from __future__ import annotations
@@ -78,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -243,19 +186,16 @@ def busy_worker(s: Soak) -> Proc | None:
 
 
 async def kill_a_busy_worker(s: Soak) -> str:
+    """SIGKILL a worker that runs a job (within 20 s; else any)."""
     s.killed_at = asyncio.get_running_loop().time()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        proc = await asyncio.to_thread(busy_worker, s)
-        if proc is not None:
-            s.killed.add(proc.pid)
-            os.kill(proc.pid, signal.SIGKILL)
-            return f"SIGKILL to worker {proc.pid} while it ran a job"
+    while (proc := await asyncio.to_thread(busy_worker, s)) is None and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    proc = next(iter(s.workers.values()))
+    why = "while it ran a job" if proc is not None else "(none was busy within 20 s)"
+    proc = proc or next(iter(s.workers.values()))
     s.killed.add(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
-    return f"SIGKILL to worker {proc.pid} (none was busy within 20 s)"
+    return f"SIGKILL to worker {proc.pid} {why}"
 
 
 async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
@@ -270,36 +210,27 @@ async def restart_redis(s: Soak, down_for: float = 3.0) -> str:
     return f"Redis stopped and started again on its AOF: down {s.outage[1] - s.outage[0]:.1f} s"
 
 
-def used_memory(s: Soak) -> int:
-    return int(s.redis().info("memory")["used_memory"])
-
-
 async def squeeze(s: Soak, policy: str, share: float, seconds: float) -> tuple[float, float, str]:
-    """Set `maxmemory` to `share` of Redis's use under `policy` for `seconds`, then lift it (0: none).
-
-    Returns the phase's start and end (loop time) and a line for the report.
-    """
+    """`maxmemory` at `share` of Redis's use under `policy` for `seconds`, then none: (start, end) in loop
+    time and a line for the report."""
     loop = asyncio.get_running_loop()
     redis = s.redis()
-    used = await asyncio.to_thread(used_memory, s)
+    used = int((await asyncio.to_thread(redis.info, "memory"))["used_memory"])
     limit = int(used * share)
     began = loop.time()
     await asyncio.to_thread(redis.config_set, "maxmemory-policy", policy)
     await asyncio.to_thread(redis.config_set, "maxmemory", limit)
     await asyncio.sleep(seconds)
-    stats = await asyncio.to_thread(redis.info, "stats")
-    errors = await asyncio.to_thread(redis.info, "errorstats")
-    await asyncio.to_thread(redis.config_set, "maxmemory", 0)
-    await asyncio.to_thread(redis.config_set, "maxmemory-policy", "noeviction")
-    return (
-        began,
-        loop.time(),
-        (
-            f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} "
-            f"MiB in use) for {seconds:.0f} s: {stats.get('evicted_keys', 0)} keys evicted, "
-            f"{errors.get('errorstat_OOM', {}).get('count', 0)} writes refused (OOM) so far"
-        ),
+    stats, errors = await asyncio.to_thread(lambda: (redis.info("stats"), redis.info("errorstats")))
+    await asyncio.to_thread(
+        lambda: (redis.config_set("maxmemory", 0), redis.config_set("maxmemory-policy", "noeviction"))
     )
+    line = (
+        f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} MiB in use) for "
+        f"{seconds:.0f} s: {stats.get('evicted_keys', 0)} keys evicted, "
+        f"{errors.get('errorstat_OOM', {}).get('count', 0)} writes refused (OOM) so far"
+    )
+    return began, loop.time(), line
 
 
 async def evict(s: Soak, seconds: float) -> str:
@@ -481,13 +412,15 @@ def job_over(s: Soak, request_id: str) -> bool:
 
 
 def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
-    row: dict[str, Any] = {"label": label, "t": t}
+    """RSS of the web process and each worker (MiB; `restarting`: still loading), Redis's used_memory."""
     assert s.web is not None
-    row["web"] = rss_bytes(s.web.pid) / MIB
-    if os.environ.get("HEAP_DIR"):
-        os.kill(s.web.pid, signal.SIGUSR1)
-    row["workers"] = {}
-    row["restarting"] = set()
+    row: dict[str, Any] = {
+        "label": label,
+        "t": t,
+        "web": rss_bytes(s.web.pid) / MIB,
+        "workers": {},
+        "restarting": set(),
+    }
     for slot, proc in s.workers.items():
         try:
             row["workers"][slot] = rss_bytes(proc.pid) / MIB
@@ -498,7 +431,7 @@ def sample(s: Soak, label: str, t: float) -> dict[str, Any]:
     try:
         row["redis"] = int(s.redis().info("memory")["used_memory"]) / MIB
     except RedisError:
-        row["redis"] = float("nan")
+        row["redis"] = float("nan")  # down: the restart phase
     s.samples.append(row)
     return row
 
@@ -798,28 +731,19 @@ async def soak(s: Soak, drain_seconds: float) -> Verdict:
         events: list[str] = []
 
         async def timeline() -> None:
-            plan = [
-                (FLOOD_AT, "flood"),
-                (POISON_AT, "poison"),
-                (0.25, "kill"),
-                (0.40, "redis"),
-                (0.55, "evict"),
-                (0.68, "full"),
+            plan: list[tuple[float, Callable[[], Awaitable[str]]]] = [
+                (FLOOD_AT, lambda: flood(s, client, capacity)),
+                (POISON_AT, lambda: send_poison(s, t0 + POISON_LATEST * seconds)),
+                (0.25, lambda: kill_a_busy_worker(s)),
+                (0.40, lambda: restart_redis(s)),
+                (0.55, lambda: evict(s, 0.12 * seconds)),
+                (0.68, lambda: fill_up(s, min(s.full_seconds, 0.30 * seconds))),
             ]
-            next_sample = 30.0
-            next_look = 0.0
+            next_sample, next_look = 30.0, 0.0
             while loop.time() - t0 < seconds:
                 now = loop.time() - t0
                 if plan and now >= plan[0][0] * seconds:
-                    _, what = plan.pop(0)
-                    event = await {
-                        "flood": lambda: flood(s, client, capacity),
-                        "poison": lambda: send_poison(s, t0 + POISON_LATEST * seconds),
-                        "kill": lambda: kill_a_busy_worker(s),
-                        "redis": lambda: restart_redis(s),
-                        "evict": lambda: evict(s, 0.12 * seconds),
-                        "full": lambda: fill_up(s, min(s.full_seconds, 0.30 * seconds)),
-                    }[what]()
+                    event = await plan.pop(0)[1]()
                     events.append(f"at {now:.0f} s: {event}")
                     say(events[-1])
                 if now >= next_look:
@@ -862,18 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
     parser.add_argument(
-        "--max-jobs",
-        type=int,
-        default=None,
-        help=f"worker.py --max-jobs of the first worker; the second gets 1.5x (default: what "
-        f"makes about {RESTARTS} restarts per worker at the measured rate)",
+        "--max-jobs", type=int, help=f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
     )
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
     parser.add_argument(
-        "--full-minutes",
-        type=float,
-        default=3.0,
-        help="how long Redis stays full (default 3; 30 %% of the run at most)",
+        "--full-minutes", type=float, default=3.0, help="Redis full for this long (3; 30 %% of the run at most)"
     )
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)

@@ -1,9 +1,12 @@
-"""Every Redis key and pub/sub channel the service uses, named in one place (as RQ's own `rq/keys.py`).
+"""Every Redis key and pub/sub channel the service uses, named in one place.
 
-Everything else, tests and benchmarks included, asks this module. RQ's own
-keys (`rq:*`) are RQ's. Ids inside keys are hex digests, queue names or tenant names (letters,
-digits, `_`, `-`), so no key needs escaping. A function called with "" gives the prefix of its
-keys, which the Lua scripts that meet ids as they go are handed.
+The web tier, the workers and the Lua scripts (work/lua/) all read and write
+these keys, so each is spelled once, here: everything else, tests and
+benchmarks included, asks this module, and the scripts are handed their keys
+(or, for keys they meet only as they run, a prefix from here) rather than
+building them. RQ's own keys (`rq:*`) are RQ's. Ids inside keys are hex
+digests, queue names or tenant names (letters, digits, `_`, `-`), so no key
+needs escaping. A function called with "" gives the prefix of its keys.
 
 Layout (prefix `tts`):
 - `tts:model`: the ModelInfo the workers publish (JSON);
@@ -30,10 +33,8 @@ PREFIX = "tts"
 MODEL_KEY = f"{PREFIX}:model"
 VOICES_KEY = f"{PREFIX}:voices"
 METRICS_KEY = f"{PREFIX}:metrics"
-# The kinds of per-chunk key the pool keeps for each queue (pool_entry_key), and
-# what their names start with (the claim script, which meets chunks as it scans, makes them itself).
+# The kinds of per-chunk key the pool keeps for each queue (pool_entry_key).
 POOL_KINDS = ("task", "waiters", "claim", "failed")
-POOL_ENTRY_PREFIX = f"{PREFIX}:"
 
 
 def chunk_key(chunk_id: str) -> str:
@@ -71,7 +72,16 @@ def pool_key(queue: str) -> str:
 
 def lane_key(queue: str, tenant: str) -> str:
     """Tenant `tenant`'s lane of the pool of `queue` (a sorted set like `pool_key`'s); "" has `pool_key` itself."""
-    return pool_key(queue) + (f":{tenant}" if tenant else "")
+    return lane_prefix(queue) + tenant if tenant else pool_key(queue)
+
+
+def lane_prefix(queue: str) -> str:
+    """What a tenant's name follows in the key of its lane of the pool of `queue` (`lane_key`).
+
+    The pool's scripts learn which tenants have a lane only as they run (from `turns_key`), so they are
+    handed this and append the name.
+    """
+    return f"{pool_key(queue)}:"
 
 
 def turns_key(queue: str) -> str:
@@ -96,7 +106,7 @@ def voices_key(tenant: str) -> str:
 
 def pool_entry_key(kind: str, queue: str, chunk_id: str) -> str:
     """One of the pool's per-chunk keys: `kind` is one of POOL_KINDS."""
-    return f"{POOL_ENTRY_PREFIX}{kind}:{queue}:{chunk_id}"
+    return f"{PREFIX}:{kind}:{queue}:{chunk_id}"
 
 
 def events_channel(request_id: str) -> str:

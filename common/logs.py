@@ -28,8 +28,8 @@ class JsonFormatter(logging.Formatter):
 
     The time is UTC to the millisecond ("2026-12-01T14:03:05.123Z"); its
     seconds part is formatted once a second, not once a line. Encoded by
-    msgspec (compact, UTF-8, anything unknown as its str()): a few times
-    faster than `json` on a line this small, and there is one per request.
+    msgspec (compact, UTF-8, anything unknown as its str()): faster than
+    `json` on a line this small, and there is one per request.
     """
 
     _encode = msgspec.json.Encoder(enc_hook=str).encode
@@ -75,7 +75,7 @@ class LoopPassHandler(logging.StreamHandler):
     """A StreamHandler that writes the request lines of one event loop pass with one write.
 
     A web process logs a line per request, and a `write` (a system call) per
-    line was a tenth of a cache hit's time. INFO and DEBUG records of the
+    line would be a large part of a cache hit's cost. INFO and DEBUG records of the
     loggers named in `kept` (the request line's), emitted in a running event
     loop, are formatted at once and kept; the first one of a pass schedules
     a write of all that are kept (`loop.call_soon`), which runs as the loop's

@@ -9,6 +9,7 @@ from typing import Iterable, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from cache import Spec
+from common.settings import Settings
 
 # Samples per generated audio token, and the centre-padding ChatTTS's vocoder
 # removes once per clip: a clip of T tokens has 512*T - 256 samples.
@@ -125,6 +126,18 @@ class Engine(Protocol):
         `Spec.batch_key()`), and each row's audio comes as one piece.
         """
         ...
+
+
+def decoder_for(engine: Engine, settings: Settings, capacity: int | None = None) -> Decoder:
+    """The empty decoder `settings` ask of `engine`: `capacity` rows (default TTS_BATCH_SIZE), pieces of
+    TTS_STREAM_TOKENS, TTS_SCHEDULING's scheduler and, when continuous, TTS_PREEMPT_ROWS rows of reserve."""
+    continuous = settings.scheduling == "continuous"
+    return engine.decoder(
+        settings.batch_size if capacity is None else capacity,
+        settings.stream_tokens,
+        continuous,
+        reserve=settings.preempt_rows if continuous else 0,
+    )
 
 
 def decode_all(decoder: Decoder, rows: Sequence[tuple[str, Spec]]) -> dict[str, list[Piece]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cache import Spec
 
 # The temperature divides the logits before the softmax: near zero the
-# quotients overflow float32 and the probabilities turn to NaN (1e-40 did).
+# quotients overflow float32 and the probabilities turn to NaN (at 1e-40, say).
 # At 0.001 the logits would have to exceed 3e35 to overflow; sampling there is
 # already as good as greedy, and the request's identity keeps 4 decimals.
 TEMPERATURE_MIN = 0.001

@@ -10,9 +10,10 @@ import functools
 import hashlib
 import json
 import logging
+import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from engines import spoken
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
 from engines.decoders import StaticDecoder
 from engines.refine import refine
+
+if TYPE_CHECKING:
+    from engines.loop import ChatTTSLoop
 
 logger = logging.getLogger("engine")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,10 +95,18 @@ class ChatTTSEngine:
         both in inference mode."""
         if not continuous:
             return StaticDecoder(self.synthesize, capacity)
-        from engines.loop import ChatTTSLoop
+        return _InferenceDecoder(self.loop(capacity, stream_tokens, reserve=reserve))
 
-        loop = ChatTTSLoop(self.chat, self._speaker, self.max_new_token, capacity, stream_tokens, reserve=reserve)
-        return _InferenceDecoder(loop)
+    def loop(
+        self, capacity: int, stream_tokens: int, reserve: int = 0, clock: Callable[[], float] = time.monotonic
+    ) -> ChatTTSLoop:
+        """A continuous decode loop on this engine's model (engines/loop.py), called outside inference mode
+        (the caller enters it): `decoder` wraps it; tests and benches drive it bare."""
+        from engines.loop import ChatTTSLoop
+        from engines.rowmodel import RowModel
+
+        model = RowModel(self.chat, self._speaker, self.max_new_token)
+        return ChatTTSLoop(model, capacity, stream_tokens, clock=clock, reserve=reserve)
 
     @_inference
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:

@@ -32,9 +32,9 @@ def host_cores() -> int:
 def torch_threads(configured: int, workers_on_host: int, cores: int) -> int:
     """Torch threads for one worker: `configured` (TTS_TORCH_THREADS) when set, else its share of the cores.
 
-    More threads than free cores make OpenMP's spinning threads fight: a
-    second worker with every core each made a long request 1.33x slower on
-    2 cores; with one thread each, 0.43x (issue 20).
+    More threads than free cores make OpenMP's spinning threads fight, so
+    workers sharing a host split its cores between them (BENCHMARKS.md,
+    scenario 6, measures the choice).
     """
     if configured:
         return configured

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cache import Spec
-from common.model import Engine, ModelInfo, decode_all
+from common.model import Engine, ModelInfo, decode_all, decoder_for
 from common.settings import Settings
 from engines.config import identity
 from engines.tone import ToneEngine
@@ -26,8 +26,5 @@ def load_engine(settings: Settings) -> tuple[Engine, ModelInfo]:
     # Mixed scripts and a character ChatTTS rejects: each path compiles its own
     # numba kernels on first use.
     warm = Spec(chunks=("Warm up, 1!", "预热一下。"), model=info.id)
-    decode_all(
-        engine.decoder(2, settings.stream_tokens, settings.scheduling == "continuous"),
-        [("warm-0", warm.row(0)), ("warm-1", warm.row(1))],
-    )
+    decode_all(decoder_for(engine, settings, capacity=2), [("warm-0", warm.row(0)), ("warm-1", warm.row(1))])
     return engine, info

@@ -151,30 +151,61 @@ def write(
     a reader never sees half a checkpoint. Returns the directory.
     """
     import torch
-    from ChatTTS.model import DVAE, Embed
-    from transformers import LlamaConfig, LlamaModel
-    from vocos import Vocos
-    from vocos.pretrained import instantiate_class
-
-    from engines.config import chattts_config
 
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
     asset = work / "asset"
     torch.manual_seed(seed)
+    overrides = _overrides(_write_tokenizer(asset / "tokenizer"), seed, full_size)
+    # The modules draw their random weights in this order: the same seed, the same bytes.
+    _write_audio_modules(asset, overrides)
+    _write_gpt(asset, overrides)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "name": f"chattts-{'full-size' if full_size else 'tiny'}-random-seed{seed}",
+        "description": (
+            "ChatTTS at full size with random weights, for benchmarks; it speaks noise."
+            if full_size
+            else "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise."
+        ),
+        # Random weights: the service must say it speaks noise, whatever the size.
+        "tiny": True,
+        "max_new_token": max_new_token or (FULL_MAX_NEW_TOKEN if full_size else MAX_NEW_TOKEN),
+        "config": overrides,
+        "sha256": _hashes(work, asset),
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=".old-", dir=target.parent))
+        target.rename(old / "x")
+        _remove_tree(old)
+    work.rename(target)
+    return target
 
-    vocab_size = _write_tokenizer(asset / "tokenizer")
+
+def _overrides(vocab_size: int, seed: int, full_size: bool) -> dict[str, Any]:
+    """The manifest's config: ChatTTS's own defaults (the full-size model) or CONFIG, with our vocabulary."""
     if full_size:
-        # ChatTTS's own defaults are the full-size model; only the vocabulary is ours.
-        overrides: dict[str, Any] = {"gpt": {"num_text_tokens": vocab_size}, "embed": {"num_text_tokens": vocab_size}}
-    else:
-        overrides = json.loads(json.dumps(CONFIG))
-        overrides["gpt"]["num_text_tokens"] = vocab_size
-        overrides["embed"]["num_text_tokens"] = vocab_size
-        overrides["spk_stat"] = _speaker_stats(seed)
-    config = chattts_config(overrides)
+        return {"gpt": {"num_text_tokens": vocab_size}, "embed": {"num_text_tokens": vocab_size}}
+    overrides: dict[str, Any] = json.loads(json.dumps(CONFIG))
+    overrides["gpt"]["num_text_tokens"] = vocab_size
+    overrides["embed"]["num_text_tokens"] = vocab_size
+    overrides["spk_stat"] = _speaker_stats(seed)
+    return overrides
 
+
+def _write_audio_modules(asset: Path, overrides: dict[str, Any]) -> None:
+    """Vocos, the DVAE and the decoder (a DVAE without encoder, sharing its coefficients), as Chat.load reads
+    them: ChatTTS's own classes built from `overrides`' config."""
+    import torch
+    from ChatTTS.model import DVAE
+    from vocos import Vocos
+    from vocos.pretrained import instantiate_class
+
+    from engines.config import chattts_config
+
+    config = chattts_config(overrides)
     vocos = Vocos(
         feature_extractor=instantiate_class(args=(), init=asdict(config.vocos.feature_extractor)),
         backbone=instantiate_class(args=(), init=asdict(config.vocos.backbone)),
@@ -185,7 +216,6 @@ def write(
         vocos.head.out.weight.mul_(0.05)
         vocos.head.out.bias.fill_(3.0)
     _save(vocos, asset / "Vocos.safetensors")
-
     dvae = DVAE(
         decoder_config=asdict(config.dvae.decoder),
         encoder_config=asdict(config.dvae.encoder),
@@ -198,9 +228,17 @@ def write(
     decoder.coef.copy_(dvae.coef)
     _save(decoder, asset / "Decoder.safetensors")
 
+
+def _write_gpt(asset: Path, overrides: dict[str, Any]) -> None:
+    """The embeddings and the Llama body of ChatTTS's GPT, built from `overrides`' config."""
+    from ChatTTS.model import Embed
+    from transformers import LlamaConfig, LlamaModel
+
+    from engines.config import chattts_config
+
+    config = chattts_config(overrides)
     e = config.embed
     _save(Embed(e.hidden_size, e.num_audio_tokens, e.num_text_tokens, e.num_vq), asset / "Embed.safetensors")
-
     g = config.gpt
     llama = LlamaModel(
         LlamaConfig(
@@ -214,35 +252,16 @@ def write(
         )
     )
     llama.save_pretrained(str(asset / "gpt"), safe_serialization=True)
-    del llama
 
+
+def _hashes(work: Path, asset: Path) -> dict[str, str]:
+    """The SHA-256 of every asset file, under the names ChatTTS's sha256_map gives them."""
     sha256 = {}
     for path in sorted(asset.rglob("*")):
         if path.is_file():
             rel = path.relative_to(work).as_posix()
             sha256["sha256_" + rel.replace("/", "_").replace(".", "_")] = _sha256(path)
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "name": f"chattts-{'full-size' if full_size else 'tiny'}-random-seed{seed}",
-        "description": (
-            "ChatTTS at full size with random weights, for benchmarks; it speaks noise."
-            if full_size
-            else "Tiny randomly initialised ChatTTS for tests and offline demos; it speaks noise."
-        ),
-        # Random weights: the service must say it speaks noise, whatever the size.
-        "tiny": True,
-        "max_new_token": max_new_token or (FULL_MAX_NEW_TOKEN if full_size else MAX_NEW_TOKEN),
-        "config": overrides,
-        "sha256": sha256,
-    }
-    (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=".old-", dir=target.parent))
-        target.rename(old / "x")
-        _remove_tree(old)
-    work.rename(target)
-    return target
+    return sha256
 
 
 def _remove_tree(path: Path) -> None:

@@ -1,7 +1,15 @@
-"""Fixtures: a claimed Redis database, the tiny checkpoint, real web and worker processes."""
+"""Fixtures: a claimed Redis database, the tiny checkpoint, real web and worker processes.
+
+Also the two speeds of tests: a test that uses a fixture starting processes or loading the model is
+marked `slow` here, and `make test-fast` (`pytest -m "not slow"`) leaves it out; a test outside that
+set which starts a process anyway fails, naming the command (the spawn guard below).
+"""
 
 from __future__ import annotations
 
+import _posixsubprocess
+import contextlib
+import ctypes.util
 import io
 import logging
 import os
@@ -11,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +32,119 @@ from starlette.testclient import TestClient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 CLAIM = "tts-tests:claim"
+# The fixtures that start processes (uvicorn, worker.py, redis-server) or load the tiny checkpoint. A
+# test's `fixturenames` is the closure of what it uses, so one built on these is covered too.
+SLOW_FIXTURES = frozenset({"tiny_model", "engine", "stack_factory", "tone_stack"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test that uses one of SLOW_FIXTURES."""
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+class SpawnGuard:
+    """Fails a test outside the `slow` set that starts a process, in its fixtures' setup and teardown too.
+
+    Installed once a session around every way Python starts one (subprocess, os.fork, os.posix_spawn,
+    os.system, multiprocessing's fork_exec); the wrappers pass straight through unless a fast test runs.
+    A library lookup (ctypes.util.find_library, which may run ldconfig) is not the test's process and
+    passes.
+    """
+
+    def __init__(self) -> None:
+        self.test: str | None = None  # the node id of the fast test running, if one is
+        self.allowed = 0  # > 0 inside allow()
+        self.spawned: list[str] = []
+
+    def install(self) -> None:
+        targets: list[tuple[Any, str]] = [(subprocess.Popen, "_execute_child"), (_posixsubprocess, "fork_exec")]
+        targets += [(os, name) for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system")]
+        for owner, name in targets:
+            if hasattr(owner, name):
+                setattr(owner, name, self._refusing(getattr(owner, name), name))
+        ctypes.util.find_library = self._allowing(ctypes.util.find_library)
+
+    def _refusing(self, original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.test is not None and not self.allowed:
+                command = args[1] if name == "_execute_child" else args[:1]
+                self.spawned.append(f"{name}({command!r})"[:300] + _caller())
+                pytest.fail(self._message(), pytrace=False)
+            return original(*args, **kwargs)
+
+        return guarded
+
+    def _allowing(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def allowed(*args: Any, **kwargs: Any) -> Any:
+            with self.allow():
+                return original(*args, **kwargs)
+
+        return allowed
+
+    def _message(self) -> str:
+        return (
+            f"{self.test} started a process, {self.spawned[0]}, but is not marked slow: use a fixture of "
+            "conftest.SLOW_FIXTURES or mark it @pytest.mark.slow (make test-fast leaves it out)"
+        )
+
+    @contextlib.contextmanager
+    def watching(self, item: pytest.Item) -> Iterator[None]:
+        """Guard one phase of `item` unless it is marked slow; fail it after a spawn it swallowed."""
+        if item.get_closest_marker("slow") is not None:
+            yield
+            return
+        self.test, self.spawned = item.nodeid, []
+        try:
+            yield
+        finally:
+            self.test = None
+        if self.spawned:
+            pytest.fail(self._message(), pytrace=False)
+
+    @contextlib.contextmanager
+    def allow(self) -> Iterator[None]:
+        """Let processes start inside the block (a session fixture's own server, a library lookup)."""
+        self.allowed += 1
+        try:
+            yield
+        finally:
+            self.allowed -= 1
+
+
+def _caller() -> str:
+    """' from FILE:LINE', the innermost frame of this project's code (not conftest, not .venv) on the stack."""
+    for frame in reversed(traceback.extract_stack()):
+        path = Path(frame.filename)
+        if path.is_relative_to(ROOT) and ".venv" not in path.parts and path.name != "conftest.py":
+            return f" from {path.relative_to(ROOT)}:{frame.lineno}"
+    return ""
+
+
+SPAWN_GUARD = SpawnGuard()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    SPAWN_GUARD.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with SPAWN_GUARD.watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with SPAWN_GUARD.watching(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with SPAWN_GUARD.watching(item):
+        return (yield)
 
 
 def wait_for(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
@@ -78,11 +200,12 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if server is None:
             pytest.skip("no Redis answers at REDIS_URL and there is no redis-server binary")
         port = _free_port()
-        proc = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            cwd=tmp_path_factory.mktemp("redis"),
-        )
+        with SPAWN_GUARD.allow():
+            proc = subprocess.Popen(
+                [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                stdout=subprocess.DEVNULL,
+                cwd=tmp_path_factory.mktemp("redis"),
+            )
         url = f"redis://127.0.0.1:{port}/0"
         wait_for(lambda: _pings(url), 10, "private redis-server")
         yield url
@@ -201,7 +324,7 @@ class Stack:
     def __init__(self, redis_url: str, tmp: Path, env: dict[str, str]) -> None:
         # One torch thread per worker: tests share two cores with the web
         # process and pytest, and OpenMP threads spinning on busy cores slow
-        # the tiny model down tenfold.
+        # the tiny model down.
         self.env = {"TTS_TORCH_THREADS": "1", **os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
         self.tmp = tmp
         self.port = _free_port()

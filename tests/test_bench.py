@@ -43,6 +43,15 @@ def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median()
     assert Figure("5", "info", "x", values=[1.0]).met() is None
 
 
+def test_a_figure_judged_in_every_run_misses_on_one_run_past_its_target() -> None:
+    every = Figure("9", "p95", "ms", [10, 20, 60], [100, 100, 100], ("<= 0.5x in every run", lambda r: r <= 0.5))
+    assert every.judged() == 0.2 and every.met() is True
+    every.every = True
+    assert every.met() is False
+    every.values[2] = 50
+    assert every.met() is True
+
+
 def test_table_shows_median_and_range_and_flags_a_missed_target() -> None:
     figs = [
         Figure(
@@ -129,6 +138,7 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
     assert text.startswith("intro\n\n# Benchmarks") and text.endswith("<!-- b:begin -->\n\nother\n\n<!-- b:end -->\n")
 
 
+@pytest.mark.slow
 def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> None:
     """Keep-alive connections, GET and POST, answers counted and timed; a wrong status fails the run."""
     redis.set("bench:test:wav", b"RIFF" + bytes(200_000))
@@ -159,6 +169,7 @@ def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
     assert "--factory" in flags and "service:create_app" not in flags
 
 
+@pytest.mark.slow
 def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Redis, redis_url: str) -> None:
     if shutil.which("wrk") is None:
         pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
@@ -179,6 +190,7 @@ def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Red
             wrk.run(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
 
 
+@pytest.mark.slow
 def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
     """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
     offline into a temporary folder and imported from there; tiny model, engine alone in float32 and

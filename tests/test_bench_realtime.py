@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -18,9 +19,10 @@ from scenarios import (  # noqa: E402
 )
 from scenarios.realtime import BUFFER_DELAY, STREAM_TOKENS, Realtime  # noqa: E402
 
-from engines import loop  # noqa: E402
+from engines import rowmodel  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
     with Cluster() as cluster:
         cluster.start_redis()
@@ -53,4 +55,4 @@ def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
 
 
 def test_the_scenario_knows_the_decoders_look_ahead() -> None:
-    assert realtime.LOOKAHEAD == loop.LOOKAHEAD
+    assert realtime.LOOKAHEAD == rowmodel.LOOKAHEAD

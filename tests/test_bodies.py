@@ -8,13 +8,13 @@ import pytest
 
 from common.errors import ApiError
 from common.settings import Settings
-from web import bodies, openapi
+from web import bodies, decoding, openapi
 from web.bodies import SpeechRequest, TtsRequest, VoiceRequest
 
 
 def _refusal(raw: bytes, cls: type[bodies.Body]) -> ApiError:
     with pytest.raises(ApiError) as info:
-        bodies.decode(raw, cls)
+        decoding.decode(raw, cls)
     return info.value
 
 
@@ -32,7 +32,7 @@ def _refusal(raw: bytes, cls: type[bodies.Body]) -> ApiError:
     ],
 )
 def test_accepted(raw: bytes, field: str, value: Any) -> None:
-    assert getattr(bodies.decode(raw, TtsRequest), field) == value
+    assert getattr(decoding.decode(raw, TtsRequest), field) == value
 
 
 @pytest.mark.parametrize(
@@ -187,9 +187,11 @@ def test_refused(raw: bytes, cls: type[bodies.Body], status: int, field: str | N
 
 
 def test_speech_voice_kinds() -> None:
-    assert bodies.decode(b'{"input": "x", "voice": 42.0}', SpeechRequest).voice == 42
-    assert bodies.decode(b'{"input": "x", "voice": {"id": "nova"}}', SpeechRequest).voice == bodies.VoiceRef(id="nova")
-    assert bodies.decode(b'{"input": "x", "voice": " 0042 "}', SpeechRequest).voice == " 0042 "
+    assert decoding.decode(b'{"input": "x", "voice": 42.0}', SpeechRequest).voice == 42
+    assert decoding.decode(b'{"input": "x", "voice": {"id": "nova"}}', SpeechRequest).voice == bodies.VoiceRef(
+        id="nova"
+    )
+    assert decoding.decode(b'{"input": "x", "voice": " 0042 "}', SpeechRequest).voice == " 0042 "
     for too_big in (b'"4294967296"', b"4294967296"):
         assert _refusal(b'{"input": "x", "voice": ' + too_big + b"}", SpeechRequest).field == "voice"
 
@@ -230,4 +232,4 @@ def test_schemas_state_the_rules_and_the_settings() -> None:
     ],
 )
 def test_nesting_is_bounded_the_same_on_every_python(raw: bytes, deep: bool) -> None:
-    assert bodies._too_deep(raw) is deep
+    assert decoding._too_deep(raw) is deep

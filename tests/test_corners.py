@@ -50,7 +50,7 @@ def test_a_submission_refused_with_429_leaves_no_callback_registered(
 def test_request_over_keeps_the_callbacks_when_redis_refuses_their_events(redis: Redis) -> None:
     from rq import Queue
 
-    import webhooks
+    from work import events
 
     settings = Settings(redis_url="redis://unused", webhook_secret=SECRET)
     request_id = "a" * 32
@@ -59,10 +59,10 @@ def test_request_over_keeps_the_callbacks_when_redis_refuses_their_events(redis:
     queue_key = Queue(settings.webhook_queue, connection=redis).key
     redis.set(queue_key, "in the way")
     with pytest.raises(ResponseError, match="WRONGTYPE"):
-        webhooks.request_over(redis, request_id, settings, "synthesis failed")
+        events.request_over(redis, request_id, [], settings, "synthesis failed")
     assert redis.hgetall(hooks_key(request_id)) == {HOOK.encode(): b"wav"}  # still there, for the next try
     redis.delete(queue_key)
-    assert webhooks.request_over(redis, request_id, settings, "synthesis failed") == 1
+    assert events.request_over(redis, request_id, [], settings, "synthesis failed") == 1
     assert not redis.exists(hooks_key(request_id))
     assert redis.llen(queue_key) == 1
 

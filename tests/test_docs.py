@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from common.env_table import VARIABLES
+
 DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 SETTINGS_PAGE = ROOT / "docs" / "operating.md"
 # Pages the README's map names that other branches add (TLS and Sentinel,
@@ -50,7 +52,7 @@ def test_every_link_into_the_repository_leads_somewhere(page: Path) -> None:
 
 def read_variables() -> set[str]:
     """Every environment variable the service's processes read: Settings, the Procfile and the dashboard's script."""
-    names = set(re.findall(r'_parse\(\s*env,\s*"([A-Z0-9_]+)"', (ROOT / "common" / "settings.py").read_text()))
+    names = {var.name for var in VARIABLES}
     for script in ("Procfile", "scripts/dashboard"):
         names |= set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", (ROOT / script).read_text()))
     names |= set(re.findall(r"\b(RQ_DASHBOARD_[A-Z]+)\b", (ROOT / "scripts" / "dashboard").read_text()))

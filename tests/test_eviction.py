@@ -139,23 +139,23 @@ def test_a_webhook_event_has_no_ttl_until_its_delivery_is_over(redis: Redis) -> 
     from rq.serializers import JSONSerializer
     from test_webhooks import SECRET
 
-    import webhooks
     from common.keys import event_key, hooks_key
+    from work import delivery, events
 
     settings = Settings(redis_url="redis://unused", webhook_secret=SECRET, webhook_allow_private=True, result_ttl=TTL)
     request_id = "b" * 32
     redis.hset(hooks_key(request_id), "http://127.0.0.1:9/hook", "wav")  # nothing listens on port 9
-    assert webhooks.request_over(redis, request_id, settings, "synthesis failed") == 1
+    assert events.request_over(redis, request_id, [], settings, "synthesis failed") == 1
     [key] = redis.keys(event_key("*"))
     assert redis.ttl(key) == -1  # waiting for delivery: no volatile-* policy evicts it
     q = Queue(settings.webhook_queue, connection=redis, serializer=JSONSerializer)
-    webhooks.bind(settings, redis)
+    delivery.bind(settings, redis)
     SimpleWorker([q], connection=redis, serializer=JSONSerializer).work(burst=True)
     # The try failed and the next is scheduled (API 1.3: the delivery reschedules itself): still no TTL.
     assert redis.hget(key, "state") == b"pending" and redis.hget(key, "attempts") == b"1"
     assert redis.ttl(key) == -1 and q.scheduled_job_registry.count == 1
     # Its next try comes past the retry window: given up.
-    webhooks.bind(replace(settings, webhook_retry_hours=1e-6), redis)
-    assert webhooks.deliver(key.decode().rsplit(":", 1)[1])["given_up"] is True
+    delivery.bind(replace(settings, webhook_retry_hours=1e-6), redis)
+    assert delivery.deliver(key.decode().rsplit(":", 1)[1])["given_up"] is True
     assert redis.hget(key, "state") == b"failed"
     assert 0 < redis.ttl(key) <= TTL  # given up: kept a while, then gone

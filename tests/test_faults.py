@@ -19,6 +19,9 @@ from rq.job import Job
 from common import keys
 from work.queueing import SERIALIZER
 
+# Every test here starts a redis-server of its own and the web and worker processes.
+pytestmark = pytest.mark.slow
+
 
 class RedisServer:
     """A private redis-server that keeps its data (AOF), so it can be stopped and started."""
@@ -269,7 +272,7 @@ def test_an_alarm_between_request_and_reply_leaves_no_stale_reply(redis_url: str
     # failed as "Bad response from PING health check", so the job failed for
     # the wrong reason. The window is a few bytecodes wide; this test leaves a
     # connection in exactly that state instead of aiming a signal at it.
-    import jobs
+    from work.decode_loop import drop_idle_connections
 
     redis.set("faults:key", "fresh")
     redis.set("faults:other", "stale")
@@ -286,7 +289,7 @@ def test_an_alarm_between_request_and_reply_leaves_no_stale_reply(redis_url: str
 
     fixed = Redis.from_url(redis_url)
     leave_a_reply_unread(fixed)
-    jobs.drop_idle_connections(fixed)
+    drop_idle_connections(fixed)
     assert fixed.get("faults:key") == b"fresh"
     fixed.close()
 

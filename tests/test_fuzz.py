@@ -33,7 +33,7 @@ from redis import Redis
 
 from cache import normalize
 from common.speakers import decode_speaker, encode_speaker
-from web.bodies import MAX_DEPTH
+from web.decoding import MAX_DEPTH
 
 # The defaults the stack runs with (docs/operating.md, Settings).
 MAX_CHARS = 5000
@@ -245,7 +245,7 @@ def post_and_check(client: httpx.Client, redis: Redis, raw: bytes, body: Any, pa
         assert r.status_code == 400, (r.status_code, r.text[:300])
         return
     if r.status_code == 400 and nesting(body) > MAX_DEPTH:
-        return  # RFC 8259 section 9: a parser may set a nesting limit (the server's is web/bodies.MAX_DEPTH)
+        return  # RFC 8259 section 9: a parser may set a nesting limit (the server's is web/decoding.MAX_DEPTH)
     faulty = faulty_fields(body)
     if faulty:
         assert r.status_code == 422, (r.status_code, r.text[:300], faulty)

@@ -11,6 +11,9 @@ from conftest import ROOT
 
 from web import heap
 
+# The scenario runs in a Python process of its own.
+pytestmark = pytest.mark.slow
+
 # Run in a process of its own: its RSS is then this scenario's alone.
 SCENARIO = textwrap.dedent(
     """

@@ -28,6 +28,9 @@ from packaging.markers import Marker
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+# pip, virtualenvs and the torch index stand-in run as processes, against PyPI.
+pytestmark = pytest.mark.slow
+
 # What the README promises: Linux x86_64 and aarch64 (glibc 2.28 or later, as torch's wheels need),
 # macOS 14 or later on Apple silicon; each at every Python that requires-python allows.
 PYTHONS = ("3.11", "3.12", "3.13")

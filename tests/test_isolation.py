@@ -32,7 +32,7 @@ NOT_TAGS = ["[spk_emb]", "[Stts]", "[empty_spk]", "[", "]", "[[", "[x]", "[" + "
 
 def _loop(engine: ChatTTSEngine, clock: Callable[[], float] | None = None) -> ChatTTSLoop:
     extra = {"clock": clock} if clock is not None else {}
-    made = ChatTTSLoop(engine.chat, engine._speaker, engine.max_new_token, CAPACITY, 8, **extra)
+    made = engine.loop(CAPACITY, 8, **extra)
     made.record = {}
     return made
 
@@ -195,14 +195,14 @@ def test_a_row_whose_step_raises_fails_alone_and_the_others_step_on(
     others = [(f"o{i}", Spec(chunks=(f"Another row, number {i}.",), model=info.id, seed=20 + i)) for i in range(2)]
     alone_others = {k: _alone(eng, k, s) for k, s in others}
     loop = _loop(eng)
-    sample = loop._sample
+    sample = loop.model.sample
 
     def faulty(rows: list[Any], hidden: Any) -> None:
         if any(row.key == "bad" and row.made >= 3 for row in rows):
             raise RuntimeError("a fault of row 'bad'")
         sample(rows, hidden)
 
-    loop._sample = faulty  # type: ignore[method-assign, assignment]
+    loop.model.sample = faulty  # type: ignore[method-assign, assignment]
     bad = ("bad", Spec(chunks=("This row will break a step.",), model=info.id, seed=7))
     with torch.inference_mode():
         out = decode_all(loop, [(key, spec), others[0], bad, others[1]])
@@ -221,14 +221,14 @@ def test_out_of_memory_gives_the_newest_rows_back_and_shrinks_the_loop_for_a_whi
     key, spec, alone = victim
     now = [0.0]
     loop = _loop(eng, clock=lambda: now[0])
-    forward = loop._forward
+    forward = loop.model.forward
 
     def small_device(emb: Any, *args: Any) -> Any:
         if emb.shape[0] > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return forward(emb, *args)
 
-    loop._forward = small_device  # type: ignore[method-assign, assignment]
+    loop.model.forward = small_device  # type: ignore[method-assign, assignment]
     rows = [(key, spec)] + [(f"m{i}", Spec(chunks=(f"Row {i} of many.",), model=info.id, seed=i)) for i in range(3)]
     with torch.inference_mode():
         loop.join(rows[:2])
@@ -250,14 +250,14 @@ def test_a_row_that_does_not_fit_alone_fails_and_one_that_fits_later_is_given_ba
 ) -> None:
     eng, info = engine
     loop = _loop(eng)
-    forward = loop._forward
+    forward = loop.model.forward
 
     def tiny_device(emb: Any, *args: Any) -> Any:
         if emb.shape[1] > 40:  # a long prompt's prefill
             raise torch.OutOfMemoryError("CUDA out of memory.")
         return forward(emb, *args)
 
-    loop._forward = tiny_device  # type: ignore[method-assign, assignment]
+    loop.model.forward = tiny_device  # type: ignore[method-assign, assignment]
     short = ("short", Spec(chunks=("Short.",), model=info.id, seed=1))
     long = ("long", Spec(chunks=("A much longer row " * 6,), model=info.id, seed=2))
     with torch.inference_mode():

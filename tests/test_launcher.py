@@ -1,5 +1,6 @@
 """The worker launcher (`worker.py --gpus`): one GPU's failing worker is restarted with backoff, then given up,
-while the other GPUs' workers go on serving; real child processes, figures read from the web's /metrics."""
+while the other GPUs' workers go on serving; real child processes, figures read from the web's /metrics. The same
+supervisor runs the webhooks process's delivery processes, which it never gives up."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import Proc, Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from engines.launcher import RestartPolicy
+from work.supervisor import RestartPolicy
 
 # A stand-in for worker.py: it notes each start, then fails or serves by the GPU it was given.
 CHILD = textwrap.dedent("""
@@ -44,7 +45,8 @@ def _launcher(tmp_path: Path, redis_url: str, devices: list[str], policy: str) -
         "import sys\n"
         "from redis import Redis\n"
         "from common import logs\n"
-        "from engines.launcher import RestartPolicy, launch\n"
+        "from engines.launcher import launch\n"
+        "from work.supervisor import RestartPolicy\n"
         "logs.configure_logging('INFO', 'text')\n"
         f"raise SystemExit(launch({devices!r}, 1, [{str(tmp_path)!r}], policy=RestartPolicy({policy}), "
         f"redis=Redis.from_url({redis_url!r}), command=[sys.executable, {str(child)!r}]))\n"
@@ -112,6 +114,7 @@ def test_a_failing_gpu_is_restarted_then_given_up_while_the_others_serve(
         launcher.stop()
 
 
+@pytest.mark.slow
 def test_the_launcher_exits_with_the_failure_once_every_gpu_is_given_up(redis_url: str, tmp_path: Path) -> None:
     launcher = _launcher(tmp_path, redis_url, ["0"], "max_failures=2, window=60, first_delay=0.1, max_delay=1")
     try:
@@ -133,3 +136,48 @@ def test_the_launcher_exits_with_the_failure_once_every_gpu_is_given_up(redis_ur
 )
 def test_backoff_doubles_up_to_its_cap(failures: int, delay: float) -> None:
     assert RestartPolicy().backoff(failures) == delay
+
+
+# A stand-in for a webhook delivery process: it notes each start, fails its first six, then serves.
+DELIVERER = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    log = Path(sys.argv[1]) / "deliverer.starts"
+    with log.open("a") as out:
+        out.write(f"{os.getpid()} {time.monotonic()}\\n")
+    if len(log.read_text().splitlines()) <= 6:
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+""")
+
+
+@pytest.mark.slow
+def test_the_same_supervisor_never_gives_a_webhook_process_up(tmp_path: Path) -> None:
+    """The webhooks process's policy: a delivery process that fails is started again a second later, past the
+    failures after which a GPU's worker is given up; the supervisor still stops on SIGTERM with 0."""
+    child = tmp_path / "deliverer.py"
+    child.write_text(DELIVERER)
+    code = (
+        "import sys\n"
+        "import webhooks\n"
+        "from common import logs\n"
+        "from work.supervisor import Child, Supervisor\n"
+        "logs.configure_logging('INFO', 'text')\n"
+        f"child = Child([sys.executable, {str(child)!r}, {str(tmp_path)!r}])\n"
+        "raise SystemExit(Supervisor('webhook', [child], webhooks.RESTART).run())\n"
+    )
+    supervisor = Proc([sys.executable, "-c", code], {**os.environ, "PYTHONUNBUFFERED": "1"}, tmp_path / "sup.log")
+    try:
+        path = tmp_path / "deliverer.starts"
+        wait_for(lambda: path.exists() and len(path.read_text().splitlines()) == 7, 30, "the seventh start")
+        starts = [float(line.split()[1]) for line in path.read_text().splitlines()]
+        assert all(b - a >= 1.0 for a, b in zip(starts, starts[1:])), starts
+        assert "given up" not in supervisor.output() and supervisor.popen.poll() is None
+        supervisor.popen.send_signal(signal.SIGTERM)
+        supervisor.popen.wait(20)
+        assert supervisor.popen.returncode == 0, supervisor.output()
+    finally:
+        supervisor.stop()

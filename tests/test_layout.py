@@ -52,6 +52,7 @@ def test_top_level_holds_only_the_card_and_entry_points() -> None:
     assert {p.stem for p in ROOT.glob("*.py")} == TOP
 
 
+@pytest.mark.slow
 def test_web_process_never_loads_the_worker_side() -> None:
     loaded = _loaded_after("import service; import web.openapi; service.create_app")
     worker_side = {"jobs", "worker", "engines", "torch", "ChatTTS", "transformers"} & _roots(loaded)
@@ -59,6 +60,7 @@ def test_web_process_never_loads_the_worker_side() -> None:
 
 
 @pytest.mark.parametrize("entry", ["worker", "jobs", "webhooks"])
+@pytest.mark.slow
 def test_worker_side_never_loads_starlette(entry: str) -> None:
     loaded = _loaded_after(f"import {entry}")
     web_side = {"starlette", "uvicorn", "service", "web"} & _roots(loaded)

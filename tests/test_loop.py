@@ -1,4 +1,4 @@
-"""The continuous decode loop (engines/loop.py, jobs.py) on the real tiny ChatTTS.
+"""The continuous decode loop (engines/loop.py, work/decode_loop.py) on the real tiny ChatTTS.
 
 Upstream equivalence stands in for real weights: a row alone in the loop
 makes the very codes and hidden states of ChatTTS's own `_infer_code`
@@ -28,10 +28,15 @@ from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
 from engines import rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
-from engines.loop import ChatTTSLoop, row_seed
+from engines.loop import ChatTTSLoop
 from engines.refine import refine
+from engines.rowmodel import row_seed
 from work import queueing
+from work.decode_loop import LOOK_EVERY, Tally
 from work.scheduler import Pool
+
+# Every test here loads a checkpoint (the tiny one, or full-size random weights).
+pytestmark = pytest.mark.slow
 
 # Tokens a chunk of the full-size random checkpoint: its random weights never draw the end token, so every row
 # runs to this cap (the real cost of a step, few steps).
@@ -75,7 +80,7 @@ def either(request: pytest.FixtureRequest) -> tuple[ChatTTSEngine, Any]:
 
 
 def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTSLoop:
-    loop = ChatTTSLoop(engine.chat, engine._speaker, engine.max_new_token, capacity, stream)
+    loop = engine.loop(capacity, stream)
     loop.record = {}
     return loop
 
@@ -144,7 +149,7 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
         raw = chat._decode_to_wavs([torch.stack(hiddens)], True)[0]
     assert np.array_equal(wav, raw[np.abs(raw) > np.float32(1e-5)])
     assert np.array_equal(
-        loop.decode(hiddens, 0, len(hiddens), last=True),
+        loop.model.decode(hiddens, 0, len(hiddens), last=True),
         raw[: SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2],
     )
 
@@ -262,7 +267,7 @@ def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any
     with torch.inference_mode():
         pieces = decode_all(loop, [("j", Spec(chunks=(TEXTS[6],), model=info.id, seed=9))])["j"]
         hiddens = _rec(loop)["j"][1]
-        whole = audio.fade_edges(loop.decode(hiddens, 0, len(hiddens), last=True), True, True)
+        whole = audio.fade_edges(loop.model.decode(hiddens, 0, len(hiddens), last=True), True, True)
     joined = np.concatenate([p.samples for p in pieces])
     assert len(pieces) >= 3 and [p.index for p in pieces] == list(range(len(pieces))) and pieces[-1].last
     assert len(joined) == len(whole) == SAMPLES_PER_TOKEN * len(hiddens) - SAMPLES_PER_TOKEN // 2
@@ -301,7 +306,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(
     listen.subscribe(*[f"tts:events:{job.id}" for job in submitted])
     # What each piece stored in its list held (the list is dropped once its chunk is stored).
     listed: dict[str, list[bytes]] = {}
-    store_piece = state.pool.piece
+    store_piece = state.loop.pool.piece
 
     def piece(token: str, cid: str, index: int, pcm: bytes) -> int:
         n = store_piece(token, cid, index, pcm)
@@ -309,7 +314,7 @@ def test_stored_chunks_are_their_announced_pieces_joined(
             listed[cid] = [*listed.get(cid, [])[:n], pcm]
         return n
 
-    state.pool.piece = piece
+    state.loop.pool.piece = piece
     TTSWorker([q], connection=redis, serializer=queueing.SERIALIZER, settings=settings, state=state).work(burst=True)
     news = []
     quiet = 0
@@ -332,7 +337,7 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     engine: tuple[ChatTTSEngine, Any], redis: Redis, redis_url: str
 ) -> None:
     """Two requests share a chunk; the loop holds the shared chunk and one of the canceled request's own.
-    After the cancel, the first step that ends a look (jobs.LOOK_EVERY) after it drops the canceled row, and
+    After the cancel, the first step that ends a look (LOOK_EVERY) after it drops the canceled row, and
     the loop keeps decoding the shared one to the end."""
     state, settings = _in_process_worker(redis, redis_url, engine, TTS_BATCH_SIZE="4")
     q = queueing.queue(redis, settings)
@@ -351,25 +356,25 @@ def test_a_canceled_row_leaves_at_the_next_look_and_a_shared_one_stays(
     for spec in (canceled, other):
         queueing.submit(q, spec, settings)
     own, shared_id = canceled.chunk_ids()
-    run = jobs._Run()
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert sorted(state.decoder.keys()) == sorted([own, shared_id])
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
+        assert sorted(state.loop.decoder.keys()) == sorted([own, shared_id])
+        state.loop.advance(run)
         canceled_at = time.monotonic()
         queueing.cancel(q, canceled.request_id(), canceled.chunk_ids(), settings.result_ttl)
         kept_until = []  # when each step that kept the canceled row ended
-        rows = state.decoder.keys
+        rows = state.loop.decoder.keys
         while own in rows() and shared_id in rows():
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
             if own in rows():
                 kept_until.append(time.monotonic())
-        assert state.decoder.keys() == [shared_id]
+        assert state.loop.decoder.keys() == [shared_id]
         # A step ending a look's interval after the cancel would have dropped it.
-        assert all(t < canceled_at + jobs.LOOK_EVERY for t in kept_until), (kept_until, canceled_at)
-        assert Pool(redis, "tts", 60).live(state.token, [own]) == [False]
-        while state.decoder.keys():
-            jobs._advance(state, run, None)
+        assert all(t < canceled_at + LOOK_EVERY for t in kept_until), (kept_until, canceled_at)
+        assert Pool(redis, "tts", 60).live(state.loop.token, [own]) == [False]
+        while state.loop.decoder.keys():
+            state.loop.advance(run)
     assert redis.exists(chunk_key(shared_id)) and not redis.exists(chunk_key(own)), (run.tokens, own)
     assert not redis.exists(f"tts:claim:tts:{own}"), "the canceled row's lease was given up"
 
@@ -421,7 +426,7 @@ def test_a_poison_request_fails_alone_and_its_batch_mates_finish_without_a_retry
     assert all(redis.exists(chunk_key(cid)) for cid in good.chunk_ids())
     assert poison_job.get_status(refresh=True) == "failed"
     assert failure(poison_job) == FAILURES["RowSettingsOutOfRange"]
-    assert not redis.keys("tts:claim:*") and not state.making
+    assert not redis.keys("tts:claim:*") and not state.loop.making
 
 
 def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
@@ -433,26 +438,26 @@ def test_claimed_rows_the_decoder_cannot_take_fail_alone_and_hold_no_lease(
     q = queueing.queue(redis, settings)
     first = _lasting(engine, Spec(chunks=(TEXTS[2],), model=engine[1].id, seed=1), 30)
     queueing.submit(q, first, settings)
-    run = jobs._Run()
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert state.decoder.keys() == first.chunk_ids()
+        state.loop.advance(run)
+        assert state.loop.decoder.keys() == first.chunk_ids()
         later = Spec(chunks=(TEXTS[4], TEXTS[6]), model=engine[1].id, seed=3)
         queueing.submit(q, later, settings)
 
         def broken(rows: Any, places: Any = None) -> None:
             raise RuntimeError("the decoder's own fault")
 
-        state.decoder.join = broken
-        state.next_claim = 0.0
-        jobs._advance(state, run, None)
-        assert state.decoder.keys() == first.chunk_ids(), "the row in the loop goes on"
-        assert set(state.making) == set(first.chunk_ids())
+        state.loop.decoder.join = broken
+        state.loop.next_claim = 0.0
+        state.loop.advance(run)
+        assert state.loop.decoder.keys() == first.chunk_ids(), "the row in the loop goes on"
+        assert set(state.loop.making) == set(first.chunk_ids())
         for cid in later.chunk_ids():
             assert not redis.exists(f"tts:claim:tts:{cid}")
         assert Pool(redis, "tts", 60).failures(later.chunk_ids()) == dict.fromkeys(later.chunk_ids(), "RuntimeError")
-        while state.decoder.keys():
-            jobs._advance(state, run, None)
+        while state.loop.decoder.keys():
+            state.loop.advance(run)
     assert redis.exists(chunk_key(first.chunk_ids()[0]))
 
 
@@ -465,35 +470,35 @@ def test_out_of_memory_puts_rows_back_in_the_pool_and_every_chunk_is_still_made(
     q = queueing.queue(redis, settings)
     spec = Spec(chunks=(TEXTS[0], TEXTS[1], TEXTS[3]), model=engine[1].id, seed=4)
     queueing.submit(q, spec, settings)
-    loop = state.decoder.inner
-    forward = loop._forward
+    loop = state.loop.decoder.inner
+    forward = loop.model.forward
 
     def one_row_fits(emb: Any, *args: Any) -> Any:
         if emb.shape[0] > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return forward(emb, *args)
 
-    loop._forward = one_row_fits
-    run = jobs._Run()
+    loop.model.forward = one_row_fits
+    run = Tally()
     with torch.inference_mode():
-        jobs._advance(state, run, None)
-        assert len(state.decoder.keys()) == 1 and state.decoder.capacity == 1
-        held = state.decoder.keys()[0]
+        state.loop.advance(run)
+        assert len(state.loop.decoder.keys()) == 1 and state.loop.decoder.capacity == 1
+        held = state.loop.decoder.keys()[0]
         for cid in set(spec.chunk_ids()) - {held}:
-            assert cid not in state.making and not redis.exists(f"tts:claim:tts:{cid}"), "back in the pool"
+            assert cid not in state.loop.making and not redis.exists(f"tts:claim:tts:{cid}"), "back in the pool"
         deadline = time.monotonic() + 120
         while not all(redis.exists(chunk_key(cid)) for cid in spec.chunk_ids()):
             assert time.monotonic() < deadline, "the chunks were not all made"
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
     assert not Pool(redis, "tts", 60).failures(spec.chunk_ids())
 
 
 def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engine: tuple[ChatTTSEngine, Any]) -> None:
-    """The batched draw (`ChatTTSLoop._draw`) gives, line for line, the code that `torch.multinomial` with the
+    """The batched draw (`RowModel.draw`) gives, line for line, the code that `torch.multinomial` with the
     row's generator re-seeded (as ChatTTS samples) gives, whatever the probabilities and the batch mates."""
     eng, info = engine
     loop = _loop(eng)
-    nv, width = loop.num_vq, int(eng.chat.gpt.num_audio_tokens)
+    nv, width = loop.model.num_vq, int(eng.chat.gpt.num_audio_tokens)
     with torch.inference_mode():
         loop.join([(f"r{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=i)) for i in range(3)])
         rows = list(loop._rows) + list(loop._ended)
@@ -503,12 +508,12 @@ def test_one_draw_for_the_batch_is_a_multinomial_per_row_from_its_own_seed(engin
             logits[torch.rand(logits.shape) < 0.8] = -torch.inf  # as top-k and top-p leave them
             logits[:, trial % width] = 0.0  # never a line without a candidate
             probs = torch.softmax(logits, dim=-1)
-            batched = loop._draw(rows, probs).view(len(rows), nv)
+            batched = loop.model.draw(rows, probs).view(len(rows), nv)
             for i, row in enumerate(rows):
                 own = probs.narrow(0, i * nv, nv)
                 generator = torch.Generator().manual_seed(row.seed)
                 assert torch.equal(batched[i], torch.multinomial(own, 1, generator=generator).view(-1)), (trial, i)
-                assert torch.equal(loop._draw([row], own), batched[i]), "a row's draw never depends on its mates"
+                assert torch.equal(loop.model.draw([row], own), batched[i]), "a row's draw never depends on its mates"
 
 
 def _lasting_seeds(eng: ChatTTSEngine, info: Any, text: str, tokens: int, seeds: range) -> Iterator[int]:
@@ -528,7 +533,7 @@ def test_a_parked_row_makes_the_codes_it_makes_unparked(engine: tuple[ChatTTSEng
     newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
 
     def run(reserve: int, join_at: int | None) -> ChatTTSLoop:
-        loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=reserve)
+        loop = eng.loop(2, 24, reserve=reserve)
         loop.record = {}
         with torch.inference_mode():
             loop.join(longs, places)
@@ -556,7 +561,7 @@ def _preempting(eng: ChatTTSEngine, info: Any, clock: Any = None) -> tuple[ChatT
     seeds = _lasting_seeds(eng, info, TEXTS[2], 40, range(1, 60))
     longs = [(f"l{s}", Spec(chunks=(TEXTS[2],), model=info.id, seed=s)) for s in (next(seeds), next(seeds))]
     extra = {"clock": clock} if clock is not None else {}
-    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 2, 24, reserve=2, **extra)
+    loop = eng.loop(2, 24, reserve=2, **extra)
     loop.record = {}
     with torch.inference_mode():
         loop.join(longs, [Place(1, 0), Place(2, 0)])
@@ -575,7 +580,7 @@ def test_out_of_memory_gives_a_parked_row_back_first_and_stops_preemption_for_a_
     now = [0.0]
     loop, longs = _preempting(eng, info, clock=lambda: now[0])
     newcomer = ("f", Spec(chunks=(TEXTS[3],), model=info.id, seed=3))
-    forward, short = loop._forward, [False]
+    forward, short = loop.model.forward, [False]
 
     def once_short(emb: Any, *args: Any) -> Any:
         if short[0]:
@@ -583,7 +588,7 @@ def test_out_of_memory_gives_a_parked_row_back_first_and_stops_preemption_for_a_
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return forward(emb, *args)
 
-    loop._forward = once_short  # type: ignore[method-assign, assignment]
+    loop.model.forward = once_short  # type: ignore[method-assign, assignment]
     with torch.inference_mode():
         loop.join([newcomer], [Place(0, 5)])
         assert loop.parked() == [longs[1][0]]
@@ -609,14 +614,14 @@ def test_a_failing_row_frees_its_slot_for_a_parked_row_and_a_parked_row_leaves_w
     row steps again at once and makes its own codes. The other parked row leaves (its request is gone)."""
     eng, info = engine
     loop, longs = _preempting(eng, info)
-    sample = loop._sample
+    sample = loop.model.sample
 
     def faulty(rows: list[Any], hidden: Any) -> None:
         if any(row.key == "bad" and row.made >= 2 for row in rows):
             raise RuntimeError("a fault of row 'bad'")
         sample(rows, hidden)
 
-    loop._sample = faulty  # type: ignore[method-assign, assignment]
+    loop.model.sample = faulty  # type: ignore[method-assign, assignment]
     good = (
         "good",
         Spec(chunks=(TEXTS[3],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[3], 20, range(1, 60)))),
@@ -644,7 +649,7 @@ def test_a_failing_row_frees_its_slot_for_a_parked_row_and_a_parked_row_leaves_w
 
 def test_without_a_reserve_a_full_loop_parks_nothing(engine: tuple[ChatTTSEngine, Any]) -> None:
     eng, info = engine
-    loop = ChatTTSLoop(eng.chat, eng._speaker, eng.max_new_token, 1, 24)
+    loop = eng.loop(1, 24)
     with torch.inference_mode():
         loop.join([("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1))])
         with pytest.raises(ValueError):
@@ -691,21 +696,21 @@ def test_a_short_request_behind_a_long_one_joins_at_the_next_look(
     long = request(next(s for s in range(1, 60) if long_enough(s)))
     short = Spec(chunks=(TEXTS[5],), model=info.id, seed=next(_lasting_seeds(eng, info, TEXTS[5], 8, range(1, 60))))
     key = short.chunk_ids()[0]
-    run = jobs._Run()
+    run = Tally()
     queueing.submit(q, long, settings)
-    loop = state.decoder.inner
+    loop = state.loop.decoder.inner
     with torch.inference_mode():
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
         assert loop.keys() == long.chunk_ids()[:2], "the long request holds every slot"
-        jobs._advance(state, run, None)
+        state.loop.advance(run)
         queueing.submit(q, short, settings)
-        due, late = state.next_claim, 0
+        due, late = state.loop.next_claim, 0
         while not any(key in keys for keys in loop.steps):
             began = time.monotonic()
-            jobs._advance(state, run, None)
+            state.loop.advance(run)
             late += began >= due and not any(key in keys for keys in loop.steps)
         held = loop.keys()
-        while jobs._advance(state, run, None):
+        while state.loop.advance(run):
             pass
     record_property("advances_late", late)
     if reserve == "0":

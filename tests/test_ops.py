@@ -436,6 +436,7 @@ def test_gpus_list_and_no_gpu(stack_factory: Callable[..., Stack], tmp_path: Pat
 # -- the Procfile under honcho, with the dashboard ------------------------------------------
 
 
+@pytest.mark.slow
 def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, redis: Redis, tmp_path: Path) -> None:
     port, dashboard = _free_port(), _free_port()
     env = {
@@ -593,6 +594,7 @@ def tls_redis(tmp_path: Path) -> Iterator[TLSRedis]:
 
 
 @pytest.mark.parametrize("form", ["rediss", "rediss-ca", "unix"])
+@pytest.mark.slow
 def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, tmp_path: Path) -> None:
     """Web, worker, webhooks and rq-dashboard over TLS (unverified, or verified with a CA file and a client
     certificate) or a socket."""
@@ -653,6 +655,7 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
         stack.stop()
 
 
+@pytest.mark.slow
 def test_a_client_certificate_is_shown_where_redis_requires_one(tmp_path: Path) -> None:
     """TTS_REDIS_CERT_FILE and TTS_REDIS_KEY_FILE reach the TLS handshake; without them such a Redis refuses."""
     server = shutil.which("redis-server")

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+# Each test builds a virtualenv and runs pytest under another interpreter.
+pytestmark = pytest.mark.slow
+
 FAST = ["test_layout.py", "test_bodies.py", "test_splitter.py", "test_settings.py", "test_cache.py",
         "test_captions.py", "test_scheduler.py"]  # fmt: skip
 # The test runner and the clients conftest imports, with what they need (pip refuses, naming it, when

@@ -16,6 +16,9 @@ from redis import Redis
 from redis.exceptions import OutOfMemoryError
 from test_webhooks import DELAYS, SECRET, _scrape
 
+# Every test here starts a redis-server of its own.
+pytestmark = pytest.mark.slow
+
 # One chunk of about 300 KB on the tone engine (3 KB of PCM per character).
 TEXT = "A sentence long enough that its audio does not fit in what is left of this Redis at all, friend."
 

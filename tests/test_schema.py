@@ -154,6 +154,7 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
     )
 
 
+@pytest.mark.slow
 def test_the_document_is_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """GET /openapi.json builds the document on the first request only (settings do not change in a process)."""
     from starlette.testclient import TestClient

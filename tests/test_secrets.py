@@ -38,6 +38,7 @@ def test_safe_url_hides_credentials(url: str, shown: str) -> None:
     assert safe_url(url) == shown
 
 
+@pytest.mark.slow
 def test_redis_url_script_never_prints_the_password(tmp_path: object) -> None:
     # TTS_PRIVATE_REDIS_PORT names the shared server, which answers: nothing is started.
     env = {

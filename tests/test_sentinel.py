@@ -27,6 +27,9 @@ from common.settings import Settings, from_env
 from work import queueing
 from work.queueing import SERIALIZER
 
+# Every test here starts redis-servers and Sentinels of its own.
+pytestmark = pytest.mark.slow
+
 MASTER = "tts-primary"
 
 

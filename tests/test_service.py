@@ -314,3 +314,22 @@ def test_audio_of_an_expired_id_is_404_again_within_a_second(tone_stack: Stack, 
         "the expired id to be answered 404",
         interval=0.05,
     )
+
+
+def test_the_urls_handed_out_come_from_the_router_and_the_webhooks_give_the_same() -> None:
+    """Answers carry URLs the router makes from the route records (web/links.py, url_path_for); webhook events,
+    made on the worker side without a router, carry common/urls.py's: both name the same routes."""
+    from common import urls
+    from common.settings import Settings
+    from service import create_app
+    from web import routes
+    from web.links import Links
+
+    links, request_id = Links(create_app(Settings(redis_url="redis://127.0.0.1:1/0"))), "0123456789abcdef" * 2
+    assert links.status(request_id) == urls.status_url(request_id) == f"/v1/tts/{request_id}"
+    for fmt in ("wav", "mp3", "pcm_16000"):
+        assert links.audio(request_id, fmt) == urls.audio_url(request_id, fmt)
+    assert links.captions(request_id) == urls.captions_url(request_id) == f"/v1/tts/{request_id}/captions"
+    assert (
+        routes.at(links.audio(request_id)) == routes.AUDIO and routes.at(links.captions(request_id)) == routes.CAPTIONS
+    )

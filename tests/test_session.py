@@ -348,6 +348,7 @@ def test_context_ids_are_bounded_in_length_and_number(session: ClientConnection)
     assert audio and not errors and done["context_id"] == "c16"
 
 
+@pytest.mark.slow
 def test_the_procfile_server_refuses_a_frame_over_the_limit_itself(redis_url: str, tmp_path: Path) -> None:
     # The Procfile's web line bounds what uvicorn buffers of one frame (its default is 16 MiB) to the same limit.
     sys.path.insert(0, str(ROOT / "bench"))

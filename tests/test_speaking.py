@@ -18,7 +18,7 @@ from redis import Redis
 from websockets.sync.client import ClientConnection, connect
 
 from common import audio, keys
-from web.speaking import stop
+from web.tasks import stop
 
 ALLOY = 1001  # the seed the built-in voice "alloy" stands for: what the session speaks with by default
 PAUSE = 2 * 24000 * 250 // 1000  # bytes of the pause after a sentence end, in pcm

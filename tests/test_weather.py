@@ -7,9 +7,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import Proc, Stack, wait_for
 from redis import Redis
 from test_redis_full import _stack, fill, full_redis  # noqa: F401 (a fixture)
+
+# Every test here starts a redis-server of its own and the service's processes.
+pytestmark = pytest.mark.slow
 
 # How long Redis stays full: several of the idle worker's maintenance passes
 # (every 5 s), each a write Redis refuses.

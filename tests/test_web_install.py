@@ -23,6 +23,9 @@ from redis import Redis
 sys.path.insert(0, str(ROOT / "bench"))
 from procfile import command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
 
+# The web set is installed into a virtualenv and run as processes.
+pytestmark = pytest.mark.slow
+
 # What only a worker needs; none of it may reach a web or dashboard host.
 MODEL_STACK = ("torch", "torchaudio", "ChatTTS", "transformers", "vocos")
 # The web set installs to about 235 MB (PyAV's FFmpeg build for aac is 107 of

@@ -17,6 +17,9 @@ from web import protocol
 sys.path.insert(0, str(ROOT / "bench"))
 from procfile import web_flags  # noqa: E402  (the Procfile's own web flags)
 
+# Every test here runs the web process as the Procfile starts it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def web(redis_url: str, tmp_path: Path) -> Iterator[str]:

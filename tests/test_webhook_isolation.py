@@ -13,7 +13,7 @@ import pytest
 from conftest import Stack, wait_for
 from test_webhooks import Receiver, _stack, _submit
 
-import webhooks
+from work import posting
 
 
 @pytest.fixture
@@ -86,8 +86,8 @@ def test_a_dripping_receiver_delays_only_its_own_events(
                 return float(json.loads(line)["seconds"])
         return None
 
-    seconds = wait_for(slow_try, webhooks.TIMEOUT + 20, "the slow try to be cut off")
-    assert webhooks.TIMEOUT - 1 <= seconds <= webhooks.TIMEOUT + 3, seconds  # type: ignore[operator]
+    seconds = wait_for(slow_try, posting.TIMEOUT + 20, "the slow try to be cut off")
+    assert posting.TIMEOUT - 1 <= seconds <= posting.TIMEOUT + 3, seconds  # type: ignore[operator]
 
 
 def test_a_request_takes_a_bounded_number_of_callback_urls(

@@ -20,9 +20,9 @@ import standardwebhooks
 from conftest import Stack, wait_for
 from redis import Redis
 
-import webhooks
-from common import keys
+from common import keys, targets
 from common.settings import from_env
+from work import delivery, posting
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
 # What a receiver holds: the secret, in Standard Webhooks' own verifier.
@@ -212,7 +212,7 @@ def _documented_receiver(secret: str) -> Callable[[bytes, dict], dict]:
 def test_sign_matches_the_reference_implementation() -> None:
     body = b'{"id":"x","status":"finished"}'
     keys = (b"a" * 24, b"b" * 32)
-    header = webhooks.sign(keys, "evt_1", "1796135224", body)
+    header = posting.sign(keys, "evt_1", "1796135224", body)
     at = datetime.fromtimestamp(1796135224, tz=UTC)
     assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
 
@@ -387,20 +387,20 @@ def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redi
     ],
 )
 def test_address_rules(address: str, refused: bool) -> None:
-    assert webhooks._refused(address) is refused
+    assert targets.refused(address) is refused
 
 
 def test_a_wrapped_address_is_refused_again_at_delivery(redis: Redis, receiver: Receiver) -> None:
     """A callback host checked at submission that now resolves to a NAT64 wrapping of loopback is not called."""
     port = receiver.url.rsplit(":", 1)[1]
-    webhooks.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET}), redis)
+    delivery.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET}), redis)
     for host in ("[64:ff9b::7f00:1]", "[::ffff:127.0.0.1]", "[2002:7f00:1::]", "[::127.0.0.1]"):
-        redis.hset(webhooks.event_key("e1"), mapping={"url": f"http://{host}:{port}/late", "body": b"{}"})
-        assert webhooks.deliver("e1") == {"delivered": False, "refused": True}, host
+        redis.hset(keys.event_key("e1"), mapping={"url": f"http://{host}:{port}/late", "body": b"{}"})
+        assert delivery.deliver("e1") == {"delivered": False, "refused": True}, host
     assert receiver.at("/late") == []
-    webhooks.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true"}), redis)
-    redis.hset(webhooks.event_key("e2"), mapping={"url": f"http://127.0.0.1:{port}/late", "body": b"{}"})
-    assert webhooks.deliver("e2")["delivered"] is True  # the same receiver, reached when allowed
+    delivery.bind(from_env({"TTS_WEBHOOK_SECRET": SECRET, "TTS_WEBHOOK_ALLOW_PRIVATE": "true"}), redis)
+    redis.hset(keys.event_key("e2"), mapping={"url": f"http://127.0.0.1:{port}/late", "body": b"{}"})
+    assert delivery.deliver("e2")["delivered"] is True  # the same receiver, reached when allowed
     assert len(receiver.at("/late")) == 1
 
 
@@ -458,7 +458,7 @@ def test_backoff_doubles_with_jitter_up_to_an_hour() -> None:
 
     rng = random.Random(7)
     for attempts, ceiling in ((1, 5), (2, 10), (3, 20), (8, 640), (10, 2560), (11, 3600), (60, 3600)):
-        waits = [webhooks.backoff(attempts, 5.0, rng) for _ in range(200)]
+        waits = [delivery.backoff(attempts, 5.0, rng) for _ in range(200)]
         assert all(ceiling / 2 <= w <= ceiling for w in waits), (attempts, min(waits), max(waits))
         assert len(set(waits)) > 100  # jittered: receivers that failed together are not called together
 
@@ -480,7 +480,7 @@ def test_backoff_doubles_with_jitter_up_to_an_hour() -> None:
 def test_retry_delay(
     env: dict[str, str], attempts: int, age: float, retry_after: float | None, expected: tuple[float, float] | None
 ) -> None:
-    delay = webhooks.retry_delay(from_env(env), attempts, age, retry_after)
+    delay = delivery.retry_delay(from_env(env), attempts, age, retry_after)
     if expected is None:
         assert delay is None
     else:
@@ -501,7 +501,7 @@ def test_retry_delay(
 )
 def test_retry_after_header(header: str | None, expected: float | None) -> None:
     now = datetime(2026, 12, 2, 10, 0, 0, tzinfo=UTC).timestamp()
-    assert webhooks.retry_after_seconds(header, now) == expected
+    assert posting.retry_after_seconds(header, now) == expected
 
 
 def test_retries_back_off_with_jitter_until_the_window_closes(

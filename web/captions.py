@@ -17,8 +17,9 @@ from starlette.responses import Response
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio
 from common.errors import ApiError
-from web import tts, validation
+from web import headers, tts, validation
 from web.context import Context, tenant_of
+from web.manifests import manifest_of
 from web.replies import Captions, Cue
 
 FORMATS = ("vtt", "srt", "json")
@@ -96,7 +97,7 @@ async def captions(ctx: Context, request: Request) -> Response:
     request_id = request.path_params["id"]
     fmt = validation.choice(request.query_params.get("format", "vtt"), FORMATS, "format")
     tenant = tenant_of(request)
-    layout = await tts.manifest_of(ctx, request_id, tenant)
+    layout = await manifest_of(ctx, request_id, tenant)
     if "texts" not in layout:
         raise ApiError(404, f"request {request_id!r} was made before captions were kept; submit it again")
     sizes = await ctx.cache.sizes(layout["chunks"])
@@ -109,4 +110,4 @@ async def captions(ctx: Context, request: Request) -> Response:
         body = as_json(request_id, cues, total)
     else:
         body = (vtt(cues) if fmt == "vtt" else srt(cues)).encode("utf-8")
-    return Response(body, media_type=MEDIA[fmt], headers=tts.immutable(request_id, fmt))
+    return Response(body, media_type=MEDIA[fmt], headers=headers.stored(request_id, fmt))

@@ -49,7 +49,7 @@ class Context:
         self.metrics = metrics.Recorder()
         self._model: tuple[float, ModelInfo | None] = (0.0, None)
         # The OpenAPI document as JSON, made by the first GET /openapi.json
-        # (service.py): settings never change in a process.
+        # (ops.py): settings never change in a process.
         self.openapi_json: bytes | None = None
         # WebSocket sessions this process holds open now (tts_websocket_sessions).
         self.open_sockets = 0

@@ -5,7 +5,7 @@ from Redis, WAV/MP3/AAC encodings made in worker threads, the bounded memory
 of encodings (`TTS_ENCODED_CACHE_MB`). glibc's malloc keeps what such blobs
 leave free inside its heaps for reuse, one heap (arena) per thread that
 contends for one, and gives it back to the system only from a heap's very
-top. Measured in a 5-minute soak (`bench/heapweb.py` under `bench/soak.py`):
+top. Measured in a 5-minute soak (`bench/soak.py`, tracemalloc and glibc's mallinfo2 in the web process):
 what Python held stayed at 88-91 MiB from the 90th second on (the memory of
 encodings full), while RSS went 252 -> 323 MiB with what glibc kept free.
 With the trim: glibc's memory in use flat at 75 MiB, RSS 129-147 MiB from
@@ -30,8 +30,7 @@ from typing import AsyncIterator, Callable
 logger = logging.getLogger("service")
 
 # Seconds between two trims: RSS runs ahead of use by what one interval's
-# churn frees (up to ~15 MiB in 30 s at the soak's load); a trim costs
-# milliseconds.
+# churn frees, and a trim is cheap beside it (BENCHMARKS.md, "Soak").
 TRIM_EVERY = 10.0
 
 

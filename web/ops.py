@@ -1,19 +1,36 @@
-"""The operational routes: liveness, readiness, Prometheus metrics."""
+"""The operational routes: the page, the OpenAPI document, liveness, readiness, Prometheus metrics."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 from prometheus_client.core import GaugeMetricFamily
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import FileResponse, Response
 
 from common import connect, keys, metrics
+from web import openapi
 from web.context import Context
 from web.replies import Health, Ready, ReadyModel, reply
 from work import queueing
+
+PAGE = Path(__file__).parent.parent / "static" / "index.html"
+
+
+async def page(ctx: Context, request: Request) -> Response:
+    return FileResponse(PAGE, media_type="text/html; charset=utf-8")
+
+
+async def openapi_document(ctx: Context, request: Request) -> Response:
+    """The OpenAPI document of this deployment (public, like the page: it holds no secret)."""
+    if ctx.openapi_json is None:  # built once per process
+        ctx.openapi_json = msgspec.json.encode(openapi.schema(ctx.settings))
+    return Response(ctx.openapi_json, media_type="application/json")
 
 
 async def healthz(ctx: Context, request: Request) -> Response:

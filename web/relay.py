@@ -22,13 +22,10 @@ from typing import Any, AsyncGenerator
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio
 from common.keys import chunk_key, pieces_key
+from common.model import SAMPLES_PER_TOKEN
 from web.context import Context, Listener
 
 logger = logging.getLogger("service")
-
-# Audio tokens per second of ChatTTS's decoder output, as OpenAI's usage
-# counts them: one token per 512 samples at 24 kHz.
-SAMPLES_PER_TOKEN = 512
 
 
 class Cut(Exception):
@@ -66,7 +63,7 @@ class Relay:
 
     @property
     def audio_tokens(self) -> int:
-        """The model's audio tokens relayed so far (OpenAI's usage.output_tokens)."""
+        """The model's audio tokens relayed so far (OpenAI's usage.output_tokens): one per SAMPLES_PER_TOKEN."""
         return math.ceil(self.samples / SAMPLES_PER_TOKEN)
 
     async def pieces(self, first_wait: float, idle_wait: float | None = None) -> AsyncGenerator[bytes, None]:

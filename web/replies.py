@@ -15,8 +15,10 @@ from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import Response
 
 from cache import ID_PATTERN
-from web.bodies import NAME_PATTERN, Seed, Session
-from webhooks import WebhookDelivery
+from web import routes
+from web.bodies import Session
+from web.callbacks import WebhookDelivery
+from web.fields import NAME_PATTERN, Seed
 from work.status import State
 
 RequestId = Annotated[str, Meta(pattern=ID_PATTERN)]
@@ -203,9 +205,9 @@ class Progress(Reply):
 class TtsSubmitted(Reply):
     id: RequestId
     status: State
-    status_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}$")]
-    audio_url: Annotated[str, Meta(pattern=r"^/v1/tts/[0-9a-f]{32}/audio(\?format=[a-z0-9]+)?$")]
-    captions_url: Annotated[str, Meta(pattern="^/v1/tts/[0-9a-f]{32}/captions$")]
+    status_url: Annotated[str, Meta(pattern=routes.pattern(routes.STATUS))]
+    audio_url: Annotated[str, Meta(pattern=routes.pattern(routes.AUDIO, r"(\?format=[a-z0-9]+)?"))]
+    captions_url: Annotated[str, Meta(pattern=routes.pattern(routes.CAPTIONS))]
     progress: Progress
     cached: Annotated[bool, Meta(description="true: every chunk was stored; nothing was queued.")] | UnsetType = UNSET
 

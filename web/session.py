@@ -28,15 +28,15 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from common.errors import ApiError
-from web import bodies, openapi
+from web import bodies, decoding, fields
 from web.bodies import Session, SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
 from web.context import Context, tenant_of
+from web.links import Links
 from web.replies import Cleared, ErrorEvent, Failure, SessionCreated, SessionUpdated, openai_error
 from web.speaking import InputTooLong, SpeechContext
 
 logger = logging.getLogger("service")
 
-ROUTE = openapi.SPEECH_SOCKET
 # Close codes (RFC 6455): a normal end (also "idle"), a refused API key, a frame too big, an internal error,
 # busy (rate limit, Redis).
 NORMAL, POLICY, TOO_BIG, INTERNAL, TRY_LATER = 1000, 1008, 1009, 1011, 1013
@@ -69,6 +69,7 @@ class _Session:
     def __init__(self, ctx: Context, websocket: WebSocket, key: bytes, failure: Callable[[Exception], Failure]) -> None:
         self.ctx = ctx
         self.ws = websocket
+        self.links = Links(websocket.app)
         self.key = key
         self.tenant = tenant_of(websocket)
         self.failure = failure
@@ -264,7 +265,7 @@ def _size(message: MutableMapping[str, Any]) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
-def _decode(message: MutableMapping[str, Any]) -> bodies.Body:
+def _decode(message: MutableMapping[str, Any]) -> fields.Body:
     """A client message as its declared body; ApiError naming what is wrong (never anything else)."""
     raw = message.get("text")
     if raw is None:
@@ -279,4 +280,4 @@ def _decode(message: MutableMapping[str, Any]) -> bodies.Body:
     cls = bodies.MESSAGES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ApiError(422, f"type: must be one of {', '.join(bodies.MESSAGES)}, got {kind!r:.80}", field="type")
-    return bodies.decode(raw.encode("utf-8", "surrogatepass"), cls)
+    return decoding.decode(raw.encode("utf-8", "surrogatepass"), cls)

@@ -7,7 +7,7 @@ Text passes three stages, each in order:
    (splitter.clause_cut), or once it has waited the session's
    `max_buffer_delay_ms` with no new text; each cut sentence is queued.
 2. The submitter (a task) makes each sentence an ordinary request
-   (tts.spec_of, tts.ensure: keyed, stored, shared), held in wanted.py
+   (specs.spec_of, specs.ensure: keyed, stored, shared), held in wanted.py
    from before it is ensured until it is spoken.
 3. The speaker (a task) relays each sentence's audio in order (relay.py)
    through one encoder per generation: speech.segment.start, the deltas,
@@ -31,24 +31,26 @@ import base64
 import functools
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Protocol
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
 
-from cache import SAMPLE_WIDTH, Spec, manifest
-from common import audio, urls
+from cache import SAMPLE_WIDTH, manifest
+from common import audio
 from common.errors import ApiError
 from common.pcm import samples_at
 from splitter import clause_cut, complete_until, pause_after, sentences
-from web import openapi, speech, tts, wanted
+from web import routes, speech, tts, wanted
 from web.bodies import Session
 from web.context import Context
+from web.links import Links
 from web.relay import Cut, Relay
 from web.replies import Delta, Done, Failure, SegmentDone, SegmentStart, Usage
+from web.specs import ensure, spec_of
+from web.stages import End, Generation, Piece, Sentence
+from web.tasks import stop
 
-ROUTE = openapi.SPEECH_SOCKET
 # This route names our fields by its own: the text of input_text.append, the session's voice.
 NAMES = {"text": "text", "voice": "session.voice", "speaker": "session.voice", "seed": "session.voice"}
 
@@ -70,6 +72,7 @@ class Host(Protocol):
     """What a context needs of its session (session.py)."""
 
     ctx: Context
+    links: Links
     key: bytes
     tenant: str
     session: Session
@@ -94,63 +97,6 @@ class Host(Protocol):
     def retire(self, context: SpeechContext) -> None: ...
 
 
-@dataclass(frozen=True)
-class _Text:
-    """A cut sentence waiting to be submitted, with the session's settings when it was cut."""
-
-    text: str
-    epoch: int
-    settings: Session
-    arrived: float  # time.monotonic() of the text that completed it
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A submitted sentence: what the speaker relays next, and what a barge-in withdraws."""
-
-    segment_id: int
-    member: str  # its holder name in wanted.py
-    text: str
-    spec: Spec
-    layout: dict[str, Any]
-    settings: Session
-    arrived: float
-
-    @property
-    def request_id(self) -> str:
-        return self.spec.request_id()
-
-
-@dataclass(frozen=True)
-class _End:
-    """The end of a generation (input_text.flush): speech.audio.done follows the audio before it."""
-
-
-@dataclass
-class _Generation:
-    """What the speaker keeps between a generation's sentences."""
-
-    encoder: audio.StreamEncoder | None = None
-    rate: int = 0
-    previous: str | None = None  # the last sentence's last chunk: the pause after it follows from it
-    samples: int = 0  # of audio sent so far, at the model's rate
-    text_tokens: int = 0
-    audio_tokens: int = 0
-
-
-async def stop(task: asyncio.Task[Any]) -> None:
-    """Cancel `task` and wait until it has ended, cancelling again for as long as it goes on.
-
-    Once is not always enough: Python 3.11's asyncio.wait_for loses a cancel
-    that lands as the call it waits for finishes, and redis-py sends every
-    command through it (with a socket timeout, its default), so a task busy
-    with Redis can swallow a cancel and carry on.
-    """
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.05)
-
-
 class SpeechContext:
     """One context: its own generation, speaking beside the session's other contexts."""
 
@@ -164,11 +110,11 @@ class SpeechContext:
         self.retired = False
         self.gone = asyncio.Event()  # set once retired
         self.current: Piece | None = None  # the sentence being relayed
-        self._texts: asyncio.Queue[_Text | _End] = asyncio.Queue()
+        self._texts: asyncio.Queue[Sentence | End] = asyncio.Queue()
         self._submitting = False
         self._timer: asyncio.TimerHandle | None = None
         self._submitter = asyncio.create_task(self._submit_all())
-        self._pieces: asyncio.Queue[Piece | _End] = asyncio.Queue()
+        self._pieces: asyncio.Queue[Piece | End] = asyncio.Queue()
         self._speaker = asyncio.create_task(self._speak(self.epoch, self._pieces))
 
     @property
@@ -208,7 +154,7 @@ class SpeechContext:
         rest, self.text = self.text, ""
         self._take(rest)
         self.open = False
-        self._texts.put_nowait(_End())
+        self._texts.put_nowait(End())
 
     def clear(self) -> None:
         """Barge-in: drop what is not spoken, and withdraw (in the background) the sentences submitted.
@@ -266,7 +212,7 @@ class SpeechContext:
         text = text.strip()
         if text:
             self.open = True
-            self._texts.put_nowait(_Text(text, self.epoch, self.host.session, time.monotonic()))
+            self._texts.put_nowait(Sentence(text, self.epoch, self.host.session, time.monotonic()))
 
     def _arm(self) -> None:
         """(Re)start the wait after which unpunctuated text is spoken anyway."""
@@ -302,7 +248,7 @@ class SpeechContext:
     async def _submit_all(self) -> None:
         while True:
             item = await self._texts.get()
-            if isinstance(item, _End):
+            if isinstance(item, End):
                 self._pieces.put_nowait(item)
                 continue
             if item.epoch != self.epoch:
@@ -324,18 +270,18 @@ class SpeechContext:
             if self.retired:
                 return
 
-    async def _submit(self, item: _Text) -> Piece:
+    async def _submit(self, item: Sentence) -> Piece:
         """`item` as an ordinary request, counted against the key's rate limit, held until spoken."""
         segment_id, member = self.host.segment()
         await self.ctx.count(self.host.key)
         s = item.settings
         body = speech.to_tts(item.text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-        spec = await tts.spec_of(self.ctx, body, NAMES, tenant=self.host.tenant)
+        spec = await spec_of(self.ctx, body, NAMES, tenant=self.host.tenant)
         request_id = spec.request_id()
         # Held before it is ensured: another session's barge-in must not cancel it in between.
         await wanted.hold(self.ctx, request_id, member)
         try:
-            await tts.ensure(self.ctx, spec, request_id, self.host.tenant)
+            await ensure(self.ctx, spec, request_id, self.host.tenant)
         except BaseException:
             self.host.spawn(wanted.let_go(self.ctx, request_id, member))
             raise
@@ -343,16 +289,16 @@ class SpeechContext:
 
     # -- speaking -------------------------------------------------------------------
 
-    async def _speak(self, epoch: int, pieces: asyncio.Queue[Piece | _End]) -> None:
+    async def _speak(self, epoch: int, pieces: asyncio.Queue[Piece | End]) -> None:
         """Speak epoch `epoch`'s sentences from `pieces`, in order, until the context moves on or retires."""
-        generation = _Generation()
+        generation = Generation()
         while True:
             item = await pieces.get()
             if self.epoch != epoch:
                 return
-            if isinstance(item, _End):
+            if isinstance(item, End):
                 await self._done(generation, epoch)
-                generation = _Generation()
+                generation = Generation()
             else:
                 self.current = item
                 await self._relay(item, generation, epoch)
@@ -364,13 +310,13 @@ class SpeechContext:
             if self.retired:
                 return
 
-    async def _relay(self, piece: Piece, generation: _Generation, epoch: int) -> None:
+    async def _relay(self, piece: Piece, generation: Generation, epoch: int) -> None:
         """One sentence's audio, framed by its segment events; an error event when it cannot be had."""
         current = functools.partial(self._in, epoch)
         if generation.encoder is None:
             fmt = piece.settings.response_format
             generation.encoder, generation.rate = audio.StreamEncoder(fmt), audio.rate_of(fmt)
-        relay = Relay(self.ctx, piece.request_id, piece.layout, ROUTE, piece.arrived)
+        relay = Relay(self.ctx, piece.request_id, piece.layout, routes.SPEECH_SOCKET.path, piece.arrived)
         gap = audio.silence(pause_after(generation.previous)) if generation.previous is not None else b""
         started = False
         try:
@@ -401,7 +347,7 @@ class SpeechContext:
         if started:
             await self.host.send(SegmentDone(context_id=self.id, segment_id=piece.segment_id), current)
 
-    async def _done(self, generation: _Generation, epoch: int) -> None:
+    async def _done(self, generation: Generation, epoch: int) -> None:
         current = functools.partial(self._in, epoch)
         if generation.encoder is not None:
             await self._delta(await run_in_threadpool(generation.encoder.close), current)
@@ -418,7 +364,7 @@ class SpeechContext:
         return ApiError(
             504,
             f"the audio of {piece.request_id} was not ready within {self.ctx.settings.speech_wait} s; "
-            f"it goes on: GET {urls.audio_url(piece.request_id)}",
+            f"it goes on: GET {self.host.links.audio(piece.request_id)}",
         )
 
     async def _delta(self, data: bytes, current: Callable[[], bool]) -> None:

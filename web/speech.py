@@ -5,7 +5,7 @@ yields them; `"sse"` sends them base64 in `speech.audio.delta` events and
 ends with `speech.audio.done` and its usage. A request whose audio is all
 stored is answered whole (with its length) at once. A stream that stops
 before its audio is whole never ends cleanly: `sse` sends an `error` event
-last, `audio` is cut without its last chunk (tts.AudioStream).
+last, `audio` is cut without its last chunk (streams.AudioStream).
 
 Also OpenAI's listings that clients read before they speak: GET /v1/models
 (the names `model` takes) and, in voices.py, GET /v1/audio/voices.
@@ -26,21 +26,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cache import Spec, manifest
-from common import audio, urls
+from common import audio
 from common.errors import ApiError
-from web import bodies, tts, voices
+from web import decoding, headers, routes, streams, tts, voices
 from web.bodies import SpeechRequest, TtsRequest
 from web.context import Context, tenant_of
+from web.links import Links
 from web.relay import Relay
 from web.replies import Delta, Done, ErrorEvent, ModelCard, ModelList, Usage, openai_error, reply
+from web.specs import ensure, spec_of
 
 logger = logging.getLogger("service")
 
-ROUTE = "/v1/audio/speech"
 # OpenAI's speech model names, which `model` takes (besides the loaded model's own name).
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-# The header naming the /v1/tts id of the audio served; X-Request-Id names the HTTP call (metrics.RequestTelemetry).
-TTS_ID = "X-TTS-Id"
 # The OpenAI route names these of our fields by its own.
 NAMES = {"text": "input", "voice": "voice", "speaker": "voice", "seed": "voice"}
 # What one pre-token is, as ChatTTS's BERT tokenizer splits text before
@@ -74,54 +73,54 @@ def to_tts(text: str, voice: Any, speed: float, **sampling: Any) -> TtsRequest:
 async def speech(ctx: Context, request: Request) -> Response:
     """POST /v1/audio/speech."""
     started = time.monotonic()
-    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), SpeechRequest)
+    body = decoding.decode(await decoding.read(request, ctx.settings.max_body), SpeechRequest)
     fmt = body.response_format
     tenant = tenant_of(request)
-    spec = await tts.spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES, tenant=tenant)
+    spec = await spec_of(ctx, to_tts(body.input, body.voice, body.speed), NAMES, tenant=tenant)
     request_id = spec.request_id()
-    _, job = await tts.ensure(ctx, spec, request_id, tenant)
+    _, job = await ensure(ctx, spec, request_id, tenant)
     layout = manifest(spec)
-    headers = {TTS_ID: request_id}
     if body.stream_format == "audio" and (job is None or fmt == "flac"):
-        return await _whole(ctx, request_id, layout, fmt, job is not None, headers, tenant)
-    relay = Relay(ctx, request_id, layout, ROUTE, started)
-    pieces = await tts.start(relay, ctx.settings.speech_wait)
+        return await _whole(ctx, request, request_id, layout, fmt, job is not None, tenant)
+    relay = Relay(ctx, request_id, layout, routes.SPEECH.path, started)
+    pieces = await streams.start(relay, ctx.settings.speech_wait)
     if pieces is None:
         await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
-        raise _late(ctx, request_id)
-    headers.update({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        raise _late(ctx, request, request_id)
+    sent = {headers.TTS_ID: request_id, **headers.streamed(request_id)}
     if body.stream_format == "sse":
         events = _events(ctx, pieces, fmt, spec, relay, (layout, tenant))
-        return tts.AudioStream(events, media_type="text/event-stream", headers=headers)
-    return tts.AudioStream(tts.encoded(pieces, fmt), media_type=audio.FORMATS[fmt][0], headers=headers)
+        return streams.AudioStream(events, media_type="text/event-stream", headers=sent)
+    return streams.AudioStream(streams.encoded(pieces, fmt), media_type=audio.FORMATS[fmt][0], headers=sent)
 
 
 async def _whole(
     ctx: Context,
+    request: Request,
     request_id: str,
     layout: dict[str, Any],
     fmt: str,
     wait: bool,
-    headers: dict[str, str],
     tenant: str,
 ) -> Response:
     """The whole file: at once when stored, else (flac, which is not streamed) once made."""
     if wait:
-        await tts.wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
-    pcm = await tts.whole_clip(ctx, layout)
+        await streams.wait_stored(ctx, request_id, layout["chunks"], time.monotonic() + ctx.settings.speech_wait)
+    pcm = await streams.whole_clip(ctx, layout)
     if pcm is None:
         await tts.not_ready(ctx, request_id, layout, tenant)  # raises if it failed or was canceled
-        raise _late(ctx, request_id)
+        raise _late(ctx, request, request_id)
     data = await run_in_threadpool(audio.encode, pcm, fmt)
-    return Response(data, media_type=audio.FORMATS[fmt][0], headers=headers)
+    return Response(data, media_type=audio.FORMATS[fmt][0], headers={headers.TTS_ID: request_id})
 
 
-def _late(ctx: Context, request_id: str) -> ApiError:
+def _late(ctx: Context, request: Request, request_id: str) -> ApiError:
+    links = Links(request.app)
     return ApiError(
         504,
         f"the audio was not ready within {ctx.settings.speech_wait} s; "
-        f"it is still being made: GET {urls.audio_url(request_id)}",
-        headers={"Location": urls.status_url(request_id)},
+        f"it is still being made: GET {links.audio(request_id)}",
+        headers={"Location": links.status(request_id)},
     )
 
 
@@ -146,7 +145,7 @@ async def _events(
     """
     whole: list[bytes] | None = [] if fmt == "flac" else None  # flac is encoded once, at the end
     try:
-        async for data in tts.encoded(pieces, "pcm" if whole is not None else fmt):
+        async for data in streams.encoded(pieces, "pcm" if whole is not None else fmt):
             if data is None:
                 yield event(await _stopped(ctx, relay.request_id, *asked))
                 return

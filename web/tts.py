@@ -1,34 +1,38 @@
-"""The synthesis routes: submit (POST /v1/tts), status, cancel, and the audio (whole or streamed)."""
+"""The /v1/tts routes: submit, status, cancel and the audio (whole or streamed), and a request's state.
+
+A request's state (`status_of`, `not_ready`) and its end when a tenant
+withdraws (`cancel`) are also what the other routes answer and do (captions,
+the OpenAI speech route, the WebSocket).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, AsyncGenerator, Mapping
+from typing import Any
 
 import msgspec
 from msgspec import UNSET
-from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Send
+from starlette.responses import Response
 
-import webhooks
-from cache import Spec, is_well_formed_id
-from common import audio, connect, keys, metrics, urls
+from common import audio, keys, metrics
 from common.errors import ApiError
 from common.settings import Settings
-from splitter import split
-from web import bodies, validation, voices
+from web import callbacks, decoding, headers, routes, validation, voices
 from web.bodies import TtsRequest
 from web.context import Context, tenant_of
+from web.links import Links
 from web.lru import BoundedLRU
-from web.relay import Cut, Relay
+from web.manifests import manifest_of, not_found
+from web.relay import Relay
 from web.replies import Progress, TtsStatus, TtsSubmitted, reply
+from web.specs import ensure, spec_of
+from web.streams import AudioStream, encoded, start, wait_stored, whole_clip
 from web.submissions import Submission
-from work import lifetime, queueing
-from work.status import State, failure, state_of
+from work import events, queueing
+from work.status import State, failure, outcome, state_of
 
 logger = logging.getLogger("service")
 
@@ -37,10 +41,6 @@ logger = logging.getLogger("service")
 ENCODED_RECHECK = 1.0
 # Megabytes of recent submissions each web process remembers (submissions.py).
 SUBMISSIONS_MB = 16
-
-
-def not_found(request_id: str) -> ApiError:
-    return ApiError(404, f"no request with id {request_id!r} (unknown, or its audio expired: submit it again)")
 
 
 # -- submitting -------------------------------------------------------------------------
@@ -57,8 +57,6 @@ class SubmitRoute:
     same either way.
     """
 
-    __name__ = "submit"
-
     def __init__(self, settings: Settings) -> None:
         # Keyed by model, tenant (its saved voices and, isolated, its ids are its own) and body.
         # Below the TTL, so that audio renewed at one look cannot expire before the next.
@@ -67,7 +65,7 @@ class SubmitRoute:
         )
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
-        raw = await bodies.read(request, ctx.settings.max_body)
+        raw = await decoding.read(request, ctx.settings.max_body)
         tenant = tenant_of(request)
         model = await ctx.model()
         known = None if model is None else self.recent.get((model.id, tenant, raw))
@@ -82,14 +80,14 @@ class SubmitRoute:
             return _json(known.stored_answer)
         callback = None
         if known is None:
-            known, callback = await _work_out(ctx, raw, tenant)
+            known, callback = await _work_out(ctx, raw, tenant, Links(request.app))
             if callback is None:
                 self.recent.put((known.spec.model, tenant, raw), known, known.size(raw))
         request_id = known.request_id
         added = False
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            added = await webhooks.register(
+            added = await callbacks.register(
                 ctx.redis,
                 request_id,
                 callback,
@@ -104,40 +102,40 @@ class SubmitRoute:
             missing, job = await ensure(ctx, known.spec, request_id, tenant)
         except Exception:
             if added and callback is not None:  # refused (queue full, Redis full): nothing was accepted
-                await webhooks.unregister(ctx.redis, request_id, callback, tenant)
+                await callbacks.unregister(ctx.redis, request_id, callback, tenant)
             raise
         if job is None:
             if callback is not None:
-                await run_in_threadpool(webhooks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
+                await run_in_threadpool(callbacks.fire_now, ctx.sync_redis, request_id, callback, ctx.settings, tenant)
             self.recent.confirm((known.spec.model, tenant, raw), looked)
             return _json(known.stored_answer)
         status = state_of(job.get_status(refresh=False))
-        answer = _submitted(request_id, known.fmt, len(known.spec.chunks), len(missing), status)
+        answer = _submitted(Links(request.app), request_id, known.fmt, len(known.spec.chunks), len(missing), status)
         return reply(answer, status=202, headers={"Location": answer.status_url})
 
 
-async def _work_out(ctx: Context, raw: bytes, tenant: str) -> tuple[Submission, str | None]:
+async def _work_out(ctx: Context, raw: bytes, tenant: str, links: Links) -> tuple[Submission, str | None]:
     """What a POST /v1/tts body of `tenant` comes to, and its checked callback URL (None without one)."""
-    body = bodies.decode(raw, TtsRequest)
+    body = decoding.decode(raw, TtsRequest)
     fmt = validation.audio_format(body.format)
-    callback = None if body.callback_url is UNSET else await webhooks.check(body.callback_url, ctx.settings)
+    callback = None if body.callback_url is UNSET else await callbacks.check(body.callback_url, ctx.settings)
     spec = await spec_of(ctx, body, tenant=tenant)
     request_id = spec.request_id()
     total = len(spec.chunks)
-    stored = _submitted(request_id, fmt, total, 0, "finished")
+    stored = _submitted(links, request_id, fmt, total, 0, "finished")
     stored.cached = True
     saved = isinstance(body.voice, str) and body.voice not in voices.BUILTIN
     voice = (body.voice, spec.speaker) if isinstance(body.voice, str) and saved and spec.speaker is not None else None
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 
-def _submitted(request_id: str, fmt: str, total: int, missing: int, status: State) -> TtsSubmitted:
+def _submitted(links: Links, request_id: str, fmt: str, total: int, missing: int, status: State) -> TtsSubmitted:
     return TtsSubmitted(
         id=request_id,
         status=status,
-        status_url=urls.status_url(request_id),
-        audio_url=urls.audio_url(request_id, fmt),
-        captions_url=urls.captions_url(request_id),
+        status_url=links.status(request_id),
+        audio_url=links.audio(request_id, fmt),
+        captions_url=links.captions(request_id),
         progress=Progress(chunks_done=total - missing, chunks_total=total),
     )
 
@@ -147,79 +145,7 @@ def _json(data: bytes) -> Response:
     return Response(data, media_type="application/json")
 
 
-async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None, *, tenant: str) -> Spec:
-    """The Spec of a declared-valid body of `tenant`: text normalized and split, the voice resolved (among the
-    tenant's saved voices), defaults filled in, and under TTS_TENANCY=isolated the tenant made part of its ids.
-
-    Refusals name the client's fields: `names` maps ours to its own.
-    """
-    named = names or {}
-    model = await ctx.require_model()
-    text = validation.text(body.text, named.get("text", "text"), ctx.settings.max_chars)
-    seed = None if body.seed is UNSET else body.seed
-    speaker = None if body.speaker is UNSET else body.speaker.strip()
-    if body.voice is not UNSET:
-        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
-    elif speaker is not None:
-        validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
-    return Spec(
-        chunks=tuple(split(text, ctx.settings.chunk_chars)),
-        model=model.id,
-        seed=None if speaker is not None else (ctx.settings.default_seed if seed is None else seed),
-        speaker=speaker,
-        speed=body.speed,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        refine_text=body.refine_text,
-        oral=None if body.oral is UNSET else body.oral,
-        laugh=None if body.laugh is UNSET else body.laugh,
-        break_=None if body.break_ is UNSET else body.break_,
-        tenant=tenant if ctx.settings.tenancy == "isolated" else "",
-    )
-
-
-async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tuple[list[int], Job | None]:
-    """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
-
-    Returns the indexes of chunks not stored yet, and the job making them
-    (None when everything is stored: the queue is not touched). Raises
-    NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
-    time: it stays queued on the primary, and the same request asked again
-    joins it (the job id is the request id).
-    """
-    missing = await ctx.cache.remember(request_id, spec)
-    metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
-    if not missing:
-        return missing, None
-    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
-    if job.get_status(refresh=False) == "finished":
-        return [], None  # its job ended between the look and the submission: all stored now
-    # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
-    # so a primary that dies next cannot take an accepted request with it.
-    await connect.replicated(ctx.redis, ctx.settings)
-    return missing, job
-
-
 # -- a request's state --------------------------------------------------------------------
-
-
-async def manifest_of(ctx: Context, request_id: str, tenant: str) -> dict[str, Any]:
-    """The stored manifest of `request_id` (cache.manifest); 404 when there is none, or when it belongs to
-    another tenant (TTS_TENANCY=isolated: no tenant learns what another synthesized)."""
-    # Malformed ids cannot exist: answer without asking Redis.
-    if not is_well_formed_id(request_id):
-        raise not_found(request_id)
-    layout = await ctx.cache.manifest(request_id)
-    if layout is None:
-        # Lost (evicted, or a TTL that ran out before a fix): while its job is
-        # there, the job's arguments say what it was.
-        layout = await run_in_threadpool(
-            queueing.manifest_from_job, ctx.sync_redis, request_id, ctx.settings.result_ttl
-        )
-    if layout is None or layout.get("tenant", tenant) != tenant:
-        raise not_found(request_id)
-    return layout
 
 
 async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> TtsStatus:
@@ -228,10 +154,9 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenan
     missing = await ctx.cache.missing(chunk_ids)
     total = len(chunk_ids)
     progress = Progress(chunks_done=total - len(missing), chunks_total=total)
-    if not missing:
-        return TtsStatus(id=request_id, status="finished", progress=progress)
-    if await _canceled_for(ctx, request_id, tenant):
-        return TtsStatus(id=request_id, status="canceled", progress=progress)
+    ended = outcome(not missing, bool(missing) and await _canceled_for(ctx, request_id, tenant))
+    if ended is not None:
+        return TtsStatus(id=request_id, status=ended, progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
     if job is None:
         raise not_found(request_id)
@@ -279,7 +204,7 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     layout = await manifest_of(ctx, request_id, tenant)
     if request.method == "GET":
         status = await status_of(ctx, request_id, layout, tenant)
-        hooks = await webhooks.deliveries(ctx.redis, request_id, tenant)
+        hooks = await callbacks.deliveries(ctx.redis, request_id, tenant)
         if hooks:
             status.webhooks = hooks
         return reply(status)
@@ -296,40 +221,20 @@ async def cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: st
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
     """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends."""
     if not queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl, tenant):
-        webhooks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
+        callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
         return
     job = queueing.fetch(ctx.sync_redis, request_id)
     # A running job ends itself, and its worker sends the events; one that
     # will never run is over now.
     if job is None or job.get_status(refresh=True) != "started":
-        lifetime.release(ctx.sync_redis, request_id, chunk_ids, ctx.settings.result_ttl)
-        webhooks.request_over(ctx.sync_redis, request_id, ctx.settings)
+        events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
 
 
 # -- the audio --------------------------------------------------------------------------
 
 
-async def whole_clip(ctx: Context, layout: dict[str, Any]) -> bytes | None:
-    """The whole clip of a manifest (chunks joined with their pauses), or None while any is missing."""
-    parts = await ctx.cache.chunks(layout["chunks"])
-    if any(p is None for p in parts):
-        return None
-    return audio.join([p for p in parts if p is not None], layout.get("pauses"))
-
-
-async def wait_stored(ctx: Context, request_id: str, chunk_ids: list[str], deadline: float) -> None:
-    """Return when the audio is stored, the job is over, or `deadline` passes."""
-
-    async def stored() -> bool | None:
-        return True if not await ctx.cache.missing(chunk_ids) else None
-
-    await ctx.wait(request_id, stored, deadline)
-
-
 class AudioRoute:
     """GET /v1/tts/{id}/audio, with this process's cache of encoded audio."""
-
-    __name__ = "audio"
 
     def __init__(self, settings: Settings) -> None:
         # Encoding mp3/ogg costs far more than reading PCM from Redis: a hot
@@ -353,7 +258,7 @@ class AudioRoute:
         if ctx.settings.tenancy == "isolated" or not self.encoded.recent(key):
             layout = await manifest_of(ctx, request_id, tenant)
             self.encoded.confirm(key)
-        etag = f'"{request_id}.{fmt}"'
+        etag = headers.etag(request_id, fmt)
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
             return Response(status_code=304, headers={"ETag": etag})
         data = self.encoded.get(key)
@@ -369,18 +274,9 @@ class AudioRoute:
                 data = await run_in_threadpool(audio.encode, pcm, fmt)
                 self.encoded.put(key, data, len(data), confirmed=time.monotonic())
         if data is not None:
-            return Response(data, media_type=audio.FORMATS[fmt][0], headers=immutable(request_id, fmt))
+            return Response(data, media_type=audio.FORMATS[fmt][0], headers=headers.stored(request_id, fmt))
         assert layout is not None
         return await not_ready(ctx, request_id, layout, tenant)
-
-
-def immutable(request_id: str, suffix: str) -> dict[str, str]:
-    """Headers of what an id serves: it never changes, since the id hashes everything that makes it."""
-    return {
-        "ETag": f'"{request_id}.{suffix}"',
-        "Cache-Control": "public, max-age=31536000, immutable",
-        "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{suffix}"',
-    }
 
 
 async def _stream(
@@ -391,85 +287,11 @@ async def _stream(
     Waits for the first piece (up to `wait` s, at least TTS_SPEECH_WAIT) so
     that a job failing early still gets a proper error status.
     """
-    relay = Relay(ctx, request_id, layout, "/v1/tts/{id}/audio")
+    relay = Relay(ctx, request_id, layout, routes.AUDIO.path)
     started = await start(relay, max(wait, ctx.settings.speech_wait))
     if started is None:
         return await not_ready(ctx, request_id, layout, tenant)
+    # Not the final file: the whole one comes from the plain URL once done.
     return AudioStream(
-        encoded(started, fmt),
-        media_type=audio.FORMATS[fmt][0],
-        headers={
-            # Not the final file (a streamed WAV's header cannot know the
-            # length): fetch the whole one with the plain URL once done.
-            "Cache-Control": "no-store",
-            "Content-Disposition": f'inline; filename="tts-{request_id[:12]}.{fmt}"',
-            "X-Accel-Buffering": "no",
-        },
+        encoded(started, fmt), media_type=audio.FORMATS[fmt][0], headers=headers.streamed(request_id, fmt)
     )
-
-
-async def start(relay: Relay, first_wait: float) -> AsyncGenerator[bytes, None] | None:
-    """`relay`'s pieces with the first one already there; None (the relay closed) when it never came."""
-    pieces = relay.pieces(first_wait)
-    try:
-        first = await pieces.__anext__()
-    except (Cut, StopAsyncIteration):
-        await pieces.aclose()
-        return None
-    except BaseException:
-        await pieces.aclose()
-        raise
-
-    async def resumed() -> AsyncGenerator[bytes, None]:
-        try:
-            yield first
-            async for piece in pieces:
-                yield piece
-        finally:
-            await pieces.aclose()
-
-    return resumed()
-
-
-async def encoded(pieces: AsyncGenerator[bytes, None], fmt: str) -> AsyncGenerator[bytes | None, None]:
-    """PCM16 `pieces` encoded as one `fmt` stream; None last when the relay was cut (see AudioStream)."""
-    encoder = audio.StreamEncoder(fmt)
-    try:
-        async for pcm in pieces:
-            out = await run_in_threadpool(encoder.feed, pcm)
-            if out:
-                yield out
-    except Cut:
-        yield None
-        return
-    finally:
-        await pieces.aclose()
-    tail = await run_in_threadpool(encoder.close)
-    if tail:
-        yield tail
-
-
-class AudioStream(StreamingResponse):
-    """A streamed response whose body iterator may yield None to cut the transfer short.
-
-    The final (empty) body message is then never sent, so the server closes
-    the connection mid-body and the client sees an incomplete chunked
-    transfer rather than a short clip that looks whole. The iterator is
-    always closed, also when the client goes away, so its Redis
-    subscription is released at once.
-    """
-
-    def __init__(self, content: AsyncGenerator[bytes | None, None], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)  # type: ignore[arg-type]  # None cuts the transfer (above)
-
-    async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        iterator = self.body_iterator
-        try:
-            async for piece in iterator:
-                if piece is None:
-                    return
-                await send({"type": "http.response.body", "body": piece, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            await iterator.aclose()  # type: ignore[attr-defined]  # an async generator (__init__)

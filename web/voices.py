@@ -28,11 +28,11 @@ from cache import normalize
 from common.errors import ApiError, invalid
 from common.keys import voice_key, voices_key
 from common.speakers import encode_speaker
-from web import bodies, validation
+from web import bodies, decoding, fields, validation
 from web.bodies import MixPart, VoiceRequest
 from web.context import Context, tenant_of
 from web.replies import AudioVoice, AudioVoiceList, SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
-from work import queueing
+from work import queueing, scripts
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
 # were picked once and must never change, or cached audio changes voice).
@@ -51,21 +51,7 @@ BUILTIN = {
     "marin": 1012,
     "cedar": 1013,
 }
-_NAME = re.compile(bodies.NAME_PATTERN)
-# Saves one voice unless the registry is full; keeps the first save's `created`.
-# KEYS[1] the registry; ARGV name, record (JSON), limit. Returns {1 replaced | 0 new | -1 full, record}.
-_SAVE = """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if not old and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return {-1, ''} end
-local record = ARGV[2]
-if old then
-  local fresh = cjson.decode(record)
-  fresh['created'] = cjson.decode(old)['created']
-  record = cjson.encode(fresh)
-end
-redis.call('HSET', KEYS[1], ARGV[1], record)
-return {old and 1 or 0, record}
-"""
+_NAME = re.compile(fields.NAME_PATTERN)
 
 
 def mix(embeddings: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -247,7 +233,7 @@ async def _put(ctx: Context, request: Request) -> Response:
     name = _name(request.path_params["name"])
     if name in BUILTIN:
         raise _builtin_refused(name, "saved over")
-    body = bodies.decode(await bodies.read(request, ctx.settings.max_body), VoiceRequest)
+    body = decoding.decode(await decoding.read(request, ctx.settings.max_body), VoiceRequest)
     model = await ctx.require_model()
     tenant = tenant_of(request)
     speaker = await _speaker_of(ctx, body, model, tenant)
@@ -259,9 +245,8 @@ async def _put(ctx: Context, request: Request) -> Response:
         "created": now,
         "updated": now,
     }
-    replaced, saved = await ctx.redis.eval(
-        _SAVE, 1, voices_key(tenant), name, json.dumps(record), ctx.settings.max_voices
-    )
+    save = scripts.register(ctx.redis, "save_voice.lua")
+    replaced, saved = await save(keys=[voices_key(tenant)], args=[name, json.dumps(record), ctx.settings.max_voices])
     if replaced == -1:
         raise invalid(
             "name",

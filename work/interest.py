@@ -20,20 +20,7 @@ from __future__ import annotations
 from redis import Redis
 
 from common.keys import cancel_key, dropped_key, tenants_key
-
-# KEYS: tenants, dropped, cancel; ARGV: tenant, ttl. Steps: the tenant leaves
-# the set of those who want it and joins those who dropped it; when nobody
-# wants it any more, the cancel mark is set. Returns 1 when it was set.
-_WITHDRAW = """
-redis.call('SREM', KEYS[1], ARGV[1])
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-if redis.call('SCARD', KEYS[1]) == 0 then
-  redis.call('SET', KEYS[3], 1, 'EX', ARGV[2])
-  return 1
-end
-return 0
-"""
+from work import scripts
 
 
 def want(redis: Redis, request_id: str, tenant: str, ttl: int) -> None:
@@ -58,4 +45,5 @@ def withdraw(redis: Redis, request_id: str, tenant: str, ttl: int) -> bool:
     its own view: to it the request reads canceled.
     """
     keys = [tenants_key(request_id), dropped_key(request_id), cancel_key(request_id)]
-    return bool(redis.eval(_WITHDRAW, len(keys), *keys, tenant, ttl))
+    drop = scripts.register(redis, "drop_interest.lua")
+    return bool(drop(keys=keys, args=[tenant, ttl]))

@@ -27,19 +27,8 @@ from rq.job import Job
 
 from cache import Spec, manifest
 from common.keys import chunk_key, hooks_key, request_key, tenants_key
-
-# KEYS[1] the RQ job's hash, KEYS[2..] the request's keys; the states are
-# work/status.ACTIVE (a retry waits as "scheduled"). Atomic with the
-# worker's end of the job: either the job is still active when this runs (and
-# `release` comes after), or it is over and nothing is made persistent.
-_HOLD = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'queued' or status == 'started' or status == 'deferred' or status == 'scheduled' then
-  for i = 2, #KEYS do redis.call('PERSIST', KEYS[i]) end
-  return 1
-end
-return 0
-"""
+from work import scripts
+from work.status import ACTIVE
 
 
 def hold(redis: Redis, request_id: str) -> bool:
@@ -48,7 +37,8 @@ def hold(redis: Redis, request_id: str) -> bool:
     PERSIST and HGET are allowed when Redis is full (not deny-oom).
     """
     held = (request_key(request_id), hooks_key(request_id), tenants_key(request_id))
-    return bool(redis.eval(_HOLD, 1 + len(held), Job.key_for(request_id), *held))
+    hold_script = scripts.register(redis, "hold.lua")
+    return bool(hold_script(keys=[Job.key_for(request_id), *held], args=sorted(ACTIVE)))
 
 
 def restore(redis: Redis, request_id: str, spec: Spec) -> None:

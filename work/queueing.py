@@ -34,6 +34,7 @@ SERIALIZER = JSONSerializer
 # The job functions (jobs.py), by the path RQ records for them.
 SYNTHESIZE = "jobs.synthesize"
 VOICE = "jobs.voice"
+ASSIST = "jobs.assist"
 
 
 class QueueFull(RuntimeError):

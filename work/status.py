@@ -27,6 +27,21 @@ ACTIVE = WAITING | {"started"}
 OVER = frozenset({"finished", "failed", "stopped", "canceled"})
 
 
+def outcome(stored: bool, canceled: bool) -> Outcome | None:
+    """How a request ended, when its audio or its cancellation says; None: only its job can say.
+
+    Finished once all its audio is stored, whatever its job says (the audio
+    is what was asked for); else canceled when it was canceled (for everyone,
+    or by the tenant asking). The status route and the webhook events both
+    decide it here.
+    """
+    if stored:
+        return "finished"
+    if canceled:
+        return "canceled"
+    return None
+
+
 def state_of(rq_status: str | None) -> State:
     """The API's word for an RQ job status (an unknown or missing one reads as queued)."""
     return _STATES.get(rq_status or "queued", "queued")

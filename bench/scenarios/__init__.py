@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from harness import BenchError, Cluster, Figure, Proc, Texts, interleaved, model_info, say, wait_for
 from redis import Redis
@@ -51,44 +51,34 @@ class Plan:
     first_chunk_requests: int
     llm_seconds: float
     socket_sentences: int
+    behind_rounds: int
+    curve_requests: int
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
-        if quick:
-            return cls(
-                rounds=1,
-                hit_seconds=1.0,
-                overhead_requests=5,
-                mixed_seconds=5.0,
-                open_seconds=5.0,
-                mixed_connections=8,
-                dedupe_clients=50,
-                scaling_jobs=4,
-                batch_chunks=8,
-                footprint_starts=1,
-                burst_requests=16,
-                long_chunks=16,
-                first_chunk_requests=6,
-                llm_seconds=3.0,
-                socket_sentences=3,
-            )
-        return cls(
-            rounds=3,
-            hit_seconds=1.5,
-            overhead_requests=12,
-            mixed_seconds=10.0,
-            open_seconds=15.0,
-            mixed_connections=8,
-            dedupe_clients=50,
-            scaling_jobs=12,
-            batch_chunks=16,
-            footprint_starts=3,
-            burst_requests=16,
-            long_chunks=16,
-            first_chunk_requests=12,
-            llm_seconds=30.0,
-            socket_sentences=8,
-        )
+        return cls(*(SIZES[name][0 if quick else 1] for name in cls.__dataclass_fields__))
+
+
+# Each size of the Plan, (quick, full), in its field order.
+SIZES: dict[str, tuple[Any, Any]] = {
+    "rounds": (1, 3),
+    "hit_seconds": (1.0, 1.5),
+    "overhead_requests": (5, 12),
+    "mixed_seconds": (5.0, 10.0),
+    "open_seconds": (5.0, 15.0),
+    "mixed_connections": (8, 8),
+    "dedupe_clients": (50, 50),
+    "scaling_jobs": (4, 12),
+    "batch_chunks": (8, 16),
+    "footprint_starts": (1, 3),
+    "burst_requests": (16, 16),
+    "long_chunks": (16, 16),
+    "first_chunk_requests": (6, 12),
+    "llm_seconds": (3.0, 30.0),
+    "socket_sentences": (3, 8),
+    "behind_rounds": (1, 5),
+    "curve_requests": (4, 24),
+}
 
 
 @dataclass
@@ -112,6 +102,8 @@ class Bench:
     mixed_rate: float = 0.0
     # Scenario 8's own workers: name -> (queue, its workers).
     sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)
+    # Scenario 9's load curves: side -> [(offered req/s, first audio p50 s, p95 s, throughput req/s)].
+    curves: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
 
     @property
     def main(self) -> tuple[str, list[Proc]]:

@@ -1,33 +1,32 @@
-"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, and short requests
-behind a long one.
+"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, a full loop, short
+requests behind a long one, and load curves beside the naive server.
 
-The other scenarios run the tiny checkpoint capped at 48 tokens a chunk, so
-every row of a model call is as long as the others, and a continuous loop has
-nothing to gain over a static call. Here two workers of their own, one per
-scheduler (`TTS_SCHEDULING`), run the same tiny checkpoint with the cap lifted:
-each row runs to its token budget (`common.model.token_budget`: 32 + 6 a
-Latin character) or to an end token the random weights draw, so rows differ
-in length as real weights' rows do. They use a Redis database of their own
-(database 1 of the run's redis-server): a second model in database 0 would
-take over what the web process keys its requests for.
-
-Each round runs both schedulers on the same requests, in an order that
-alternates with the round, and gives (continuous, static) pairs.
+Two workers of their own (one per `TTS_SCHEDULING`) and a naive server run
+the tiny checkpoint with its cap lifted, so each row runs to its token
+budget (`common.model.token_budget`) or to an end token the random weights
+draw, as real rows differ in length. The workers use Redis database 1: a
+second model in database 0 would take over what the web process keys its
+requests for. Each round runs both schedulers on the same requests, the
+order alternating, and gives (continuous, static) pairs; bench/README.md
+says what each figure is.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import statistics
 import sys
-import threading
 import time
 from typing import Any, Iterator
 
+import loadgen
 from harness import (
     WORDS,
     BenchError,
     Figure,
     Proc,
+    Watch,
     bench_env,
     is_worker_of,
     make_spec,
@@ -40,9 +39,9 @@ from harness import (
 )
 from redis import Redis
 
-from common.keys import pieces_key
 from common.settings import Settings
 from scenarios import Comparison, Reading, Scenario
+from scenarios.mixed import speech_body
 from work import queueing
 
 # The lifted cap: ChatTTS's own max_new_token; the budgets stop every row far below it.
@@ -56,6 +55,9 @@ SHORT_CHARS = (10, 30)
 SHORT_EVERY = 0.1
 # A full loop: rows of this many characters each.
 FULL_CHARS = 60
+# The load curves: offered load, in multiples of the static worker's staggered-burst throughput.
+LOADS = (0.5, 1.0, 2.0, 3.0)
+CURVE_SIDES = ("continuous", "static", "naive")
 
 
 class Continuous(Scenario):
@@ -94,6 +96,9 @@ class Continuous(Scenario):
         self.model_id = model_info(self.redis).id
         self.rng = b.texts.rng
         self.seen: set[str] = set()
+        self.steps: list[float] = []
+        naive_env = {"TTS_MODEL_PATH": str(directory), "TTS_BATCH_SIZE": str(b.batch), "TTS_TORCH_THREADS": "1"}
+        self.naive, self.naive_port = b.cluster.start_app("naive-budget", "naive:create_app", naive_env, "bench")
 
     def url(self) -> str:
         """Database 1 of the run's redis-server."""
@@ -108,24 +113,20 @@ class Continuous(Scenario):
         return any(is_worker_of(w.name, proc.pid) for w in workers_of(self.redis, queue_of(scheduling)))
 
     def teardown(self) -> None:
-        for proc in getattr(self, "procs", {}).values():
-            self.b.cluster.stop(proc)
+        for proc in [*getattr(self, "procs", {}).values(), getattr(self, "naive", None)]:
+            if proc is not None:
+                self.b.cluster.stop(proc)
 
     def comparisons(self) -> Iterator[Comparison]:
         rounds, requests = self.b.plan.rounds, self.b.plan.burst_requests
-        yield Comparison(
-            [
-                Figure(
-                    "9",
-                    f"staggered burst: {requests} one-chunk requests of {BURST_CHARS[0]}-{BURST_CHARS[1]} characters, "
-                    f"{STAGGER * 1000:.0f} ms apart, 1 worker: continuous (vs static)",
-                    "req/s",
-                    target=(">= 1.5x", lambda r: r >= 1.5),
-                )
-            ],
-            lambda _, r: [self.both(r, self.staggered)],
-            rounds,
+        staggered = Figure(
+            "9",
+            f"staggered burst: {requests} one-chunk requests of {BURST_CHARS[0]}-{BURST_CHARS[1]} characters, "
+            f"{STAGGER * 1000:.0f} ms apart, 1 worker: continuous (vs static)",
+            "req/s",
+            target=(">= 1.5x", lambda r: r >= 1.5),
         )
+        yield Comparison([staggered], lambda _, r: [self.both(r, self.staggered)], rounds)
         yield Comparison(
             [
                 Figure(
@@ -140,13 +141,22 @@ class Continuous(Scenario):
             rounds,
         )
         long_chunks = 5 * self.b.batch  # five loops' worth: 40 rows at the default batch of 8
+        versus = Figure(
+            "9",
+            f"short requests behind a {long_chunks}-chunk one: time to first audio p95, continuous (vs static)",
+            "ms",
+            target=("<= 0.5x in every run", lambda r: r <= 0.5),
+            every=True,
+        )
+        joined = Figure(
+            "9",
+            "... continuous p95 (vs an idle worker's first audio p50 plus one step of the full loop: "
+            "a slot within one step, then the prefill and the row's own steps)",
+            "ms",
+        )
         yield Comparison(
             [
-                Figure(
-                    "9",
-                    f"short requests behind a {long_chunks}-chunk one: time to first audio p95, continuous (vs static)",
-                    "ms",
-                ),
+                versus,
                 Figure(
                     "9",
                     "... continuous p95 (vs one static call's time, the long request's median gap between calls)",
@@ -154,10 +164,25 @@ class Continuous(Scenario):
                     target=("<= 0.5x", lambda r: r <= 0.5),
                 ),
                 Figure("9", "... static p95 (vs one static call's time)", "ms"),
+                joined,
             ],
             lambda _, r: self.behind_long(r, long_chunks),
-            rounds,
+            self.b.plan.behind_rounds,
         )
+        self.b.notes.append(
+            "9: short requests behind a long one, continuous / static first audio p95, run by run: "
+            + ", ".join(f"{r:.2f}x" for r in versus.ratios)
+            + f" (target <= 0.5x in every run: {'met' if versus.met() else 'missed'}); one step of the full loop "
+            + f"{statistics.median(self.steps) * 1000:.1f} ms (median), from the long request's pieces, "
+            + f"{Settings().stream_tokens} steps apart. Load curves: one-chunk requests of {BURST_CHARS[0]}-"
+            + f"{BURST_CHARS[1]} characters, {self.b.plan.curve_requests} Poisson arrivals a point, at "
+            + ", ".join(f"{x:g}" for x in LOADS)
+            + "x the static worker's staggered-burst throughput; the naive server (bench/naive.py, the same "
+            + "lifted cap and per-row token budgets, static calls) answers the whole file, its first audio."
+        )
+        base = statistics.median(staggered.baseline)
+        for side in CURVE_SIDES:
+            self.b.curves[side] = [self.offered(side, x * base, i) for i, x in enumerate(LOADS)]
 
     # -- the two measurements --------------------------------------------------
 
@@ -197,67 +222,80 @@ class Continuous(Scenario):
         and one static call's ms, measured on the static worker during the same run."""
         order = SCHEDULERS if round_ % 2 == 0 else SCHEDULERS[::-1]
         p95: dict[str, float] = {}
-        call = 0.0
+        call = idle = 0.0
         for scheduling in order:
             waits, gaps = self.shorts_behind(scheduling, long_chunks)
             p95[scheduling] = percentile(waits, 95) * 1000
             if scheduling == "static":
                 call = statistics.median(gaps) * 1000
-        return [(p95["continuous"], p95["static"]), (p95["continuous"], call), (p95["static"], call)]
+            else:
+                idle = statistics.median(self.time_shorts(scheduling)) * 1000
+        step = self.steps[-1] * 1000
+        return [
+            (p95["continuous"], p95["static"]),
+            (p95["continuous"], call),
+            (p95["static"], call),
+            (p95["continuous"], idle + step),
+        ]
 
     def shorts_behind(self, scheduling: str, long_chunks: int) -> tuple[list[float], list[float]]:
-        """Seconds to each short request's first piece; the gaps between the long request's progress events."""
-        q = queueing.queue(self.redis, Settings(queue=queue_of(scheduling)))
-        settings = Settings(queue=q.name)
+        """Seconds to each short request's first audio; the gaps between the long request's progress events.
+        On the continuous worker, also appends one step of the full loop (s) to `self.steps`."""
         long_spec = make_spec(" ".join(self.sentence(100, 170) for _ in range(long_chunks)), self.model_id)
         if len(long_spec.chunks) != long_chunks:
             raise BenchError(f"the long request split into {len(long_spec.chunks)} chunks, not {long_chunks}")
+        watch = Watch(self.redis, long_spec.chunk_ids())
         with progress_ticks(self.redis, long_spec.request_id()) as ticks:
-            long = queueing.submit(q, long_spec, settings)
+            long = queueing.submit(self.queue(scheduling), long_spec, Settings(queue=queue_of(scheduling)))
             wait_for(lambda: len(ticks) >= 1, 300, "the long request's first chunk", interval=0.005)
-            waits = self.time_shorts(q, settings)
+            waits = self.time_shorts(scheduling, watch)
             if long.get_status(refresh=True) == "finished":
                 raise BenchError("the long request ended before the short ones were heard: make it longer")
             wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
         gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
         if not gaps:
             raise BenchError("no two progress events of the long request were seen")
+        if scheduling == "continuous":
+            self.steps.append(watch.piece_gap() / Settings().stream_tokens)
         return waits, gaps
 
-    def time_shorts(self, q: Any, settings: Settings) -> list[float]:
-        """Submit the plan's short requests SHORT_EVERY apart; each one's seconds to its first stored piece."""
-        count = self.b.plan.first_chunk_requests
-        sent: list[tuple[float, str]] = []
-        heard: dict[int, float] = {}
-        lock = threading.Lock()
+    def queue(self, scheduling: str) -> Any:
+        return queueing.queue(self.redis, Settings(queue=queue_of(scheduling)))
 
-        def all_heard() -> bool:
-            with lock:
-                pending = [(i, at, cid) for i, (at, cid) in enumerate(sent) if i not in heard]
-            if pending:
-                with self.redis.pipeline(transaction=False) as pipe:
-                    for _, _, cid in pending:
-                        pipe.llen(pieces_key(cid))
-                    found = pipe.execute()
-                now = time.monotonic()
-                for (i, at, _), n in zip(pending, found):
-                    if n:
-                        heard[i] = now - at
-            return len(heard) == count
-
-        poller = threading.Thread(target=wait_for, args=(all_heard, 300, "every short request's first audio", 0.002))
-        poller.daemon = True
-        poller.start()
-        for _ in range(count):
+    def time_shorts(self, scheduling: str, watch: Watch | None = None) -> list[float]:
+        """Submit the plan's short requests SHORT_EVERY apart; each one's seconds to its first audio."""
+        watch = watch or Watch(self.redis)
+        for _ in range(self.b.plan.first_chunk_requests):
             spec = make_spec(self.sentence(*SHORT_CHARS), self.model_id)
-            with lock:
-                sent.append((time.monotonic(), spec.chunk_ids()[0]))
-            queueing.submit(q, spec, settings)
+            watch.add(spec.chunk_ids()[0])
+            queueing.submit(self.queue(scheduling), spec, Settings(queue=queue_of(scheduling)))
             time.sleep(SHORT_EVERY)
-        poller.join(310)
-        if len(heard) < count:
-            raise BenchError("not every short request's first audio was stored within 300 s")
-        return list(heard.values())
+        return [heard - at for at, heard, _ in watch.wait(300)]
+
+    def offered(self, side: str, rate: float, seed: int) -> tuple[float, float, float, float]:
+        """(rate, first audio p50 s, p95 s, throughput req/s) of one-chunk requests arriving at `rate` per second
+        (Poisson) for as long as the plan's curve requests take on average; throughput counts to the last one done."""
+        seconds = self.b.plan.curve_requests / rate
+        started = time.monotonic()
+        if side == "naive":
+
+            def body() -> bytes:
+                return loadgen.request("POST", "/v1/audio/speech", speech_body(self.sentence(*BURST_CHARS)))
+
+            got = asyncio.run(loadgen.run_open(self.naive_port, body, rate, seconds, seed=seed))
+            firsts = got.latencies
+        else:
+            watch, rng, at = Watch(self.redis), random.Random(seed), 0.0
+            while (at := at + rng.expovariate(rate)) < seconds:
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                spec = make_spec(self.sentence(*BURST_CHARS), self.model_id)
+                watch.add(spec.chunk_ids()[0], started + at)
+                queueing.submit(self.queue(side), spec, Settings(queue=queue_of(side)))
+            firsts = [heard - sent for sent, heard, _ in watch.wait(600)]
+        took = time.monotonic() - started
+        if not firsts:
+            return rate, float("nan"), float("nan"), 0.0
+        return rate, percentile(firsts, 50), percentile(firsts, 95), len(firsts) / took
 
     def sentence(self, low: int, high: int) -> str:
         """A new sentence of `low`..`high` characters (never the same twice in a run: a repeat is a cache hit)."""

@@ -69,7 +69,7 @@ class Mixed(Scenario):
             f"3: share of repeats actually sent: subject {self.sent['subject'][-1]:.2f}, naive "
             f"{self.sent['naive'][-1]:.2f} (last run); texts of 1-3 chunks; POST /v1/audio/speech (WAV) to both. "
             "The subject is the web process and one worker (1 torch thread), the naive server one process with the "
-            "same model and threads. Closed loop: each connection sends its next request when the last is answered, "
+            "same model, threads and per-row token budgets (the engine's static calls). Closed loop: each connection sends its next request when the last is answered, "
             "so new requests queue up to the number of connections on both sides and p99 is that queue. Open loop: "
             "Poisson arrivals at 70% of the naive server's closed-loop throughput, latency from the scheduled "
             "arrival."

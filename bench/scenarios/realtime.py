@@ -38,7 +38,7 @@ from scenarios.mixed import mixed_requests, seed_pool
 
 # Tokens a piece of a chunk: the first piece leaves once a row has made this many plus the decoder's look-ahead (8).
 STREAM_TOKENS = 4
-LOOKAHEAD = 8  # engines.loop.LOOKAHEAD; the bench does not import the worker side
+LOOKAHEAD = 8  # engines.rowmodel.LOOKAHEAD; the bench does not import the worker side
 DATABASE = 2
 BYTES_PER_SECOND = 2 * 24000  # pcm: 16-bit mono at 24 kHz
 # A word every this many seconds: the LLM-like client's pace.

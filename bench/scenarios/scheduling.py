@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Iterator
 
-from harness import BenchError, Figure, make_spec, percentile, run_jobs, wait_for
+from harness import BenchError, Figure, Watch, make_spec, percentile, run_jobs, wait_for
 
 from cache import stored
 from common.keys import pool_key
@@ -124,42 +123,20 @@ class Scheduling(Scenario):
         """Submit the long request, then the short ones; each short one's seconds to its first stored chunk."""
         redis, settings = self.redis, Settings(queue="tts")
         q = queueing.queue(redis, settings)
-        count = self.b.plan.first_chunk_requests
         long = queueing.submit(q, long_spec, settings)
         wait_for(
             lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk", interval=0.005
         )
-        shorts: list[tuple[float, str]] = []
-        waits: dict[int, float] = {}
-        lock = threading.Lock()
-
-        def all_heard() -> bool:
-            with lock:
-                pending = [(i, sent, first) for i, (sent, first) in enumerate(shorts) if i not in waits]
-            found = stored(redis, [first for _, _, first in pending]) if pending else []
-            now = time.monotonic()
-            for (i, sent, _), hit in zip(pending, found):
-                if hit:
-                    waits[i] = now - sent
-            return len(waits) == count
-
-        # Heard while they are still being sent: the poller runs beside the sender.
-        poller = threading.Thread(
-            target=wait_for, args=(all_heard, 120, "every short request's first chunk", 0.002), daemon=True
-        )
-        poller.start()
-        for _ in range(count):
+        watch = Watch(redis)  # heard while they are still being sent: it polls beside the sender
+        for _ in range(self.b.plan.first_chunk_requests):
             spec = make_spec(self.b.texts.text(1), self.model_id)
-            with lock:
-                shorts.append((time.monotonic(), spec.chunk_ids()[0]))
+            watch.add(spec.chunk_ids()[0])
             queueing.submit(q, spec, settings)
             time.sleep(SHORT_EVERY)
-        poller.join(130)
-        if len(waits) < len(shorts):
-            raise BenchError("not every short request's first chunk was stored within 120 s")
+        waits = [done - sent for sent, _, done in watch.wait(120)]
         if long.get_status(refresh=True) == "finished":
             raise BenchError(
                 f"the {self.long_chunks}-chunk request ended before the short ones were heard: make it longer"
             )
         wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
-        return list(waits.values())
+        return waits

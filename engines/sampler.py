@@ -1,0 +1,226 @@
+"""A decode loop row's state, and its next codes sampled as ChatTTS's `GPT.generate` samples them.
+
+Sampling follows `GPT.generate` (ChatTTS 0.2.5) operation for operation:
+logits / temperature, repetition penalty 1.05 over the last 16 codes, top-p,
+top-k, softmax, multinomial from a generator re-seeded with the row's seed
+every step (ChatTTS re-seeds its one generator every step when given a
+`manual_seed`), the whole batch's draws in one call (`Sampler.draw`).
+
+Imports torch on construction only; the worker side alone imports engines/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from cache import Spec
+from common.model import Place, token_budget
+
+# ChatTTS's repetition penalty (InferCodeParams' default) and its window.
+REPETITION_PENALTY = 1.05
+# The codes the repetition penalty looks back over (ChatTTS's gen_logits: 16).
+PAST_WINDOW = 16
+
+Draw = Callable[[Sequence["Row"], Any], Any]
+
+
+@dataclass
+class Row:
+    """One row of the loop: its sampling, its codes and hidden states so far, and where it is."""
+
+    key: str
+    seed: int
+    budget: int
+    temperature: Any  # tensor (4, 1), as GPT.generate divides
+    # ChatTTS's logits processors (the repetition penalty: they read the row's
+    # history) and warpers (top_p, top_k: they read only the scores), and the
+    # key of the warpers, which rows sharing it apply in one call.
+    processors: list[Callable[[Any, Any], Any]]
+    warpers: list[Callable[[Any, Any], Any]]
+    warp_key: tuple[float, int]
+    noise: Any  # (num_vq, num_audio_tokens): the Exp(1) draws of its generator (Sampler.draw)
+    codes: Any  # (budget, 4) long: the codes sampled so far
+    length: int  # real positions in the KV cache
+    hiddens: list[Any] = field(default_factory=list)
+    place: Place = Place(0, 0)
+    # While parked: its KV cache, a batch of one with its real positions only.
+    parked: Any = None
+    made: int = 0  # codes sampled (a row ends before adding its end token)
+    sent: int = 0  # tokens handed out in pieces
+    pieces: int = 0
+    done: bool = False
+
+
+@dataclass
+class Prompt:
+    """A joining row's prompt and sampling, made by the text front end before any model call."""
+
+    key: str
+    spec: Spec
+    seed: int
+    prompt: str
+    speaker: Any
+    processors: list[Callable[[Any, Any], Any]]
+    warpers: list[Callable[[Any, Any], Any]]
+    place: Place
+
+
+Mark = tuple[int, bool, int, int]
+
+
+def marks(rows: Sequence[Row]) -> list[Mark]:
+    """What a step changes of each row (a step that raises, or a trial step, puts it back with `restore`):
+    codes made, done, hidden states kept, cache length. A row's `codes` past `made` are never read."""
+    return [(row.made, row.done, len(row.hiddens), row.length) for row in rows]
+
+
+def restore(rows: Sequence[Row], kept: list[Mark]) -> None:
+    for row, (made, done, hiddens, length) in zip(rows, kept):
+        row.made, row.done, row.length = made, done, length
+        del row.hiddens[hiddens:]
+
+
+class Sampler:
+    """ChatTTS's sampling of a batch of rows, each with its own settings and random stream."""
+
+    def __init__(self, chat: Any) -> None:
+        import torch
+        from ChatTTS.model.processors import gen_logits
+
+        self.torch = torch
+        self.gpt = chat.gpt
+        self.device = chat.device
+        self.gen_logits = gen_logits
+        self.num_vq = int(chat.config.gpt.num_vq)
+        self.eos = int(chat.config.gpt.num_audio_tokens) - 1
+        self.min_new_token = chat.InferCodeParams().min_new_token
+        self._warpers: dict[tuple[float, int], tuple[list[Any], list[Any]]] = {}
+
+    def warpers_of(self, top_p: float, top_k: int) -> tuple[list[Any], list[Any]]:
+        """ChatTTS's (processors, warpers) for these settings, as GPT.generate makes them (one set per key)."""
+        if (top_p, top_k) not in self._warpers:
+            warpers, processors = self.gen_logits(
+                num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
+            )
+            self._warpers[(top_p, top_k)] = (processors, warpers)
+        return self._warpers[(top_p, top_k)]
+
+    def row(self, prompt: Prompt, max_new_token: int, length: int) -> Row:
+        """A prefilled prompt's row, no codes sampled yet, its noise drawn; `length` real cache positions."""
+        torch, spec = self.torch, prompt.spec
+        budget = token_budget(spec.chunks[0], max_new_token)
+        row = Row(
+            key=prompt.key,
+            seed=prompt.seed,
+            budget=budget,
+            temperature=torch.tensor([spec.temperature] * self.num_vq, device=self.device).view(-1, 1),
+            processors=prompt.processors,
+            warpers=prompt.warpers,
+            warp_key=(spec.top_p, spec.top_k),
+            noise=None,
+            codes=torch.zeros(budget, self.num_vq, dtype=torch.long, device=self.device),
+            length=length,
+            place=prompt.place,
+        )
+        row.noise = self.noise(row)
+        return row
+
+    def sample(self, rows: Sequence[Row], hidden: Any, draw: Draw) -> None:
+        """Sample each row's next codes from the last position of `hidden` (rows, positions, dim) with `draw`
+        (`Sampler.draw`, or a stand-in for it): a row ends at its end token or its budget."""
+        last_hidden = hidden.narrow(1, -1, 1).squeeze(1)
+        probs = self._probs(rows, self._scores(rows, hidden))
+        drawn = draw(rows, self.torch.cat(probs)).view(len(rows), self.num_vq)
+        ended = drawn.eq(self.eos).any(1).tolist()
+        for i, row in enumerate(rows):
+            if ended[i]:
+                row.done = True
+                continue
+            row.codes[row.made] = drawn[i]
+            row.hiddens.append(last_hidden[i].clone())
+            row.made += 1
+            if row.made >= row.budget:
+                row.done = True
+
+    def draw(self, rows: Sequence[Row], probs: Any) -> Any:
+        """One code per line of `probs` (rows * num_vq lines, in row order), each row from its own noise: one call.
+
+        `torch.multinomial(p, 1, generator)` is `argmax(p / q)` with q drawn by
+        `exponential_(1, generator)` over p's shape (its one-sample path), and
+        ChatTTS re-seeds its generator with the same seed before every draw: a
+        row's q is the same at every step. So each row draws its q once, when it
+        joins (`noise`), and a step divides and takes the argmax of every row
+        at once: the very codes of a multinomial per row, its own stream.
+        """
+        return self.torch.argmax(probs / self.torch.cat([row.noise for row in rows]), dim=-1)
+
+    def noise(self, row: Row) -> Any:
+        """The row's q (num_vq, num_audio_tokens): the Exp(1) draws `torch.multinomial` makes from its
+        generator seeded with the row's seed."""
+        torch, gpt = self.torch, self.gpt
+        q = torch.empty(self.num_vq, gpt.num_audio_tokens, dtype=torch.float, device=gpt.device)
+        return q.exponential_(1, generator=torch.Generator(device=gpt.device).manual_seed(row.seed))
+
+    def _scores(self, rows: Sequence[Row], hidden: Any) -> list[Any]:
+        """Each row's logits at the last position of `hidden`, (num_vq, num_audio_tokens), over its temperature."""
+        import torch.nn.utils.parametrize as P
+
+        torch, gpt, nv = self.torch, self.gpt, self.num_vq
+        with P.cached():
+            logits = torch.empty(
+                hidden.size(0), hidden.size(1), gpt.num_audio_tokens, nv, dtype=torch.float, device=gpt.device
+            )
+            for vq in range(nv):
+                logits[..., vq] = gpt.head_code[vq](hidden)
+        logits = logits.narrow(1, -1, 1).squeeze_(1).float().permute(0, 2, 1)
+        logits = logits.reshape(-1, logits.size(2))
+        return [logits.narrow(0, i * nv, nv) / row.temperature for i, row in enumerate(rows)]
+
+    def _probs(self, rows: Sequence[Row], scores: list[Any]) -> list[Any]:
+        """Each row's probabilities from its scores: the repetition penalty over its own history, then the
+        warpers (top_p, top_k), the end-token mask and the softmax, as GPT.generate applies them to its batch.
+
+        Each works on each line of scores alone, so rows that share their
+        settings go through in one call: the same numbers as a call per row,
+        in a fraction of the calls. The penalty reads the last PAST_WINDOW
+        codes: rows with fewer go alone.
+        """
+        import torch.nn.functional as F
+
+        torch, nv = self.torch, self.num_vq
+        probs: list[Any] = [None] * len(rows)
+        groups: dict[tuple[float, int], list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(row.warp_key, []).append(i)
+        for members in groups.values():
+            self._penalize(rows, members, scores)
+            stacked = torch.cat([scores[i] for i in members])
+            for warp in rows[members[0]].warpers:
+                stacked = warp(None, stacked)
+            for j, i in enumerate(members):
+                if rows[i].made < self.min_new_token:
+                    stacked[j * nv : (j + 1) * nv, self.eos] = -torch.inf
+            stacked = F.softmax(stacked, dim=-1)
+            for j, i in enumerate(members):
+                probs[i] = stacked.narrow(0, j * nv, nv)
+        return probs
+
+    def _penalize(self, rows: Sequence[Row], members: list[int], scores: list[Any]) -> None:
+        """Apply the processors (the repetition penalty) of rows sharing their settings to their scores, in place
+        in `scores`: those with PAST_WINDOW codes in one call, the others one by one."""
+        torch, nv = self.torch, self.num_vq
+        processors = rows[members[0]].processors
+        full = [i for i in members if rows[i].made >= PAST_WINDOW]
+        if full and processors:
+            history = torch.cat([rows[i].codes.narrow(0, rows[i].made - PAST_WINDOW, PAST_WINDOW).T for i in full])
+            lines = torch.cat([scores[i] for i in full])
+            for process in processors:
+                lines = process(history, lines)
+            for j, i in enumerate(full):
+                scores[i] = lines.narrow(0, j * nv, nv)
+        for i in members:
+            if rows[i].made < PAST_WINDOW or not processors:
+                history = rows[i].codes.narrow(0, 0, rows[i].made).permute(1, 0)
+                for process in processors:
+                    scores[i] = process(history, scores[i])

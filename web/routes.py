@@ -1,0 +1,89 @@
+"""Every route of the service, declared once: its path, its name, whether it is public and its error shape.
+
+service.py binds a handler to each record and answers each route's errors
+in its shape; openapi.py describes each one under its path (the public ones
+without the API key); links.py makes the URLs the service hands out from
+their names (Starlette's url_path_for).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from starlette.routing import compile_path
+
+from cache import ID_PATTERN
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route.
+
+    `name` is Starlette's route name (url_path_for) and the key of its
+    operations in the openapi_* modules. A `public` route answers without an API key
+    even when keys are configured. An `openai` route answers errors in
+    OpenAI's shape ({"error": {message, type, param, code}}), so OpenAI
+    clients show them; every other route answers {detail, field}. A `socket`
+    is a WebSocket (no `methods`; OpenAPI describes it under x-websockets).
+    """
+
+    name: str
+    path: str
+    methods: tuple[str, ...] = ("GET",)
+    public: bool = False
+    openai: bool = False
+    socket: bool = False
+
+
+PAGE = Endpoint("page", "/", public=True)
+OPENAPI = Endpoint("openapi", "/openapi.json", public=True)
+HEALTHZ = Endpoint("healthz", "/healthz", public=True)
+READYZ = Endpoint("readyz", "/readyz", public=True)
+METRICS = Endpoint("metrics", "/metrics")
+PROCESS_METRICS = Endpoint("process_metrics", "/metrics/process")
+SUBMIT = Endpoint("submit", "/v1/tts", ("POST",))
+# One route for both methods: with two, a 405 would name only the first's in Allow.
+STATUS = Endpoint("status", "/v1/tts/{id}", ("GET", "DELETE"))
+AUDIO = Endpoint("audio", "/v1/tts/{id}/audio")
+CAPTIONS = Endpoint("captions", "/v1/tts/{id}/captions")
+SPEECH = Endpoint("speech", "/v1/audio/speech", ("POST",), openai=True)
+MODELS = Endpoint("models", "/v1/models", openai=True)
+AUDIO_VOICES = Endpoint("audio_voices", "/v1/audio/voices", openai=True)
+# Its errors are events (ErrorEvent) carrying OpenAI's error object.
+SPEECH_SOCKET = Endpoint("speech_socket", "/v1/audio/speech/websocket", (), openai=True, socket=True)
+VOICES = Endpoint("voices", "/v1/voices")
+VOICE = Endpoint("voice", "/v1/voices/{name}", ("GET", "PUT", "DELETE"))
+
+# In the order the router tries them.
+ALL: tuple[Endpoint, ...] = (
+    PAGE,
+    OPENAPI,
+    HEALTHZ,
+    READYZ,
+    METRICS,
+    PROCESS_METRICS,
+    SUBMIT,
+    STATUS,
+    AUDIO,
+    CAPTIONS,
+    SPEECH,
+    MODELS,
+    AUDIO_VOICES,
+    SPEECH_SOCKET,
+    VOICES,
+    VOICE,
+)
+# What a plain HTTP request's path can match (a WebSocket route never matches one).
+_HTTP = tuple((compile_path(endpoint.path)[0], endpoint) for endpoint in ALL if not endpoint.socket)
+
+
+def at(path: str) -> Endpoint | None:
+    """The HTTP route whose template matches `path`, or None (no such endpoint)."""
+    return next((endpoint for regex, endpoint in _HTTP if regex.match(path)), None)
+
+
+def pattern(endpoint: Endpoint, query: str = "") -> str:
+    """A regular expression for `endpoint`'s paths with request ids in them, and an optional `query` pattern."""
+    path = re.escape(endpoint.path).replace(re.escape("{id}"), ID_PATTERN[1:-1])
+    return f"^{path}{query}$"

@@ -1,0 +1,71 @@
+"""What every synthesizing route does before it answers: a body made a Spec, and its audio stored or on its way."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from msgspec import UNSET
+from rq.job import Job
+from starlette.concurrency import run_in_threadpool
+
+from cache import Spec
+from common import connect, metrics
+from splitter import split
+from web import validation, voices
+from web.bodies import TtsRequest
+from web.context import Context
+from work import queueing
+
+
+async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | None = None, *, tenant: str) -> Spec:
+    """The Spec of a declared-valid body of `tenant`: text normalized and split, the voice resolved (among the
+    tenant's saved voices), defaults filled in, and under TTS_TENANCY=isolated the tenant made part of its ids.
+
+    Refusals name the client's fields: `names` maps ours to its own.
+    """
+    named = names or {}
+    model = await ctx.require_model()
+    text = validation.text(body.text, named.get("text", "text"), ctx.settings.max_chars)
+    seed = None if body.seed is UNSET else body.seed
+    speaker = None if body.speaker is UNSET else body.speaker.strip()
+    if body.voice is not UNSET:
+        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
+    elif speaker is not None:
+        validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
+    return Spec(
+        chunks=tuple(split(text, ctx.settings.chunk_chars)),
+        model=model.id,
+        seed=None if speaker is not None else (ctx.settings.default_seed if seed is None else seed),
+        speaker=speaker,
+        speed=body.speed,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        refine_text=body.refine_text,
+        oral=None if body.oral is UNSET else body.oral,
+        laugh=None if body.laugh is UNSET else body.laugh,
+        break_=None if body.break_ is UNSET else body.break_,
+        tenant=tenant if ctx.settings.tenancy == "isolated" else "",
+    )
+
+
+async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tuple[list[int], Job | None]:
+    """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
+
+    Returns the indexes of chunks not stored yet, and the job making them
+    (None when everything is stored: the queue is not touched). Raises
+    NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
+    time: it stays queued on the primary, and the same request asked again
+    joins it (the job id is the request id).
+    """
+    missing = await ctx.cache.remember(request_id, spec)
+    metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
+    if not missing:
+        return missing, None
+    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
+    if job.get_status(refresh=False) == "finished":
+        return [], None  # its job ended between the look and the submission: all stored now
+    # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
+    # so a primary that dies next cannot take an accepted request with it.
+    await connect.replicated(ctx.redis, ctx.settings)
+    return missing, job
