@@ -1,13 +1,4 @@
-"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode.
-
-    bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,8,32] [--tunings ...]
-                 [--workers 1,2] [--streams 1,8,32,64] [--rounds N] [--model DIR] [--write FILE | --no-write]
-
-Engine alone per tuning and batch size, 1 and 2 workers a GPU, cross-request
-batching off and on, and both schedulers (continuous, static) by streams.
-Every figure is the median [min–max] over rounds; ratios are against float32
-(a +compile tuning: against itself eager) and against 1 worker.
-"""
+"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""bench/gpu.sh's schedulers part: continuous against static scheduling at 1, 8, 32 and 64 concurrent streams.
-
-One worker per scheduler (TTS_SCHEDULING), TTS_BATCH_SIZE = the most
-streams; N one-chunk requests at once, the schedulers in alternating order:
-real-time factor per stream (its time to finished over its audio), chunks/s,
-time to first audio p50/p95 (enqueue to the first piece stored) and the
-worker's memory above idle at the peak (on a GPU: the KV cache and
-activations).
-"""
+"""bench/gpu.sh's schedulers part: continuous against static scheduling at 1, 8, 32 and 64 concurrent streams."""
 
 from __future__ import annotations
 
@@ -35,16 +27,9 @@ def streams_part(
     threads: int,
     worker_memory: Callable[[int, bool], float],
 ) -> list[Figure]:
-    """Continuous against static scheduling at each count of concurrent one-chunk streams, one worker each.
-
-    `worker_memory(pid, gpu)`: MiB a worker holds now (GPU memory, else RSS).
-    """
+    """Continuous against static scheduling at each count of concurrent one-chunk streams, one worker each."""
     redis = cluster.redis()
-    env = {
-        "TTS_MODEL_PATH": str(model_dir),
-        "TTS_TORCH_THREADS": str(threads),
-        "TTS_BATCH_SIZE": str(max(streams)),
-    }
+    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": str(max(streams))}
     if gpu:
         env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
     stamp = int(time.time())

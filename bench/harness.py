@@ -1,9 +1,4 @@
-"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine.
-
-Nothing here imports torch: the orchestrators that use it stay light, so the
-load they generate is not slowed by a 600 MB interpreter, and the web
-process's footprint can be compared with theirs.
-"""
+"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine."""
 
 from __future__ import annotations
 
@@ -73,11 +68,7 @@ def stop_on_sigterm() -> None:
 
 
 def write_section(path: Path, begin: str, end: str, block: str) -> None:
-    """Put `block` between the markers `begin` and `end` of `path`, replacing what was there.
-
-    `block` holds no markers. A file without them gets the section at its end;
-    a missing file is created with a "# Benchmarks" heading.
-    """
+    """Put `block` between the markers `begin` and `end` of `path`, replacing what was there."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     section = f"{begin}\n\n{block}\n\n{end}"
     if begin in text and end in text:
@@ -233,12 +224,7 @@ class Cluster:
         return Redis.from_url(self.redis_url)
 
     def start_redis(self, port: int = 0, aof: bool = False) -> str:
-        """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`.
-
-        Without `aof` it keeps nothing on disk; with it, every write goes to an
-        append-only file that a restart on the same port loads again (`redis_proc`
-        is the running server, for a caller that stops it).
-        """
+        """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`."""
         port = port or free_port()
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
         proc = self.spawn(
@@ -274,10 +260,7 @@ class Cluster:
     def start_app(
         self, name: str, app: str, env: dict[str, str], app_dir: str = ".", timeout: float = 240
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port.
-
-        Returns once /healthz answers 200.
-        """
+        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port."""
         port = free_port()
         args = [
             sys.executable,
@@ -358,10 +341,7 @@ def workers_of(redis: Redis, queue: str) -> list[BaseWorker]:
 
 
 def jobs_run(redis: Redis, queue: str) -> int:
-    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts.
-
-    Assist jobs of the chunk pool count too: they are jobs the workers ran.
-    """
+    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts."""
     return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
@@ -424,11 +404,7 @@ def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = No
 
 
 class Texts:
-    """Distinct texts for requests: no sentence is ever produced twice by one instance.
-
-    Each sentence is longer than half of `chunk_chars`, so the splitter makes
-    it a chunk of its own and a text of n sentences is a request of n chunks.
-    """
+    """Distinct texts for requests: no sentence is ever produced twice by one instance."""
 
     def __init__(self, seed: int, chunk_chars: int = Settings().chunk_chars) -> None:
         self.rng = random.Random(seed)
@@ -554,10 +530,7 @@ def run_jobs(
     workers: Sequence[Proc] = (),
     queues: Sequence[str] = (),
 ) -> list[Job]:
-    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished.
-
-    With `queues`, spec i goes to queues[i % len(queues)]; else to `settings.queue`.
-    """
+    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished."""
     names = list(queues) or [settings.queue]
     qs = [queueing.queue(redis, replace(settings, queue=name)) for name in names]
     submitted = [queueing.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
@@ -597,13 +570,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class Figure:
-    """One line of the table: a measured value per run, optionally a baseline per run and a target.
-
-    `ratio` is computed run by run (subject run i / baseline run i, the two
-    run back to back), so slow drift of the machine cancels out.
-    `target` is a predicate on the median (of the ratio when there is a
-    baseline, else of the value) with its words; on every run's when `every`.
-    """
+    """One line of the table: a measured value per run, optionally a baseline per run and a target."""
 
     scenario: str
     name: str

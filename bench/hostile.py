@@ -1,18 +1,4 @@
-"""The soak's hostile phases: poison requests beside the load, and one tenant's flood beside another's requests.
-
-Poison: inputs that once broke a worker's decode loop for every row in it,
-or that are hostile by shape (numbers longer than any reader handles,
-brackets and tags that are not ChatTTS's, settings at and past the edges of
-their ranges, bodies that are not JSON). Each must be refused with a 4xx at
-submission, or be made, or fail alone with a reason; none may answer 5xx at
-submission or stay unfinished, and no other request in flight meanwhile (a
-victim) may fail.
-
-Flood: tenant BUSY submits a burst of many distinct requests at once while
-tenant QUIET keeps sending one short request every PROBE_EVERY s; QUIET's
-latency while the flood is worked off is compared with its latency before.
-Used by bench/soak.py.
-"""
+"""The soak's hostile phases: poison requests beside the load, and one tenant's flood beside another's requests."""
 
 from __future__ import annotations
 

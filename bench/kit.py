@@ -1,13 +1,4 @@
-"""The device kit: wheels for everything the offline GPU test machine lacks, collected here, installed there.
-
-    python bench/kit.py collect [--dest .whl]            # here, with PyPI: download/build, then check
-    python bench/kit.py check [--dest .whl]              # every requirement met, one version each, size
-    python bench/kit.py install --target DIR [--dest .whl] [--verify]
-
-bench/README.md ("gpu.sh and the device kit") says what each step checks.
-Under another Python than 3.12 (here), the compiled wheels install but
-cannot load, so they are left to the interpreter's own copies.
-"""
+"""The device kit: wheels for everything the offline GPU test machine lacks, collected here, installed there."""
 
 from __future__ import annotations
 

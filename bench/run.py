@@ -1,15 +1,4 @@
-"""`make bench`: one command starts what it needs, runs every scenario, prints one table.
-
-    .venv/bin/python bench/run.py [--quick] [--full-model] [--only 1,9] [--write BENCHMARKS.md]
-    make bench                      # the same, writing BENCHMARKS.md (BENCH_QUICK=1: --quick)
-
-A private redis-server, the web process (uvicorn, as the Procfile does), rq
-workers on the tiny ChatTTS checkpoint and the baselines (`bare.py`,
-`naive.py`), on loopback in a temporary directory, all stopped on exit.
-Scenarios are modules of bench/scenarios/ (bench/README.md: what each
-measures and how to add one); BENCHMARKS.md gets the table, and scenario
-9's load curves are drawn into docs/img/bench-load.png.
-"""
+"""`make bench`: one command starts what it needs, runs every scenario, prints one table."""
 
 from __future__ import annotations
 
@@ -72,24 +61,11 @@ SCENARIOS: list[type[Scenario]] = [
 ]
 # Scenario 8's workers besides the main one (cross-request batching on):
 # name, workers, extra environment.
-SCHED_POOLS: list[tuple[str, int, dict[str, str]]] = [
-    ("off", 1, {"TTS_CROSS_BATCH": "false"}),
-    ("two", 2, {}),
-]
+SCHED_POOLS: list[tuple[str, int, dict[str, str]]] = [("off", 1, {"TTS_CROSS_BATCH": "false"}), ("two", 2, {})]
 
 
 def start_stack(b: Bench, sched: bool) -> None:
-    """Web, bare app, naive server, the main worker and the workers of scenario 8.
-
-    Scenario 6 starts its pools itself and stops them after it, so that no
-    other scenario shares the cores with them.
-
-    The main worker and the naive server run torch on one thread: the tiny
-    model's operations are too small to gain from a second, and on two cores
-    shared with the web process, Redis and the load generator a second
-    OpenMP thread waits on them (scenario 6 measures both).
-    The model processes load one after another, for the same reason.
-    """
+    """Web, bare app, naive server, the main worker and the workers of scenario 8."""
     c = b.cluster
     say(f"starting the stack: main worker (1 torch thread, batches of {b.batch}), web, bare app")
     b.worker = c.start_worker("worker", b.model_env())

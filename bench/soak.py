@@ -1,12 +1,4 @@
-"""`make soak`: minutes of mixed load at 70 % of capacity with faults and hostile tenants, judged.
-
-    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs N] [--full-minutes 3] [--write FILE]
-
-bench/README.md ("soak.py") says what it starts, when each phase and fault
-comes (a flood, poison, a killed worker, Redis restarted, evicting, full)
-and every check it judges; exit 1 when one fails. Only HTTP and signals
-reach the service; Redis is read for memory figures and worker liveness.
-"""
+"""`make soak`: minutes of mixed load at 70 % of capacity with faults and hostile tenants, judged."""
 
 from __future__ import annotations
 
@@ -330,11 +322,7 @@ async def send_poison(s: Soak, latest: float) -> str:
 
 
 def hostile_report(s: Soak) -> tuple[list[tuple[str, str]], list[str]]:
-    """The poison, its victims, the flood and QUIET's latency: lines of the report and failures.
-
-    A request in flight beside the poison that ended in a 503 while Redis was down or full (plus GRACE s), or
-    failed because Redis was full, is the outage's, not the poison's: a short run's phases overlap.
-    """
+    """The poison, its victims, the flood and QUIET's latency: lines of the report and failures."""
     lines: list[tuple[str, str]] = []
     failures = []
     windows = [w for w in (s.outage, s.full) if w is not None]

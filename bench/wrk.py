@@ -1,15 +1,4 @@
-"""wrk, the C HTTP load generator, driven for one bounded run with exact latency percentiles.
-
-    result = wrk.run(port, "/v1/tts/<id>/audio", connections=32, seconds=3)
-    result.rps, result.p50_ms, result.p99_ms
-
-A Python client sharing 2 cores with the servers tops out at about
-1,400-1,900 requests/s and then measures itself; wrk does not. The request
-(method, body, headers) goes in, and the summary comes out, through a Lua
-script written for the run: wrk's `done` hook prints requests, bytes, errors
-and latency percentiles (from wrk's microsecond histogram) as one JSON line.
-wrk is Debian's package `wrk` (`make bench` installs it when run as root).
-"""
+"""wrk, the C HTTP load generator, driven for one bounded run with exact latency percentiles."""
 
 from __future__ import annotations
 
@@ -101,15 +90,7 @@ def run(
     min_bytes: int = 0,
     timeout: float = 10.0,
 ) -> Result:
-    """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds.
-
-    `threads` wrk threads share the connections: one is enough below about
-    50,000 requests/s and leaves the servers the other core. BenchError when
-    wrk fails, when any answer is not 2xx/3xx or any socket error or
-    timeout (past `timeout` s) happens, or when the answers average fewer
-    than `min_bytes` bytes (headers included): a benchmark of errors, or of
-    short "not ready" answers, measures nothing.
-    """
+    """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds."""
     headers = dict(headers or {})
     if body is not None:
         headers.setdefault("Content-Type", "application/json")

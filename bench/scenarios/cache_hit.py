@@ -18,9 +18,8 @@ Case = tuple[str, str, "bytes | None", int]
 
 
 class CacheHit(Scenario):
-    """Both sides run on the server stack of the Procfile's web line (uvicorn with uvloop and httptools, the
-    same flags), in processes of their own. Then the service with WEB_CONCURRENCY=2 (two processes sharing
-    the socket) against one."""
+    """Both sides run on the server stack of the Procfile's web line (uvicorn with uvloop and httptools, the same flags),
+    in processes of their own. Then the service with WEB_CONCURRENCY=2 (two processes sharing the socket) against one."""
 
     number = "1"
     title = "cache hit (wrk): GET audio and POST of a stored request vs the bare endpoint"

@@ -1,15 +1,4 @@
-"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, a full loop, short
-requests behind a long one, and load curves beside the naive server.
-
-Two workers of their own (one per `TTS_SCHEDULING`) and a naive server run
-the tiny checkpoint with its cap lifted, so each row runs to its token
-budget (`common.model.token_budget`) or to an end token the random weights
-draw, as real rows differ in length. The workers use Redis database 1: a
-second model in database 0 would take over what the web process keys its
-requests for. Each round runs both schedulers on the same requests, the
-order alternating, and gives (continuous, static) pairs; bench/README.md
-says what each figure is.
-"""
+"""9. Continuous against static scheduling: a staggered burst, a full loop, short-behind-long, load curves."""
 
 from __future__ import annotations
 

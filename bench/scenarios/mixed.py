@@ -98,9 +98,8 @@ class Mixed(Scenario):
 
 
 def mixed_requests(texts: Texts, pool: list[str], seed: int, shares: list[float] | None = None) -> Callable[[], bytes]:
-    """Scenario 3's load: POST /v1/audio/speech (WAV), REPEATS of them texts asked before (`pool` and this
-    generator's own new ones), the rest new texts of 1-3 chunks. Appends the share of repeats so far to `shares`
-    at each request."""
+    """Scenario 3's load: POST /v1/audio/speech (WAV), REPEATS of them texts asked before (`pool` and this generator's own
+    new ones), the rest new texts of 1-3 chunks. Appends the share of repeats so far to `shares` at each request."""
     rng = random.Random(seed)
     asked = list(pool)
     counts = [0, 0]

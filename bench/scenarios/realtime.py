@@ -1,20 +1,4 @@
-"""10. Real-time clients: streamed speech (first audio against the whole file, idle and under scenario 3's load),
-the WebSocket beside a second stream, an LLM-like client's playback gaps, a voice agent's barge-in under load
-and the first audio of text with no sentence end.
-
-A web process (the Procfile's flags) and a worker of their own, in database
-2 of the run's redis-server, on the run's tiny checkpoint with
-`TTS_STREAM_TOKENS` = STREAM_TOKENS: the checkpoint caps a chunk at 48
-tokens, and with the service's default of 24 the first piece of a chunk
-would wait for 24 + 8 (look-ahead) of them, two thirds of the chunk. Every
-text is new (nothing is answered from the store) unless it is one of scenario
-3's repeats.
-
-A player is taken to start on the first byte with no buffer of its own: a
-gap is how far a piece arrives after the audio sent before it would have
-finished playing (vLLM-Omni's "underrun"). That is the strictest reading;
-a real player's buffer hides short gaps.
-"""
+"""10. Real-time clients: streamed speech, a WebSocket beside a stream, playback gaps, barge-in, no sentence end."""
 
 from __future__ import annotations
 
@@ -168,7 +152,7 @@ class Realtime(Scenario):
                     f"WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms "
                     f"{BUFFER_DELAY * 1000:.0f}): text to first audio delta, median (vs the same with a flush)",
                     "s",
-                ),
+                )
             ],
             lambda _, r: [self.unpunctuated()],
             plan.rounds,
@@ -309,11 +293,7 @@ def socket_round(url: str, sentence: str, rest: str) -> float:
 
 
 def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, float]:
-    """An LLM-like client: a word every WORD_EVERY s for `seconds` s, then `.end`.
-
-    Returns the playback gaps a player starting on the first delta would
-    hear (their total and the worst, in seconds) and the deltas received.
-    """
+    """An LLM-like client: a word every WORD_EVERY s for `seconds` s, then `.end`."""
     words = " ".join(texts.sentence() for _ in range(int(seconds / WORD_EVERY) // 8 + 2)).split()
     arrivals: list[tuple[float, int]] = []  # (when, bytes) of each delta
     errors: list[dict] = []
@@ -351,12 +331,7 @@ def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, flo
 
 
 def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, float]:
-    """One barge-in: an answer of `sentences` in context "agent", cleared once DELTAS_BEFORE_CLEAR deltas arrived.
-
-    Returns seconds from sending input_text.clear to the context's last delta (0 when none came after it),
-    to speech.audio.cleared, one decode step as the deltas before the clear show (seconds per 512 samples
-    between consecutive deltas, their median) and one round trip of the socket.
-    """
+    """One barge-in: an answer of `sentences` in context "agent", cleared once DELTAS_BEFORE_CLEAR deltas arrived."""
     with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
         asked = time.monotonic()

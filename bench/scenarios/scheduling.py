@@ -106,14 +106,8 @@ class Scheduling(Scenario):
         return q.count == 0 and q.started_job_registry.count == 0 and not self.redis.zcard(pool_key(queue))
 
     def first_chunks(self) -> Reading:
-        """p95 ms from submission to first stored chunk of short requests sent one every SHORT_EVERY s while a
-        long request runs on the main worker, and one batch's ms on the same worker just before.
-
-        One batch's time is the time the idle worker takes for a burst of
-        `batch` new one-chunk requests: what a full model call costs, storing
-        included, whatever the scheduler (under a continuous loop the long
-        request's progress events come as its rows end, not once a call).
-        """
+        """p95 ms from submission to first stored chunk of short requests sent one every SHORT_EVERY s while a long request
+        runs on the main worker, and one batch's ms on the same worker just before."""
         batch = [make_spec(self.b.texts.text(1), self.model_id) for _ in range(self.b.batch)]
         one_batch = self.run("one", batch)
         waits = self.time_shorts(make_spec(self.b.texts.text(self.long_chunks), self.model_id))
