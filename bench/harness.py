@@ -227,22 +227,8 @@ class Cluster:
         """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`."""
         port = port or free_port()
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        proc = self.spawn(
-            "redis",
-            [
-                redis_server_binary(),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                *persistence,
-                "--dir",
-                str(self.tmp),
-            ],
-            dict(os.environ),
-        )
+        args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence]
+        proc = self.spawn("redis", [*args, "--dir", str(self.tmp)], dict(os.environ))
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
@@ -262,22 +248,8 @@ class Cluster:
     ) -> tuple[Proc, int]:
         """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port."""
         port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            app,
-            "--factory",
-            "--app-dir",
-            app_dir,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ]
+        args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1"]
+        args += ["--port", str(port), "--no-access-log", "--log-level", "warning"]
         proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
         wait_for(
             lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
@@ -370,19 +342,8 @@ def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
 
 def write_random_model(directory: Path, max_new_token: int) -> Path:
     """A full-size ChatTTS with random weights (bench/random_checkpoint.py), each chunk capped at `max_new_token`."""
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "random_checkpoint.py"),
-            str(directory),
-            "--max-new-token",
-            str(max_new_token),
-        ],
-        check=True,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = [sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(directory)]
+    subprocess.run([*args, "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, capture_output=True)
     return directory
 
 
@@ -597,6 +558,21 @@ class Figure:
         return all(self.target[1](v) for v in pool)
 
 
+def least(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: at least `bound`; `text` says it (default ">= {bound}x")."""
+    return text or f">= {bound:g}x", lambda v: v >= bound
+
+
+def most(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: at most `bound`; `text` says it (default "<= {bound}x")."""
+    return text or f"<= {bound:g}x", lambda v: v <= bound
+
+
+def exactly(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: equal to `bound`; `text` says it (default "{bound}")."""
+    return text or f"{bound:g}", lambda v: v == bound
+
+
 def spread(values: Sequence[float], digits: int) -> str:
     """'median [min-max]' (or just the value for one run)."""
     if not values:
@@ -627,18 +603,10 @@ def table(figures: Sequence[Figure], markdown: bool) -> str:
     rows = []
     for f in figures:
         met = f.met()
-        rows.append(
-            [
-                f.scenario,
-                f.name,
-                f.unit,
-                spread(f.values, _digits(f.values)),
-                spread(f.baseline, _digits(f.baseline)) if f.baseline else "",
-                spread(f.ratios, 2) + "x" if f.baseline else "",
-                f.target[0] if f.target else "",
-                "" if met is None else ("yes" if met else "NO"),
-            ]
-        )
+        base = [spread(f.baseline, _digits(f.baseline)), spread(f.ratios, 2) + "x"] if f.baseline else ["", ""]
+        verdict = "" if met is None else ("yes" if met else "NO")
+        target = f.target[0] if f.target else ""
+        rows.append([f.scenario, f.name, f.unit, spread(f.values, _digits(f.values)), *base, target, verdict])
     if markdown:
         return markdown_table(head, rows)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
@@ -674,20 +642,17 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory": mem,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "torch": _version("torch"),
-        "chattts": _version("chattts"),
-        "uvicorn": _version("uvicorn"),
-        "starlette": _version("starlette"),
-        "redis-py": _version("redis"),
-        "rq": _version("rq"),
-        "load average (1, 5, 15 min) at start": load,
-    }
+    info = {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem, "os": f"{platform.system()} {platform.release()}"}
+    info["python"] = platform.python_version()
+    for key, package in [
+        ("torch", "torch"),
+        ("chattts", "chattts"),
+        ("uvicorn", "uvicorn"),
+        ("starlette", "starlette"),
+    ]:
+        info[key] = _version(package)
+    info.update({"redis-py": _version("redis"), "rq": _version("rq"), "load average (1, 5, 15 min) at start": load})
+    return info
 
 
 def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:

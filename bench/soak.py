@@ -65,12 +65,9 @@ END = "<!-- soak:end -->"
 QUEUE = "tts"
 # 503s that end within this many seconds after Redis answers again still belong to the outage.
 GRACE = 3.0
-# The mix of arrivals: new requests, then repeats of stored ones.
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
-# The web process's highest RSS in the second half of the run may exceed the first half's by this factor: its
-# bounded memories (encoded audio, submissions) fill in the first, and glibc's free pages are handed back
-# every few seconds (web.heap), so more is growth.
+# The web process's highest RSS in the run's second half may exceed the first half's by this factor (bench/README.md).
 WEB_FLAT = 1.10
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
@@ -773,25 +770,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
-    parser.add_argument(
-        "--max-jobs", type=int, help=f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
-    )
+    max_jobs = f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
+    parser.add_argument("--max-jobs", type=int, help=max_jobs)
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
-    parser.add_argument(
-        "--full-minutes", type=float, default=3.0, help="Redis full for this long (3; 30 %% of the run at most)"
-    )
+    full = "Redis full for this long (3; 30 %% of the run at most)"
+    parser.add_argument("--full-minutes", type=float, default=3.0, help=full)
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster = Cluster()
-    s = Soak(
-        cluster=cluster,
-        minutes=args.minutes,
-        load=args.load,
-        max_jobs=args.max_jobs,
-        full_seconds=args.full_minutes * 60,
-    )
+    s = Soak(cluster, args.minutes, args.load, args.max_jobs, full_seconds=args.full_minutes * 60)
     verdict = None
     try:
         verdict = asyncio.run(soak(s, args.drain))

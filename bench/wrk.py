@@ -97,20 +97,9 @@ def run(
     with tempfile.TemporaryDirectory(prefix="tts-wrk-") as tmp:
         lua = Path(tmp) / "run.lua"
         lua.write_text(script(method, body, headers))
-        args = [
-            binary(),
-            "-t",
-            str(max(1, min(threads, connections))),
-            "-c",
-            str(connections),
-            "-d",
-            f"{int(seconds)}s",
-            "--timeout",
-            f"{int(timeout)}s",
-            "-s",
-            str(lua),
-            f"http://{HOST}:{port}{path}",
-        ]
+        args = [binary(), "-t", str(max(1, min(threads, connections))), "-c", str(connections)]
+        args += ["-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua)]
+        args.append(f"http://{HOST}:{port}{path}")
         proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + timeout + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
@@ -127,13 +116,5 @@ def run(
             f"wrk against {method} {path}: {data['requests']} answers averaging "
             f"{data['bytes'] / max(1, data['requests']):.0f} bytes, expected at least {min_bytes}"
         )
-    return Result(
-        seconds=data["duration_us"] / 1e6,
-        requests=data["requests"],
-        bytes=data["bytes"],
-        p50_ms=data["p50_us"] / 1000,
-        p90_ms=data["p90_us"] / 1000,
-        p99_ms=data["p99_us"] / 1000,
-        max_ms=data["max_us"] / 1000,
-        mean_ms=data["mean_us"] / 1000,
-    )
+    ms = {f"{k}_ms": data[f"{k}_us"] / 1000 for k in ("p50", "p90", "p99", "max", "mean")}
+    return Result(seconds=data["duration_us"] / 1e6, requests=data["requests"], bytes=data["bytes"], **ms)

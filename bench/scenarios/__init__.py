@@ -152,6 +152,10 @@ class Scenario:
     def teardown(self) -> None:
         """Stop what `setup` started; runs after an error too, even one in `setup` itself."""
 
+    def figure(self, name: str, unit: str, **more: Any) -> Figure:
+        """A Figure of this scenario."""
+        return Figure(self.number, name, unit, **more)
+
     def counted_in(self) -> Redis:
         """The Redis whose metrics count the chunks this scenario's workers make (`counts_chunks`)."""
         return self.b.cluster.redis()
