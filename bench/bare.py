@@ -1,14 +1,4 @@
-"""Baseline for the cache-hit benchmark: a bare Starlette app answering stored bytes from Redis.
-
-    REDIS_URL=... uvicorn bare:create_app --factory --app-dir bench
-
-`GET /raw/{key}` answers the value under `key` as audio/wav; `POST /raw/{key}`
-reads and parses the JSON body, then answers the value under `key` as JSON.
-One Redis round trip each (`redis.asyncio`, as the service uses), no
-validation, no headers beyond the framework's: the floor a cache hit of the
-real service is compared with. The benchmark stores the service's own
-answers under the keys, so both return the same bytes.
-"""
+"""Baseline for the cache-hit benchmark: a bare Starlette app answering stored bytes from Redis."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode.
-
-    bench/gpu.sh [--quick] [--cpu] [--max-new-token N] [--batch-sizes 1,8,32] [--tunings ...]
-                 [--workers 1,2] [--streams 1,8,32,64] [--rounds N] [--model DIR] [--write FILE | --no-write]
-
-Engine alone per tuning and batch size, 1 and 2 workers a GPU, cross-request
-batching off and on, and both schedulers (continuous, static) by streams.
-Every figure is the median [min–max] over rounds; ratios are against float32
-(a +compile tuning: against itself eager) and against 1 worker.
-"""
+"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode."""
 
 from __future__ import annotations
 
@@ -15,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -23,18 +15,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_streams import streams_part  # noqa: E402
 from harness import (  # noqa: E402
     MIB,
     ROOT,
     BenchError,
     Cluster,
     Figure,
+    Proc,
     Texts,
     engine_bench,
     machine,
     make_spec,
     model_info,
+    percentile,
     rss_bytes,
     run_jobs,
     say,
@@ -44,7 +37,8 @@ from harness import (  # noqa: E402
     write_tiny_model,
 )
 
-from cache import stored  # noqa: E402
+from cache import SAMPLE_RATE, Spec, stored  # noqa: E402
+from common.keys import chunk_key, pieces_key  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from work import queueing  # noqa: E402
 
@@ -59,12 +53,8 @@ CROSS_BATCH = ("false", "true")
 
 def cuda_devices() -> int:
     """How many CUDA devices torch sees (asked in a child: this process never touches CUDA)."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    code = "import torch; print(torch.cuda.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     try:
         return int(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -108,18 +98,10 @@ def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool)
     for label in labels:
         f = engine["fidelity"].get(label)
         if f and label != base:
-            figures.append(
-                Figure(
-                    "8",
-                    f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)",
-                    "cos",
-                    [f["cosine"]],
-                    target=(">= 0.99", lambda v: v >= 0.99),
-                )
-            )
-            figures.append(
-                Figure("8", f"fidelity {label}: first 64 sampled steps equal to {base}'s", "steps", [f["matching"]])
-            )
+            cosine = f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)"
+            figures.append(Figure("8", cosine, "cos", [f["cosine"]], target=(">= 0.99", lambda v: v >= 0.99)))
+            steps = f"fidelity {label}: first 64 sampled steps equal to {base}'s"
+            figures.append(Figure("8", steps, "steps", [f["matching"]]))
         extra = engine["first_call_extra_seconds"].get(label)
         if extra is not None and "compile" in label:
             figures.append(Figure("8", f"{label}: first call beyond a warm one (compilation)", "s", [extra]))
@@ -131,32 +113,13 @@ def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool)
             against = eager if eager != label and eager in runs else base
             rtf = [r["rtf"] for r in runs[label]]
             vs = f" (vs {against})" if label != base else ""
-            figures.append(
-                Figure(
-                    "8",
-                    f"real-time factor, batch {size}, {label}{vs}",
-                    "x",
-                    rtf,
-                    [r["rtf"] for r in runs[against]] if label != base else [],
-                )
-            )
-            figures.append(
-                Figure(
-                    "8",
-                    f"engine throughput, batch {size}, {label}",
-                    "chunks/s",
-                    [r["chunks_per_s"] for r in runs[label]],
-                )
-            )
+            baseline = [r["rtf"] for r in runs[against]] if label != base else []
+            figures.append(Figure("8", f"real-time factor, batch {size}, {label}{vs}", "x", rtf, baseline))
+            rate = [r["chunks_per_s"] for r in runs[label]]
+            figures.append(Figure("8", f"engine throughput, batch {size}, {label}", "chunks/s", rate))
             if gpu:
-                figures.append(
-                    Figure(
-                        "8",
-                        f"peak GPU memory of the run, batch {size}, {label}",
-                        "MiB",
-                        [r["peak_gpu_bytes"] / MIB for r in runs[label]],
-                    )
-                )
+                peak = [r["peak_gpu_bytes"] / MIB for r in runs[label]]
+                figures.append(Figure("8", f"peak GPU memory of the run, batch {size}, {label}", "MiB", peak))
     return figures
 
 
@@ -191,12 +154,8 @@ def workers_part(
     say(f"starting {max(workers)} workers ({threads} torch thread(s) each{tag})")
     before = gpu_used_mib() if gpu else None
     # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
-    env = {
-        "TTS_MODEL_PATH": str(model_dir),
-        "TTS_TORCH_THREADS": str(threads),
-        "TTS_BATCH_SIZE": "16" if gpu else "4",
-        "TTS_CROSS_BATCH": cross_batch,
-    }
+    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": "16" if gpu else "4"}
+    env["TTS_CROSS_BATCH"] = cross_batch
     if gpu:
         env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
     stamp = f"{cross_batch}-{int(time.time())}"
@@ -217,14 +176,8 @@ def workers_part(
                 how = "rise of the GPU's used memory / workers"
             figures.append(Figure("8", f"GPU memory per worker, idle after warm-up ({how}){tag}", "MiB", mem))
         else:
-            figures.append(
-                Figure(
-                    "8",
-                    f"RSS per worker, idle after warm-up (CPU mode){tag}",
-                    "MiB",
-                    [rss_bytes(p.pid) / MIB for p in procs],
-                )
-            )
+            rss = [rss_bytes(p.pid) / MIB for p in procs]
+            figures.append(Figure("8", f"RSS per worker, idle after warm-up (CPU mode){tag}", "MiB", rss))
         model_id = model_info(redis).id
         texts = Texts(seed=int(time.time()))
         settings = Settings()
@@ -249,15 +202,8 @@ def workers_part(
         first = workers[0]
         for n in workers:
             vs = f" (vs {first})" if n != first else ""
-            figures.append(
-                Figure(
-                    "8",
-                    f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}",
-                    "chunks/s",
-                    rate[n],
-                    rate[first] if n != first else [],
-                )
-            )
+            name = f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}"
+            figures.append(Figure("8", name, "chunks/s", rate[n], rate[first] if n != first else []))
             figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
     finally:
         for proc in procs:
@@ -278,13 +224,133 @@ def append_report(path: Path, text: str) -> None:
         shutil.copy(path, Path(out) / path.name)
 
 
+SCHEDULERS = ("continuous", "static")
+
+
+def streams_part(
+    cluster: Cluster,
+    model_dir: Path,
+    gpu: bool,
+    streams: list[int],
+    rounds: int,
+    threads: int,
+) -> list[Figure]:
+    """Continuous against static scheduling at each count of concurrent one-chunk streams, one worker each."""
+    redis = cluster.redis()
+    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": str(max(streams))}
+    if gpu:
+        env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
+    stamp = int(time.time())
+    queues = {s: f"gpu-bench-{s}-{stamp}" for s in SCHEDULERS}
+    say(f"starting one worker per scheduler, batches of {max(streams)}")
+    procs = {
+        s: cluster.start_worker(f"worker-{s}-{stamp}", {**env, "TTS_SCHEDULING": s, "TTS_QUEUE": queues[s]})
+        for s in SCHEDULERS
+    }
+    got: dict[tuple[str, int], dict[str, list[float]]] = {
+        (s, n): {"rtf": [], "rate": [], "p50": [], "p95": [], "memory": []} for s in SCHEDULERS for n in streams
+    }
+    try:
+        for s in SCHEDULERS:
+            cluster.wait_workers([procs[s]], queues[s], timeout=600)
+        model_id = model_info(redis).id
+        texts = Texts(seed=stamp)
+        settings = Settings()
+        idle = {s: worker_memory(procs[s].pid, gpu) for s in SCHEDULERS}
+        for r in range(rounds):
+            for n in streams:
+                for s in SCHEDULERS if (r + n) % 2 == 0 else SCHEDULERS[::-1]:
+                    specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
+                    figures = run_streams(cluster, settings, specs, queues[s], procs[s], gpu)
+                    for name, value in figures.items():
+                        got[(s, n)][name].append(value)
+                    got[(s, n)]["memory"][-1] -= idle[s]
+                    say(
+                        f"  round {r}, {n} stream(s), {s}: RTF {figures['rtf']:.3f}, {figures['rate']:.2f} chunks/s, "
+                        f"first audio p95 {figures['p95']:.0f} ms"
+                    )
+    finally:
+        for proc in procs.values():
+            proc.stop()
+    out: list[Figure] = []
+    memory = "GPU memory above idle at the peak (nvidia-smi)" if gpu else "RSS above idle at the peak (CPU mode)"
+    for n in streams:
+        c, st = got[("continuous", n)], got[("static", n)]
+        tag = f"{n} concurrent stream(s), continuous (vs static)"
+        out += [
+            Figure("9", f"{tag}: real-time factor per stream (median)", "x", c["rtf"], st["rtf"]),
+            Figure("9", f"{tag}: throughput", "chunks/s", c["rate"], st["rate"]),
+            Figure("9", f"{tag}: time to first audio p50", "ms", c["p50"], st["p50"]),
+            Figure("9", f"{tag}: time to first audio p95", "ms", c["p95"], st["p95"]),
+            Figure("9", f"{tag}: {memory}", "MiB", c["memory"], st["memory"]),
+        ]
+    return out
+
+
+def run_streams(
+    cluster: Cluster,
+    settings: Settings,
+    specs: list[Spec],
+    queue: str,
+    worker: Proc,
+    gpu: bool,
+) -> dict[str, float]:
+    """Submit `specs` (one chunk each) at once on `queue`; per-stream RTF, chunks/s, first audio, peak memory."""
+    redis = cluster.redis()
+    q = queueing.queue(redis, dataclasses.replace(settings, queue=queue))
+    first_piece = [spec.chunk_ids()[0] for spec in specs]
+    heard: dict[int, float] = {}
+    finished: dict[int, float] = {}
+    peak = [0.0]
+    start = time.monotonic()
+    jobs = [queueing.submit(q, spec, settings) for spec in specs]
+
+    def look() -> bool:
+        worker.check()
+        peak[0] = max(peak[0], worker_memory(worker.pid, gpu))
+        now = time.monotonic() - start
+        with redis.pipeline(transaction=False) as pipe:
+            for cid in first_piece:
+                pipe.llen(pieces_key(cid))
+            for job in jobs:
+                pipe.hget(job.key, "status")
+            found = pipe.execute()
+        for i, (n, status) in enumerate(zip(found[: len(specs)], found[len(specs) :])):
+            if n and i not in heard:
+                heard[i] = now
+            if status in (b"finished", b"failed") and i not in finished:
+                finished[i] = now
+                heard.setdefault(i, now)  # a chunk stored whole: its first audio is its end at the latest
+        return len(finished) == len(specs)
+
+    wait_for(look, 600, f"{len(specs)} streams on {queue}", interval=0.005)
+    failed = [j.id for j in jobs if j.get_status(refresh=True) != "finished"]
+    if failed:
+        raise BenchError(f"{len(failed)} stream jobs failed on {queue}: {failed[:3]}")
+    # A stream's audio is its chunk's stored PCM16 (a job's own figures count the rows its run stepped, which
+    # under the loop include other jobs' rows).
+    with redis.pipeline(transaction=False) as pipe:
+        for cid in first_piece:
+            pipe.strlen(chunk_key(cid))
+        audio = [n / (2 * SAMPLE_RATE) for n in pipe.execute()]
+    if not all(audio):
+        raise BenchError(f"{audio.count(0)} of {len(specs)} streams on {queue} stored no audio")
+    rtf = [finished[i] / a for i, a in enumerate(audio)]
+    waits = list(heard.values())
+    return {
+        "rtf": statistics.median(rtf),
+        "rate": len(specs) / max(finished.values()),
+        "p50": 1000 * statistics.median(waits),
+        "p95": 1000 * percentile(waits, 95),
+        "memory": peak[0],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        default=os.environ.get("BENCH_QUICK", "") not in ("", "0"),
-        help="fewer and shorter runs (also BENCH_QUICK=1)",
+        "--quick", action="store_true", default=quick, help="fewer and shorter runs (also BENCH_QUICK=1)"
     )
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk, full-size model (GPU)")
@@ -324,21 +390,8 @@ def main(argv: list[str] | None = None) -> int:
 
             say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, tunings {', '.join(labels)}")
             out = cluster.tmp / "engine.json"
-            cmd = [
-                "--model",
-                str(model_dir),
-                "--batch-sizes",
-                sizes,
-                "--chunks",
-                "1",
-                "--rounds",
-                str(rounds),
-                "--tunings",
-                ",".join(labels),
-                "--fidelity",
-                "--device",
-                "cuda:0" if gpu else "cpu",
-            ]
+            cmd = ["--model", str(model_dir), "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds)]
+            cmd += ["--tunings", ",".join(labels), "--fidelity", "--device", "cuda:0" if gpu else "cpu"]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
             engine, stdout = engine_bench(cmd, out)
@@ -357,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             late = time.monotonic() - started > LATE
             if late:
                 say(f"past {LATE} s: the schedulers part runs one round")
-            figures += streams_part(cluster, model_dir, gpu, streams, 1 if late else rounds, threads, worker_memory)
+            figures += streams_part(cluster, model_dir, gpu, streams, 1 if late else rounds, threads)
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1

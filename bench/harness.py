@@ -1,9 +1,4 @@
-"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine.
-
-Nothing here imports torch: the orchestrators that use it stay light, so the
-load they generate is not slowed by a 600 MB interpreter, and the web
-process's footprint can be compared with theirs.
-"""
+"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine."""
 
 from __future__ import annotations
 
@@ -73,11 +68,7 @@ def stop_on_sigterm() -> None:
 
 
 def write_section(path: Path, begin: str, end: str, block: str) -> None:
-    """Put `block` between the markers `begin` and `end` of `path`, replacing what was there.
-
-    `block` holds no markers. A file without them gets the section at its end;
-    a missing file is created with a "# Benchmarks" heading.
-    """
+    """Put `block` between the markers `begin` and `end` of `path`, replacing what was there."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     section = f"{begin}\n\n{block}\n\n{end}"
     if begin in text and end in text:
@@ -233,30 +224,11 @@ class Cluster:
         return Redis.from_url(self.redis_url)
 
     def start_redis(self, port: int = 0, aof: bool = False) -> str:
-        """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`.
-
-        Without `aof` it keeps nothing on disk; with it, every write goes to an
-        append-only file that a restart on the same port loads again (`redis_proc`
-        is the running server, for a caller that stops it).
-        """
+        """A private redis-server on `port` (0: a free one) in the run's directory; its URL, now `redis_url`."""
         port = port or free_port()
         persistence = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        proc = self.spawn(
-            "redis",
-            [
-                redis_server_binary(),
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                *persistence,
-                "--dir",
-                str(self.tmp),
-            ],
-            dict(os.environ),
-        )
+        args = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence]
+        proc = self.spawn("redis", [*args, "--dir", str(self.tmp)], dict(os.environ))
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
@@ -274,27 +246,10 @@ class Cluster:
     def start_app(
         self, name: str, app: str, env: dict[str, str], app_dir: str = ".", timeout: float = 240
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port.
-
-        Returns once /healthz answers 200.
-        """
+        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port."""
         port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            app,
-            "--factory",
-            "--app-dir",
-            app_dir,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--no-access-log",
-            "--log-level",
-            "warning",
-        ]
+        args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1"]
+        args += ["--port", str(port), "--no-access-log", "--log-level", "warning"]
         proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
         wait_for(
             lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
@@ -358,10 +313,7 @@ def workers_of(redis: Redis, queue: str) -> list[BaseWorker]:
 
 
 def jobs_run(redis: Redis, queue: str) -> int:
-    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts.
-
-    Assist jobs of the chunk pool count too: they are jobs the workers ran.
-    """
+    """Jobs the live workers of `queue` have run, successful or failed, by RQ's counts."""
     return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
@@ -390,19 +342,8 @@ def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
 
 def write_random_model(directory: Path, max_new_token: int) -> Path:
     """A full-size ChatTTS with random weights (bench/random_checkpoint.py), each chunk capped at `max_new_token`."""
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "random_checkpoint.py"),
-            str(directory),
-            "--max-new-token",
-            str(max_new_token),
-        ],
-        check=True,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = [sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(directory)]
+    subprocess.run([*args, "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, capture_output=True)
     return directory
 
 
@@ -424,11 +365,7 @@ def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = No
 
 
 class Texts:
-    """Distinct texts for requests: no sentence is ever produced twice by one instance.
-
-    Each sentence is longer than half of `chunk_chars`, so the splitter makes
-    it a chunk of its own and a text of n sentences is a request of n chunks.
-    """
+    """Distinct texts for requests: no sentence is ever produced twice by one instance."""
 
     def __init__(self, seed: int, chunk_chars: int = Settings().chunk_chars) -> None:
         self.rng = random.Random(seed)
@@ -554,10 +491,7 @@ def run_jobs(
     workers: Sequence[Proc] = (),
     queues: Sequence[str] = (),
 ) -> list[Job]:
-    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished.
-
-    With `queues`, spec i goes to queues[i % len(queues)]; else to `settings.queue`.
-    """
+    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished."""
     names = list(queues) or [settings.queue]
     qs = [queueing.queue(redis, replace(settings, queue=name)) for name in names]
     submitted = [queueing.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
@@ -597,13 +531,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class Figure:
-    """One line of the table: a measured value per run, optionally a baseline per run and a target.
-
-    `ratio` is computed run by run (subject run i / baseline run i, the two
-    run back to back), so slow drift of the machine cancels out.
-    `target` is a predicate on the median (of the ratio when there is a
-    baseline, else of the value) with its words; on every run's when `every`.
-    """
+    """One line of the table: a measured value per run, optionally a baseline per run and a target."""
 
     scenario: str
     name: str
@@ -628,6 +556,21 @@ class Figure:
             return None
         pool = (self.ratios if self.baseline else self.values) if self.every else [value]
         return all(self.target[1](v) for v in pool)
+
+
+def least(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: at least `bound`; `text` says it (default ">= {bound}x")."""
+    return text or f">= {bound:g}x", lambda v: v >= bound
+
+
+def most(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: at most `bound`; `text` says it (default "<= {bound}x")."""
+    return text or f"<= {bound:g}x", lambda v: v <= bound
+
+
+def exactly(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
+    """A Figure's target: equal to `bound`; `text` says it (default "{bound}")."""
+    return text or f"{bound:g}", lambda v: v == bound
 
 
 def spread(values: Sequence[float], digits: int) -> str:
@@ -660,18 +603,10 @@ def table(figures: Sequence[Figure], markdown: bool) -> str:
     rows = []
     for f in figures:
         met = f.met()
-        rows.append(
-            [
-                f.scenario,
-                f.name,
-                f.unit,
-                spread(f.values, _digits(f.values)),
-                spread(f.baseline, _digits(f.baseline)) if f.baseline else "",
-                spread(f.ratios, 2) + "x" if f.baseline else "",
-                f.target[0] if f.target else "",
-                "" if met is None else ("yes" if met else "NO"),
-            ]
-        )
+        base = [spread(f.baseline, _digits(f.baseline)), spread(f.ratios, 2) + "x"] if f.baseline else ["", ""]
+        verdict = "" if met is None else ("yes" if met else "NO")
+        target = f.target[0] if f.target else ""
+        rows.append([f.scenario, f.name, f.unit, spread(f.values, _digits(f.values)), *base, target, verdict])
     if markdown:
         return markdown_table(head, rows)
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
@@ -707,20 +642,17 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory": mem,
-        "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "torch": _version("torch"),
-        "chattts": _version("chattts"),
-        "uvicorn": _version("uvicorn"),
-        "starlette": _version("starlette"),
-        "redis-py": _version("redis"),
-        "rq": _version("rq"),
-        "load average (1, 5, 15 min) at start": load,
-    }
+    info = {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem, "os": f"{platform.system()} {platform.release()}"}
+    info["python"] = platform.python_version()
+    for key, package in [
+        ("torch", "torch"),
+        ("chattts", "chattts"),
+        ("uvicorn", "uvicorn"),
+        ("starlette", "starlette"),
+    ]:
+        info[key] = _version(package)
+    info.update({"redis-py": _version("redis"), "rq": _version("rq"), "load average (1, 5, 15 min) at start": load})
+    return info
 
 
 def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:

@@ -1,18 +1,4 @@
-"""The soak's hostile phases: poison requests beside the load, and one tenant's flood beside another's requests.
-
-Poison: inputs that once broke a worker's decode loop for every row in it,
-or that are hostile by shape (numbers longer than any reader handles,
-brackets and tags that are not ChatTTS's, settings at and past the edges of
-their ranges, bodies that are not JSON). Each must be refused with a 4xx at
-submission, or be made, or fail alone with a reason; none may answer 5xx at
-submission or stay unfinished, and no other request in flight meanwhile (a
-victim) may fail.
-
-Flood: tenant BUSY submits a burst of many distinct requests at once while
-tenant QUIET keeps sending one short request every PROBE_EVERY s; QUIET's
-latency while the flood is worked off is compared with its latency before.
-Used by bench/soak.py.
-"""
+"""The soak's hostile phases: poison requests beside the load, and one tenant's flood beside another's requests."""
 
 from __future__ import annotations
 
@@ -30,16 +16,9 @@ BUSY, QUIET = "busy", "quiet"
 PROBE_EVERY = 1.0
 # The flood: a burst of this many seconds of the measured capacity, all submitted at once.
 FLOOD_CAPACITY_SECONDS = 10.0
-# QUIET's p95 latency while the flood lasts may be at most this multiple of its p95 before the flood. Tenants
-# take the model's rows in turn (docs/tenants.md), so a QUIET request is not queued behind the flood, but in a
-# loop that is now always full it waits for the next free row (up to one chunk's decode) and then decodes in
-# steps of full rows, which cost more than the part-full ones of a 70 % load: about twice its usual time,
-# and more at the tail. Without the turns it would wait behind the whole burst: the flood's length,
-# reported beside, tens of times its usual latency.
+# QUIET's p95 latency while the flood lasts may be at most this multiple of its p95 before (bench/README.md says why).
 FLOOD_BOUND = 3.0
-# The web process that the poison is also sent to splits text into chunks of this many characters (the
-# highest TTS_CHUNK_CHARS allows): long numbers and brackets then reach the model whole, as they did when
-# they broke the loop at TTS_CHUNK_CHARS >= 320.
+# TTS_CHUNK_CHARS of the second web process the poison goes to (its highest): long numbers reach the model whole.
 WIDE_CHUNKS = 1000
 
 _PLAIN = "A plain sentence with a setting at the edge of its range, number {}."

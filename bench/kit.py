@@ -1,13 +1,4 @@
-"""The device kit: wheels for everything the offline GPU test machine lacks, collected here, installed there.
-
-    python bench/kit.py collect [--dest .whl]            # here, with PyPI: download/build, then check
-    python bench/kit.py check [--dest .whl]              # every requirement met, one version each, size
-    python bench/kit.py install --target DIR [--dest .whl] [--verify]
-
-bench/README.md ("gpu.sh and the device kit") says what each step checks.
-Under another Python than 3.12 (here), the compiled wheels install but
-cannot load, so they are left to the interpreter's own copies.
-"""
+"""The device kit: wheels for everything the offline GPU test machine lacks, collected here, installed there."""
 
 from __future__ import annotations
 
@@ -30,27 +21,9 @@ DEFAULT_DEST = ROOT / ".whl"
 # The device tool carries at most 64 MiB: the kit and the working tree together.
 MAX_MIB = 64
 PYTHON_VERSION = "3.12"
-PLATFORMS = (
-    "manylinux_2_28_x86_64",
-    "manylinux_2_27_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-    "manylinux1_x86_64",
-)
+PLATFORMS = tuple(f"manylinux{v}_x86_64" for v in ("_2_28", "_2_27", "_2_17", "2014", "1"))
 # The modules `--verify` imports: the worker's whole import graph pulls in the rest.
-MODULES = (
-    "ChatTTS",
-    "vocos",
-    "encodec",
-    "vector_quantize_pytorch",
-    "num2words",
-    "cn2an",
-    "rq",
-    "redis",
-    "soundfile",
-    "engines.chattts",
-    "worker",
-)
+MODULES = "ChatTTS vocos encodec vector_quantize_pytorch num2words cn2an rq redis soundfile engines.chattts worker"
 # For marker evaluation: the device's interpreter, not this one.
 DEVICE_ENV = {
     "python_version": PYTHON_VERSION,
@@ -221,19 +194,8 @@ def install(dest: Path, target: Path, verify: bool) -> None:
     """Install the checked kit into `target` the way the device does (offline, no dependencies)."""
     # No size check: the device's copy of the tree is no git checkout.
     found = check(dest, size=False)
-    _pip(
-        "install",
-        "-q",
-        "--no-index",
-        "--no-deps",
-        "--no-compile",
-        "--no-cache-dir",
-        "--upgrade",
-        *_platform_args(),
-        "--target",
-        str(target),
-        *(str(p) for p in found.values()),
-    )
+    offline = ["install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade"]
+    _pip(*offline, *_platform_args(), "--target", str(target), *(str(p) for p in found.values()))
     if verify:
         _verify(found, target)
 
@@ -254,7 +216,7 @@ def _verify(found: dict[str, Path], target: Path) -> None:
         "import importlib, os, subprocess, sys\n"
         f"target = {str(target)!r}\n"
         f"sys.path.insert(0, target); sys.path.insert(1, {str(ROOT)!r})\n"
-        f"for name in {MODULES!r}:\n"
+        f"for name in {tuple(MODULES.split())!r}:\n"
         "    importlib.import_module(name)\n"
         "import ChatTTS, vocos, rq\n"
         "outside = [m.__name__ for m in (ChatTTS, vocos, rq) if not m.__file__.startswith(target)]\n"

@@ -1,12 +1,4 @@
-"""A small closed-loop HTTP/1.1 load generator on raw asyncio streams.
-
-N keep-alive connections each send a request, read the whole answer, and
-send the next, for a bounded time. It is deliberately light (no HTTP
-library, no TLS, no redirects): on a 2-core machine the client shares the
-CPUs with the servers it measures, and the less it spends per request the
-less it disturbs them. Baseline and subject are measured with the same
-client, so what it does cost cancels in their ratio.
-"""
+"""A small closed-loop HTTP/1.1 load generator on raw asyncio streams."""
 
 from __future__ import annotations
 
@@ -111,12 +103,7 @@ class Connection:
 
 @dataclass
 class LoadResult:
-    """What one bounded run measured.
-
-    `latencies` (seconds) are of the requests started inside the measured
-    window, waited for to the end; `completed` counts the answers that came
-    inside it, so `rps` is the throughput of the window.
-    """
+    """What one bounded run measured."""
 
     seconds: float
     completed: int
@@ -142,12 +129,7 @@ async def run(
     expect: tuple[int, ...] = (200,),
     timeout: float = 120,
 ) -> LoadResult:
-    """Drive `connections` closed-loop connections for `warmup` + `duration` seconds.
-
-    `next_request()` gives the bytes of each request. Any status outside
-    `expect`, or a connection error, raises BenchError: a benchmark of
-    errors measures nothing.
-    """
+    """Drive `connections` closed-loop connections for `warmup` + `duration` seconds."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     window = (start + warmup, start + warmup + duration)
@@ -196,15 +178,7 @@ async def run_open(
     expect: tuple[int, ...] = (200,),
     timeout: float = 300,
 ) -> LoadResult:
-    """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do.
-
-    Unlike `run`, a slow server does not slow the arrivals, so latency
-    includes the time a request waits behind others, as a user arriving
-    independently would see it. Latency is counted from the scheduled arrival
-    (no coordinated omission). Each arrival takes an idle connection or opens
-    one, up to `max_connections`; beyond that BenchError (the server is far
-    past saturation, and the figure would be the client's queue).
-    """
+    """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do."""
     loop = asyncio.get_running_loop()
     idle: list[Connection] = []
     busy = 0
@@ -269,10 +243,7 @@ async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[s
 
 
 async def submit_and_fetch(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:
-    """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait.
-
-    Returns the audio's status, the seconds both took and the audio; BenchError on any other answer.
-    """
+    """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait."""
     conn = Connection(port)
     try:
         t0 = time.perf_counter()

@@ -1,16 +1,4 @@
-"""Baseline for the mixed-load benchmark: a naive server that synthesizes in-process on every request.
-
-    TTS_MODEL_PATH=DIR uvicorn naive:create_app --factory --app-dir bench
-
-What a first version of the service would be: one process loads the same
-model the workers load (`engine.load_engine`, warm-up included) and answers
-`POST /v1/audio/speech` (the OpenAI-shaped body the real service takes:
-`input`, `voice` ignored beyond a fixed seed) with WAV synthesized right
-there, in batches of `TTS_BATCH_SIZE` chunks, with no cache, no queue and no
-dedupe. ChatTTS keeps per-call state on its `Chat` object, so calls are
-serialized by a lock; they run in the threadpool so the event loop keeps
-accepting connections meanwhile.
-"""
+"""Baseline for the mixed-load benchmark: a naive server that synthesizes in-process on every request."""
 
 from __future__ import annotations
 
@@ -65,8 +53,5 @@ def create_app() -> Starlette:
         return JSONResponse({"status": "ok", "model": info.name})
 
     return Starlette(
-        routes=[
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/v1/audio/speech", speech, methods=["POST"]),
-        ]
+        routes=[Route("/healthz", healthz, methods=["GET"]), Route("/v1/audio/speech", speech, methods=["POST"])]
     )

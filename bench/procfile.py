@@ -1,10 +1,4 @@
-"""Web servers started with the Procfile's own `web` flags, for benchmarks that must measure what deploys.
-
-The Procfile's web line is read, not copied: when it changes (another event
-loop, other proxy settings), the benchmarks and the soak follow.
-Only the host (loopback) and the port (a free one) are replaced, and any app
-can be served with the same flags, so a baseline runs on the same stack.
-"""
+"""Web servers started with the Procfile's own `web` flags, for benchmarks that must measure what deploys."""
 
 from __future__ import annotations
 
@@ -42,10 +36,7 @@ def start_web(
     env: Mapping[str, str] | None = None,
     timeout: float = 60,
 ) -> tuple[Proc, int]:
-    """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers.
-
-    `env` adds to the environment (e.g. WEB_CONCURRENCY=2, which uvicorn reads; REDIS_URL for another database).
-    """
+    """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers."""
     port = free_port()
     args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
     proc = cluster.spawn(name, args, bench_env(**{"REDIS_URL": cluster.redis_url, **dict(env or {})}))

@@ -1,12 +1,4 @@
-"""`make soak`: minutes of mixed load at 70 % of capacity with faults and hostile tenants, judged.
-
-    .venv/bin/python bench/soak.py [--minutes 10] [--load 0.7] [--max-jobs N] [--full-minutes 3] [--write FILE]
-
-bench/README.md ("soak.py") says what it starts, when each phase and fault
-comes (a flood, poison, a killed worker, Redis restarted, evicting, full)
-and every check it judges; exit 1 when one fails. Only HTTP and signals
-reach the service; Redis is read for memory figures and worker liveness.
-"""
+"""`make soak`: minutes of mixed load at 70 % of capacity with faults and hostile tenants, judged."""
 
 from __future__ import annotations
 
@@ -73,12 +65,9 @@ END = "<!-- soak:end -->"
 QUEUE = "tts"
 # 503s that end within this many seconds after Redis answers again still belong to the outage.
 GRACE = 3.0
-# The mix of arrivals: new requests, then repeats of stored ones.
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
-# The web process's highest RSS in the second half of the run may exceed the first half's by this factor: its
-# bounded memories (encoded audio, submissions) fill in the first, and glibc's free pages are handed back
-# every few seconds (web.heap), so more is growth.
+# The web process's highest RSS in the run's second half may exceed the first half's by this factor (bench/README.md).
 WEB_FLAT = 1.10
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
@@ -330,11 +319,7 @@ async def send_poison(s: Soak, latest: float) -> str:
 
 
 def hostile_report(s: Soak) -> tuple[list[tuple[str, str]], list[str]]:
-    """The poison, its victims, the flood and QUIET's latency: lines of the report and failures.
-
-    A request in flight beside the poison that ended in a 503 while Redis was down or full (plus GRACE s), or
-    failed because Redis was full, is the outage's, not the poison's: a short run's phases overlap.
-    """
+    """The poison, its victims, the flood and QUIET's latency: lines of the report and failures."""
     lines: list[tuple[str, str]] = []
     failures = []
     windows = [w for w in (s.outage, s.full) if w is not None]
@@ -785,25 +770,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
     parser.add_argument("--load", type=float, default=0.7, help="new requests as a share of capacity (0.7)")
-    parser.add_argument(
-        "--max-jobs", type=int, help=f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
-    )
+    max_jobs = f"the first worker's --max-jobs; the second's 1.5x (default: {RESTARTS} restarts)"
+    parser.add_argument("--max-jobs", type=int, help=max_jobs)
     parser.add_argument("--drain", type=float, default=180.0, help="seconds to wait for accepted requests at the end")
-    parser.add_argument(
-        "--full-minutes", type=float, default=3.0, help="Redis full for this long (3; 30 %% of the run at most)"
-    )
+    full = "Redis full for this long (3; 30 %% of the run at most)"
+    parser.add_argument("--full-minutes", type=float, default=3.0, help=full)
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)
     stop_on_sigterm()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cluster = Cluster()
-    s = Soak(
-        cluster=cluster,
-        minutes=args.minutes,
-        load=args.load,
-        max_jobs=args.max_jobs,
-        full_seconds=args.full_minutes * 60,
-    )
+    s = Soak(cluster, args.minutes, args.load, args.max_jobs, full_seconds=args.full_minutes * 60)
     verdict = None
     try:
         verdict = asyncio.run(soak(s, args.drain))

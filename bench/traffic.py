@@ -1,10 +1,4 @@
-"""The soak's clients: the requests they send, and the record of every answer.
-
-A new request is a POST /v1/tts, then GET .../audio?wait=60 on the same
-connection; a repeat picks a request whose audio was served and asks for it
-again (stored POST, WAV, MP3, status). Used by bench/soak.py; everything
-goes to 127.0.0.1.
-"""
+"""The soak's clients: the requests they send, and the record of every answer."""
 
 from __future__ import annotations
 
@@ -67,10 +61,7 @@ class Record:
 
 
 class Client:
-    """Keep-alive connections to the web process on `port`, reused; every exchange goes into `record`.
-
-    With `key`, every request carries it as `Authorization: Bearer`: the client is that key's tenant.
-    """
+    """Keep-alive connections to the web process on `port`, reused; every exchange goes into `record`."""
 
     def __init__(self, port: int, record: Record, key: str | None = None) -> None:
         self.port = port
@@ -105,11 +96,7 @@ class Client:
         return status, body
 
     async def new_request(self, text: str, kind: str = "new", body: dict[str, Any] | bytes | None = None) -> None:
-        """POST {"text": text} (or `body` as it is), then GET its audio with ?wait=60 on the same connection.
-
-        `kind` starts the kind of both answers ("new", "new (quiet)"...); the request's life goes into
-        `record.lives`. Only requests of {"text": text} become repeats (`record.stored`).
-        """
+        """POST {"text": text} (or `body` as it is), then GET its audio with ?wait=60 on the same connection."""
         conn = self.idle.pop() if self.idle else loadgen.Connection(self.port)
         sent = self.loop.time()
         request_id: str | None = None
@@ -204,12 +191,7 @@ async def drive(client: Client, rate: float, seconds: float, seed: int) -> int:
 
 
 async def drain(client: Client, timeout: float, over: Callable[[str], bool] | None = None) -> None:
-    """Poll every accepted request that has not finished until it does, or `timeout` s pass.
-
-    An id that answers 404 is submitted again, once, as the 404 tells a client
-    to, when `over(id)` says its job is over (evicted after it ended, while
-    its client could not fetch it); never while its job is still active.
-    """
+    """Poll every accepted request that has not finished until it does, or `timeout` s pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pending = [rid for rid, done in client.record.accepted.items() if not done]

@@ -1,15 +1,4 @@
-"""wrk, the C HTTP load generator, driven for one bounded run with exact latency percentiles.
-
-    result = wrk.run(port, "/v1/tts/<id>/audio", connections=32, seconds=3)
-    result.rps, result.p50_ms, result.p99_ms
-
-A Python client sharing 2 cores with the servers tops out at about
-1,400-1,900 requests/s and then measures itself; wrk does not. The request
-(method, body, headers) goes in, and the summary comes out, through a Lua
-script written for the run: wrk's `done` hook prints requests, bytes, errors
-and latency percentiles (from wrk's microsecond histogram) as one JSON line.
-wrk is Debian's package `wrk` (`make bench` installs it when run as root).
-"""
+"""wrk, the C HTTP load generator, driven for one bounded run with exact latency percentiles."""
 
 from __future__ import annotations
 
@@ -101,35 +90,16 @@ def run(
     min_bytes: int = 0,
     timeout: float = 10.0,
 ) -> Result:
-    """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds.
-
-    `threads` wrk threads share the connections: one is enough below about
-    50,000 requests/s and leaves the servers the other core. BenchError when
-    wrk fails, when any answer is not 2xx/3xx or any socket error or
-    timeout (past `timeout` s) happens, or when the answers average fewer
-    than `min_bytes` bytes (headers included): a benchmark of errors, or of
-    short "not ready" answers, measures nothing.
-    """
+    """Keep `connections` keep-alive connections busy with one request for `seconds` (whole) seconds."""
     headers = dict(headers or {})
     if body is not None:
         headers.setdefault("Content-Type", "application/json")
     with tempfile.TemporaryDirectory(prefix="tts-wrk-") as tmp:
         lua = Path(tmp) / "run.lua"
         lua.write_text(script(method, body, headers))
-        args = [
-            binary(),
-            "-t",
-            str(max(1, min(threads, connections))),
-            "-c",
-            str(connections),
-            "-d",
-            f"{int(seconds)}s",
-            "--timeout",
-            f"{int(timeout)}s",
-            "-s",
-            str(lua),
-            f"http://{HOST}:{port}{path}",
-        ]
+        args = [binary(), "-t", str(max(1, min(threads, connections))), "-c", str(connections)]
+        args += ["-d", f"{int(seconds)}s", "--timeout", f"{int(timeout)}s", "-s", str(lua)]
+        args.append(f"http://{HOST}:{port}{path}")
         proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + timeout + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(_MARK)), None)
     if proc.returncode != 0 or line is None:
@@ -146,13 +116,5 @@ def run(
             f"wrk against {method} {path}: {data['requests']} answers averaging "
             f"{data['bytes'] / max(1, data['requests']):.0f} bytes, expected at least {min_bytes}"
         )
-    return Result(
-        seconds=data["duration_us"] / 1e6,
-        requests=data["requests"],
-        bytes=data["bytes"],
-        p50_ms=data["p50_us"] / 1000,
-        p90_ms=data["p90_us"] / 1000,
-        p99_ms=data["p99_us"] / 1000,
-        max_ms=data["max_us"] / 1000,
-        mean_ms=data["mean_us"] / 1000,
-    )
+    ms = {f"{k}_ms": data[f"{k}_us"] / 1000 for k in ("p50", "p90", "p99", "max", "mean")}
+    return Result(seconds=data["duration_us"] / 1e6, requests=data["requests"], bytes=data["bytes"], **ms)

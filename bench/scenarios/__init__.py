@@ -1,14 +1,4 @@
-"""What a scenario of `bench/run.py` is: setup, comparisons measured one side at a time, teardown.
-
-A scenario (one module here, one number in the table) subclasses `Scenario`:
-`setup` starts and stores what it needs, `comparisons` yields its
-`Comparison`s in table order, `teardown` stops what `setup` started (also
-after an error). A comparison is a few figures and a `measure(side, round)`
-that runs ONE side once; `perform` decides the order (baseline and subject
-alternate, A B, B A, ...), puts each value in its column and prints one line
-per comparison. Everything a scenario shares with the others (the stack's
-ports and workers, the texts, the plan) is on `Bench`.
-"""
+"""What a scenario of `bench/run.py` is: setup, comparisons measured one side at a time, teardown."""
 
 from __future__ import annotations
 
@@ -115,11 +105,7 @@ class Bench:
         return model_info(self.cluster.redis()).id
 
     def model_env(self, **extra: str) -> dict[str, str]:
-        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says).
-
-        BENCH_SCHEDULING=static|continuous sets every such worker's TTS_SCHEDULING (default: the service's), to
-        measure the static path against a revision from before the decode loop.
-        """
+        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says)."""
         scheduling = os.environ.get("BENCH_SCHEDULING")
         return {
             "TTS_MODEL_PATH": str(self.model_dir),
@@ -132,14 +118,7 @@ class Bench:
 
 @dataclass
 class Comparison:
-    """Figures measured together: `measure(side, round)` runs one side once and gives a Reading per figure.
-
-    With two `sides`, the first is the baseline: its readings go in the
-    baseline column, the second's in the subject's. With one side, every
-    reading is a value. Either way a (value, baseline) pair fills both
-    columns, and None leaves the figure out of that run. `rounds` runs of
-    each side, alternating A B, B A, ... so that drift cancels.
-    """
+    """Figures measured together: `measure(side, round)` runs one side once and gives a Reading per figure."""
 
     figures: Sequence[Figure]
     measure: Callable[[str, int], Sequence[Reading]]
@@ -172,6 +151,10 @@ class Scenario:
 
     def teardown(self) -> None:
         """Stop what `setup` started; runs after an error too, even one in `setup` itself."""
+
+    def figure(self, name: str, unit: str, **more: Any) -> Figure:
+        """A Figure of this scenario."""
+        return Figure(self.number, name, unit, **more)
 
     def counted_in(self) -> Redis:
         """The Redis whose metrics count the chunks this scenario's workers make (`counts_chunks`)."""
@@ -221,10 +204,7 @@ def _summary(figure: Figure) -> str:
 
 
 def _made_once(redis: Redis, number: str, made_before: float, needed_before: float, withdraws: bool = False) -> Figure:
-    """Chunks the workers synthesized per chunk the pool was asked for since the counts before the scenario.
-
-    Exactly one, unless the scenario `withdraws` work: then at most one.
-    """
+    """Chunks the workers synthesized per chunk the pool was asked for since the counts before the scenario."""
 
     def counts() -> tuple[float, float]:
         return read_counter(redis, MADE) - made_before, read_counter(redis, NEEDED) - needed_before

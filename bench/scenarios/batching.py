@@ -21,21 +21,8 @@ class Batching(Scenario):
     def setup(self) -> None:
         b = self.b
         plan = b.plan
-        data, _ = engine_bench(
-            [
-                "--model",
-                str(b.model_dir),
-                "--batch-sizes",
-                "1,2,4,8",
-                "--chunks",
-                str(plan.batch_chunks),
-                "--threads",
-                "1",
-                "--rounds",
-                str(plan.rounds),
-            ],
-            b.cluster.tmp / "batching.json",
-        )
+        args = ["--model", str(b.model_dir), "--batch-sizes", "1,2,4,8", "--chunks", str(plan.batch_chunks)]
+        data, _ = engine_bench([*args, "--threads", "1", "--rounds", str(plan.rounds)], b.cluster.tmp / "batching.json")
         self.runs = data["runs"]
         b.notes.append(
             f"5: {data['model']} on {data['device']}, {data['torch_threads']} torch threads; random "

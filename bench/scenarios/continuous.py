@@ -1,15 +1,4 @@
-"""9. Continuous against static scheduling, rows of realistic lengths: a staggered burst, a full loop, short
-requests behind a long one, and load curves beside the naive server.
-
-Two workers of their own (one per `TTS_SCHEDULING`) and a naive server run
-the tiny checkpoint with its cap lifted, so each row runs to its token
-budget (`common.model.token_budget`) or to an end token the random weights
-draw, as real rows differ in length. The workers use Redis database 1: a
-second model in database 0 would take over what the web process keys its
-requests for. Each round runs both schedulers on the same requests, the
-order alternating, and gives (continuous, static) pairs; bench/README.md
-says what each figure is.
-"""
+"""9. Continuous against static scheduling: a staggered burst, a full loop, short-behind-long, load curves."""
 
 from __future__ import annotations
 
@@ -18,19 +7,21 @@ import random
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Any, Iterator
 
 import loadgen
 from harness import (
     WORDS,
     BenchError,
-    Figure,
     Proc,
     Watch,
     bench_env,
     is_worker_of,
+    least,
     make_spec,
     model_info,
+    most,
     percentile,
     progress_ticks,
     wait_for,
@@ -77,22 +68,11 @@ class Continuous(Scenario):
         self.redis = Redis.from_url(url)
         self.procs: dict[str, Proc] = {}
         for scheduling in SCHEDULERS:
-            env = bench_env(
-                REDIS_URL=url,
-                TTS_MODEL_PATH=str(directory),
-                TTS_BATCH_SIZE=str(b.batch),
-                TTS_TORCH_THREADS="1",
-                TTS_SCHEDULING=scheduling,
-                TTS_QUEUE=queue_of(scheduling),
-            )
+            env = bench_env(REDIS_URL=url, TTS_MODEL_PATH=str(directory), TTS_BATCH_SIZE=str(b.batch))
+            env.update(TTS_TORCH_THREADS="1", TTS_SCHEDULING=scheduling, TTS_QUEUE=queue_of(scheduling))
             self.procs[scheduling] = b.cluster.spawn(f"budget-{scheduling}", [sys.executable, "worker.py"], env)
         for scheduling, proc in self.procs.items():
-            wait_for(
-                lambda proc=proc, scheduling=scheduling: self.registered(proc, scheduling),  # type: ignore[misc]
-                240,
-                f"the {scheduling} worker",
-                interval=0.1,
-            )
+            wait_for(partial(self.registered, proc, scheduling), 240, f"the {scheduling} worker", interval=0.1)
         self.model_id = model_info(self.redis).id
         self.rng = b.texts.rng
         self.seen: set[str] = set()
@@ -119,56 +99,28 @@ class Continuous(Scenario):
 
     def comparisons(self) -> Iterator[Comparison]:
         rounds, requests = self.b.plan.rounds, self.b.plan.burst_requests
-        staggered = Figure(
-            "9",
-            f"staggered burst: {requests} one-chunk requests of {BURST_CHARS[0]}-{BURST_CHARS[1]} characters, "
-            f"{STAGGER * 1000:.0f} ms apart, 1 worker: continuous (vs static)",
-            "req/s",
-            target=(">= 1.5x", lambda r: r >= 1.5),
-        )
+        f = self.figure
+        name = f"staggered burst: {requests} one-chunk requests of {BURST_CHARS[0]}-{BURST_CHARS[1]} characters, "
+        name += f"{STAGGER * 1000:.0f} ms apart, 1 worker: continuous (vs static)"
+        staggered = f(name, "req/s", target=least(1.5))
         yield Comparison([staggered], lambda _, r: [self.both(r, self.staggered)], rounds)
-        yield Comparison(
-            [
-                Figure(
-                    "9",
-                    f"a full loop: {self.b.batch} one-chunk requests of {FULL_CHARS} characters at once: "
-                    "continuous (vs static)",
-                    "tokens/s",
-                    target=(">= 0.95x", lambda r: r >= 0.95),
-                )
-            ],
-            lambda _, r: [self.both(r, self.full)],
-            rounds,
+        name = (
+            f"a full loop: {self.b.batch} one-chunk requests of {FULL_CHARS} characters at once: continuous (vs static)"
         )
+        yield Comparison([f(name, "tokens/s", target=least(0.95))], lambda _, r: [self.both(r, self.full)], rounds)
         long_chunks = 5 * self.b.batch  # five loops' worth: 40 rows at the default batch of 8
-        versus = Figure(
-            "9",
-            f"short requests behind a {long_chunks}-chunk one: time to first audio p95, continuous (vs static)",
-            "ms",
-            target=("<= 0.5x in every run", lambda r: r <= 0.5),
-            every=True,
-        )
-        joined = Figure(
-            "9",
-            "... continuous p95 (vs an idle worker's first audio p50 plus one step of the full loop: "
-            "a slot within one step, then the prefill and the row's own steps)",
-            "ms",
-        )
-        yield Comparison(
-            [
-                versus,
-                Figure(
-                    "9",
-                    "... continuous p95 (vs one static call's time, the long request's median gap between calls)",
-                    "ms",
-                    target=("<= 0.5x", lambda r: r <= 0.5),
-                ),
-                Figure("9", "... static p95 (vs one static call's time)", "ms"),
-                joined,
-            ],
-            lambda _, r: self.behind_long(r, long_chunks),
-            self.b.plan.behind_rounds,
-        )
+        name = f"short requests behind a {long_chunks}-chunk one: time to first audio p95, continuous (vs static)"
+        versus = f(name, "ms", target=most(0.5, "<= 0.5x in every run"), every=True)
+        name = "... continuous p95 (vs an idle worker's first audio p50 plus one step of the full loop: "
+        joined = f(name + "a slot within one step, then the prefill and the row's own steps)", "ms")
+        name = "... continuous p95 (vs one static call's time, the long request's median gap between calls)"
+        figures = [
+            versus,
+            f(name, "ms", target=most(0.5)),
+            f("... static p95 (vs one static call's time)", "ms"),
+            joined,
+        ]
+        yield Comparison(figures, lambda _, r: self.behind_long(r, long_chunks), self.b.plan.behind_rounds)
         self.b.notes.append(
             "9: short requests behind a long one, continuous / static first audio p95, run by run: "
             + ", ".join(f"{r:.2f}x" for r in versus.ratios)

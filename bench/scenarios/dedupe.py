@@ -6,7 +6,7 @@ import asyncio
 from typing import Iterator
 
 import loadgen
-from harness import Figure, finished_job, jobs_run, make_spec, wait_for
+from harness import Figure, exactly, finished_job, jobs_run, make_spec, wait_for
 
 from scenarios import Comparison, Reading, Scenario
 
@@ -18,22 +18,10 @@ class Dedupe(Scenario):
 
     def comparisons(self) -> Iterator[Comparison]:
         n = self.b.plan.dedupe_clients
-        yield Comparison(
-            [
-                Figure(
-                    "4",
-                    f"jobs run for {n} identical concurrent requests",
-                    "jobs",
-                    target=("exactly 1", lambda v: v == 1),
-                ),
-                Figure(
-                    "4", "chunks synthesized for them (request of 4 chunks)", "chunks", target=("4", lambda v: v == 4)
-                ),
-                Figure("4", f"of the {n}, answered with the audio", "requests", target=(f"{n}", lambda v: v == n)),
-            ],
-            self.measure,
-            self.b.plan.rounds,
-        )
+        jobs = Figure("4", f"jobs run for {n} identical concurrent requests", "jobs", target=exactly(1, "exactly 1"))
+        chunks = Figure("4", "chunks synthesized for them (request of 4 chunks)", "chunks", target=exactly(4))
+        answered = Figure("4", f"of the {n}, answered with the audio", "requests", target=exactly(n))
+        yield Comparison([jobs, chunks, answered], self.measure, self.b.plan.rounds)
 
     def measure(self, side: str, round_: int) -> list[Reading]:
         """`dedupe_clients` clients send the same new 4-chunk request at once and wait for its audio."""
@@ -43,9 +31,8 @@ class Dedupe(Scenario):
         before = jobs_run(redis, "tts")
 
         async def all_clients() -> list[tuple[int, float, bytes]]:
-            return await asyncio.gather(
-                *(loadgen.submit_and_fetch(b.web_port, body) for _ in range(b.plan.dedupe_clients))
-            )
+            clients = [loadgen.submit_and_fetch(b.web_port, body) for _ in range(b.plan.dedupe_clients)]
+            return await asyncio.gather(*clients)
 
         results = asyncio.run(all_clients())
         job = finished_job(redis, make_spec(body["text"], b.model_id()).request_id())

@@ -7,7 +7,7 @@ import time
 from typing import Iterator
 
 import loadgen
-from harness import MIB, Figure, maps_torch, rss_bytes, say, write_random_model
+from harness import MIB, exactly, maps_torch, rss_bytes, say, write_random_model
 
 from scenarios import Comparison, Reading, Scenario
 
@@ -27,26 +27,15 @@ class Footprint(Scenario):
 
     def comparisons(self) -> Iterator[Comparison]:
         starts = self.b.plan.footprint_starts
-        yield Comparison(
-            [
-                Figure("7", "web process RSS after 200 requests (vs bare Starlette app)", "MiB"),
-                Figure("7", "web process start to first answer (vs bare app)", "s"),
-                Figure("7", "web processes with torch mapped", "count", target=("0", lambda v: v == 0)),
-            ],
-            self.app,
-            starts,
-            ("bare", "web"),
-        )
+        f = self.figure
+        figures = [f("web process RSS after 200 requests (vs bare Starlette app)", "MiB")]
+        figures += [f("web process start to first answer (vs bare app)", "s")]
+        figures += [f("web processes with torch mapped", "count", target=exactly(0))]
+        yield Comparison(figures, self.app, starts, ("bare", "web"))
         for label, _ in self.models:
-            yield Comparison(
-                [
-                    Figure("7", f"worker RSS when ready, {label} model", "MiB"),
-                    Figure("7", f"worker start to ready (load + warm-up), {label} model", "s"),
-                ],
-                self.worker,
-                1 if label != "tiny" else max(1, starts - 1),
-                (label,),
-            )
+            figures = [f(f"worker RSS when ready, {label} model", "MiB")]
+            figures += [f(f"worker start to ready (load + warm-up), {label} model", "s")]
+            yield Comparison(figures, self.worker, 1 if label != "tiny" else max(1, starts - 1), (label,))
 
     def app(self, side: str, round_: int) -> list[Reading]:
         """Start the web process or the bare app, send 200 requests, take its RSS, stop it."""
@@ -66,9 +55,8 @@ class Footprint(Scenario):
         path = dict(self.models)[label]
         queue = f"fp-{label.split()[0]}-{round_}"
         started = time.monotonic()
-        proc = c.start_worker(
-            f"fp-worker-{round_}", {"TTS_MODEL_PATH": str(path), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
-        )
+        env = {"TTS_MODEL_PATH": str(path), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
+        proc = c.start_worker(f"fp-worker-{round_}", env)
         c.wait_workers([proc], queue)
         readings: list[Reading] = [rss_bytes(proc.pid) / MIB, time.monotonic() - started]
         c.stop(proc)

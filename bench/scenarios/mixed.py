@@ -8,7 +8,7 @@ import statistics
 from typing import Any, Callable, Iterator
 
 import loadgen
-from harness import BenchError, Figure, Texts, percentile
+from harness import BenchError, Texts, least, most, percentile
 
 from scenarios import Comparison, Reading, Scenario
 
@@ -36,34 +36,17 @@ class Mixed(Scenario):
     def comparisons(self) -> Iterator[Comparison]:
         plan = self.b.plan
         conns = plan.mixed_connections
-        closed = [
-            Figure(
-                "3",
-                f"mixed, closed loop, {conns} conn: throughput (vs naive)",
-                "req/s",
-                target=(">= 5x", lambda r: r >= 5),
-            ),
-            Figure("3", f"mixed, closed loop, {conns} conn: p50 latency (vs naive)", "ms"),
-            Figure("3", f"mixed, closed loop, {conns} conn: p99 latency (vs naive)", "ms"),
-        ]
+        f, name = self.figure, f"mixed, closed loop, {conns} conn:"
+        closed = [f(f"{name} throughput (vs naive)", "req/s", target=least(5))]
+        closed += [f(f"{name} p50 latency (vs naive)", "ms"), f(f"{name} p99 latency (vs naive)", "ms")]
         yield Comparison(closed, self.closed_loop, plan.rounds, SIDES)
         self.rate = self.b.mixed_rate = 0.7 * statistics.median(closed[0].baseline)
-        yield Comparison(
-            [
-                Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p50 latency (vs naive)", "ms"),
-                Figure("3", f"mixed, open loop at {self.rate:.1f} req/s: p99 latency (vs naive)", "ms"),
-            ],
-            self.open_loop,
-            plan.rounds,
-            SIDES,
-        )
+        name = f"mixed, open loop at {self.rate:.1f} req/s:"
+        figures = [f(f"{name} p50 latency (vs naive)", "ms"), f(f"{name} p99 latency (vs naive)", "ms")]
+        yield Comparison(figures, self.open_loop, plan.rounds, SIDES)
         # One run holds some 50 requests, so its p99 is about its slowest one; all runs together say more.
-        pooled = Figure(
-            "3",
-            f"mixed, open loop: p99 latency of all runs' {len(self.pooled['subject'])} requests (vs naive)",
-            "ms",
-            target=("<= 0.5x ('far below')", lambda r: r <= 0.5),
-        )
+        name = f"mixed, open loop: p99 latency of all runs' {len(self.pooled['subject'])} requests (vs naive)"
+        pooled = f(name, "ms", target=most(0.5, "<= 0.5x ('far below')"))
         yield Comparison([pooled], lambda side, _: [percentile(self.pooled[side], 99) * 1000], 1, SIDES)
         self.b.notes.append(
             f"3: share of repeats actually sent: subject {self.sent['subject'][-1]:.2f}, naive "
@@ -77,17 +60,15 @@ class Mixed(Scenario):
 
     def closed_loop(self, side: str, round_: int) -> list[Reading]:
         plan = self.b.plan
-        res = loadgen.run_sync(
-            self.ports[side], self.requests(1000 + round_, side), plan.mixed_connections, plan.mixed_seconds, warmup=0.5
-        )
+        requests = self.requests(1000 + round_, side)
+        res = loadgen.run_sync(self.ports[side], requests, plan.mixed_connections, plan.mixed_seconds, warmup=0.5)
         return [res.rps, res.p(50), res.p(99)]
 
     def open_loop(self, side: str, round_: int) -> list[Reading]:
         # The same seed on both sides: the same arrival times, the same repeats and new texts' lengths.
+        requests = self.requests(2000 + round_, side)
         res = asyncio.run(
-            loadgen.run_open(
-                self.ports[side], self.requests(2000 + round_, side), self.rate, self.b.plan.open_seconds, seed=round_
-            )
+            loadgen.run_open(self.ports[side], requests, self.rate, self.b.plan.open_seconds, seed=round_)
         )
         self.pooled[side] += res.latencies
         return [res.p(50), res.p(99)]
@@ -98,9 +79,8 @@ class Mixed(Scenario):
 
 
 def mixed_requests(texts: Texts, pool: list[str], seed: int, shares: list[float] | None = None) -> Callable[[], bytes]:
-    """Scenario 3's load: POST /v1/audio/speech (WAV), REPEATS of them texts asked before (`pool` and this
-    generator's own new ones), the rest new texts of 1-3 chunks. Appends the share of repeats so far to `shares`
-    at each request."""
+    """Scenario 3's load: POST /v1/audio/speech (WAV), REPEATS of them texts asked before (`pool` and this generator's own
+    new ones), the rest new texts of 1-3 chunks. Appends the share of repeats so far to `shares` at each request."""
     rng = random.Random(seed)
     asked = list(pool)
     counts = [0, 0]

@@ -1,20 +1,4 @@
-"""10. Real-time clients: streamed speech (first audio against the whole file, idle and under scenario 3's load),
-the WebSocket beside a second stream, an LLM-like client's playback gaps, a voice agent's barge-in under load
-and the first audio of text with no sentence end.
-
-A web process (the Procfile's flags) and a worker of their own, in database
-2 of the run's redis-server, on the run's tiny checkpoint with
-`TTS_STREAM_TOKENS` = STREAM_TOKENS: the checkpoint caps a chunk at 48
-tokens, and with the service's default of 24 the first piece of a chunk
-would wait for 24 + 8 (look-ahead) of them, two thirds of the chunk. Every
-text is new (nothing is answered from the store) unless it is one of scenario
-3's repeats.
-
-A player is taken to start on the first byte with no buffer of its own: a
-gap is how far a piece arrives after the audio sent before it would have
-finished playing (vLLM-Omni's "underrun"). That is the strictest reading;
-a real player's buffer hides short gaps.
-"""
+"""10. Real-time clients: streamed speech, a WebSocket beside a stream, playback gaps, barge-in, no sentence end."""
 
 from __future__ import annotations
 
@@ -29,7 +13,7 @@ from typing import Iterator
 import httpx
 import loadgen
 import procfile
-from harness import Figure, Proc, Texts, percentile
+from harness import Proc, Texts, exactly, most, percentile
 from redis import Redis
 from websockets.sync.client import connect
 
@@ -90,89 +74,36 @@ class Realtime(Scenario):
             self.b.cluster.stop(proc)
 
     def comparisons(self) -> Iterator[Comparison]:
-        plan = self.b.plan
-        yield Comparison(
-            [
-                Figure(
-                    "10",
-                    f"POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS="
-                    f"{STREAM_TOKENS}: time to first audio (vs the whole file)",
-                    "s",
-                    target=("p50 <= 0.5x", lambda r: r <= 0.5),
-                ),
-                Figure("10", "... worst playback gap of a stream", "s"),
-            ],
-            lambda _, r: self.idle(),
-            3 * plan.rounds,
+        plan, f, rounds = self.b.plan, self.figure, self.b.plan.rounds
+        speech = "POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS="
+        head = f(
+            f"{speech}{STREAM_TOKENS}: time to first audio (vs the whole file)", "s", target=most(0.5, "p50 <= 0.5x")
         )
+        yield Comparison([head, f("... worst playback gap of a stream", "s")], lambda _, r: self.idle(), 3 * rounds)
         rate = self.b.mixed_rate or self.naive_rate()
-        yield Comparison(
-            [
-                Figure(
-                    "10",
-                    f"the same under scenario 3's mixed load (open loop, {rate:.1f} req/s): time to first audio p95 "
-                    "(vs the whole file p95)",
-                    "s",
-                ),
-                Figure(
-                    "10",
-                    "... worst playback gap of a stream, p95",
-                    "s",
-                    target=("0: no gap once playback started", lambda v: v == 0),
-                ),
-            ],
-            lambda _, r: self.under_load(r, rate),
-            plan.rounds,
-        )
-        yield Comparison(
-            [
-                Figure("10", "WebSocket beside a second client's stream: sentence end to first audio delta, p50", "s"),
-                Figure("10", "... p95", "s"),
-            ],
-            lambda _, r: self.socket(),
-            plan.rounds,
-        )
-        yield Comparison(
-            [
-                Figure(
-                    "10",
-                    f"WebSocket, an LLM-like client (a word every {WORD_EVERY * 1000:.0f} ms for "
-                    f"{plan.llm_seconds:g} s): total playback gaps",
-                    "s",
-                ),
-                Figure("10", "... its worst gap", "s"),
-                Figure("10", "... audio deltas received", ""),
-            ],
-            lambda _, r: list(llm_round(self.url, self.b.texts, plan.llm_seconds)),
-            plan.rounds,
-        )
-        yield Comparison(
-            [
-                Figure(
-                    "10",
-                    f"WebSocket barge-in under scenario 3's mixed load ({rate:.1f} req/s): input_text.clear to the "
-                    "context's last audio delta, p95 (vs one decode step + one socket round trip)",
-                    "s",
-                    target=("p95 <= 1x", lambda r: r <= 1.0),
-                ),
-                Figure("10", "... input_text.clear to speech.audio.cleared, p95", "s"),
-                Figure("10", "... barge-ins measured", ""),
-            ],
-            lambda _, r: self.barge_in(r, rate),
-            plan.rounds,
-        )
-        yield Comparison(
-            [
-                Figure(
-                    "10",
-                    f"WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms "
-                    f"{BUFFER_DELAY * 1000:.0f}): text to first audio delta, median (vs the same with a flush)",
-                    "s",
-                ),
-            ],
-            lambda _, r: [self.unpunctuated()],
-            plan.rounds,
-        )
+        load = f"the same under scenario 3's mixed load (open loop, {rate:.1f} req/s)"
+        head = f(f"{load}: time to first audio p95 (vs the whole file p95)", "s")
+        gap = f("... worst playback gap of a stream, p95", "s", target=exactly(0, "0: no gap once playback started"))
+        yield Comparison([head, gap], lambda _, r: self.under_load(r, rate), rounds)
+        delta = "WebSocket beside a second client's stream: sentence end to first audio delta, p50"
+        yield Comparison([f(delta, "s"), f("... p95", "s")], lambda _, r: self.socket(), rounds)
+        llm = f"WebSocket, an LLM-like client (a word every {WORD_EVERY * 1000:.0f} ms for {plan.llm_seconds:g} s)"
+        figures = [
+            f(f"{llm}: total playback gaps", "s"),
+            f("... its worst gap", "s"),
+            f("... audio deltas received", ""),
+        ]
+        yield Comparison(figures, lambda _, r: list(llm_round(self.url, self.b.texts, plan.llm_seconds)), rounds)
+        barge = f"WebSocket barge-in under scenario 3's mixed load ({rate:.1f} req/s): input_text.clear to the "
+        barge += "context's last audio delta, p95 (vs one decode step + one socket round trip)"
+        cleared = f("... input_text.clear to speech.audio.cleared, p95", "s")
+        figures = [f(barge, "s", target=most(1, "p95 <= 1x")), cleared, f("... barge-ins measured", "")]
+        yield Comparison(figures, lambda _, r: self.barge_in(r, rate), rounds)
+        loose = "WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms "
+        figures = [
+            f(f"{loose}{BUFFER_DELAY * 1000:.0f}): text to first audio delta, median (vs the same with a flush)", "s")
+        ]
+        yield Comparison(figures, lambda _, r: [self.unpunctuated()], rounds)
         first = STREAM_TOKENS + LOOKAHEAD
         self.b.notes.append(
             "10: barge-in: a session speaks a new answer of "
@@ -309,11 +240,7 @@ def socket_round(url: str, sentence: str, rest: str) -> float:
 
 
 def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, float]:
-    """An LLM-like client: a word every WORD_EVERY s for `seconds` s, then `.end`.
-
-    Returns the playback gaps a player starting on the first delta would
-    hear (their total and the worst, in seconds) and the deltas received.
-    """
+    """An LLM-like client: a word every WORD_EVERY s for `seconds` s, then `.end`."""
     words = " ".join(texts.sentence() for _ in range(int(seconds / WORD_EVERY) // 8 + 2)).split()
     arrivals: list[tuple[float, int]] = []  # (when, bytes) of each delta
     errors: list[dict] = []
@@ -351,12 +278,7 @@ def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, flo
 
 
 def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, float]:
-    """One barge-in: an answer of `sentences` in context "agent", cleared once DELTAS_BEFORE_CLEAR deltas arrived.
-
-    Returns seconds from sending input_text.clear to the context's last delta (0 when none came after it),
-    to speech.audio.cleared, one decode step as the deltas before the clear show (seconds per 512 samples
-    between consecutive deltas, their median) and one round trip of the socket.
-    """
+    """One barge-in: an answer of `sentences` in context "agent", cleared once DELTAS_BEFORE_CLEAR deltas arrived."""
     with connect(url.replace("http://", "ws://") + "/v1/audio/speech/websocket", open_timeout=30) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
         asked = time.monotonic()

@@ -13,13 +13,7 @@ from scenarios import Comparison, Reading, Scenario
 
 CORES = os.cpu_count() or 1
 HALF = max(1, CORES // 2)
-# Besides the main worker (1 worker x 1 thread): name, workers, torch threads each, extra environment.
-# worker.py leaves OpenMP's wait policy at libgomp's default (spin briefly, then sleep); PASSIVE (sleep at
-# once) shows what that default gains or costs on shared cores. A pool with OMP_WAIT_POLICY=ACTIVE (spin
-# forever) would take a core from every other measurement while it lives: it runs last and alone.
-# The first two are what worker.py does by default (TTS_TORCH_THREADS unset: 0): one worker takes every core,
-# and each of the N workers the launcher starts (`worker.py --per-gpu N` on a CPU host, which sets
-# TTS_WORKERS_ON_HOST=N) takes its share.
+# Besides the main worker (1 x 1 thread): name, workers, torch threads each, extra environment (bench/README.md).
 POOLS: list[tuple[str, int, int, dict[str, str]]] = [
     (f"1x{CORES} (1 worker, default threads)", 1, 0, {"TTS_WORKERS_ON_HOST": "1"}),
     (f"2x{HALF} (2 workers, default threads)", 2, 0, {"TTS_WORKERS_ON_HOST": "2"}),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from harness import BenchError, Figure, Watch, make_spec, percentile, run_jobs, wait_for
+from harness import BenchError, Figure, Watch, least, make_spec, most, percentile, run_jobs, wait_for
 
 from cache import stored
 from common.keys import pool_key
@@ -38,52 +38,32 @@ class Scheduling(Scenario):
         # wait for the last one's first chunk, on a continuous loop too.
         self.long_chunks = max(40, 12 * b.batch)
         # Requests the mixed load left in flight would share the cores with what is measured here.
-        wait_for(
-            lambda: all(self.idle(queue) for queue, _ in self.workers.values()),
-            300,
-            "the queues to drain before scenario 8",
-            interval=0.1,
-        )
+        queues = [queue for queue, _ in self.workers.values()]
+        wait_for(lambda: all(map(self.idle, queues)), 300, "the queues to drain before scenario 8", interval=0.1)
 
     def comparisons(self) -> Iterator[Comparison]:
         plan = self.b.plan
-        for chunks, target in (((1, 1), (">= 2.5x", lambda r: r >= 2.5)), ((1, 3), None)):
+        for chunks, target in (((1, 1), least(2.5)), ((1, 3), None)):
             size = f"{chunks[0]} chunk" if chunks[0] == chunks[1] else f"{chunks[0]}-{chunks[1]} chunks"
-            yield Comparison(
-                [
-                    Figure(
-                        "8",
-                        f"burst of {plan.burst_requests} new requests of {size}, 1 worker: "
-                        "cross-request batching on (vs off)",
-                        "req/s",
-                        target=target,
-                    )
-                ],
-                lambda side, _, chunks=chunks: [self.burst(side, chunks)],  # type: ignore[misc]
-                plan.rounds,
-                ("off", "on"),
+            name = (
+                f"burst of {plan.burst_requests} new requests of {size}, 1 worker: cross-request batching on (vs off)"
             )
-        yield Comparison(
-            [
-                Figure(
-                    "8",
-                    f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)",
-                    "s",
-                    target=("<= 0.6x", lambda r: r <= 0.6),
-                )
-            ],
-            lambda side, _: [self.spread(side)],
-            plan.rounds,
-            ("one", "two"),
-        )
+            figure = Figure("8", name, "req/s", target=target)
+            yield Comparison([figure], self.bursts(chunks), plan.rounds, ("off", "on"))
+        name = f"one {plan.long_chunks}-chunk request, time to finished: 2 workers (vs 1)"
+        spread = Figure("8", name, "s", target=most(0.6))
+        yield Comparison([spread], lambda side, _: [self.spread(side)], plan.rounds, ("one", "two"))
         first = Figure(
             "8",
             f"time to first chunk of a short request while a {self.long_chunks}-chunk request "
             "runs, p95 (vs one batch's time: a burst of a batch of new one-chunk requests)",
             "ms",
-            target=("<= 2x", lambda r: r <= 2),
+            target=most(2),
         )
         yield Comparison([first], lambda side, _: [self.first_chunks()], plan.rounds)
+
+    def bursts(self, chunks: tuple[int, int]) -> Callable[[str, int], list[Reading]]:
+        return lambda side, _: [self.burst(side, chunks)]
 
     def burst(self, side: str, chunks: tuple[int, int]) -> Reading:
         """Requests per second of a burst of new requests of `chunks` (low, high) on the workers of `side`."""
@@ -106,14 +86,8 @@ class Scheduling(Scenario):
         return q.count == 0 and q.started_job_registry.count == 0 and not self.redis.zcard(pool_key(queue))
 
     def first_chunks(self) -> Reading:
-        """p95 ms from submission to first stored chunk of short requests sent one every SHORT_EVERY s while a
-        long request runs on the main worker, and one batch's ms on the same worker just before.
-
-        One batch's time is the time the idle worker takes for a burst of
-        `batch` new one-chunk requests: what a full model call costs, storing
-        included, whatever the scheduler (under a continuous loop the long
-        request's progress events come as its rows end, not once a call).
-        """
+        """p95 ms from submission to first stored chunk of short requests sent one every SHORT_EVERY s while a long request
+        runs on the main worker, and one batch's ms on the same worker just before."""
         batch = [make_spec(self.b.texts.text(1), self.model_id) for _ in range(self.b.batch)]
         one_batch = self.run("one", batch)
         waits = self.time_shorts(make_spec(self.b.texts.text(self.long_chunks), self.model_id))
@@ -124,9 +98,8 @@ class Scheduling(Scenario):
         redis, settings = self.redis, Settings(queue="tts")
         q = queueing.queue(redis, settings)
         long = queueing.submit(q, long_spec, settings)
-        wait_for(
-            lambda: any(stored(redis, long_spec.chunk_ids())), 120, "the long request's first chunk", interval=0.005
-        )
+        ids = long_spec.chunk_ids()
+        wait_for(lambda: any(stored(redis, ids)), 120, "the long request's first chunk", interval=0.005)
         watch = Watch(redis)  # heard while they are still being sent: it polls beside the sender
         for _ in range(self.b.plan.first_chunk_requests):
             spec = make_spec(self.b.texts.text(1), self.model_id)
@@ -135,8 +108,7 @@ class Scheduling(Scenario):
             time.sleep(SHORT_EVERY)
         waits = [done - sent for sent, _, done in watch.wait(120)]
         if long.get_status(refresh=True) == "finished":
-            raise BenchError(
-                f"the {self.long_chunks}-chunk request ended before the short ones were heard: make it longer"
-            )
+            why = "ended before the short ones were heard: make it longer"
+            raise BenchError(f"the {self.long_chunks}-chunk request {why}")
         wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
         return waits
