@@ -2,7 +2,7 @@
 
     python bench/cpu_engine.py [--model DIR] [--max-new-token 128] [--tunings float32,float32+int8,float32+int4-weight,bfloat16,upstream]
                                [--batch-sizes 1,4] [--chunks 2] [--rounds 2] [--threads 2,1] [--waits PASSIVE]
-                               [--write BENCHMARKS.md]
+                               [--http auto,int4-weight] [--http-rounds 5] [--write BENCHMARKS.md]
 
 Writes (or reuses) the full-size random-weight ChatTTS under .cache/, then
 runs bench/engine_bench.py once per torch thread count: the first count with
@@ -17,7 +17,9 @@ so the tunings share the machine's drift. Prints one markdown table: per
 tuning and thread count, the fidelity against float32 (fidelity.py), the
 real-time factor at each batch size (median [min–max] over rounds) with its
 ratio to float32 in the same run, and where each GPT step's time went at
-batch 1. With --write, the table replaces the section between CPU_BEGIN and
+batch 1. Then, through HTTP as a CPU host serves it (the web process and one
+worker per `--http` value of TTS_QUANTIZE, default settings otherwise), the
+first audio and real-time factor of streamed one-sentence requests. With --write, the table replaces the section between CPU_BEGIN and
 CPU_END in that file (outside bench/run.py's markers). About 6 minutes on 2
 quiet cores at the defaults.
 """
@@ -35,8 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx  # noqa: E402
 from harness import (  # noqa: E402
     ROOT,
+    Cluster,
+    Texts,
     bench_env,
     engine_bench,
     machine,
@@ -119,6 +124,44 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
     return out
 
 
+# The speech route's raw PCM: 24 kHz, 16-bit, mono.
+PCM_BYTES_PER_SECOND = 48_000
+
+
+def stream_once(url: str, text: str) -> tuple[float, float]:
+    """One streamed `POST /v1/audio/speech` (pcm): (seconds to the first audio byte, whole time / audio seconds)."""
+    started, first, size = time.monotonic(), None, 0
+    body = {"model": "tts-1", "input": text, "response_format": "pcm"}
+    with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for piece in r.iter_bytes():
+            first = time.monotonic() - started if first is None and piece else first
+            size += len(piece)
+    if first is None:
+        raise RuntimeError("the stream ended without audio")
+    return first, (time.monotonic() - started) / (size / PCM_BYTES_PER_SECOND)
+
+
+def http_rows(model: Path, quantizations: list[str], rounds: int) -> list[list[str]]:
+    """Through HTTP, as a CPU host runs it: the web process and one worker on `model` with its default settings
+    but `TTS_QUANTIZE`, one-sentence requests streamed one at a time (one warm-up first, not counted)."""
+    out = []
+    with Cluster() as c:
+        c.start_redis()
+        _, port = c.start_app("web", "service:create_app", {})
+        url, texts = f"http://127.0.0.1:{port}", Texts(seed=30)
+        for quantize in quantizations:
+            say(f"HTTP: a worker on {model.name}, TTS_QUANTIZE={quantize}")
+            worker = c.start_worker(f"worker-{quantize}", {"TTS_MODEL_PATH": str(model), "TTS_QUANTIZE": quantize})
+            c.wait_workers([worker], "tts", timeout=900)
+            stream_once(url, texts.sentence())
+            runs = [stream_once(url, texts.sentence()) for _ in range(rounds)]
+            c.stop(worker)
+            firsts, rtfs = [r[0] for r in runs], [r[1] for r in runs]
+            out.append([quantize, str(rounds), spread(firsts, 2), spread(rtfs, 2)])
+    return out
+
+
 def best(data: dict, size: int) -> str:
     """The tuning with the lowest median real-time factor at `size`, float32 and upstream aside."""
     labels = {r["tuning"] for r in data["runs"]} - {"float32", "upstream"}
@@ -145,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         help="OMP_WAIT_POLICY values to run at the first thread count besides the worker's "
         "default (libgomp's: spin briefly, then sleep), with float32 and the fastest tuning",
     )
+    parser.add_argument(
+        "--http", default="auto,int4-weight", help="TTS_QUANTIZE values a worker runs through HTTP ('' for none)"
+    )
+    parser.add_argument("--http-rounds", type=int, default=5, help="one-sentence requests per worker through HTTP")
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the table")
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -168,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         + [f"RTF batch {s} (vs float32)" for s in sizes]
         + [f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS)]
     )
+    quantizations = [q for q in args.http.split(",") if q]
+    http = http_rows(model, quantizations, args.http_rounds) if quantizations else []
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     text = "\n".join(
@@ -180,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             markdown_table(head, table),
         ]
     )
+    if http:
+        http_head = ["worker's TTS_QUANTIZE (other settings default)", "requests", "first audio (s)", "RTF via HTTP"]
+        text += (
+            "\n\nThrough HTTP: `POST /v1/audio/speech` (pcm, streamed), one sentence at a time, the web process and "
+            "one worker with its default threads on the same cores; RTF = the whole answer's time / its audio.\n\n"
+            + markdown_table(http_head, http)
+        )
     print()
     print(text)
     if args.write:
