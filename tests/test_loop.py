@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Iterator, cast
 
 import numpy as np
@@ -53,22 +54,19 @@ TEXTS = [
 ]
 
 
+def _exact(directory: Path) -> tuple[ChatTTSEngine, Any]:
+    """The checkpoint in `directory` loaded as the equivalence tests need it: exact float32, one thread."""
+    env = {"TTS_MODEL_PATH": str(directory), "TTS_TORCH_THREADS": "1", "TTS_DTYPE": "float32", "TTS_QUANTIZE": "none"}
+    return load_chattts(from_env(env))
+
+
 @pytest.fixture(scope="module")
 def full_engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[ChatTTSEngine, Any]:
     """ChatTTS at its real size with random weights (about 1 GB), capped at FULL_TOKENS tokens a chunk."""
     directory = tiny_checkpoint.write(
         tmp_path_factory.mktemp("full") / "model", full_size=True, max_new_token=FULL_TOKENS
     )
-    return load_chattts(
-        from_env(
-            {
-                "TTS_MODEL_PATH": str(directory),
-                "TTS_TORCH_THREADS": "1",
-                "TTS_DTYPE": "float32",
-                "TTS_QUANTIZE": "none",
-            }
-        )
-    )
+    return _exact(directory)
 
 
 @pytest.fixture(params=["tiny", "full-size"])
@@ -662,16 +660,7 @@ def uncapped(tmp_path_factory: pytest.TempPathFactory) -> tuple[ChatTTSEngine, A
     """The tiny checkpoint with its 48-token cap lifted: each row runs to its own budget or end token, as real
     rows do (`python -m engines.tiny_checkpoint DIR --max-new-token 2048`)."""
     directory = tiny_checkpoint.write(tmp_path_factory.mktemp("uncapped") / "model", max_new_token=2048)
-    return load_chattts(
-        from_env(
-            {
-                "TTS_MODEL_PATH": str(directory),
-                "TTS_TORCH_THREADS": "1",
-                "TTS_DTYPE": "float32",
-                "TTS_QUANTIZE": "none",
-            }
-        )
-    )
+    return _exact(directory)
 
 
 @pytest.mark.parametrize("reserve", ["4", "0"], ids=["reserve", "no-reserve"])

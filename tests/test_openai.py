@@ -152,13 +152,7 @@ TWO = FIRST + " The second one waits for a worker."
 def test_streaming_response_yields_bytes_before_the_request_is_finished(
     stack_factory: Callable[..., Stack], redis: Redis
 ) -> None:
-    stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="40")
-    stack.start_web()
-    worker = stack.start_worker()
-    stack.wait_ready()
-    stored = httpx.post(stack.url + "/v1/tts", json={"text": FIRST, "seed": 1007}).json()["id"]
-    assert httpx.get(f"{stack.url}/v1/tts/{stored}/audio?wait=30&format=wav").status_code == 200
-    worker.stop()  # the second chunk now waits in the queue
+    stack = _half_made(stack_factory)
     client = OpenAI(base_url=stack.url + "/v1", api_key="x", max_retries=0, timeout=120)
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="onyx", input=TWO, response_format="pcm"
