@@ -1,6 +1,6 @@
 """One batch-1 GPT decode step on the CPU: transformers' LlamaModel against a hand-written static-cache step.
 
-    python bench/cpu_step.py [--threads 1] [--rounds 3] [--context 80] [--steps 24] [--profile]
+    python bench/cpu_step.py [--threads 1] [--rounds 3] [--context 80] [--steps 24]
 
 Builds a LlamaModel of ChatTTS 0.2.5's GPT shape (768 wide, 20 layers, 12
 heads, MLP 3072) with random weights, and times one decode step at one row
@@ -9,13 +9,15 @@ after a `--context` prefill, median of `--steps`, rounds interleaved, for:
 - `hf-float32`, `hf-int8`, `hf-int4-weight`: the LlamaModel as the worker
   runs it (DynamicCache), plain, dynamic int8 and weight-only int4
   (engines/tuning.py, engines/weightonly.py);
-- `step-float32`, `step-int4-weight`: the same weights in a hand-written
-  step: a static KV cache written in place, fused QKV and gate/up
-  projections, no per-layer module dispatch. It is checked against the
-  LlamaModel first (float32: cosine of the last hidden state).
+- `step-float32`, `step-int8`, `step-int4-weight`: the same weights in a
+  hand-written step: a static KV cache written in place, fused QKV and
+  gate/up projections, no per-layer module dispatch; its linear layers
+  float32, dynamic int8 (per output channel, so fusing keeps each row's
+  scale) or weight-only int4. It is checked against the LlamaModel first
+  (float32: cosine of the last hidden state).
 
 Prints ms per step and the ratio to hf-int8 (the CPU default) in the same
-round; `--profile` adds torch.profiler's op table for one hf-int8 step.
+round.
 The step is a measurement, not the worker's code: the worker's decode loop
 runs transformers' model (engines/loop.py).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import sys
 import time
@@ -67,11 +70,26 @@ def fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
     return out
 
 
+def int8(linear: torch.nn.Linear) -> Any:
+    """`linear` as torch's dynamic int8 layer, weights quantized per output channel."""
+    linear = copy.copy(linear)
+    linear.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig  # type: ignore[assignment]
+    return torch.ao.nn.quantized.dynamic.Linear.from_float(linear)
+
+
+# How a StaticStep's linear layers are made from the float32 ones.
+LINEARS: dict[str, Callable[[torch.nn.Linear], Any]] = {
+    "float32": lambda linear: linear,
+    "int8": int8,
+    "int4-weight": weightonly.Int4WeightLinear,
+}
+
+
 class StaticStep:
     """Batch-1 decoding over `model`'s weights with a preallocated KV cache of `length` positions."""
 
-    def __init__(self, model: Any, int4: bool, length: int = 1024) -> None:
-        make: Callable[[torch.nn.Linear], Any] = weightonly.Int4WeightLinear if int4 else (lambda x: x)
+    def __init__(self, model: Any, linear: str, length: int = 1024) -> None:
+        make = LINEARS[linear]
         self.layers = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -151,24 +169,24 @@ def variants(base: Any) -> dict[str, Callable[[int, int], float]]:
     """Each variant's timing function (context, steps) -> ms per step."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {torch.nn.Linear}, dtype=torch.qint8)
+        hf8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {torch.nn.Linear}, dtype=torch.qint8)
     int4 = copy.deepcopy(base)
     weightonly.quantize(int4)
-    step32, step4 = StaticStep(base, int4=False), StaticStep(base, int4=True)
-    return {
-        "hf-int8": lambda c, s: time_hf(int8, c, s),
+    runs: dict[str, Callable[[int, int], float]] = {
+        "hf-int8": lambda c, s: time_hf(hf8, c, s),
         "hf-float32": lambda c, s: time_hf(base, c, s),
         "hf-int4-weight": lambda c, s: time_hf(int4, c, s),
-        "step-float32": lambda c, s: time_static(step32, c, s),
-        "step-int4-weight": lambda c, s: time_static(step4, c, s),
     }
+    for linear in LINEARS:
+        runs[f"step-{linear}"] = functools.partial(time_static, StaticStep(base, linear))
+    return runs
 
 
 def check(base: Any) -> float:
     """Cosine of the static float32 step's last hidden state with the LlamaModel's, after 20 positions."""
     x = torch.randn(1, 20, HIDDEN)
     want = base(inputs_embeds=x).last_hidden_state[0, -1]
-    step = StaticStep(base, int4=False, length=32)
+    step = StaticStep(base, "float32", length=32)
     for pos in range(19):
         step(x[:, pos : pos + 1], pos)
     return float(F.cosine_similarity(want, step(x[:, 19:], 19)[0, 0], dim=0))
@@ -180,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--context", type=int, default=80)
     parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
@@ -196,24 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = statistics.median(a / b for a, b in zip(values, ms["hf-int8"]))
             shown = ", ".join(f"{v:.1f}" for v in values)
             print(f"{name:<17} {statistics.median(values):7.2f} ms/step [{shown}]  {ratio:.3f}x hf-int8", flush=True)
-        if args.profile:
-            profile(base, args.context)
     return 0
-
-
-def profile(base: Any, context: int) -> None:
-    """torch.profiler's table for hf-int8: one prefill and five decode steps (six forwards)."""
-    from torch.profiler import profile as profiler
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        int8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {torch.nn.Linear}, dtype=torch.qint8)
-    time_hf(int8, context, 3)
-    with profiler() as prof:
-        time_hf(int8, context, 5)
-    events = prof.key_averages()
-    print(f"profiler events per forward: {sum(e.count for e in events) / 6:.0f}")
-    print(events.table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 if __name__ == "__main__":
