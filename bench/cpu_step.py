@@ -7,8 +7,10 @@ heads, MLP 3072) with random weights, and times one decode step at one row
 after a `--context` prefill, median of `--steps`, rounds interleaved, for:
 
 - `hf-float32`, `hf-int8`, `hf-int4-weight`: the LlamaModel as the worker
-  runs it (DynamicCache), plain, dynamic int8 and weight-only int4
-  (engines/tuning.py, engines/weightonly.py);
+  runs it (DynamicCache), plain, dynamic int8 and weight-only int4, both
+  with fused Q/K/V and gate/up products (engines/tuning.py, fused.py);
+  `hf-int8-unfused`: torch's `quantize_dynamic` as it comes (a layer per
+  projection, weights int8 per tensor);
 - `step-float32`, `step-int8`, `step-int4-weight`: the same weights in a
   hand-written step: a static KV cache written in place, fused QKV and
   gate/up projections, no per-layer module dispatch; its linear layers
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engines import weightonly  # noqa: E402
+from engines import tuning, weightonly  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, MLP = 768, 20, 12, 3072
 HEAD = HIDDEN // HEADS
@@ -169,13 +171,13 @@ def variants(base: Any) -> dict[str, Callable[[int, int], float]]:
     """Each variant's timing function (context, steps) -> ms per step."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hf8 = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {torch.nn.Linear}, dtype=torch.qint8)
-    int4 = copy.deepcopy(base)
-    weightonly.quantize(int4)
+        unfused = torch.ao.quantization.quantize_dynamic(copy.deepcopy(base), {torch.nn.Linear}, dtype=torch.qint8)
+    worker = {name: tuning.build_gpt(copy.deepcopy(base), tuning.Tuning("float32", name)) for name in tuning.QUANTIZERS}
     runs: dict[str, Callable[[int, int], float]] = {
-        "hf-int8": lambda c, s: time_hf(hf8, c, s),
-        "hf-float32": lambda c, s: time_hf(base, c, s),
-        "hf-int4-weight": lambda c, s: time_hf(int4, c, s),
+        "hf-int8": functools.partial(time_hf, worker["int8"]),
+        "hf-int8-unfused": functools.partial(time_hf, unfused),
+        "hf-float32": functools.partial(time_hf, base),
+        "hf-int4-weight": functools.partial(time_hf, worker["int4-weight"]),
     }
     for linear in LINEARS:
         runs[f"step-{linear}"] = functools.partial(time_static, StaticStep(base, linear))

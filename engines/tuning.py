@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from common.settings import Settings
-from engines import weightonly
+from engines import fused, weightonly
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ INT8_MIN_HIDDEN = 256
 # TTS_QUANTIZE values past "none": dynamic int8 (weights and activations),
 # weight-only int4 (engines/weightonly.py). Both run on the CPU only.
 QUANTIZERS = ("int8", "int4-weight")
+# How int8 scales its weights, in the identity of int8 models: audio made
+# with other scales is not served for these.
+INT8_SCHEME = {"int8_weights": "per-channel"}
 
 
 class TuningError(ValueError):
@@ -57,7 +60,8 @@ class Tuning:
 
     def identity(self) -> dict[str, Any]:
         """The part of the model identity these switches make: audio made one way is not served for another."""
-        return asdict(self)
+        scheme = INT8_SCHEME if self.quantize == "int8" else {}
+        return {**asdict(self), **scheme}
 
     def label(self) -> str:
         """A short name for tables and logs, e.g. 'float32+int8' or 'bfloat16+compile'."""
@@ -163,14 +167,19 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
         return llama
     dtype = DTYPES[tuning.dtype]
     inner = llama.to(dtype)
+    if tuning.quantize in QUANTIZERS:
+        # Both quantizers work row by row of a weight, so Q/K/V and gate/up
+        # run as one product each with the numbers of separate layers.
+        fused.fuse(inner)
     if tuning.quantize == "int8":
-        # Weights int8 per tensor, activations quantized per call: linear
-        # layers hold nearly all of the GPT's weights, and at batch 1 a decode
-        # step is bound by reading them.
+        # Weights int8 per output channel, activations quantized per call:
+        # linear layers hold nearly all of the GPT's weights, and at batch 1
+        # a decode step is bound by reading them.
+        qconfig = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*quantiz.*", category=Warning)
             warnings.filterwarnings("ignore", category=DeprecationWarning)
-            inner = torch.ao.quantization.quantize_dynamic(inner, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+            inner = torch.ao.quantization.quantize_dynamic(inner, qconfig, dtype=torch.qint8, inplace=True)
         _own_memory(inner)
     elif tuning.quantize == "int4-weight":
         weightonly.quantize(inner)
