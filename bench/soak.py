@@ -106,7 +106,7 @@ class Soak:
     full_back: float | None = None  # seconds from room again to both workers registered (None: not in FULL_BACK)
     samples: list[dict[str, Any]] = field(default_factory=list)
     lives: dict[int, tuple[float, float]] = field(default_factory=dict)  # worker pid -> MiB once warm, and last
-    tasks: list[asyncio.Future[None]] = field(default_factory=list)  # the probe, the flood, the poison
+    tasks: list[asyncio.Future[None]] = field(default_factory=list)  # QUIET's requests, the flood, the poison
     stopping: bool = False
 
     @property
