@@ -3,24 +3,32 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from harness import percentile
 from traffic import Life, Record
 
-# The tenants of the soak's two named keys: BUSY sends the mixed load, the poison and the flood; QUIET only
-# short requests, whose latency is measured.
+# Tenants of the soak's two named keys: BUSY sends the mixed load, the poison and the flood; QUIET only short,
+# timed requests, one every PROBE_EVERY s.
 BUSY, QUIET = "busy", "quiet"
-# Seconds between QUIET's one-sentence requests (an open loop, throughout the load).
 PROBE_EVERY = 1.0
-# The flood: a burst of this many seconds of the measured capacity, all submitted at once.
+# The flood: this many seconds of the measured capacity, submitted at once.
 FLOOD_CAPACITY_SECONDS = 10.0
-# QUIET's p95 latency while the flood lasts may be at most this multiple of its p95 before (bench/README.md says why).
+# QUIET's p95 latency during the flood may be at most this multiple of its p95 before (bench/README.md says why).
 FLOOD_BOUND = 3.0
 # TTS_CHUNK_CHARS of the second web process the poison goes to (its highest): long numbers reach the model whole.
 WIDE_CHUNKS = 1000
 
+# Settings at and past the edges of their ranges, each in a plain sentence of its own.
+EDGES: dict[str, list[Any]] = {
+    "temperature": [1e-40, 0, 0.001, 1, 1.0001],
+    "top_p": [1e-12, 0, 1],
+    "top_k": [1, 100, 0, 101],
+    "seed": [0, 4294967295, 4294967296, -1],
+    "speed": [1, 9, 10],
+}
 _PLAIN = "A plain sentence with a setting at the edge of its range, number {}."
 
 
@@ -65,27 +73,9 @@ def poison() -> list[tuple[str, dict[str, Any] | bytes]]:
         ("zero-width and control characters only", {"text": "\u200b\u200c\u200d\ufeff\x00\x07" * 50}),
         ("empty text", {"text": ""}),
         ("5,001 characters", {"text": "word " * 1000 + "w"}),
-        ("temperature 1e-40", edge(temperature=1e-40)),
-        ("temperature 0", edge(temperature=0)),
-        ("temperature 0.001 (its lowest)", edge(temperature=0.001)),
-        ("temperature 1 (its highest)", edge(temperature=1)),
-        ("temperature 1.0001", edge(temperature=1.0001)),
+        *((f"{name} {value}", edge(**{name: value})) for name, values in EDGES.items() for value in values),
         ("temperature NaN (not JSON)", raw('"temperature": NaN')),
         ("temperature 1e309 (infinite)", raw('"temperature": 1e309')),
-        ("top_p 1e-12", edge(top_p=1e-12)),
-        ("top_p 0", edge(top_p=0)),
-        ("top_p 1", edge(top_p=1)),
-        ("top_k 1", edge(top_k=1)),
-        ("top_k 100", edge(top_k=100)),
-        ("top_k 0", edge(top_k=0)),
-        ("top_k 101", edge(top_k=101)),
-        ("seed 0", edge(seed=0)),
-        ("seed 4294967295", edge(seed=4294967295)),
-        ("seed 4294967296", edge(seed=4294967296)),
-        ("seed -1", edge(seed=-1)),
-        ("speed 1", edge(speed=1)),
-        ("speed 9", edge(speed=9)),
-        ("speed 10", edge(speed=10)),
         ("refine_text with oral 9, laugh 2, break 7", edge(refine_text=True, oral=9, laugh=2, **{"break": 7})),
         ("a speaker string of zeros", edge(speaker="A" * 200)),
         ("an unknown voice", edge(voice="nobody")),
@@ -97,85 +87,89 @@ def poison() -> list[tuple[str, dict[str, Any] | bytes]]:
 
 
 @dataclass
-class PoisonCount:
-    """What the poison requests came to: refused (by status), made, failed alone (by reason), and the rest."""
+class Check:
+    """One row of the soak's report: the figure (with its target, if any), its value, why it fails (none: passed)."""
 
-    sent: int
-    refused: dict[int, int]
-    made: int
-    failed: dict[str, int]
-    wrong: list[str]  # "what it is: 5xx at submission / no answer / never over" (target: none)
+    figure: str
+    value: str
+    failures: list[str] = field(default_factory=list)
 
 
-def count_poison(record: Record) -> PoisonCount:
-    """What the poison's lives in `record` came to (each life's kind says what it was)."""
-    refused: dict[int, int] = {}
-    failed: dict[str, int] = {}
-    made = 0
-    wrong = []
-    for life in record.lives:
-        what = life.kind
-        if life.request_id is None:
-            if life.status is not None and 400 <= life.status < 500:
-                refused[life.status] = refused.get(life.status, 0) + 1
-            else:
-                wrong.append(f"{what}: {life.status or 'no answer'} at submission")
-        elif life.request_id in record.failed:
-            reason = record.failed[life.request_id]
-            failed[reason] = failed.get(reason, 0) + 1
-        elif record.accepted.get(life.request_id):
+def check(figure: str, value: str, *rules: tuple[bool, str]) -> Check:
+    """A row failing with each rule's message whose condition holds."""
+    return Check(figure, value, [why for failed, why in rules if failed])
+
+
+def listing(counts: Counter) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)) or "none"
+
+
+def judge_poison(
+    poison: Record, load: Record, window: tuple[float, float], excused: Callable[[Life], bool]
+) -> list[Check]:
+    """The poison's lives (each one's kind says what it was) by outcome: refused with a 4xx at submission, made,
+    failed alone with a reason, or anything else; then its victims, the new requests of `load` in flight during
+    `window` (loop time) that failed, unless `excused` says another fault explains their end."""
+    refused: Counter[int] = Counter()
+    failed: Counter[str] = Counter()
+    made, wrong = 0, []
+    for life in poison.lives:
+        if life.request_id is None and life.status is not None and 400 <= life.status < 500:
+            refused[life.status] += 1
+        elif life.request_id is None:
+            wrong.append(f"{life.kind}: {life.status or 'no answer'} at submission")
+        elif life.request_id in poison.failed:
+            failed[poison.failed[life.request_id]] += 1
+        elif poison.accepted.get(life.request_id):
             made += 1
         else:
-            wrong.append(f"{what}: accepted, never over")
-    return PoisonCount(len(record.lives), refused, made, failed, wrong)
-
-
-def victims(record: Record, window: tuple[float, float], excused: Callable[[Life], bool]) -> tuple[int, list[str]]:
-    """New requests of `record` in flight during `window` (loop time), and why each that failed did, unless
-    `excused` says another fault explains its end."""
-    during = [life for life in record.lives if life.sent <= window[1] and life.done >= window[0]]
-    failed = []
-    for life in during:
-        rid = life.request_id
-        if excused(life):
-            continue
+            wrong.append(f"{life.kind}: accepted, never over")
+    during = [life for life in load.lives if life.sent <= window[1] and life.done >= window[0]]
+    victims = []
+    for life, rid in ((life, life.request_id) for life in during if not excused(life)):
         if life.status not in (200, 202):
-            failed.append(f"{life.kind}: {life.status or 'no answer'}")
-        elif rid is not None and rid in record.failed:
-            failed.append(f"{life.kind} {rid[:12]}: failed: {record.failed[rid]}")
-        elif rid is not None and not record.accepted.get(rid, False):
-            failed.append(f"{life.kind} {rid[:12]}: never finished")
-    return len(during), failed
+            victims.append(f"{life.kind}: {life.status or 'no answer'}")
+        elif rid is not None and rid in load.failed:
+            victims.append(f"{life.kind} {rid[:12]}: failed: {load.failed[rid]}")
+        elif rid is not None and not load.accepted.get(rid, False):
+            victims.append(f"{life.kind} {rid[:12]}: never finished")
+    reasons = "; ".join(f"{reason} ({n})" for reason, n in sorted(failed.items()))
+    return [
+        check(
+            f"poison requests ({len(poison.lives) // 2} bodies, each to the web process and to one with "
+            f"TTS_CHUNK_CHARS={WIDE_CHUNKS}): refused at submission by status / made / failed alone with a reason / "
+            "anything else (target 0)",
+            f"{refused.total()} ({listing(refused)}) / {made} / {failed.total()}{': ' + reasons if reasons else ''}"
+            f" / {len(wrong)}",
+            (bool(wrong), f"poison requests neither refused nor over: {wrong[:5]}"),
+        ),
+        check(
+            "victims: other new requests in flight while the poison was sent and answered / of them failed (target 0)",
+            f"{len(during)} / {len(victims)}" + "".join(f"; {why}" for why in victims[:5]),
+            (bool(victims), f"{len(victims)} requests in flight beside the poison failed: {victims[:5]}"),
+        ),
+    ]
 
 
-@dataclass
-class Latency:
-    """QUIET's request latencies (s, POST to its audio) before and during the flood."""
+def judge_flood(lives: Iterable[Life], t0: float, flood: tuple[float, float], size: int) -> Check:
+    """QUIET's latency (POST to audio, of the requests answered with it) during the flood of `size` requests
+    vs before it (loop times), against FLOOD_BOUND."""
+    mine = [life for life in lives if life.kind.startswith(f"new ({QUIET})") and life.status == 200]
+    before = [life.done - life.sent for life in mine if t0 <= life.sent < flood[0]]
+    during = [life.done - life.sent for life in mine if flood[0] <= life.sent <= flood[1]]
+    ratio = percentile(during, 95) / percentile(before, 95)
 
-    before: list[float]
-    during: list[float]
+    def one(v: list[float]) -> str:
+        p50, p95, top = percentile(v, 50), percentile(v, 95), max(v, default=float("nan"))
+        return f"{len(v)} requests, p50 {p50:.2f} s, p95 {p95:.2f} s, max {top:.2f} s"
 
-    def line(self) -> str:
-        def one(values: list[float]) -> str:
-            return (
-                f"{len(values)} requests, p50 {percentile(values, 50):.2f} s, p95 {percentile(values, 95):.2f} s, "
-                f"max {max(values, default=float('nan')):.2f} s"
-            )
-
-        return f"before the flood: {one(self.before)}; during it: {one(self.during)}; p95 ratio {self.ratio():.2f}x"
-
-    def ratio(self) -> float:
-        return percentile(self.during, 95) / percentile(self.before, 95)
-
-
-def quiet_latency(lives: Iterable[Life], t0: float, flood: tuple[float, float]) -> Latency:
-    """Latency of the QUIET requests that were answered with their audio, split at the flood (loop times)."""
-    before, during = [], []
-    for life in lives:
-        if not life.kind.startswith(f"new ({QUIET})") or life.status != 200:
-            continue
-        if t0 <= life.sent < flood[0]:
-            before.append(life.done - life.sent)
-        elif flood[0] <= life.sent <= flood[1]:
-            during.append(life.done - life.sent)
-    return Latency(before, during)
+    return check(
+        f"tenant {QUIET}'s one-sentence requests (one every {PROBE_EVERY:g} s) while tenant {BUSY}'s flood of {size} "
+        f"requests was worked off ({flood[1] - flood[0]:.1f} s) vs before it (target: p95 <= {FLOOD_BOUND:g}x)",
+        f"before the flood: {one(before)}; during it: {one(during)}; p95 ratio {ratio:.2f}x",
+        (not before or not during, f"too few {QUIET} requests to compare: {len(before)} / {len(during)}"),
+        (
+            bool(before and during) and not ratio <= FLOOD_BOUND,
+            f"tenant {QUIET}'s p95 latency during the flood was {ratio:.2f}x its usual (bound {FLOOD_BOUND:g}x)",
+        ),
+    )

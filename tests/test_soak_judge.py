@@ -1,5 +1,6 @@
 """How the soak judges its hostile phases (bench/hostile.py): the poison's outcomes, its victims, and the
-quiet tenant's latency around the flood. Pure functions over recorded answers; `make soak` runs the rest."""
+quiet tenant's latency around the flood, as rows of its report. Pure functions over recorded answers; `make soak`
+runs the rest."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _record(*lives: Life, finished: tuple[str, ...] = (), failed: dict[str, str]
 
 
 def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
-    record = _record(
+    poison = _record(
         Life("poison: temperature 1e-40", None, 0, 1, 422),
         Life("poison: not JSON", None, 0, 1, 400),
         Life("poison: bracket", "a", 0, 2, 200),
@@ -36,20 +37,20 @@ def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
         finished=("a",),
         failed={"b": "synthesis failed: the text could not be read"},
     )
-    count = hostile.count_poison(record)
-    assert count.sent == 7
-    assert count.refused == {400: 1, 422: 1}
-    assert count.made == 1
-    assert count.failed == {"synthesis failed: the text could not be read": 1}
-    assert count.wrong == [
+    row, victims = hostile.judge_poison(poison, _record(), (0.0, 90.0), excused=lambda life: False)
+    assert "(3 bodies, each to the web process and to one with TTS_CHUNK_CHARS=1000)" in row.figure
+    assert row.value == "2 (400: 1, 422: 1) / 1 / 1: synthesis failed: the text could not be read (1) / 3"
+    wrong = [
         "poison: crash: 500 at submission",
         "poison: hang: no answer at submission",
         "poison: lost: accepted, never over",
     ]
+    assert row.failures == [f"poison requests neither refused nor over: {wrong}"]
+    assert (victims.value, victims.failures) == ("0 / 0", [])
 
 
 def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excuses_its_own() -> None:
-    record = _record(
+    load = _record(
         Life("new", "before", 0, 4, 200),  # over before the window
         Life("new", "ok", 4, 12, 200),
         Life("new", "slow", 9, 70, 202),  # its wait ran out; the drain found it finished
@@ -60,19 +61,30 @@ def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excu
         finished=("before", "ok", "slow", "after"),
         failed={"hurt": "synthesis failed", "after": "synthesis failed"},
     )
-    in_flight, failed = hostile.victims(record, (10.0, 20.0), excused=lambda life: life.status == 503)
-    assert in_flight == 5
-    assert failed == ["new: 500", "new (quiet) dropped: never finished"]
+    poison = _record(Life("poison: plain", None, 10, 20, 422))
+    row, victims = hostile.judge_poison(poison, load, (10.0, 20.0), excused=lambda life: life.status == 503)
+    assert row.failures == []
+    failed = ["new: 500", "new (quiet) dropped: never finished"]
+    assert victims.value == "5 / 2; " + "; ".join(failed)
+    assert victims.failures == [f"2 requests in flight beside the poison failed: {failed}"]
+
+
+def _quiet(during: float) -> list[Life]:
+    """20 QUIET requests of 1 s before a flood at 130 s, 20 of `during` s in it, and two that do not count."""
+    lives = [Life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
+    lives += [Life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
+    return lives + [Life(f"new ({hostile.QUIET})", "late", 125, 185, 202), Life("new", "busy", 130, 190, 200)]
 
 
 def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_requests() -> None:
-    lives = [Life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]  # 1 s each
-    lives += [Life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 133 + i, 200) for i in range(20)]  # 3 s each
-    lives += [Life(f"new ({hostile.QUIET})", "late", 125, 185, 202), Life("new", "busy", 130, 190, 200)]
-    latency = hostile.quiet_latency(lives, t0=100.0, flood=(130.0, 160.0))
-    assert latency.before == [1.0] * 20 and latency.during == [3.0] * 20
-    assert abs(latency.ratio() - 3.0) < 1e-9
-    assert "before the flood: 20 requests" in latency.line() and "p95 ratio 3.00x" in latency.line()
+    row = hostile.judge_flood(_quiet(3.0), t0=100.0, flood=(130.0, 160.0), size=300)
+    assert "flood of 300 requests was worked off (30.0 s)" in row.figure
+    assert row.value.startswith("before the flood: 20 requests, p50 1.00 s, p95 1.00 s, max 1.00 s; during it: 20")
+    assert row.value.endswith("p95 ratio 3.00x") and row.failures == []
+    slow = hostile.judge_flood(_quiet(3.5), t0=100.0, flood=(130.0, 160.0), size=300)
+    assert slow.failures == [f"tenant {hostile.QUIET}'s p95 latency during the flood was 3.50x its usual (bound 3x)"]
+    none = hostile.judge_flood(_quiet(3.0), t0=100.0, flood=(90.0, 95.0), size=300)
+    assert none.failures == [f"too few {hostile.QUIET} requests to compare: 0 / 0"]
 
 
 def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> None:
