@@ -93,12 +93,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _proc_line(path: str, prefix: str) -> str | None:
+    """The line of /proc file `path` that starts with `prefix`; None when there is none (or no such file)."""
+    try:
+        return next((line for line in Path(path).read_text().splitlines() if line.startswith(prefix)), None)
+    except OSError:
+        return None
+
+
 def rss_bytes(pid: int) -> int:
     """VmRSS of process `pid`, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise BenchError(f"no VmRSS in /proc/{pid}/status")
+    line = _proc_line(f"/proc/{pid}/status", "VmRSS:")
+    if line is None:
+        raise BenchError(f"no VmRSS in /proc/{pid}/status")
+    return int(line.split()[1]) * 1024
 
 
 def _die_with_parent() -> None:
@@ -113,28 +121,22 @@ def _die_with_parent() -> None:
 class Proc:
     """A child process with its output in a log file; `stop` ends it (TERM, then KILL)."""
 
-    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
-        self.name, self.log, self.started = name, log, time.monotonic()
-        self._out = log.open("wb")
+    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log, self.started, self._out = name, log, time.monotonic(), log.open("wb")
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.popen = subprocess.Popen(
-            list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
+            list(args), cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
     def check(self) -> None:
         """BenchError with the end of the log when the process has exited."""
-        if not self.alive():
-            raise BenchError(f"{self.name} exited with status {self.popen.returncode}:\n{self.tail()}")
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
+        if self.popen.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise BenchError(f"{self.name} exited with status {self.popen.returncode}:\n{tail}")
 
     def stop(self, timeout: float = 20) -> None:
         if self.popen.poll() is None:
@@ -439,7 +441,6 @@ class Figure:
     values: list[float] = field(default_factory=list)
     baseline: list[float] = field(default_factory=list)
     target: Target | None = None
-    note: str = ""
     every: bool = False
 
     @property
@@ -458,18 +459,16 @@ class Figure:
         return all(self.target[1](v) for v in pool)
 
 
+# A Figure's target: at least, at most or exactly `bound`; `text` says it in the table.
 def least(bound: float, text: str = "") -> Target:
-    """A Figure's target: at least `bound`; `text` says it (default ">= {bound}x")."""
     return text or f">= {bound:g}x", lambda v: v >= bound
 
 
 def most(bound: float, text: str = "") -> Target:
-    """A Figure's target: at most `bound`; `text` says it (default "<= {bound}x")."""
     return text or f"<= {bound:g}x", lambda v: v <= bound
 
 
 def exactly(bound: float, text: str = "") -> Target:
-    """A Figure's target: equal to `bound`; `text` says it (default "{bound}")."""
     return text or f"{bound:g}", lambda v: v == bound
 
 
@@ -682,13 +681,6 @@ def _version(name: str) -> str:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
-
-
-def _proc_line(path: str, prefix: str) -> str | None:
-    try:
-        return next((line for line in Path(path).read_text().splitlines() if line.startswith(prefix)), None)
-    except OSError:
-        return None
 
 
 def machine() -> dict[str, str]:

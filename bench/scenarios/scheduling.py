@@ -16,6 +16,7 @@ import loadgen
 from harness import (
     Bench,
     BenchError,
+    Proc,
     Reading,
     engine_bench,
     least,
@@ -92,11 +93,8 @@ def scaling(b: Bench) -> None:
         )
 
     def rate(name: str) -> float:
-        queue, procs = pools[name]
         specs = [make_spec(b.texts.text(2), model_id) for _ in range(b.size("jobs"))]
-        started = time.monotonic()
-        run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
-        return sum(len(s.chunks) for s in specs) / (time.monotonic() - started)
+        return sum(len(s.chunks) for s in specs) / timed(redis, pools[name], specs)
 
     def rotation(side: str, round_: int) -> list[Reading]:
         names = list(pools)[round_ % len(pools) :] + list(pools)[: round_ % len(pools)]
@@ -126,10 +124,7 @@ def scheduling(b: Bench) -> None:
     wait_for(lambda: all(idle(queue) for queue, _ in workers.values()), 300, "the queues to drain", interval=0.1)
 
     def run(side: str, specs: list[Spec]) -> float:
-        queue, procs = workers[side]
-        started = time.monotonic()
-        run_jobs(redis, Settings(queue=queue), specs, timeout=600, workers=procs)
-        return time.monotonic() - started
+        return timed(redis, workers[side], specs)
 
     def first_chunks(side: str, _: int) -> list[Reading]:
         one_batch = run("one", [make_spec(b.texts.text(1), model_id) for _ in range(b.batch)])
@@ -153,6 +148,13 @@ def scheduling(b: Bench) -> None:
     name = f"time to first chunk of a short request while a {long_chunks}-chunk request runs, p95 (vs one "
     name += "batch's time: a burst of a batch of new one-chunk requests)"
     b.compare([b.figure(name, "ms", target=most(2))], first_chunks)
+
+
+def timed(redis: Redis, pool: tuple[str, list[Proc]], specs: list[Spec]) -> float:
+    """Seconds the workers of `pool` (queue, workers) take to finish `specs`, submitted at once."""
+    started = time.monotonic()
+    run_jobs(redis, Settings(queue=pool[0]), specs, timeout=600, workers=pool[1])
+    return time.monotonic() - started
 
 
 class Watch:
@@ -278,31 +280,25 @@ def continuous(b: Bench) -> None:
         settings = Settings(queue=f"bench-budget-{scheduling}")
         return queueing.submit(queueing.queue(redis, settings), spec, settings)
 
-    def both(round_: int, measure: Callable[[str], float]) -> tuple[float, float]:
-        """(continuous, static) of `measure(scheduling)`, the order alternating with the round."""
-        got = {scheduling: measure(scheduling) for scheduling in (SCHEDULERS if round_ % 2 == 0 else SCHEDULERS[::-1])}
-        return got["continuous"], got["static"]
-
-    def staggered(scheduling: str) -> float:
-        """Requests per second: from the first submission to the last request finished."""
-        specs = [make_spec(b.texts.sentence(*BURST_CHARS), model_id) for _ in range(BURST)]
+    def run(scheduling: str, chars: tuple[int, int], count: int, every: float = 0.0) -> tuple[list[Job], float]:
+        """`count` one-chunk requests of `chars` characters submitted `every` s apart: their jobs and the seconds
+        from the first submission to the last one finished."""
+        specs = [make_spec(b.texts.sentence(*chars), model_id) for _ in range(count)]
         started, jobs = time.monotonic(), []
         for spec in specs:
             jobs.append(submit(scheduling, spec))
-            time.sleep(STAGGER)
+            time.sleep(every)
         wait_jobs(jobs, 600)
-        return len(specs) / (time.monotonic() - started)
+        return jobs, time.monotonic() - started
 
-    def full(scheduling: str) -> float:
-        """Tokens per second of one batch of requests of the same length, submitted at once (tokens, since each
-        row's end token falls where its draws put it)."""
-        specs = [make_spec(b.texts.sentence(FULL_CHARS, FULL_CHARS), model_id) for _ in range(b.batch)]
-        started = time.monotonic()
-        jobs = [submit(scheduling, spec) for spec in specs]
-        wait_jobs(jobs, 600)
-        seconds = time.monotonic() - started
+    def staggered(scheduling: str, _: int) -> list[Reading]:
+        return [BURST / run(scheduling, BURST_CHARS, BURST, STAGGER)[1]]
+
+    def full(scheduling: str, _: int) -> list[Reading]:
+        """Tokens per second of a full loop (tokens: each row's end token falls where its draws put it)."""
+        jobs, seconds = run(scheduling, (FULL_CHARS, FULL_CHARS), b.batch)
         # Each job's result counts the tokens of the chunks its run made (None: made by another job's run).
-        return sum(t or 0 for j in jobs for t in (j.return_value() or {}).get("tokens", [])) / seconds
+        return [sum(t or 0 for j in jobs for t in (j.return_value() or {}).get("tokens", [])) / seconds]
 
     def shorts(scheduling: str, watch: Watch | None = None) -> list[float]:
         """The plan's short requests 0.1 s apart; each one's seconds to its first audio."""
@@ -364,9 +360,9 @@ def continuous(b: Bench) -> None:
     name = f"staggered burst: {BURST} one-chunk requests of {BURST_CHARS[0]}-{BURST_CHARS[1]} characters, "
     name += f"{STAGGER * 1000:.0f} ms apart, 1 worker: continuous (vs static)"
     staggered_figure = b.figure(name, "req/s", target=least(1.5))
-    b.compare([staggered_figure], lambda _, r: [both(r, staggered)])
+    b.compare([staggered_figure], staggered, sides=SCHEDULERS[::-1])
     name = f"a full loop: {b.batch} one-chunk requests of {FULL_CHARS} characters at once: continuous (vs static)"
-    b.compare([b.figure(name, "tokens/s", target=least(0.95))], lambda _, r: [both(r, full)])
+    b.compare([b.figure(name, "tokens/s", target=least(0.95))], full, sides=SCHEDULERS[::-1])
     long_chunks = 5 * b.batch  # five loops' worth: 40 rows at the default batch of 8
     name = f"short requests behind a {long_chunks}-chunk one: time to first audio p95, continuous (vs static)"
     versus = b.figure(name, "ms", target=most(0.5, "<= 0.5x in every run"), every=True)
