@@ -1,4 +1,5 @@
-"""What every benchmark here shares: child processes, a private Redis, texts, statistics, the machine."""
+"""What every benchmark here shares: child processes, a private Redis, texts, jobs, statistics, the table, the
+scenarios' plumbing (`Bench`, `Scenario`, `perform`) and the machine."""
 
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -31,7 +30,8 @@ from rq.job import Job, JobStatus  # noqa: E402
 from rq.worker import BaseWorker, Worker  # noqa: E402
 
 from cache import Spec, normalize  # noqa: E402
-from common.keys import MODEL_KEY, chunk_key, events_channel, pieces_key  # noqa: E402
+from common.keys import MODEL_KEY  # noqa: E402
+from common.metrics import read_counter  # noqa: E402
 from common.model import ModelInfo  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from splitter import split  # noqa: E402
@@ -39,7 +39,6 @@ from work import queueing  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
-
 # Words for generated sentences; the first eight are whole words in the tiny
 # checkpoint's vocabulary, the rest go through its letter pieces.
 WORDS = (
@@ -79,15 +78,13 @@ def write_section(path: Path, begin: str, end: str, block: str) -> None:
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy; BenchError after `timeout` s."""
+    """Poll `check` until it returns something truthy, and return that; BenchError after `timeout` s."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
+    while not (value := check()):
         if time.monotonic() > deadline:
             raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+    return value
 
 
 def free_port() -> int:
@@ -96,17 +93,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _proc_line(path: str, prefix: str) -> str | None:
+    """The line of /proc file `path` that starts with `prefix`; None when there is none (or no such file)."""
+    try:
+        return next((line for line in Path(path).read_text().splitlines() if line.startswith(prefix)), None)
+    except OSError:
+        return None
+
+
 def rss_bytes(pid: int) -> int:
     """VmRSS of process `pid`, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise BenchError(f"no VmRSS in /proc/{pid}/status")
-
-
-def maps_torch(pid: int) -> bool:
-    """True when process `pid` has torch's native library mapped."""
-    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    line = _proc_line(f"/proc/{pid}/status", "VmRSS:")
+    if line is None:
+        raise BenchError(f"no VmRSS in /proc/{pid}/status")
+    return int(line.split()[1]) * 1024
 
 
 def _die_with_parent() -> None:
@@ -121,30 +121,22 @@ def _die_with_parent() -> None:
 class Proc:
     """A child process with its output in a log file; `stop` ends it (TERM, then KILL)."""
 
-    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
-        self.name = name
-        self.log = log
-        self.started = time.monotonic()
-        self._out = log.open("wb")
+    def __init__(self, name: str, args: Sequence[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.log, self.started, self._out = name, log, time.monotonic(), log.open("wb")
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
         self.popen = subprocess.Popen(
-            list(args), cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
+            list(args), cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
     def check(self) -> None:
         """BenchError with the end of the log when the process has exited."""
-        if not self.alive():
-            raise BenchError(f"{self.name} exited with status {self.popen.returncode}:\n{self.tail()}")
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
+        if self.popen.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise BenchError(f"{self.name} exited with status {self.popen.returncode}:\n{tail}")
 
     def stop(self, timeout: float = 20) -> None:
         if self.popen.poll() is None:
@@ -180,6 +172,27 @@ def bench_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def http_ok(port: int, path: str) -> bool:
+    """True when GET `path` on 127.0.0.1:`port` answers 200."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            return s.recv(12).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def serving(proc: Proc, port: int, timeout: float) -> int:
+    """`port` once `proc` answers GET /healthz there; BenchError when it exits or `timeout` s pass first."""
+
+    def answers() -> bool:
+        proc.check()
+        return http_ok(port, "/healthz")
+
+    wait_for(answers, timeout, f"{proc.name} to answer /healthz")
+    return port
+
+
 @dataclass
 class Cluster:
     """The processes of one benchmark run, in one temporary directory; `close` stops them all."""
@@ -198,8 +211,7 @@ class Cluster:
 
     def spawn(self, name: str, args: Sequence[str], env: dict[str, str]) -> Proc:
         self.spawned += 1
-        proc = Proc(name, args, env, self.tmp / f"{self.spawned:02d}-{name}.log")
-        self.procs.append(proc)
+        self.procs.append(proc := Proc(name, args, env, self.tmp / f"{self.spawned:02d}-{name}.log"))
         return proc
 
     def stop(self, proc: Proc) -> None:
@@ -217,8 +229,8 @@ class Cluster:
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
             print(f"the processes' logs are kept in {self.tmp}", file=sys.stderr)
-            return
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def redis(self) -> Redis:
         return Redis.from_url(self.redis_url)
@@ -239,24 +251,18 @@ class Cluster:
                 return False
 
         wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)")
-        self.redis_url = url
-        self.redis_proc = proc
+        self.redis_url, self.redis_proc = url, proc
         return url
 
     def start_app(
         self, name: str, app: str, env: dict[str, str], app_dir: str = ".", timeout: float = 240
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port."""
+        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port, answering."""
         port = free_port()
         args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1"]
         args += ["--port", str(port), "--no-access-log", "--log-level", "warning"]
         proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
-        wait_for(
-            lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
-            timeout,
-            f"{name} to answer /healthz",
-        )
-        return proc, port
+        return proc, serving(proc, port, timeout)
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
         """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`); `env` may set
@@ -268,9 +274,7 @@ class Cluster:
     ) -> float:
         """Wait until each worker is registered on `queue` (model loaded and warm) in `redis` (default: the
         cluster's database 0); seconds waited."""
-        redis = redis or self.redis()
-        pending = list(workers)
-        started = time.monotonic()
+        redis, pending, started = redis or self.redis(), list(workers), time.monotonic()
 
         def registered() -> bool:
             names = {worker.name for worker in workers_of(redis, queue)}
@@ -290,16 +294,6 @@ def is_worker_of(name: str, pid: int) -> bool:
     return name == base or name.startswith(base + "-gpu")
 
 
-def http_ok(port: int, path: str) -> bool:
-    """True when GET `path` on 127.0.0.1:`port` answers 200."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-            return s.recv(12).startswith(b"HTTP/1.1 200")
-    except OSError:
-        return False
-
-
 def model_info(redis: Redis) -> ModelInfo:
     raw = redis.get(MODEL_KEY)
     if raw is None:
@@ -317,26 +311,11 @@ def jobs_run(redis: Redis, queue: str) -> int:
     return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
-def finished_job(redis: Redis, request_id: str, timeout: float = 30) -> Job:
-    """The request's job once RQ has recorded its end and result (they may lag the audio by a moment)."""
-
-    def finished() -> Job | None:
-        job = Job.fetch(request_id, connection=redis, serializer=queueing.SERIALIZER)
-        return job if job.ended_at is not None and job.return_value() is not None else None
-
-    return wait_for(finished, timeout, f"job {request_id} to be recorded as finished", interval=0.005)
-
-
 def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk)."""
     cap = ["--max-new-token", str(max_new_token)] if max_new_token else []
-    subprocess.run(
-        [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), *cap],
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), *cap]
+    subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
 
 
@@ -361,26 +340,27 @@ def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = No
     return json.loads(out.read_text()), proc.stdout
 
 
-# -- texts ---------------------------------------------------------------------
-
-
 class Texts:
     """Distinct texts for requests: no sentence is ever produced twice by one instance."""
 
     def __init__(self, seed: int, chunk_chars: int = Settings().chunk_chars) -> None:
-        self.rng = random.Random(seed)
-        self.chunk_chars = chunk_chars
-        self.seen: set[str] = set()
+        self.rng, self.chunk_chars, self.seen = random.Random(seed), chunk_chars, set[str]()
 
-    def sentence(self) -> str:
+    def sentence(self, low: int = 0, high: int = 0) -> str:
+        """A new sentence of most of a chunk; of `low`..`high` characters, without commas, when `high` is given."""
+        short = high > 0
+        lo, hi = (low, high) if short else (self.chunk_chars // 2 + 10, self.chunk_chars - 12)
         while True:
-            target = self.rng.randint(self.chunk_chars // 2 + 10, self.chunk_chars - 12)
+            target = self.rng.randint(lo, hi)
             words = [self.rng.choice(WORDS).capitalize()]
-            while len(" ".join(words)) < target:
+            while len(" ".join(words)) < (target - 1 if short else target):
                 words.append(self.rng.choice(WORDS))
-                if len(words) % 7 == 0:
+                if not short and len(words) % 7 == 0:
                     words[-1] += ","
-            text = " ".join(words).rstrip(",") + self.rng.choice(".!?")
+            if short:
+                text = " ".join(words)[: target - 1].rstrip() + "."
+            else:
+                text = " ".join(words).rstrip(",") + self.rng.choice(".!?")
             if text not in self.seen:
                 self.seen.add(text)
                 return text
@@ -393,94 +373,28 @@ class Texts:
         return self.text(self.rng.randint(low, high))
 
 
-@contextmanager
-def progress_ticks(redis: Redis, request_id: str) -> Iterator[list[float]]:
-    """While the block runs, the monotonic times of the request's progress events, appended as they arrive
-    (a listener thread: a message read later would carry the wrong time)."""
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(events_channel(request_id))
-    ticks: list[float] = []
-    listening = threading.Event()
-    listening.set()
-
-    def listen() -> None:
-        while listening.is_set():
-            message = pubsub.get_message(timeout=0.1)
-            if message is not None and json.loads(message["data"]).get("event") == "progress":
-                ticks.append(time.monotonic())
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    try:
-        yield ticks
-    finally:
-        listening.clear()
-        listener.join()
-        pubsub.close()
-
-
-class Watch:
-    """Chunks' first audio (a streamed piece or the stored chunk) and completion times, polled in a thread;
-    and the times each piece of some other chunks (`pieced`) appeared."""
-
-    def __init__(self, redis: Redis, pieced: list[str] | None = None) -> None:
-        self.redis, self.pieced = redis, pieced or []
-        self.sent: list[tuple[float, str]] = []
-        self.heard: dict[int, float] = {}
-        self.done: dict[int, float] = {}
-        self.pieces: dict[str, list[tuple[float, int]]] = {cid: [] for cid in self.pieced}
-        self.lock = threading.Lock()
-        self.running = True
-        self.thread = threading.Thread(target=self.poll, daemon=True)
-        self.thread.start()
-
-    def add(self, chunk_id: str, at: float | None = None) -> None:
-        with self.lock:
-            self.sent.append((time.monotonic() if at is None else at, chunk_id))
-
-    def poll(self) -> None:
-        while self.running:
-            with self.lock:
-                pending = [(i, cid) for i, (_, cid) in enumerate(self.sent) if i not in self.done]
-            with self.redis.pipeline(transaction=False) as pipe:
-                for _, cid in pending:
-                    pipe.llen(pieces_key(cid))
-                    pipe.exists(chunk_key(cid))
-                for cid in self.pieced:
-                    pipe.llen(pieces_key(cid))
-                found = pipe.execute()
-            now = time.monotonic()
-            for k, (i, _) in enumerate(pending):
-                if found[2 * k] or found[2 * k + 1]:
-                    self.heard.setdefault(i, now)
-                if found[2 * k + 1]:
-                    self.done[i] = now
-            for cid, n in zip(self.pieced, found[2 * len(pending) :]):
-                if n and (not self.pieces[cid] or self.pieces[cid][-1][1] != n):
-                    self.pieces[cid].append((now, n))
-            time.sleep(0.002)
-
-    def wait(self, timeout: float) -> list[tuple[float, float, float]]:
-        """Once every chunk added is done: (sent, first audio, done) of each; stops polling."""
-        wait_for(lambda: len(self.done) == len(self.sent), timeout, "every request's audio", interval=0.01)
-        self.running = False
-        self.thread.join()
-        return [(at, self.heard[i], self.done[i]) for i, (at, _) in enumerate(self.sent)]
-
-    def piece_gap(self) -> float:
-        """The median seconds between one `pieced` chunk's consecutive pieces (stream_tokens steps)."""
-        self.running = False
-        self.thread.join()
-        gaps = [b[0] - a[0] for seen in self.pieces.values() for a, b in zip(seen, seen[1:]) if b[1] == a[1] + 1]
-        if not gaps:
-            raise BenchError("no two consecutive pieces of the long request were seen")
-        return statistics.median(gaps)
-
-
 def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:
     """The Spec the web process builds for {"text": text} with default settings."""
     settings = settings or Settings()
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
+
+
+def wait_jobs(jobs: Sequence[Job], timeout: float, workers: Sequence[Proc] = ()) -> None:
+    """Wait until every job has finished; BenchError at once when one failed or a worker of `workers` exited."""
+    pending = list(jobs)
+
+    def done() -> bool:
+        for proc in workers:
+            proc.check()
+        for job in list(pending):
+            status = job.get_status(refresh=True)
+            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+                raise BenchError(f"job {job.id} ended {status}: {getattr(job.latest_result(), 'exc_string', '')}")
+            if status == JobStatus.FINISHED:
+                pending.remove(job)
+        return not pending
+
+    wait_for(done, timeout, f"{len(jobs)} jobs to finish", interval=0.02)
 
 
 def run_jobs(
@@ -491,31 +405,15 @@ def run_jobs(
     workers: Sequence[Proc] = (),
     queues: Sequence[str] = (),
 ) -> list[Job]:
-    """Submit `specs` as the web does (queueing.submit) and wait until every job has finished."""
-    names = list(queues) or [settings.queue]
-    qs = [queueing.queue(redis, replace(settings, queue=name)) for name in names]
+    """Submit `specs` as the web does (queueing.submit), round robin over `queues` (default: settings.queue),
+    and wait until every job has finished."""
+    qs = [queueing.queue(redis, replace(settings, queue=name)) for name in list(queues) or [settings.queue]]
     submitted = [queueing.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
-    pending = list(submitted)
-
-    def done() -> bool:
-        for proc in workers:
-            proc.check()
-        still = []
-        for job in pending:
-            status = job.get_status(refresh=True)
-            if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-                result = job.latest_result()
-                raise BenchError(f"job {job.id} ended {status}: {getattr(result, 'exc_string', '')}")
-            if status != JobStatus.FINISHED:
-                still.append(job)
-        pending[:] = still
-        return not pending
-
-    wait_for(done, timeout, f"{len(specs)} jobs to finish", interval=0.02)
+    wait_jobs(submitted, timeout, workers)
     return submitted
 
 
-# -- statistics ----------------------------------------------------------------
+# -- statistics and the table --------------------------------------------------
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -529,17 +427,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+Target = tuple[str, Callable[[float], bool]]
+
+
 @dataclass
 class Figure:
-    """One line of the table: a measured value per run, optionally a baseline per run and a target."""
+    """One line of the table: a measured value per run, optionally a baseline per run and a target; `every`:
+    the target must hold in every run, not only for the median."""
 
     scenario: str
     name: str
     unit: str
     values: list[float] = field(default_factory=list)
     baseline: list[float] = field(default_factory=list)
-    target: tuple[str, Callable[[float], bool]] | None = None
-    note: str = ""
+    target: Target | None = None
     every: bool = False
 
     @property
@@ -558,30 +459,26 @@ class Figure:
         return all(self.target[1](v) for v in pool)
 
 
-def least(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
-    """A Figure's target: at least `bound`; `text` says it (default ">= {bound}x")."""
+# A Figure's target: at least, at most or exactly `bound`; `text` says it in the table.
+def least(bound: float, text: str = "") -> Target:
     return text or f">= {bound:g}x", lambda v: v >= bound
 
 
-def most(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
-    """A Figure's target: at most `bound`; `text` says it (default "<= {bound}x")."""
+def most(bound: float, text: str = "") -> Target:
     return text or f"<= {bound:g}x", lambda v: v <= bound
 
 
-def exactly(bound: float, text: str = "") -> tuple[str, Callable[[float], bool]]:
-    """A Figure's target: equal to `bound`; `text` says it (default "{bound}")."""
+def exactly(bound: float, text: str = "") -> Target:
     return text or f"{bound:g}", lambda v: v == bound
 
 
 def spread(values: Sequence[float], digits: int) -> str:
-    """'median [min-max]' (or just the value for one run)."""
+    """'median [min–max]' (or just the value for one run)."""
     if not values:
         return "-"
     fmt = f"{{:.{digits}f}}"
     med = fmt.format(statistics.median(values))
-    if len(values) == 1:
-        return med
-    return f"{med} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+    return med if len(values) == 1 else f"{med} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
 
 
 def _digits(values: Sequence[float]) -> int:
@@ -614,6 +511,168 @@ def table(figures: Sequence[Figure], markdown: bool) -> str:
     return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])
 
 
+def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:
+    """(round, name) pairs A B, B A, A B ...: each side goes first as often, so drift cancels."""
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else tuple(reversed(names)):
+            yield i, name
+
+
+# -- the scenarios of bench/run.py ---------------------------------------------
+
+# What one run of one side gives a figure: a value for the side's column;
+# (value, baseline) when the run measures both; None when the figure has nothing from this side.
+Reading = float | tuple[float, float] | None
+# Chunks the workers made per chunk the pool needed: the figure after a scenario that `counts`.
+MADE, NEEDED = "tts_chunks_synthesized_total", "tts_chunks_needed_total"
+
+
+@dataclass
+class Scenario:
+    """One numbered scenario of the table: `measure(b)` measures its figures through `b.compare`; `sizes`:
+    name -> (quick, full), read with `b.size`; `stack`: it talks to the stack (run.start_stack), which then
+    starts before it; `counts`: "once" (a figure of chunks made per chunk needed, judged exactly 1, follows) or
+    "withdraws" (it cancels work on purpose: judged at most 1), counted in Redis database `database`."""
+
+    number: str
+    title: str
+    measure: Callable[[Bench], None]
+    sizes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    stack: bool = True
+    counts: str = ""
+    database: int = 0
+
+
+@dataclass
+class Bench:
+    """What the scenarios of one run share: the plan, the processes, the figures and notes so far."""
+
+    quick: bool
+    cluster: Cluster
+    model_dir: Path
+    batch: int  # TTS_BATCH_SIZE of every worker
+    full_model: bool = False  # scenario 7 also starts a worker on full-size random weights
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
+    # The stack (run.start_stack): web, bare app, naive server, the main worker on queue "tts".
+    web_port: int = 0
+    bare_port: int = 0
+    naive_port: int = 0
+    worker: Proc | None = None
+    mixed_rate: float = 0.0  # scenario 3's open-loop rate, once measured
+    sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)  # scenario 8's pools: queue, workers
+    # Scenario 9's load curves: side -> [(offered req/s, first audio p50 s, p95 s, throughput req/s)].
+    curves: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
+    scenario: Scenario | None = None  # the one being performed
+
+    @property
+    def rounds(self) -> int:
+        """Runs of each figure."""
+        return 1 if self.quick else 3
+
+    @property
+    def main(self) -> tuple[str, list[Proc]]:
+        """The main worker's queue and the worker."""
+        return "tts", [self.worker] if self.worker else []
+
+    def size(self, name: str) -> Any:
+        assert self.scenario is not None
+        return self.scenario.sizes[name][0 if self.quick else 1]
+
+    def figure(self, name: str, unit: str, **more: Any) -> Figure:
+        """A Figure of the scenario being performed."""
+        assert self.scenario is not None
+        return Figure(self.scenario.number, name, unit, **more)
+
+    def compare(
+        self,
+        figures: Sequence[Figure],
+        measure: Callable[[str, int], Sequence[Reading]],
+        rounds: int = 0,
+        sides: Sequence[str] = ("subject",),
+    ) -> None:
+        """Add `figures` to the table and fill them: `measure(side, round)` runs ONE side once and gives a
+        Reading per figure; with two sides the first is the baseline, and they alternate (A B, B A, ...)."""
+        self.figures += figures
+        for round_, side in interleaved(rounds or self.rounds, *sides):
+            readings = measure(side, round_)
+            if len(readings) != len(figures):
+                raise BenchError(f"{len(readings)} readings for {len(figures)} figures: {figures[0].name} ...")
+            for figure, reading in zip(figures, readings):
+                if isinstance(reading, tuple):
+                    figure.values.append(reading[0])
+                    figure.baseline.append(reading[1])
+                elif reading is not None:
+                    (figure.baseline if len(sides) == 2 and side == sides[0] else figure.values).append(reading)
+        say("  " + "; ".join(_summary(f) for f in figures))
+
+    def url(self, database: int) -> str:
+        """Database `database` of the run's redis-server."""
+        return self.cluster.redis_url.rsplit("/", 1)[0] + f"/{database}"
+
+    def model_id(self, redis: Redis | None = None) -> str:
+        """The id of the model the workers published (what a Spec is keyed for)."""
+        return model_info(redis or self.cluster.redis()).id
+
+    def model_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a worker or naive server on the run's model (one torch thread unless `extra` says)."""
+        scheduling = os.environ.get("BENCH_SCHEDULING")
+        env = {"TTS_MODEL_PATH": str(self.model_dir), "TTS_BATCH_SIZE": str(self.batch), "TTS_TORCH_THREADS": "1"}
+        return {**env, **({"TTS_SCHEDULING": scheduling} if scheduling else {}), **extra}
+
+    def pool(self, name: str, queue: str, count: int = 1, database: int = 0, **env: str) -> tuple[str, list[Proc]]:
+        """`count` workers (`model_env(**env)`) on `queue` in `database`, once registered; the queue and them."""
+        env = self.model_env(**env, TTS_QUEUE=queue, REDIS_URL=self.url(database))
+        procs = [self.cluster.start_worker(f"{name}-{i}", env) for i in range(count)]
+        self.cluster.wait_workers(procs, queue, redis=Redis.from_url(self.url(database)))
+        return queue, procs
+
+
+def _summary(figure: Figure) -> str:
+    if not figure.values:
+        return figure.name
+    vs = f" vs {statistics.median(figure.baseline):.4g}" if figure.baseline else ""
+    return f"{figure.name}: {statistics.median(figure.values):.4g}{vs} {figure.unit}"
+
+
+def perform(b: Bench, scenario: Scenario) -> None:
+    """Run `scenario` into `b`; the processes it started are stopped after it, also after an error."""
+    say(f"{scenario.number} {scenario.title}")
+    b.scenario, procs = scenario, len(b.cluster.procs)
+    counted = Redis.from_url(b.url(scenario.database)) if scenario.counts else None
+    before = (read_counter(counted, MADE), read_counter(counted, NEEDED)) if counted else (0.0, 0.0)
+    try:
+        scenario.measure(b)
+    finally:
+        for proc in reversed(b.cluster.procs[procs:]):
+            b.cluster.stop(proc)
+    if counted:
+        b.figures.append(_made_once(counted, scenario, before))
+
+
+def _made_once(redis: Redis, scenario: Scenario, before: tuple[float, float]) -> Figure:
+    """Chunks the workers made per chunk the pool needed since `before`, read once the counts stay the same
+    across a metrics flush (1 s) and, unless the scenario withdraws work on purpose, every needed chunk is made."""
+    seen: list[tuple[float, float]] = []
+
+    def settled() -> tuple[float, float] | None:
+        seen.append((read_counter(redis, MADE) - before[0], read_counter(redis, NEEDED) - before[1]))
+        made, needed = now = seen[-1]
+        steady = len(seen) > 1 and now == seen[-2] and needed > 0
+        return now if steady and (scenario.counts == "withdraws" or made >= needed) else None
+
+    try:
+        made, needed = wait_for(settled, 30, "the workers to count the chunks they made", interval=1.2)
+    except BenchError:
+        made, needed = seen[-1]
+    name = f"chunks synthesized per chunk needed ({made:.0f} / {needed:.0f})"
+    target = ("at most 1.0 (barge-ins withdraw the rest)", lambda v: 0 < v <= 1.0)
+    if scenario.counts == "once":
+        target = exactly(1, "exactly 1.0")
+    return Figure(scenario.number, name, "x", [made / needed if needed else float("nan")], target=target)
+
+
 # -- the machine ---------------------------------------------------------------
 
 
@@ -626,38 +685,16 @@ def _version(name: str) -> str:
 
 def machine() -> dict[str, str]:
     """What the figures were measured on: CPU, cores, memory, load, versions."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = "unknown"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-    except OSError:
-        pass
+    cpu, mem = _proc_line("/proc/cpuinfo", "model name"), _proc_line("/proc/meminfo", "MemTotal:")
+    info = {
+        "cpu": cpu.split(":", 1)[1].strip() if cpu else platform.processor() or "unknown",
+        "cores": str(os.cpu_count()),
+        "memory": f"{int(mem.split()[1]) / 1024 / 1024:.1f} GiB" if mem else "unknown",
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+    for package in ("torch", "chattts", "uvicorn", "starlette"):
+        info[package] = _version(package)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
-    info = {"cpu": cpu, "cores": str(os.cpu_count()), "memory": mem, "os": f"{platform.system()} {platform.release()}"}
-    info["python"] = platform.python_version()
-    for key, package in [
-        ("torch", "torch"),
-        ("chattts", "chattts"),
-        ("uvicorn", "uvicorn"),
-        ("starlette", "starlette"),
-    ]:
-        info[key] = _version(package)
     info.update({"redis-py": _version("redis"), "rq": _version("rq"), "load average (1, 5, 15 min) at start": load})
     return info
-
-
-def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:
-    """(round, name) pairs A B, B A, A B ...: each side goes first as often, so drift cancels."""
-    for i in range(rounds):
-        order = names if i % 2 == 0 else tuple(reversed(names))
-        for name in order:
-            yield i, name

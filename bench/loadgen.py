@@ -1,4 +1,4 @@
-"""A small closed-loop HTTP/1.1 load generator on raw asyncio streams."""
+"""A small HTTP/1.1 load generator on raw asyncio streams: closed loop, open loop, single requests."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from typing import Any, AsyncIterator, Callable
 from harness import BenchError, percentile
 
 HOST = "127.0.0.1"
+# An open loop with this many requests in flight is far past saturation: it stops rather than pile up more.
+MAX_IN_FLIGHT = 256
 
 
 def request(method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> bytes:
@@ -27,29 +29,20 @@ def request(method: str, path: str, body: Any = None, headers: dict[str, str] | 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     """Status, headers (lower-case names) and body of one answer (Content-Length or chunked)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+    headers = {name.strip().lower(): value.strip() for name, _, value in (x.partition(":") for x in lines[1:] if x)}
     if "content-length" in headers:
-        body = await reader.readexactly(int(headers["content-length"]))
-    elif headers.get("transfer-encoding", "").lower() == "chunked":
-        parts = []
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            parts.append(await reader.readexactly(size))
-            await reader.readexactly(2)
-        body = b"".join(parts)
-    else:
-        body = b""
-    return status, headers, body
+        return status, headers, await reader.readexactly(int(headers["content-length"]))
+    parts = []
+    while headers.get("transfer-encoding", "").lower() == "chunked":
+        size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+        if size == 0:
+            await reader.readuntil(b"\r\n")
+            break
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+    return status, headers, b"".join(parts)
 
 
 class Connection:
@@ -91,6 +84,12 @@ class Connection:
             raise BenchError(f"port {self.port} answered {status}: {body[:300]!r}")
         return status, body
 
+    async def __aenter__(self) -> Connection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -103,10 +102,10 @@ class Connection:
 
 @dataclass
 class LoadResult:
-    """What one bounded run measured."""
+    """What one bounded run measured: answers completed inside its `seconds`, every answer's latency (s)."""
 
     seconds: float
-    completed: int
+    completed: int = 0
     latencies: list[float] = field(default_factory=list)
     statuses: Counter = field(default_factory=Counter)
     bytes_received: int = 0
@@ -119,70 +118,44 @@ class LoadResult:
         """The q-th percentile latency, milliseconds."""
         return percentile(self.latencies, q) * 1000
 
+    def add(self, status: int, body: bytes, latency: float | None, completed: bool) -> None:
+        """One answer: counted by status; timed unless `latency` is None; `completed` inside the window."""
+        self.statuses[status] += 1
+        if latency is not None:
+            self.latencies.append(latency)
+            self.bytes_received += len(body)
+        self.completed += completed
+
 
 async def run(
-    port: int,
-    next_request: Callable[[], bytes],
-    connections: int,
-    duration: float,
-    warmup: float = 0.3,
-    expect: tuple[int, ...] = (200,),
-    timeout: float = 120,
+    port: int, next_request: Callable[[], bytes], connections: int, duration: float, warmup: float = 0.3
 ) -> LoadResult:
-    """Drive `connections` closed-loop connections for `warmup` + `duration` seconds."""
+    """Closed loop: `connections` connections each send `next_request()` as soon as the last was answered, for
+    `warmup` + `duration` s; what the warm-up sent is neither timed nor counted."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     window = (start + warmup, start + warmup + duration)
-    result = LoadResult(seconds=duration, completed=0)
+    result = LoadResult(seconds=duration)
 
     async def client() -> None:
-        conn = Connection(port)
-        try:
+        async with Connection(port) as conn:
             while loop.time() < window[1]:
-                data = next_request()
-                t0 = loop.time()
-                status, body = await conn.ask(data, expect, timeout)
+                data, t0 = next_request(), loop.time()
+                status, body = await conn.ask(data)
                 t1 = loop.time()
-                result.statuses[status] += 1
-                if t0 >= window[0]:
-                    result.latencies.append(t1 - t0)
-                    result.bytes_received += len(body)
-                if window[0] <= t1 <= window[1]:
-                    result.completed += 1
-        finally:
-            await conn.close()
+                result.add(status, body, t1 - t0 if t0 >= window[0] else None, window[0] <= t1 <= window[1])
 
     await asyncio.gather(*(client() for _ in range(connections)))
     return result
 
 
-def run_sync(
-    port: int,
-    next_request: Callable[[], bytes],
-    connections: int,
-    duration: float,
-    warmup: float = 0.3,
-    expect: tuple[int, ...] = (200,),
-) -> LoadResult:
-    """`run` in a fresh event loop."""
-    return asyncio.run(run(port, next_request, connections, duration, warmup, expect))
-
-
-async def run_open(
-    port: int,
-    next_request: Callable[[], bytes],
-    rate: float,
-    duration: float,
-    seed: int,
-    max_connections: int = 256,
-    expect: tuple[int, ...] = (200,),
-    timeout: float = 300,
-) -> LoadResult:
-    """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do."""
+async def run_open(port: int, next_request: Callable[[], bytes], rate: float, duration: float, seed: int) -> LoadResult:
+    """Open loop: requests arrive at `rate` per second (Poisson) for `duration` s, whatever the answers do; each
+    one's latency counts from its scheduled arrival."""
     loop = asyncio.get_running_loop()
     idle: list[Connection] = []
     busy = 0
-    result = LoadResult(seconds=duration, completed=0)
+    result = LoadResult(seconds=duration)
     end = loop.time() + duration
     tasks = []
 
@@ -191,21 +164,17 @@ async def run_open(
         conn = idle.pop() if idle else Connection(port)
         busy += 1
         try:
-            status, body = await conn.ask(data, expect, timeout)
+            status, body = await conn.ask(data, timeout=300)
         finally:
             busy -= 1
         done = loop.time()
         idle.append(conn)
-        result.statuses[status] += 1
-        result.latencies.append(done - scheduled)
-        result.bytes_received += len(body)
-        if done <= end:
-            result.completed += 1
+        result.add(status, body, done - scheduled, done <= end)
 
     try:
         async for arrival in arrivals(rate, duration, seed):
-            if busy >= max_connections:
-                raise BenchError(f"{max_connections} requests in flight at {rate:.1f}/s: far past saturation")
+            if busy >= MAX_IN_FLIGHT:
+                raise BenchError(f"{MAX_IN_FLIGHT} requests in flight at {rate:.1f}/s: far past saturation")
             tasks.append(asyncio.ensure_future(one_request(arrival, next_request())))
         await asyncio.gather(*tasks)
     finally:
@@ -223,33 +192,24 @@ async def arrivals(rate: float, duration: float, seed: int) -> AsyncIterator[flo
     rng = random.Random(seed)
     arrival = loop.time()
     end = arrival + duration
-    while True:
-        arrival += rng.expovariate(rate)
-        if arrival >= end:
-            return
+    while (arrival := arrival + rng.expovariate(rate)) < end:
         await asyncio.sleep(max(0.0, arrival - loop.time()))
         yield arrival
 
 
 async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[str, str], bytes, float]:
     """Send one request on a new connection: status, headers, body, seconds taken."""
-    conn = Connection(port)
-    try:
+    async with Connection(port) as conn:
         t0 = time.perf_counter()
         status, headers, body = await conn.send(data, timeout)
         return status, headers, body, time.perf_counter() - t0
-    finally:
-        await conn.close()
 
 
 async def submit_and_fetch(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:
     """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait."""
-    conn = Connection(port)
-    try:
+    async with Connection(port) as conn:
         t0 = time.perf_counter()
         _, answer = await conn.ask(request("POST", "/v1/tts", body), (200, 202))
         request_id = json.loads(answer)["id"]
         status, audio = await conn.ask(request("GET", f"/v1/tts/{request_id}/audio?wait={wait}"))
         return status, time.perf_counter() - t0, audio
-    finally:
-        await conn.close()

@@ -52,6 +52,4 @@ def create_app() -> Starlette:
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": info.name})
 
-    return Starlette(
-        routes=[Route("/healthz", healthz, methods=["GET"]), Route("/v1/audio/speech", speech, methods=["POST"])]
-    )
+    return Starlette(routes=[Route("/healthz", healthz), Route("/v1/audio/speech", speech, methods=["POST"])])

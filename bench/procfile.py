@@ -6,7 +6,7 @@ import shlex
 import sys
 from typing import Mapping
 
-from harness import ROOT, Cluster, Proc, bench_env, free_port, http_ok, wait_for
+from harness import ROOT, Cluster, Proc, bench_env, free_port, serving
 
 
 def command(name: str) -> str:
@@ -40,9 +40,4 @@ def start_web(
     port = free_port()
     args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
     proc = cluster.spawn(name, args, bench_env(**{"REDIS_URL": cluster.redis_url, **dict(env or {})}))
-    wait_for(
-        lambda: proc.check() or http_ok(port, "/healthz"),  # type: ignore[func-returns-value]
-        timeout,
-        f"{name} to answer /healthz",
-    )
-    return proc, port
+    return proc, serving(proc, port, timeout)

@@ -4,13 +4,13 @@ CPU mode end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from redis import Redis
@@ -21,29 +21,29 @@ sys.path.insert(0, str(ROOT / "bench"))
 import loadgen  # noqa: E402
 import procfile  # noqa: E402
 import wrk  # noqa: E402
-from harness import BenchError, Cluster, Figure, interleaved, percentile, spread, table, write_section  # noqa: E402
-from scenarios import Bench, Comparison, Plan, Reading, Scenario, perform  # noqa: E402
+from harness import (  # noqa: E402
+    Bench,
+    BenchError,
+    Cluster,
+    Figure,
+    Reading,
+    Scenario,
+    interleaved,
+    percentile,
+    perform,
+    spread,
+    table,
+    write_section,
+)
 
 
-def test_figure_ratios_are_run_by_run_and_the_target_is_judged_on_their_median() -> None:
-    fig = Figure(
-        "1",
-        "throughput",
-        "req/s",
-        values=[80, 90, 200],
-        baseline=[100, 100, 100],
-        target=(">= 0.8x", lambda r: r >= 0.8),
-    )
-    assert fig.ratios == [0.8, 0.9, 2.0]
-    assert fig.judged() == 0.9
-    assert fig.met() is True
+def test_a_figure_is_judged_on_the_median_of_its_run_by_run_ratios_or_in_every_run() -> None:
+    fig = Figure("1", "throughput", "req/s", [80, 90, 200], [100, 100, 100], (">= 0.8x", lambda r: r >= 0.8))
+    assert fig.ratios == [0.8, 0.9, 2.0] and fig.judged() == 0.9 and fig.met() is True
     fig.values = [70, 75, 200]
     assert fig.met() is False
     assert Figure("2", "overhead", "ms", values=[12.0], target=("<= 10", lambda v: v <= 10)).met() is False
     assert Figure("5", "info", "x", values=[1.0]).met() is None
-
-
-def test_a_figure_judged_in_every_run_misses_on_one_run_past_its_target() -> None:
     every = Figure("9", "p95", "ms", [10, 20, 60], [100, 100, 100], ("<= 0.5x in every run", lambda r: r <= 0.5))
     assert every.judged() == 0.2 and every.met() is True
     every.every = True
@@ -53,77 +53,46 @@ def test_a_figure_judged_in_every_run_misses_on_one_run_past_its_target() -> Non
 
 
 def test_table_shows_median_and_range_and_flags_a_missed_target() -> None:
-    figs = [
-        Figure(
-            "1",
-            "rps",
-            "req/s",
-            values=[80, 90, 200],
-            baseline=[100, 100, 100],
-            target=(">= 0.95x", lambda r: r >= 0.95),
-        )
-    ]
+    figs = [Figure("1", "rps", "req/s", [80, 90, 200], [100, 100, 100], (">= 0.95x", lambda r: r >= 0.95))]
     text = table(figs, markdown=False)
     assert "90 [80–200]" in text and "0.90 [0.80–2.00]x" in text and "NO" in text
     md = table(figs, markdown=True)
     assert md.splitlines()[0].startswith("| # | figure |") and md.count("\n") == 2
     assert spread([3.0], 1) == "3.0"
-
-
-def test_percentile_and_interleaving() -> None:
     assert percentile([1, 2, 3, 4, 5], 50) == 3
     assert percentile([1, 2], 99) == pytest.approx(1.99)
     assert list(interleaved(2, "a", "b")) == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
 
 
-class TwoParts(Scenario):
-    """A scenario as run.py's are written, measuring nothing but its own calls."""
+def test_a_scenario_measures_one_side_at_a_time_into_its_columns() -> None:
+    calls: list[tuple[str, int]] = []
 
-    number = "9"
-    title = "a test"
-    needs_stack = False
-
-    def setup(self) -> None:
-        self.calls: list[tuple[str, int]] = []
-        self.torn_down = False
-
-    def comparisons(self) -> Iterator[Comparison]:
-        pair = [Figure("9", "rate", "req/s"), Figure("9", "only the subject's", "x")]
-        yield Comparison(pair, self.measure, rounds=2, sides=("base", "new"))
-        # A later comparison may use what an earlier one measured.
-        yield Comparison(
-            [Figure("9", f"after {len(pair[0].values)} runs", "ms")], lambda side, r: [(10.0 + r, 5.0)], rounds=2
-        )
-
-    def measure(self, side: str, round_: int) -> list[Reading]:
-        self.calls.append((side, round_))
+    def measure(side: str, round_: int) -> list[Reading]:
+        calls.append((side, round_))
         return [100.0 * round_ + (1 if side == "new" else 0), None if side == "base" else 7.0]
 
-    def teardown(self) -> None:
-        self.torn_down = True
+    def two_parts(b: Bench) -> None:
+        pair = [b.figure("rate", "req/s"), b.figure("only the subject's", "x")]
+        b.compare(pair, measure, sides=("base", "new"))
+        # A later comparison may use what an earlier one measured.
+        b.compare([b.figure(f"after {len(pair[0].values)} runs", "ms")], lambda side, r: [(10.0 + r, 5.0)])
+        if b.size("fail"):
+            b.compare([b.figure("x", "ms")], lambda side, r: [])
 
-
-class Failing(TwoParts):
-    def measure(self, side: str, round_: int) -> list[Reading]:
-        raise BenchError("boom")
-
-
-def test_a_scenario_measures_one_side_at_a_time_into_its_columns_and_always_tears_down() -> None:
     with Cluster() as cluster:
-        b = Bench(plan=Plan.make(quick=True), cluster=cluster, model_dir=cluster.tmp, batch=8)
-        scenario = TwoParts(b)
-        perform(scenario)
-        assert scenario.calls == [("base", 0), ("new", 0), ("new", 1), ("base", 1)]  # A B, B A
-        rate, subject_only, after = b.figures
-        assert (rate.values, rate.baseline) == ([1.0, 101.0], [0.0, 100.0])
-        assert (subject_only.values, subject_only.baseline) == ([7.0, 7.0], [])
-        assert after.name == "after 2 runs" and (after.values, after.baseline) == ([10.0, 11.0], [5.0, 5.0])
-        assert scenario.torn_down
-
-        failing = Failing(b)
-        with pytest.raises(BenchError, match="boom"):
-            perform(failing)
-        assert failing.torn_down
+        b = Bench(quick=False, cluster=cluster, model_dir=cluster.tmp, batch=8)
+        b.quick = True  # rounds: 1 in the quick plan, 3 in the full one
+        perform(b, Scenario("9", "a test", two_parts, {"fail": (False, True)}, stack=False))
+        assert calls == [("base", 0), ("new", 0)]
+        b.quick, calls[:] = False, []
+        b.figures.clear()
+        with pytest.raises(BenchError, match="0 readings for 1 figures"):
+            perform(b, Scenario("9", "a test", two_parts, {"fail": (False, True)}, stack=False))
+        assert calls == [("base", 0), ("new", 0), ("new", 1), ("base", 1), ("base", 2), ("new", 2)]  # A B, B A
+        rate, subject_only, after, _ = b.figures
+        assert (rate.values, rate.baseline) == ([1.0, 101.0, 201.0], [0.0, 100.0, 200.0])
+        assert (subject_only.values, subject_only.baseline) == ([7.0] * 3, [])
+        assert after.name == "after 3 runs" and (after.values, after.baseline) == ([10.0, 11.0, 12.0], [5.0] * 3)
 
 
 def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -138,49 +107,37 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
     assert text.startswith("intro\n\n# Benchmarks") and text.endswith("<!-- b:begin -->\n\nother\n\n<!-- b:end -->\n")
 
 
-@pytest.mark.slow
-def test_load_generator_against_the_bare_app(redis: Redis, redis_url: str) -> None:
-    """Keep-alive connections, GET and POST, answers counted and timed; a wrong status fails the run."""
-    redis.set("bench:test:wav", b"RIFF" + bytes(200_000))
-    redis.set("bench:test:post", json.dumps({"id": "x"}))
-    with Cluster() as cluster:
-        cluster.redis_url = redis_url
-        _, port = cluster.start_app("bare", "bare:create_app", {}, "bench")
-        get = loadgen.request("GET", "/raw/bench:test:wav")
-        res = loadgen.run_sync(port, lambda: get, connections=4, duration=0.5, warmup=0.1)
-        assert res.completed > 5 and res.rps > 10
-        assert res.statuses == {200: sum(res.statuses.values())}
-        assert res.bytes_received == len(res.latencies) * 200_004
-        assert 0 < res.p(50) <= res.p(99)
-        post = loadgen.request("POST", "/raw/bench:test:post", {"text": "hello"})
-        assert loadgen.run_sync(port, lambda: post, connections=2, duration=0.3).completed > 0
-        missing = loadgen.request("GET", "/raw/bench:test:nothing")
-        with pytest.raises(Exception, match="answered 404"):
-            loadgen.run_sync(port, lambda: missing, connections=1, duration=0.2)
-
-
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
     flags = procfile.web_flags(8123)
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
-    assert (
-        flags[flags.index("--loop") + 1] == "uvloop"
-        and flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
-    )
+    assert flags[flags.index("--loop") + 1] == "uvloop"
+    assert flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
     assert "--factory" in flags and "service:create_app" not in flags
 
 
 @pytest.mark.slow
-def test_wrk_drives_the_bare_app_and_refuses_errors_and_short_answers(redis: Redis, redis_url: str) -> None:
-    if shutil.which("wrk") is None:
-        pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
-    redis.set("bench:test:wav", b"RIFF" + bytes(50_000))
+def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis, redis_url: str) -> None:
+    """Keep-alive connections, GET and POST, answers counted and timed, by loadgen and by wrk; a wrong status
+    fails the run."""
+    redis.set("bench:test:wav", b"RIFF" + bytes(200_000))
     redis.set("bench:test:post", json.dumps({"id": "x"}))
     with Cluster() as cluster:
         cluster.redis_url = redis_url
         _, port = procfile.start_web(cluster, "bare", "bare:create_app", "bench")
-        got = wrk.run(port, "/raw/bench:test:wav", connections=4, seconds=1, min_bytes=50_004)
+        get = loadgen.request("GET", "/raw/bench:test:wav")
+        res = asyncio.run(loadgen.run(port, lambda: get, connections=4, duration=0.5, warmup=0.1))
+        assert res.completed > 5 and res.rps > 10 and res.statuses == {200: sum(res.statuses.values())}
+        assert res.bytes_received == len(res.latencies) * 200_004 and 0 < res.p(50) <= res.p(99)
+        post = loadgen.request("POST", "/raw/bench:test:post", {"text": "hello"})
+        assert asyncio.run(loadgen.run(port, lambda: post, connections=2, duration=0.3)).completed > 0
+        missing = loadgen.request("GET", "/raw/bench:test:nothing")
+        with pytest.raises(BenchError, match="answered 404"):
+            asyncio.run(loadgen.run(port, lambda: missing, connections=1, duration=0.2))
+        if shutil.which("wrk") is None:
+            pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
+        got = wrk.run(port, "/raw/bench:test:wav", connections=4, seconds=1, min_bytes=200_004)
         assert got.requests > 10 and got.rps > 10 and 0 < got.p50_ms <= got.p99_ms <= got.max_ms
-        assert got.bytes >= got.requests * 50_004
+        assert got.bytes >= got.requests * 200_004
         # The bare app parses the body: a body the Lua script mangled would be a 500.
         body = json.dumps({"text": "Lua's long brackets ]] ]=] [==[ stay as they are"}).encode()
         assert wrk.run(port, "/raw/bench:test:post", 2, 1, method="POST", body=body).requests > 10

@@ -10,14 +10,9 @@ from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import Cluster, write_tiny_model  # noqa: E402
-from scenarios import (  # noqa: E402
-    Bench,
-    Plan,
-    perform,
-    realtime,  # noqa: E402
-)
-from scenarios.realtime import BUFFER_DELAY, STREAM_TOKENS, Realtime  # noqa: E402
+from harness import Bench, Cluster, perform, write_tiny_model  # noqa: E402
+from scenarios import SCENARIOS, realtime  # noqa: E402
+from scenarios.realtime import BUFFER_DELAY, STREAM_TOKENS  # noqa: E402
 
 from engines import rowmodel  # noqa: E402
 
@@ -26,13 +21,14 @@ from engines import rowmodel  # noqa: E402
 def test_the_realtime_scenario_measures_streams_sockets_and_gaps() -> None:
     with Cluster() as cluster:
         cluster.start_redis()
-        b = Bench(plan=Plan.make(quick=True), cluster=cluster, model_dir=write_tiny_model(cluster.tmp / "m"), batch=4)
+        b = Bench(quick=True, cluster=cluster, model_dir=write_tiny_model(cluster.tmp / "m"), batch=4)
         b.mixed_rate = 2.0  # as scenario 3 would have measured: no naive server here
-        perform(Realtime(b))
+        perform(b, next(s for s in SCENARIOS if s.number == "10"))
+        assert [proc.name for proc in cluster.procs] == ["redis"]  # the scenario's own processes are stopped
     by_name = {f.name.split(":")[-1].strip(): f for f in b.figures}
     first = next(f for f in b.figures if "time to first audio (vs the whole file)" in f.name)
     # Every idle stream: first audio no later than the whole file, and both measured.
-    assert len(first.values) == 3 * b.plan.rounds and all(0 < v <= w for v, w in zip(first.values, first.baseline))
+    assert len(first.values) == 3 * b.rounds and all(0 < v <= w for v, w in zip(first.values, first.baseline))
     loaded = next(f for f in b.figures if "under scenario 3's mixed load" in f.name)
     assert loaded.values and loaded.baseline
     socket = next(f for f in b.figures if "sentence end to first audio delta" in f.name)
