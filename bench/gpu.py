@@ -170,7 +170,9 @@ class Bench:
                     _, _, ended, made, _ = self.measure(specs, workers[:n])
                     rate[n].append(sum(len(s.chunks) for s in specs) / max(ended))
                     audio[n].append(sum(made) / max(ended))
-                    say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio/s")
+                    say(
+                        f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio per second"
+                    )
         for n in counts:
             vs, baseline = (f" (vs {counts[0]})", rate[counts[0]]) if n != counts[0] else ("", [])
             name = f"{n} worker(s) per {where}: throughput{vs}{tag}"
@@ -206,8 +208,8 @@ class Bench:
             "GPU memory above idle at the peak (nvidia-smi)" if self.gpu else "RSS above idle at the peak (CPU mode)"
         )
         figures = []
-        for n, (key, name, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", memory, "MiB")]]:
-            name = f"{n} concurrent stream(s), continuous (vs static): {name}"
+        for n, (key, what, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", memory, "MiB")]]:
+            name = f"{n} concurrent stream(s), continuous (vs static): {what}"
             figures.append(Figure("9", name, unit, got[("continuous", n)][key], got[("static", n)][key]))
         return figures
 
