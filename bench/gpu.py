@@ -10,112 +10,229 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import (  # noqa: E402
-    MIB,
-    ROOT,
-    BenchError,
-    Cluster,
-    Figure,
-    Proc,
-    Texts,
-    engine_bench,
-    machine,
-    make_spec,
-    model_info,
-    percentile,
-    rss_bytes,
-    run_jobs,
-    say,
-    table,
-    wait_for,
-    write_random_model,
-    write_tiny_model,
-)
+import harness
+from harness import MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, make_spec, say
 
-from cache import SAMPLE_RATE, Spec, stored  # noqa: E402
-from common.keys import chunk_key, pieces_key  # noqa: E402
-from common.settings import Settings  # noqa: E402
-from work import queueing  # noqa: E402
+from cache import SAMPLE_RATE, Spec
+from common.keys import chunk_key, pieces_key
+from common.settings import Settings
+from work import queueing
 
-# Seconds after which the rest of the run is cut short, to finish inside 10 minutes.
-LATE = 360
+LATE = 360  # seconds into the run past which each later part runs one short round: the device lends 10 minutes
+# What each mode measures unless told: the engine's batch sizes and tunings, concurrent streams per scheduler.
+DEFAULTS = {
+    "GPU": {"batch_sizes": "1,8,32", "tunings": "float32,bfloat16,bfloat16+compile", "streams": "1,8,32,64"},
+    "CPU": {"batch_sizes": "1,4", "tunings": "float32,bfloat16", "streams": "1,4"},
+}
+# The schedulers part's figures: key, name, unit.
+STREAM_FIGURES = [("rtf", "real-time factor per stream (median)", "x"), ("rate", "throughput", "chunks/s")]
+STREAM_FIGURES += [("p50", "time to first audio p50", "ms"), ("p95", "time to first audio p95", "ms")]
+Workers = list[tuple[Proc, str]]
 
 
-# Cross-request batching off and on (TTS_CROSS_BATCH): the worker part runs
-# once per mode and every worker figure is labelled with it.
-CROSS_BATCH = ("false", "true")
+def smi(*query: str) -> list[list[str]]:
+    """nvidia-smi's CSV answer to `query`, a list per line; none without it."""
+    cmd = ["nvidia-smi", *query, "--format=csv,noheader,nounits"]
+    out = subprocess.run(cmd, capture_output=True, text=True) if shutil.which("nvidia-smi") else None
+    lines = out.stdout.splitlines() if out and out.returncode == 0 else []
+    return [[x.strip() for x in line.split(",")] for line in lines if line.strip()]
 
 
-def cuda_devices() -> int:
-    """How many CUDA devices torch sees (asked in a child: this process never touches CUDA)."""
-    code = "import torch; print(torch.cuda.device_count())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+def gpu_mib(pid: int | None = None) -> float | None:
+    """MiB in use on GPU 0 (with `pid`: by that process), by nvidia-smi; None where it does not say."""
+    rows = smi("--query-compute-apps=pid,used_memory") if pid else smi("--query-gpu=memory.used", "-i", "0")
     try:
-        return int(out.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return 0
-
-
-def _smi(*query: str) -> list[list[str]] | None:
-    if shutil.which("nvidia-smi") is None:
+        return next(float(r[-1]) for r in rows if pid is None or r[0] == str(pid))
+    except (StopIteration, ValueError):
         return None
-    out = subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    if out.returncode != 0:
-        return None
-    return [[x.strip() for x in line.split(",")] for line in out.stdout.strip().splitlines() if line.strip()]
 
 
-def gpu_name() -> str:
-    rows = _smi("--query-gpu=name,driver_version", "-i", "0")
-    return f"{rows[0][0]} (driver {rows[0][1]})" if rows else "unknown GPU"
+@dataclasses.dataclass
+class Bench:
+    """Workers on one checkpoint, on GPU 0 with `gpu`, and what they are measured by."""
 
+    cluster: Cluster
+    model: Path
+    gpu: bool
+    threads: int
+    quick: bool
+    rounds: int
+    started: float
 
-def gpu_used_mib() -> float | None:
-    rows = _smi("--query-gpu=memory.used", "-i", "0")
-    return float(rows[0][0]) if rows else None
+    def rounds_now(self, part: str) -> int:
+        """The rounds `part` runs: past LATE seconds, one short one."""
+        if time.monotonic() - self.started <= LATE:
+            return self.rounds
+        say(f"past {LATE} s: the {part} part runs one short round")
+        self.quick = True
+        return 1
 
+    def memory(self, pid: int) -> float:
+        """MiB the process holds: on the GPU, else its RSS."""
+        return (gpu_mib(pid) or 0.0) if self.gpu else harness.rss_bytes(pid) / MIB
 
-def gpu_mib_by_pid() -> dict[int, float]:
-    rows = _smi("--query-compute-apps=pid,used_memory") or []
-    out = {}
-    for row in rows:
+    @contextmanager
+    def workers(self, envs: list[dict[str, str]]) -> Iterator[Workers]:
+        """A worker per env, each on its own queue, registered; stopped on leaving."""
+        stamp, workers = time.time_ns(), []
+        env = {"TTS_MODEL_PATH": str(self.model), "TTS_TORCH_THREADS": str(self.threads)}
+        env |= {"CUDA_VISIBLE_DEVICES": "0", "TTS_DEVICE": "cuda"} if self.gpu else {}
         try:
-            out[int(row[0])] = float(row[1])
-        except (ValueError, IndexError):
-            continue
-    return out
+            for i, own in enumerate(envs):
+                queue = f"gpu-bench-{stamp}-{i}"
+                workers.append((self.cluster.start_worker(queue, {**env, **own, "TTS_QUEUE": queue}), queue))
+            for proc, queue in workers:
+                self.cluster.wait_workers([proc], queue, timeout=600)
+            yield workers
+        finally:
+            for proc, _ in workers:
+                self.cluster.stop(proc)
+
+    def measure(self, specs: list[Spec], workers: Workers, peak: bool = False) -> tuple[list[float], ...]:
+        """Submit `specs` at once, spread over the workers' queues, and poll until every job has ended. Per request,
+        seconds from submission to its first audio (a piece of its first chunk, or that chunk), to its first chunk
+        stored and to its end; its audio seconds; and with `peak`, [the workers' peak memory meanwhile (MiB)].
+        BenchError when a job fails or a worker exits."""
+        redis, settings = self.cluster.redis(), Settings()
+        queues = [queueing.queue(redis, dataclasses.replace(settings, queue=q)) for _, q in workers]
+        start = time.monotonic()
+        jobs = [queueing.submit(queues[i % len(queues)], spec, settings) for i, spec in enumerate(specs)]
+        seen: tuple[dict[int, float], ...] = ({}, {}, {})
+        most = [0.0]
+
+        def look() -> bool:
+            for proc, _ in workers:
+                proc.check()
+            most[0] = max(most[0], sum(self.memory(p.pid) for p, _ in workers)) if peak else 0.0
+            with redis.pipeline(transaction=False) as pipe:
+                for cid in [spec.chunk_ids()[0] for spec in specs]:
+                    pipe.llen(pieces_key(cid))
+                    pipe.exists(chunk_key(cid))
+                for job in jobs:
+                    pipe.hget(job.key, "status")
+                found, now, n = pipe.execute(), time.monotonic() - start, len(specs)
+            for i, (pieces, whole, status) in enumerate(zip(found[: 2 * n : 2], found[1 : 2 * n : 2], found[2 * n :])):
+                end = status in (b"finished", b"failed")  # a chunk stored whole: heard at its end at the latest
+                for marks, hit in zip(seen, (pieces or whole or end, whole or end, end)):
+                    if hit:
+                        marks.setdefault(i, now)
+            return len(seen[2]) == n
+
+        harness.wait_for(look, 600, f"{len(specs)} requests on {[q for _, q in workers]}", interval=0.005)
+        failed = [j.id for j in jobs if j.get_status(refresh=True) != "finished"]
+        if failed:
+            raise BenchError(f"{len(failed)} of {len(jobs)} jobs failed: {failed[:3]}")
+        # The audio is the chunks' stored PCM16 (a job's own figures count every row its steps ran, others' too).
+        with redis.pipeline(transaction=False) as pipe:
+            for cid in [cid for spec in specs for cid in spec.chunk_ids()]:
+                pipe.strlen(chunk_key(cid))
+            sizes = iter(pipe.execute())
+        audio = [sum(next(sizes) for _ in spec.chunk_ids()) / (2 * SAMPLE_RATE) for spec in specs]
+        if not all(audio):
+            raise BenchError(f"{audio.count(0)} of {len(specs)} requests stored no audio")
+        return (*[[marks[i] for i in range(len(specs))] for marks in seen], audio, most)
+
+    def workers_part(self, counts: list[int], cross: str) -> list[Figure]:
+        """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
+        tag, where = f", cross-batching {'on' if cross == 'true' else 'off'}", "GPU" if self.gpu else "machine"
+        rounds = self.rounds_now("worker")
+        say(f"starting {max(counts)} workers ({self.threads} torch thread(s) each{tag})")
+        before = gpu_mib() if self.gpu else None
+        # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
+        envs = [{"TTS_BATCH_SIZE": "16" if self.gpu else "4", "TTS_CROSS_BATCH": cross}] * max(counts)
+        rate: dict[int, list[float]] = {n: [] for n in counts}
+        audio: dict[int, list[float]] = {n: [] for n in counts}
+        with self.workers(envs) as workers:
+            say("workers ready")
+            mem = [gpu_mib(p.pid) if self.gpu else self.memory(p.pid) for p, _ in workers]
+            how = "nvidia-smi, per process" if self.gpu else "CPU mode"
+            if None in mem:
+                after, how = gpu_mib(), "rise of the GPU's used memory / workers"
+                mem = [(after - before) / len(workers)] if after is not None and before is not None else []
+            kind = "GPU memory" if self.gpu else "RSS"
+            figures = [Figure("8", f"{kind} per worker, idle after warm-up ({how}){tag}", "MiB", mem)]
+            model_id, texts = harness.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+            ttfc = []
+            for _ in range(1 if self.quick else 2):
+                ttfc.append(1000 * self.measure([make_spec(texts.text(4), model_id)], workers[:1])[1][0])
+            figures.append(Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms", ttfc))
+            for r in range(rounds):
+                for n in counts if r % 2 == 0 else counts[::-1]:
+                    size, jobs = 4 if self.gpu else 2, n * (1 if self.quick else 2)
+                    specs = [make_spec(texts.text(size), model_id) for _ in range(jobs)]
+                    _, _, ended, made, _ = self.measure(specs, workers[:n])
+                    rate[n].append(sum(len(s.chunks) for s in specs) / max(ended))
+                    audio[n].append(sum(made) / max(ended))
+                    say(
+                        f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio per second"
+                    )
+        for n in counts:
+            vs, baseline = (f" (vs {counts[0]})", rate[counts[0]]) if n != counts[0] else ("", [])
+            name = f"{n} worker(s) per {where}: throughput{vs}{tag}"
+            figures.append(Figure("8", name, "chunks/s", rate[n], baseline))
+            figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
+        return figures
+
+    def streams_part(self, streams: list[int]) -> list[Figure]:
+        """Continuous against static scheduling, one worker each, at each count of concurrent one-chunk requests."""
+        say(f"starting one worker per scheduler, batches of {max(streams)}")
+        schedulers = ("continuous", "static")
+        got: dict[tuple[str, int], dict[str, list[float]]] = {(s, n): {} for s in schedulers for n in streams}
+        envs = [{"TTS_SCHEDULING": s, "TTS_BATCH_SIZE": str(max(streams))} for s in schedulers]
+        with self.workers(envs) as workers:
+            by = dict(zip(schedulers, workers))
+            idle = {s: self.memory(proc.pid) for s, (proc, _) in by.items()}
+            model_id, texts = harness.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+            for r in range(self.rounds_now("schedulers")):
+                for n in streams:
+                    for s in schedulers if (r + n) % 2 == 0 else schedulers[::-1]:
+                        specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
+                        heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
+                        one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
+                        one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * harness.percentile(heard, 95)}
+                        one["memory"] = peak[0] - idle[s]
+                        for key, value in one.items():
+                            got[(s, n)].setdefault(key, []).append(value)
+                        say(
+                            f"  round {r}, {n} stream(s), {s}: RTF {one['rtf']:.3f}, {one['rate']:.2f} chunks/s, "
+                            f"first audio p95 {one['p95']:.0f} ms"
+                        )
+        memory = (
+            "GPU memory above idle at the peak (nvidia-smi)" if self.gpu else "RSS above idle at the peak (CPU mode)"
+        )
+        figures = []
+        for n, (key, what, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", memory, "MiB")]]:
+            name = f"{n} concurrent stream(s), continuous (vs static): {what}"
+            figures.append(Figure("9", name, unit, got[("continuous", n)][key], got[("static", n)][key]))
+        return figures
 
 
 def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool) -> list[Figure]:
-    """The engine-alone part of the table: per batch size and tuning, against float32."""
-    figures = []
-    base = labels[0]
+    """The engine alone per tuning and batch size, against float32 (a +compile tuning: against itself eager)."""
+    figures, base = [], labels[0]
     for label in labels:
-        f = engine["fidelity"].get(label)
-        if f and label != base:
-            cosine = f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)"
-            figures.append(Figure("8", cosine, "cos", [f["cosine"]], target=(">= 0.99", lambda v: v >= 0.99)))
-            steps = f"fidelity {label}: first 64 sampled steps equal to {base}'s"
-            figures.append(Figure("8", steps, "steps", [f["matching"]]))
-        extra = engine["first_call_extra_seconds"].get(label)
-        if extra is not None and "compile" in label:
+        if (f := engine["fidelity"].get(label)) and label != base:
+            name = f"fidelity {label}: first-step logits cosine vs {base} (>= 0.99)"
+            figures.append(Figure("8", name, "cos", [f["cosine"]], target=(">= 0.99", lambda v: v >= 0.99)))
+            name = f"fidelity {label}: first 64 sampled steps equal to {base}'s"
+            figures.append(Figure("8", name, "steps", [f["matching"]]))
+        if (extra := engine["first_call_extra_seconds"].get(label)) is not None:
             figures.append(Figure("8", f"{label}: first call beyond a warm one (compilation)", "s", [extra]))
     for size in sizes:
         runs = {label: [r for r in engine["runs"] if r["batch"] == size and r["tuning"] == label] for label in labels}
         for label in labels:
-            # Compile on against off: a +compile tuning is set against the same tuning eager.
             eager = label.replace("+compile", "")
             against = eager if eager != label and eager in runs else base
-            rtf = [r["rtf"] for r in runs[label]]
-            vs = f" (vs {against})" if label != base else ""
-            baseline = [r["rtf"] for r in runs[against]] if label != base else []
+            vs, baseline = (f" (vs {against})", [r["rtf"] for r in runs[against]]) if label != base else ("", [])
+            rtf, rate = [r["rtf"] for r in runs[label]], [r["chunks_per_s"] for r in runs[label]]
             figures.append(Figure("8", f"real-time factor, batch {size}, {label}{vs}", "x", rtf, baseline))
-            rate = [r["chunks_per_s"] for r in runs[label]]
             figures.append(Figure("8", f"engine throughput, batch {size}, {label}", "chunks/s", rate))
             if gpu:
                 peak = [r["peak_gpu_bytes"] / MIB for r in runs[label]]
@@ -123,310 +240,73 @@ def engine_figures(engine: dict, sizes: list[int], labels: list[str], gpu: bool)
     return figures
 
 
-def first_chunk_seconds(cluster: Cluster, settings: Settings, model_id: str, queue: str, texts: Texts) -> float:
-    """Enqueue to the first chunk's audio in Redis, for a 4-chunk request on an idle worker."""
-    redis = cluster.redis()
-    spec = make_spec(texts.text(4), model_id)
-    first = spec.chunk_ids()[0]
-    q = queueing.queue(redis, dataclasses.replace(settings, queue=queue))
-    start = time.monotonic()
-    job = queueing.submit(q, spec, settings)
-    wait_for(lambda: stored(redis, [first])[0], 300, "the first chunk", interval=0.005)
-    seconds = time.monotonic() - start
-    wait_for(lambda: job.get_status(refresh=True) in ("finished", "failed"), 300, "the rest of the request")
-    return seconds
-
-
-def workers_part(
-    cluster: Cluster,
-    model_dir: Path,
-    gpu: bool,
-    workers: list[int],
-    rounds: int,
-    threads: int,
-    quick: bool,
-    cross_batch: str,
-) -> list[Figure]:
-    """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
-    figures: list[Figure] = []
-    tag = f", cross-batching {'on' if cross_batch == 'true' else 'off'}"
-    redis = cluster.redis()
-    say(f"starting {max(workers)} workers ({threads} torch thread(s) each{tag})")
-    before = gpu_used_mib() if gpu else None
-    # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
-    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": "16" if gpu else "4"}
-    env["TTS_CROSS_BATCH"] = cross_batch
-    if gpu:
-        env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
-    stamp = f"{cross_batch}-{int(time.time())}"
-    queues = [f"gpu-bench-{stamp}-{i}" for i in range(max(workers))]
-    procs = [cluster.start_worker(f"worker-{stamp}-{i}", {**env, "TTS_QUEUE": q}) for i, q in enumerate(queues)]
-    try:
-        for proc, queue in zip(procs, queues):
-            cluster.wait_workers([proc], queue, timeout=600)
-        say("workers ready")
-        if gpu:
-            by_pid = gpu_mib_by_pid()
-            if all(p.pid in by_pid for p in procs):
-                mem = [by_pid[p.pid] for p in procs]
-                how = "nvidia-smi, per process"
-            else:
-                after = gpu_used_mib()
-                mem = [(after - before) / len(procs)] if after is not None and before is not None else []
-                how = "rise of the GPU's used memory / workers"
-            figures.append(Figure("8", f"GPU memory per worker, idle after warm-up ({how}){tag}", "MiB", mem))
-        else:
-            rss = [rss_bytes(p.pid) / MIB for p in procs]
-            figures.append(Figure("8", f"RSS per worker, idle after warm-up (CPU mode){tag}", "MiB", rss))
-        model_id = model_info(redis).id
-        texts = Texts(seed=int(time.time()))
-        settings = Settings()
-        ttfc = [first_chunk_seconds(cluster, settings, model_id, queues[0], texts) for _ in range(1 if quick else 2)]
-        figures.append(
-            Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms", [1000 * s for s in ttfc])
-        )
-        chunks_per_job = 4 if gpu else 2
-        jobs_per_worker = 1 if quick else 2
-        rate: dict[int, list[float]] = {n: [] for n in workers}
-        audio: dict[int, list[float]] = {n: [] for n in workers}
-        for r in range(rounds):
-            order = workers if r % 2 == 0 else list(reversed(workers))
-            for n in order:
-                specs = [make_spec(texts.text(chunks_per_job), model_id) for _ in range(jobs_per_worker * n)]
-                t0 = time.monotonic()
-                done = run_jobs(redis, settings, specs, timeout=600, workers=procs, queues=queues[:n])
-                seconds = time.monotonic() - t0
-                rate[n].append(sum(len(s.chunks) for s in specs) / seconds)
-                audio[n].append(sum(float(j.return_value()["audio_seconds"]) for j in done) / seconds)  # type: ignore[misc]
-                say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio per second")
-        first = workers[0]
-        for n in workers:
-            vs = f" (vs {first})" if n != first else ""
-            name = f"{n} worker(s) per {'GPU' if gpu else 'machine'}: throughput{vs}{tag}"
-            figures.append(Figure("8", name, "chunks/s", rate[n], rate[first] if n != first else []))
-            figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
-    finally:
-        for proc in procs:
-            proc.stop()
-    return figures
-
-
-def worker_memory(pid: int, gpu: bool) -> float:
-    """MiB the worker holds now: on its GPU (nvidia-smi), else its RSS."""
-    return gpu_mib_by_pid().get(pid, 0.0) if gpu else rss_bytes(pid) / MIB
-
-
-def append_report(path: Path, text: str) -> None:
-    with path.open("a") as f:
-        f.write("\n" + text + "\n")
-    out = os.environ.get("OUT")
-    if out and Path(out).is_dir():
-        shutil.copy(path, Path(out) / path.name)
-
-
-SCHEDULERS = ("continuous", "static")
-
-
-def streams_part(
-    cluster: Cluster,
-    model_dir: Path,
-    gpu: bool,
-    streams: list[int],
-    rounds: int,
-    threads: int,
-) -> list[Figure]:
-    """Continuous against static scheduling at each count of concurrent one-chunk streams, one worker each."""
-    redis = cluster.redis()
-    env = {"TTS_MODEL_PATH": str(model_dir), "TTS_TORCH_THREADS": str(threads), "TTS_BATCH_SIZE": str(max(streams))}
-    if gpu:
-        env.update(CUDA_VISIBLE_DEVICES="0", TTS_DEVICE="cuda")
-    stamp = int(time.time())
-    queues = {s: f"gpu-bench-{s}-{stamp}" for s in SCHEDULERS}
-    say(f"starting one worker per scheduler, batches of {max(streams)}")
-    procs = {
-        s: cluster.start_worker(f"worker-{s}-{stamp}", {**env, "TTS_SCHEDULING": s, "TTS_QUEUE": queues[s]})
-        for s in SCHEDULERS
-    }
-    got: dict[tuple[str, int], dict[str, list[float]]] = {
-        (s, n): {"rtf": [], "rate": [], "p50": [], "p95": [], "memory": []} for s in SCHEDULERS for n in streams
-    }
-    try:
-        for s in SCHEDULERS:
-            cluster.wait_workers([procs[s]], queues[s], timeout=600)
-        model_id = model_info(redis).id
-        texts = Texts(seed=stamp)
-        settings = Settings()
-        idle = {s: worker_memory(procs[s].pid, gpu) for s in SCHEDULERS}
-        for r in range(rounds):
-            for n in streams:
-                for s in SCHEDULERS if (r + n) % 2 == 0 else SCHEDULERS[::-1]:
-                    specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
-                    figures = run_streams(cluster, settings, specs, queues[s], procs[s], gpu)
-                    for name, value in figures.items():
-                        got[(s, n)][name].append(value)
-                    got[(s, n)]["memory"][-1] -= idle[s]
-                    say(
-                        f"  round {r}, {n} stream(s), {s}: RTF {figures['rtf']:.3f}, {figures['rate']:.2f} chunks/s, "
-                        f"first audio p95 {figures['p95']:.0f} ms"
-                    )
-    finally:
-        for proc in procs.values():
-            proc.stop()
-    out: list[Figure] = []
-    memory = "GPU memory above idle at the peak (nvidia-smi)" if gpu else "RSS above idle at the peak (CPU mode)"
-    for n in streams:
-        c, st = got[("continuous", n)], got[("static", n)]
-        tag = f"{n} concurrent stream(s), continuous (vs static)"
-        out += [
-            Figure("9", f"{tag}: real-time factor per stream (median)", "x", c["rtf"], st["rtf"]),
-            Figure("9", f"{tag}: throughput", "chunks/s", c["rate"], st["rate"]),
-            Figure("9", f"{tag}: time to first audio p50", "ms", c["p50"], st["p50"]),
-            Figure("9", f"{tag}: time to first audio p95", "ms", c["p95"], st["p95"]),
-            Figure("9", f"{tag}: {memory}", "MiB", c["memory"], st["memory"]),
-        ]
-    return out
-
-
-def run_streams(
-    cluster: Cluster,
-    settings: Settings,
-    specs: list[Spec],
-    queue: str,
-    worker: Proc,
-    gpu: bool,
-) -> dict[str, float]:
-    """Submit `specs` (one chunk each) at once on `queue`; per-stream RTF, chunks/s, first audio, peak memory."""
-    redis = cluster.redis()
-    q = queueing.queue(redis, dataclasses.replace(settings, queue=queue))
-    first_piece = [spec.chunk_ids()[0] for spec in specs]
-    heard: dict[int, float] = {}
-    finished: dict[int, float] = {}
-    peak = [0.0]
-    start = time.monotonic()
-    jobs = [queueing.submit(q, spec, settings) for spec in specs]
-
-    def look() -> bool:
-        worker.check()
-        peak[0] = max(peak[0], worker_memory(worker.pid, gpu))
-        now = time.monotonic() - start
-        with redis.pipeline(transaction=False) as pipe:
-            for cid in first_piece:
-                pipe.llen(pieces_key(cid))
-            for job in jobs:
-                pipe.hget(job.key, "status")
-            found = pipe.execute()
-        for i, (n, status) in enumerate(zip(found[: len(specs)], found[len(specs) :])):
-            if n and i not in heard:
-                heard[i] = now
-            if status in (b"finished", b"failed") and i not in finished:
-                finished[i] = now
-                heard.setdefault(i, now)  # a chunk stored whole: its first audio is its end at the latest
-        return len(finished) == len(specs)
-
-    wait_for(look, 600, f"{len(specs)} streams on {queue}", interval=0.005)
-    failed = [j.id for j in jobs if j.get_status(refresh=True) != "finished"]
-    if failed:
-        raise BenchError(f"{len(failed)} stream jobs failed on {queue}: {failed[:3]}")
-    # A stream's audio is its chunk's stored PCM16 (a job's own figures count the rows its run stepped, which
-    # under the loop include other jobs' rows).
-    with redis.pipeline(transaction=False) as pipe:
-        for cid in first_piece:
-            pipe.strlen(chunk_key(cid))
-        audio = [n / (2 * SAMPLE_RATE) for n in pipe.execute()]
-    if not all(audio):
-        raise BenchError(f"{audio.count(0)} of {len(specs)} streams on {queue} stored no audio")
-    rtf = [finished[i] / a for i, a in enumerate(audio)]
-    waits = list(heard.values())
-    return {
-        "rtf": statistics.median(rtf),
-        "rate": len(specs) / max(finished.values()),
-        "p50": 1000 * statistics.median(waits),
-        "p95": 1000 * percentile(waits, 95),
-        "memory": peak[0],
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
-    parser.add_argument(
-        "--quick", action="store_true", default=quick, help="fewer and shorter runs (also BENCH_QUICK=1)"
-    )
+    parser.add_argument("--quick", action="store_true", default=quick, help="fewer, shorter runs (also BENCH_QUICK=1)")
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk, full-size model (GPU)")
-    parser.add_argument("--batch-sizes", help="default 1,8,32 (GPU), 1,4 (CPU)")
-    parser.add_argument("--tunings", help="default float32,bfloat16,bfloat16+compile (GPU), float32,bfloat16 (CPU)")
-    parser.add_argument("--workers", help="default 1,2")
-    parser.add_argument("--streams", help="concurrent streams per scheduler; default 1,8,32,64 (GPU), 1,4 (CPU)")
-    parser.add_argument("--rounds", type=int, help="default 2 (GPU), 1 (CPU)")
+    for key in DEFAULTS["GPU"]:
+        default = ", ".join(f"{mode} {values[key]}" for mode, values in DEFAULTS.items())
+        parser.add_argument(f"--{key.replace('_', '-')}", help=f"default {default}")
+    parser.add_argument("--workers", default="1,2", help="workers on one GPU (or machine)")
+    parser.add_argument("--rounds", type=int, help="default 2 (GPU), 1 (CPU or --quick)")
     parser.add_argument("--model", help="an existing checkpoint directory instead of writing one")
-    parser.add_argument("--write", default=None, help="append the table here (default BENCHMARKS.md with a GPU)")
-    parser.add_argument("--no-write", action="store_true", help="append nothing")
+    parser.add_argument("--write", help="append the table here ('' for nowhere; default BENCHMARKS.md with a GPU)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    gpu = not args.cpu and cuda_devices() > 0
-    sizes = args.batch_sizes or ("1,8,32" if gpu else "1,4")
-    labels = (args.tunings or ("float32,bfloat16,bfloat16+compile" if gpu else "float32,bfloat16")).split(",")
-    workers = sorted({int(n) for n in (args.workers or "1,2").split(",")})
-    streams = sorted({int(n) for n in (args.streams or ("1,8,32,64" if gpu else "1,4")).split(",")})
-    rounds = args.rounds or (1 if args.quick or not gpu else 2)
-    cores = os.cpu_count() or 1
-    threads = max(1, cores // max(workers))
-    info = machine()
-    name = gpu_name() if gpu else "no GPU"
-    cpu_mode = "reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU"
-    say(f"mode: {'GPU (cuda:0): ' + name if gpu else cpu_mode}")
-    figures: list[Figure] = []
+    code = "import torch; print(torch.cuda.device_count())"  # asked in a child: this process never touches CUDA
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.split()
+    gpu = not args.cpu and bool(probe) and probe[-1].isdigit() and int(probe[-1]) > 0
+    mode = {key: getattr(args, key) or value for key, value in DEFAULTS["GPU" if gpu else "CPU"].items()}
+    labels, counts = mode["tunings"].split(","), sorted({int(n) for n in args.workers.split(",")})
+    rounds, cores = args.rounds or (1 if args.quick or not gpu else 2), os.cpu_count() or 1
+    smi_name = smi("--query-gpu=name,driver_version", "-i", "0")
+    name = (f"{smi_name[0][0]} (driver {smi_name[0][1]})" if smi_name else "unknown GPU") if gpu else "no GPU"
+    say(
+        "mode: "
+        + (f"GPU (cuda:0): {name}" if gpu else "reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU")
+    )
     try:
         with Cluster() as cluster:
             if args.model:
-                model_dir = Path(args.model)
+                model = Path(args.model)
             elif gpu:
                 say(f"writing the full-size random checkpoint ({args.max_new_token} tokens per chunk)")
-                model_dir = write_random_model(cluster.tmp / "full-model", args.max_new_token)
+                model = harness.write_random_model(cluster.tmp / "full-model", args.max_new_token)
             else:
                 say("writing the tiny checkpoint")
-                model_dir = write_tiny_model(cluster.tmp / "tiny-model")
-
-            say(f"engine alone on {'cuda:0' if gpu else 'cpu'}: batch sizes {sizes}, tunings {', '.join(labels)}")
-            out = cluster.tmp / "engine.json"
-            cmd = ["--model", str(model_dir), "--batch-sizes", sizes, "--chunks", "1", "--rounds", str(rounds)]
-            cmd += ["--tunings", ",".join(labels), "--fidelity", "--device", "cuda:0" if gpu else "cpu"]
+                model = harness.write_tiny_model(cluster.tmp / "tiny-model")
+            device = "cuda:0" if gpu else "cpu"
+            say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {', '.join(labels)}")
+            cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", ",".join(labels)]
+            cmd += ["--chunks", "1", "--rounds", str(rounds), "--fidelity", "--device", device]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
-            engine, stdout = engine_bench(cmd, out)
+            engine, stdout = harness.engine_bench(cmd, cluster.tmp / "engine.json")
             print(stdout, end="", flush=True)
-            figures += engine_figures(engine, [int(s) for s in sizes.split(",")], labels, gpu)
-
+            figures = engine_figures(engine, [int(s) for s in mode["batch_sizes"].split(",")], labels, gpu)
             cluster.start_redis()
-            for mode in CROSS_BATCH:
-                # The device lends 10 minutes a command: past LATE, the worker part shrinks to one short round.
-                late = time.monotonic() - started > LATE
-                if late:
-                    say(f"past {LATE} s: the worker part runs one short round")
-                figures += workers_part(
-                    cluster, model_dir, gpu, workers, 1 if late else rounds, threads, args.quick or late, mode
-                )
-            late = time.monotonic() - started > LATE
-            if late:
-                say(f"past {LATE} s: the schedulers part runs one round")
-            figures += streams_part(cluster, model_dir, gpu, streams, 1 if late else rounds, threads)
+            bench = Bench(cluster, model, gpu, max(1, cores // max(counts)), args.quick, rounds, started)
+            for cross in ("false", "true"):  # TTS_CROSS_BATCH
+                figures += bench.workers_part(counts, cross)
+            figures += bench.streams_part(sorted({int(n) for n in mode["streams"].split(",")}))
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
-    seconds = time.monotonic() - started
+    info = harness.machine()
     head = (
         f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
-        f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {seconds:.0f} s"
+        f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s"
     )
-    print()
-    print(head)
-    print(table(figures, markdown=False))
-    target = None if args.no_write else (args.write or ("BENCHMARKS.md" if gpu else None))
+    print(f"\n{head}\n{harness.table(figures, markdown=False)}")
+    target = args.write if args.write is not None else ("BENCHMARKS.md" if gpu else "")
     if target:
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        report = "\n".join([f"### `bench/gpu.sh` on {name}, {when}", "", head, "", table(figures, markdown=True)])
-        append_report(ROOT / target, report)
+        with (ROOT / target).open("a") as f:
+            f.write(f"\n### `bench/gpu.sh` on {name}, {when}\n\n{head}\n\n{harness.table(figures, markdown=True)}\n")
+        if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir():  # the device sends $OUT back
+            shutil.copy(ROOT / target, Path(os.environ["OUT"]) / Path(target).name)
         say(f"appended the table to {target}")
     return 0
 

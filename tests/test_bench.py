@@ -148,7 +148,7 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
 
 
 @pytest.mark.slow
-def test_gpu_script_runs_its_reduced_cpu_mode() -> None:
+def test_kit_then_gpu_script_runs_its_reduced_cpu_mode() -> None:
     """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
     offline into a temporary folder and imported from there; tiny model, engine alone in float32 and
     bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, both schedulers at 1 and 4 streams,
