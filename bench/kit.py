@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = ROOT / "requirements-gpu.in"
-DEVICE_PACKAGES = ROOT / "device-packages.txt"
+DEVICE_PACKAGES = ROOT / "bench" / "device-packages.txt"
 MAX_MIB = 64  # what the device tool carries: the kit and the working tree together
 PYTHON_VERSION = "3.12"
 PLATFORMS = tuple(f"manylinux{v}_x86_64" for v in ("_2_28", "_2_27", "_2_17", "2014", "1"))
