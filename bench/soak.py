@@ -241,7 +241,7 @@ class Soak:
             self.full_back = self.now() - self.windows["Redis full"][1]
         back = f"not within {FULL_BACK:.0f} s" if self.full_back is None else f"{self.full_back:.1f} s"
         return (
-            f"{line}; worker exits meanwhile: {dict(+self.full_exits) or 'none'}; most lines about it in one log: "
+            f"{line}; worker exits meanwhile: {listing(+self.full_exits)}; most lines about it in one log: "
             f"{max(self.full_lines.values(), default=0)}; both workers registered again after {back}"
         )
 
@@ -281,7 +281,7 @@ class Soak:
             check(
                 f"workers registered again by themselves after Redis had room (target <= {FULL_BACK:.0f} s; "
                 "exits while it was full: none)",
-                f"{back}; exits while full: {dict(+self.full_exits) or 'none'}",
+                f"{back}; exits while full: {listing(+self.full_exits)}",
                 (bool(died), f"workers exited while Redis was full: {died}"),
                 (bool(loud), f"more than {FULL_LINES} lines about a full Redis in one log: {loud}"),
                 (
