@@ -5,7 +5,7 @@ labels; `upstream`: ChatTTS's own `Chat.infer` on float32, no refinement or spli
 its GPT and decoder, and swaps them into the one loaded chat; every (tuning, batch) runs the same one-chunk texts,
 the order rotating every round. A run's RTF is its seconds over its audio seconds. --fidelity: each tuning against
 float32 (engines/fidelity.py); --profile: each run's time per GPT step by module (CUDA synchronized around each).
-Prints a line per run; --json gets everything (bench/scenarios/batching.py, gpu.py and cpu_engine.py read it).
+Prints a line per run; --json gets everything (scenario 5 in bench/scenarios/scheduling.py, gpu.py and cpu_engine.py read it).
 """
 
 from __future__ import annotations
