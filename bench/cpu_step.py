@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engines import tuning, weightonly  # noqa: E402
+from engines import fused, tuning, weightonly  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, MLP = 768, 20, 12, 3072
 HEAD = HIDDEN // HEADS
@@ -65,13 +65,6 @@ def llama() -> Any:
     return LlamaModel(config).eval()
 
 
-def fused(linears: list[torch.nn.Linear]) -> torch.nn.Linear:
-    """One linear layer computing `linears` side by side (outputs concatenated)."""
-    out = torch.nn.Linear(linears[0].in_features, sum(x.out_features for x in linears), bias=False)
-    out.weight.data = torch.cat([x.weight.data for x in linears])
-    return out
-
-
 def int8(linear: torch.nn.Linear) -> Any:
     """`linear` as torch's dynamic int8 layer, weights quantized per output channel."""
     linear = copy.copy(linear)
@@ -92,6 +85,8 @@ class StaticStep:
 
     def __init__(self, model: Any, linear: str, length: int = 1024) -> None:
         make = LINEARS[linear]
+        model = copy.deepcopy(model)
+        fused.fuse(model)
         self.layers = []
         for layer in model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -99,9 +94,9 @@ class StaticStep:
                 {
                     "norm1": layer.input_layernorm.weight,
                     "norm2": layer.post_attention_layernorm.weight,
-                    "qkv": make(fused([attn.q_proj, attn.k_proj, attn.v_proj])),
+                    "qkv": make(attn.qkv_proj),
                     "o": make(attn.o_proj),
-                    "gate_up": make(fused([mlp.gate_proj, mlp.up_proj])),
+                    "gate_up": make(mlp.gate_up_proj),
                     "down": make(mlp.down_proj),
                     "k": torch.zeros(1, HEADS, length, HEAD),
                     "v": torch.zeros(1, HEADS, length, HEAD),
