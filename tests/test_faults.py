@@ -301,16 +301,17 @@ def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(
         TTS_MODEL_PATH=str(tiny_model),
         TTS_CHUNK_CHARS="32",
         TTS_BATCH_SIZE="1",
-        TTS_JOB_TIMEOUT_BASE="1",
+        TTS_JOB_TIMEOUT_BASE="3",
         TTS_JOB_TIMEOUT_PER_CHUNK="0",
         TTS_MAX_CHARS="20000",
     )
     stack.start_web()
     worker = stack.start_worker()
     stack.wait_ready(timeout=180)
-    # About 250 chunks of 50-150 ms each (the numbers are spelled out): the three
-    # attempts of 1 s each (retries resume) make a fifth of them at most.
-    long_text = " ".join(f"Sentence number {i} is here." for i in range(120))
+    # About 750 chunks of 50-150 ms each (the numbers are spelled out): the three
+    # attempts of 3 s each (retries resume) make a quarter of them at most, and 3 s
+    # leaves a one-chunk job room on a loaded machine.
+    long_text = " ".join(f"Sentence number {i} is here." for i in range(360))
     slow = httpx.post(stack.url + "/v1/tts", json={"text": long_text}).json()
     job = Job.fetch(slow["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "failed", 60, "the job to fail on its time limit", interval=0.1)
