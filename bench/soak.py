@@ -118,8 +118,7 @@ class Soak:
         return Redis.from_url(self.cluster.redis_url, socket_timeout=5)
 
     def start_workers(self, *slots: int) -> list[Proc]:
-        """`worker.py` in each slot, with --max-jobs once it is chosen (the second's 1.5x: two workers started
-        together do not reach theirs together)."""
+        """`worker.py` in each slot, with --max-jobs once it is chosen (the second's 1.5x, so the two restart apart)."""
         env = harness.bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=hostile.api_keys(self.keys))
         env.update(TTS_MODEL_PATH=str(self.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1")
         for slot in slots:
@@ -156,16 +155,14 @@ class Soak:
     # -- the phases, in PHASES: each returns its line for the report ---------------------------
 
     async def flood(self) -> str:
-        """BUSY submits 10 s of the measured capacity at once; the flood lasts until the last of them is
-        answered with its audio."""
+        """BUSY submits 10 s of the measured capacity at once; the flood lasts until all of it is answered."""
         self.flood_size = max(20, int(10 * self.capacity))
         texts = [self.record.texts.mixed() for _ in range(self.flood_size)]
         self.beside("flood", *(self.clients[BUSY].new_request(text, kind=f"new ({BUSY} flood)") for text in texts))
         return f"{BUSY} submitted {self.flood_size} distinct requests at once (a flood)"
 
     async def send_poison(self) -> str:
-        """Once the flood is over (at 19 % of the run at the latest), each poison body to the web process and to
-        the wide-chunk one, POISON_GAP s apart, beside the load."""
+        """Each poison body to both web processes, POISON_GAP s apart, after the flood (or at 19 % of the run)."""
         await until(lambda: "flood" in self.windows, self.t0 + 0.19 * self.seconds - self.now(), 0.2)
         clients = {where: Client(port, self.poison, self.keys[BUSY]) for where, port in self.ports.items()}
         self.clients.update({f"poison{where}": client for where, client in clients.items()})
@@ -244,8 +241,7 @@ class Soak:
     # -- the run ----------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        """Until the run stops, every 0.2 s: restart each worker that exits, as honcho or systemd with
-        Restart=always would; while the load lasts, each duty at its period (QUIET's probe, RSS looks, samples)."""
+        """Every 0.2 s until the run stops: restart each worker that exits (as Restart=always would); the duties."""
         duties = [(hostile.PROBE_EVERY, self.probe), (5.0, self.track_lives), (30.0, self.sample)]
         due = [0.0, 0.0, 30.0]
         while not self.stopping:
@@ -266,8 +262,7 @@ class Soak:
         self.tasks.append(asyncio.ensure_future(self.clients[QUIET].new_request(text, kind=f"new ({QUIET})")))
 
     def sample(self, label: str = "") -> None:
-        """RSS of the web process and each worker (MiB; `restarting`: still loading), Redis's used_memory; one
-        without a label is the load's periodic one, and a progress line."""
+        """RSS of the web process and each worker (MiB; `restarting`: still loading), Redis's used_memory (MiB)."""
         t = self.now() - self.t0
         row: dict[str, Any] = {"label": label or f"{t:.0f} s", "t": t, "web": harness.rss_bytes(self.web.pid) / MIB}
         row["workers"] = {slot: mib for slot, proc in self.workers.items() if (mib := rss(proc)) is not None}
@@ -280,7 +275,8 @@ class Soak:
         if not label:
             done = sum(1 for a in self.record.answers if a.status is not None)
             say(
-                f"  {t:4.0f} s: {done} answered; MiB: web {row['web']:.0f}, workers {by_slot(row)}, Redis {row['redis']:.1f}"
+                f"  {t:4.0f} s: {done} answered; MiB: web {row['web']:.0f}, workers {by_slot(row)}, "
+                f"Redis {row['redis']:.1f}"
             )
 
     def track_lives(self) -> None:
@@ -416,8 +412,9 @@ class Soak:
         rows = [
             Check(
                 "load",
-                f"{self.seconds / 60:g} min, open loop: {self.rate:.2f} arrivals/s, of which {MIX['new'] * self.rate:.2f} "
-                f"new requests/s = {self.load:.0%} of the measured capacity of {self.capacity:.2f}/s (2 workers)",
+                f"{self.seconds / 60:g} min, open loop: {self.rate:.2f} arrivals/s, of which "
+                f"{MIX['new'] * self.rate:.2f} new requests/s = {self.load:.0%} of the measured capacity of "
+                f"{self.capacity:.2f}/s (2 workers)",
             ),
             Check("faults", "; ".join(self.events)),
             Check(f"worker exits, each restarted (--max-jobs {m} and {m + m // 2})", listing(self.exits)),
@@ -483,7 +480,8 @@ class Soak:
             ),
             Check(
                 "Redis used_memory at the end vs the chunk audio it holds",
-                f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {len(chunks)} chunks ({memory / max(audio, 1):.2f}x)",
+                f"{memory / MIB:.1f} MiB vs {audio / MIB:.1f} MiB in {len(chunks)} chunks "
+                f"({memory / max(audio, 1):.2f}x)",
             ),
             Check(
                 f"web RSS flat: highest sample in the run's second half vs its first (target <= {WEB_FLAT:.2f}x; the "
