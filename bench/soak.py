@@ -198,10 +198,12 @@ class Soak:
         redis = self.redis()
         used = await asyncio.to_thread(used_memory, redis)
         limit, began = int(used * share), self.now()
-        await asyncio.to_thread(redis.config_set, "maxmemory-policy", policy, "maxmemory", limit)
+        await asyncio.to_thread(redis.config_set, "maxmemory-policy", policy)
+        await asyncio.to_thread(redis.config_set, "maxmemory", limit)
         await asyncio.sleep(seconds)
         stats, errors = await asyncio.to_thread(lambda: (redis.info("stats"), redis.info("errorstats")))
-        await asyncio.to_thread(redis.config_set, "maxmemory", 0, "maxmemory-policy", "noeviction")
+        await asyncio.to_thread(redis.config_set, "maxmemory", 0)
+        await asyncio.to_thread(redis.config_set, "maxmemory-policy", "noeviction")
         self.windows[name] = (began, self.now())
         return (
             f"{policy} with maxmemory {limit / MIB:.1f} MiB ({share:.0%} of {used / MIB:.1f} MiB in use) for "
