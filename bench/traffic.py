@@ -10,36 +10,23 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import loadgen
-from harness import BenchError, Texts
+from harness import BenchError, Texts, say
 
 # The mix of arrivals: new requests, then repeats of stored ones.
 MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}
-# Capacity: closed-loop clients sending only new requests, for this long.
-CALIBRATION_CLIENTS = 8
-CALIBRATION_SECONDS = 15.0
 
 
 @dataclass
 class Answer:
-    """One HTTP exchange, sent and done in loop time (status None: no answer; detail: the error, or the start
-    of a non-2xx body)."""
+    """One HTTP exchange, or one new request from its POST to its client's last answer (request_id: its id, None
+    when not accepted), in loop time; status None: no answer; detail: the error, or a non-2xx body's start."""
 
     kind: str
     sent: float
     done: float
     status: int | None
     detail: str = ""
-
-
-@dataclass
-class Life:
-    """One new request from its POST to its client's last answer (request_id None: not accepted)."""
-
-    kind: str
-    request_id: str | None
-    sent: float
-    done: float
-    status: int | None
+    request_id: str | None = None
 
 
 @dataclass
@@ -56,7 +43,7 @@ class Record:
     text_of: dict[str, str] = field(default_factory=dict)  # accepted request id -> its text
     # Accepted ids that answered 404 once over (evicted before their client fetched them) and were submitted again.
     resubmitted: set[str] = field(default_factory=set)
-    lives: list[Life] = field(default_factory=list)  # every new request, in the order they ended
+    lives: list[Answer] = field(default_factory=list)  # every new request, in the order they ended
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
 
 
@@ -111,10 +98,13 @@ class Client:
                 self.record.wav_bytes[request_id] = self.record.encoded[(request_id, "wav")] = len(audio)
             elif status == 500:  # over, with a reason: what the API promises for a request it could not make
                 self.record.accepted[request_id] = True
-                self.record.failed[request_id] = _message(audio)
+                try:
+                    self.record.failed[request_id] = str(json.loads(audio)["error"]["message"])[:200]
+                except (ValueError, KeyError, TypeError):
+                    self.record.failed[request_id] = audio[:160].decode("utf-8", "replace")
         finally:
             self.idle.append(conn)
-            self.record.lives.append(Life(kind, request_id, sent, self.loop.time(), status))
+            self.record.lives.append(Answer(kind, sent, self.loop.time(), status, request_id=request_id))
 
     async def repeat(self, kind: str, rng: random.Random) -> None:
         """One repeat of a stored request: `kind` is one of MIX's but "new"."""
@@ -131,28 +121,19 @@ class Client:
             await conn.close()
 
 
-def _message(body: bytes) -> str:
-    """The message of an error answer (`{"error": {"message": ...}}`), else its first bytes."""
-    try:
-        return str(json.loads(body)["error"]["message"])[:200]
-    except (ValueError, KeyError, TypeError):
-        return body[:160].decode("utf-8", "replace")
-
-
-async def calibrate(client: Client) -> float:
-    """New requests per second the workers keep up with: CALIBRATION_CLIENTS closed-loop clients sending only
-    new requests (each waits for its audio, then sends the next) for CALIBRATION_SECONDS."""
+async def calibrate(client: Client, clients: int = 8, seconds: float = 15.0) -> float:
+    """New requests per second the workers keep up with: `clients` closed-loop clients sending only new
+    requests (each waits for its audio, then sends the next) for `seconds`."""
+    say(f"calibrating: {clients} clients sending new requests for {seconds:.0f} s")
     start = client.loop.time()
 
     async def one_client() -> None:
-        while client.loop.time() - start < CALIBRATION_SECONDS:
+        while client.loop.time() - start < seconds:
             await client.new_request(client.record.texts.mixed())
 
-    await asyncio.gather(*(one_client() for _ in range(CALIBRATION_CLIENTS)))
-    if len(client.record.stored) < CALIBRATION_CLIENTS:
-        raise BenchError(
-            f"calibration: only {len(client.record.stored)} requests were served in {CALIBRATION_SECONDS:.0f} s"
-        )
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    if len(client.record.stored) < clients:
+        raise BenchError(f"calibration: only {len(client.record.stored)} requests were served in {seconds:.0f} s")
     return len(client.record.stored) / (client.loop.time() - start)
 
 

@@ -12,10 +12,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import hostile  # noqa: E402
-from traffic import Life, Record  # noqa: E402
+from traffic import Answer, Record  # noqa: E402
 
 
-def _record(*lives: Life, finished: tuple[str, ...] = (), failed: dict[str, str] | None = None) -> Record:
+def _life(kind: str, request_id: str | None, sent: float, done: float, status: int | None) -> Answer:
+    return Answer(kind, sent, done, status, request_id=request_id)
+
+
+def _record(*lives: Answer, finished: tuple[str, ...] = (), failed: dict[str, str] | None = None) -> Record:
     record = Record()
     record.lives = list(lives)
     for life in lives:
@@ -27,13 +31,13 @@ def _record(*lives: Life, finished: tuple[str, ...] = (), failed: dict[str, str]
 
 def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
     poison = _record(
-        Life("poison: temperature 1e-40", None, 0, 1, 422),
-        Life("poison: not JSON", None, 0, 1, 400),
-        Life("poison: bracket", "a", 0, 2, 200),
-        Life("poison: cn2an", "b", 0, 2, 500),
-        Life("poison: crash", None, 0, 1, 500),
-        Life("poison: hang", None, 0, 90, None),
-        Life("poison: lost", "c", 0, 60, 202),
+        _life("poison: temperature 1e-40", None, 0, 1, 422),
+        _life("poison: not JSON", None, 0, 1, 400),
+        _life("poison: bracket", "a", 0, 2, 200),
+        _life("poison: cn2an", "b", 0, 2, 500),
+        _life("poison: crash", None, 0, 1, 500),
+        _life("poison: hang", None, 0, 90, None),
+        _life("poison: lost", "c", 0, 60, 202),
         finished=("a",),
         failed={"b": "synthesis failed: the text could not be read"},
     )
@@ -51,17 +55,17 @@ def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
 
 def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excuses_its_own() -> None:
     load = _record(
-        Life("new", "before", 0, 4, 200),  # over before the window
-        Life("new", "ok", 4, 12, 200),
-        Life("new", "slow", 9, 70, 202),  # its wait ran out; the drain found it finished
-        Life("new", "hurt", 11, 13, 500),
-        Life("new (quiet)", "dropped", 14, 16, 202),  # never finished
-        Life("new", None, 12, 12.1, 503),  # refused while Redis was down
-        Life("new", "after", 21, 22, 500),  # after the window
+        _life("new", "before", 0, 4, 200),  # over before the window
+        _life("new", "ok", 4, 12, 200),
+        _life("new", "slow", 9, 70, 202),  # its wait ran out; the drain found it finished
+        _life("new", "hurt", 11, 13, 500),
+        _life("new (quiet)", "dropped", 14, 16, 202),  # never finished
+        _life("new", None, 12, 12.1, 503),  # refused while Redis was down
+        _life("new", "after", 21, 22, 500),  # after the window
         finished=("before", "ok", "slow", "after"),
         failed={"hurt": "synthesis failed", "after": "synthesis failed"},
     )
-    poison = _record(Life("poison: plain", None, 10, 20, 422))
+    poison = _record(_life("poison: plain", None, 10, 20, 422))
     row, victims = hostile.judge_poison(poison, load, (10.0, 20.0), excused=lambda life: life.status == 503)
     assert row.failures == []
     failed = ["new: 500", "new (quiet) dropped: never finished"]
@@ -69,11 +73,11 @@ def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excu
     assert victims.failures == [f"2 requests in flight beside the poison failed: {failed}"]
 
 
-def _quiet(during: float) -> list[Life]:
+def _quiet(during: float) -> list[Answer]:
     """20 QUIET requests of 1 s before a flood at 130 s, 20 of `during` s in it, and two that do not count."""
-    lives = [Life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
-    lives += [Life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
-    return lives + [Life(f"new ({hostile.QUIET})", "late", 125, 185, 202), Life("new", "busy", 130, 190, 200)]
+    lives = [_life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
+    lives += [_life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
+    return lives + [_life(f"new ({hostile.QUIET})", "late", 125, 185, 202), _life("new", "busy", 130, 190, 200)]
 
 
 def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_requests() -> None:
