@@ -40,8 +40,8 @@ from work import queueing  # noqa: E402
 T = TypeVar("T")
 MIB = 1024 * 1024
 Flags = Callable[[int], list[str]]  # a server's command-line options for its port
-# Words for generated sentences; the first eight are whole words in the tiny
-# checkpoint's vocabulary, the rest go through its letter pieces.
+# Words for generated sentences; the first eight are whole words in the tiny checkpoint's vocabulary, the rest go
+# through its letter pieces.
 WORDS = (
     "the and hello world speech test chat voice quiet river morning station window garden "
     "yellow paper travel little music number simple answer bright evening winter letter "
@@ -78,10 +78,15 @@ def write_section(path: Path, begin: str, end: str, block: str) -> None:
         path.write_text(text.rstrip() + "\n\n" + section + "\n")
 
 
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy, and return that; BenchError after `timeout` s."""
+def wait_for(
+    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05, procs: Sequence[Proc] = ()
+) -> T:
+    """Poll `check` until it returns something truthy, and return that; BenchError after `timeout` s, or at once
+    when a process of `procs` has exited."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
+        for proc in procs:
+            proc.check()
         if time.monotonic() > deadline:
             raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
@@ -111,8 +116,8 @@ def rss_bytes(pid: int) -> int:
 
 
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the benchmark is killed
-    # with SIGKILL (no `finally` runs), the kernel still stops its children.
+    # Runs in the child between fork and exec: if the benchmark is killed with SIGKILL (no `finally` runs), the
+    # kernel still stops its children.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -128,10 +133,7 @@ class Proc:
         self.popen = subprocess.Popen(
             list(args), cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
+        self.pid = self.popen.pid
 
     def check(self) -> None:
         """BenchError with the end of the log when the process has exited."""
@@ -234,13 +236,12 @@ class Cluster:
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
-            proc.check()
             try:
                 return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
             except Exception:
                 return False
 
-        wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)")
+        wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)", procs=[proc])
         self.redis_url, self.redis_proc = url, proc
         return url
 
@@ -253,12 +254,7 @@ class Cluster:
         quiet = ["--factory", "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
         args = [sys.executable, "-m", "uvicorn", app, *(flags(port) if flags else quiet), "--app-dir", app_dir]
         proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
-
-        def answers() -> bool:
-            proc.check()
-            return http_ok(port, "/healthz")
-
-        wait_for(answers, 240, f"{name} to answer /healthz")
+        wait_for(lambda: http_ok(port, "/healthz"), 240, f"{name} to answer /healthz", procs=[proc])
         return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
@@ -274,12 +270,11 @@ class Cluster:
         def registered() -> bool:
             names = {worker.name for worker in workers_of(redis, queue)}
             for proc in list(pending):
-                proc.check()
                 if any(is_worker_of(name, proc.pid) for name in names):
                     pending.remove(proc)
             return not pending
 
-        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1)
+        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1, procs=workers)
 
 
 def is_worker_of(name: str, pid: int) -> bool:
@@ -373,8 +368,6 @@ def wait_jobs(jobs: Sequence[Job], timeout: float, workers: Sequence[Proc] = ())
     pending = list(jobs)
 
     def done() -> bool:
-        for proc in workers:
-            proc.check()
         for job in list(pending):
             status = job.get_status(refresh=True)
             if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
@@ -383,10 +376,7 @@ def wait_jobs(jobs: Sequence[Job], timeout: float, workers: Sequence[Proc] = ())
                 pending.remove(job)
         return not pending
 
-    wait_for(done, timeout, f"{len(jobs)} jobs to finish", interval=0.02)
-
-
-# -- statistics and the table --------------------------------------------------
+    wait_for(done, timeout, f"{len(jobs)} jobs to finish", interval=0.02, procs=workers)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -418,16 +408,13 @@ class Figure:
     def ratios(self) -> list[float]:
         return [v / b for v, b in zip(self.values, self.baseline) if b]
 
-    def judged(self) -> float | None:
-        pool = self.ratios if self.baseline else self.values
-        return statistics.median(pool) if pool else None
-
     def met(self) -> bool | None:
-        value = self.judged()
-        if self.target is None or value is None:
+        """The target judged on the median ratio (the median value without a baseline), or every run's; None
+        without a target or a value."""
+        pool = self.ratios if self.baseline else self.values
+        if self.target is None or not pool:
             return None
-        pool = (self.ratios if self.baseline else self.values) if self.every else [value]
-        return all(self.target[1](v) for v in pool)
+        return all(self.target[1](v) for v in (pool if self.every else [statistics.median(pool)]))
 
 
 # A Figure's target: at least, at most or exactly `bound`; `text` says it in the table.
@@ -489,8 +476,6 @@ def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:
             yield i, name
 
 
-# -- the scenarios of bench/run.py ---------------------------------------------
-
 # What one run of one side gives a figure: a value for the side's column;
 # (value, baseline) when the run measures both; None when the figure has nothing from this side.
 Reading = float | tuple[float, float] | None
@@ -523,15 +508,13 @@ class Bench:
     cluster: Cluster
     model_dir: Path
     batch: int  # TTS_BATCH_SIZE of every worker
-    full_model: bool = False  # scenario 7 also starts a worker on full-size random weights
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
-    # The stack (run.start_stack): web, bare app, naive server, the main worker on queue "tts".
+    # The stack (run.start_stack): web, naive server, the main worker on queue "tts".
     web_port: int = 0
-    bare_port: int = 0
     naive_port: int = 0
-    worker: Proc | None = None
+    main: tuple[str, list[Proc]] = ("tts", [])  # the main worker's queue and the worker
     mixed_rate: float = 0.0  # scenario 3's open-loop rate, once measured
     # Scenario 9's load curves: side -> [(offered req/s, first audio p50 s, p95 s, throughput req/s)].
     curves: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
@@ -541,11 +524,6 @@ class Bench:
     def rounds(self) -> int:
         """Runs of each figure."""
         return 1 if self.quick else 3
-
-    @property
-    def main(self) -> tuple[str, list[Proc]]:
-        """The main worker's queue and the worker."""
-        return "tts", [self.worker] if self.worker else []
 
     def size(self, name: str) -> Any:
         assert self.scenario is not None
@@ -636,9 +614,6 @@ def _made_once(redis: Redis, scenario: Scenario, before: tuple[float, float]) ->
     if scenario.counts == "once":
         target = exactly(1, "exactly 1.0")
     return Figure(scenario.number, name, "x", [made / needed if needed else float("nan")], target=target)
-
-
-# -- the machine ---------------------------------------------------------------
 
 
 def machine() -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -60,9 +61,8 @@ class Connection:
             self.writer.write(data)
             status, headers, body = await asyncio.wait_for(read_response(self.reader), timeout)
         except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
-            # A server closes a keep-alive connection that sat idle past its
-            # timeout (uvicorn: 5 s); nothing of the answer was read, so the
-            # request is sent again on a new connection, as HTTP clients do.
+            # A server closes a keep-alive connection that sat idle past its timeout (uvicorn: 5 s); nothing of the
+            # answer was read, so the request is sent again on a new connection, as HTTP clients do.
             if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                 raise
             await self.close()
@@ -91,10 +91,8 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self.writer.wait_closed()
-            except OSError:
-                pass
             self.writer = None
 
 
@@ -131,7 +129,8 @@ async def run(
                 data, t0 = next_request(), loop.time()
                 await conn.ask(data)
                 t1 = loop.time()
-                result.latencies += [t1 - t0] if t0 >= window[0] else []
+                if t0 >= window[0]:
+                    result.latencies.append(t1 - t0)
                 result.completed += window[0] <= t1 <= window[1]
 
     await asyncio.gather(*(client() for _ in range(connections)))

@@ -54,14 +54,12 @@ def draw(curves: dict[str, list[tuple[float, float, float, float]]], path: Path,
 
 
 def start_stack(b: Bench) -> None:
-    """Web, bare app, the main worker and the naive server, one model process at a time (OpenMP threads of
+    """The main worker, web and the naive server, one model process at a time (OpenMP threads of
     processes warming up together spin against each other)."""
-    c = b.cluster
-    say(f"starting the stack: main worker (1 torch thread, batches of {b.batch}), web, bare app, naive server")
-    _, (b.worker,) = b.pool("worker", "tts")
-    _, b.web_port = c.start_app("web", "service:create_app", {})
-    _, b.bare_port = c.start_app("bare", "bare:create_app", {}, "bench")
-    _, b.naive_port = c.start_app("naive", "naive:create_app", b.model_env(), "bench")
+    say(f"starting the stack: main worker (1 torch thread, batches of {b.batch}), web, naive server")
+    b.main = b.pool("worker", "tts")
+    _, b.web_port = b.cluster.start_app("web", "service:create_app", {})
+    _, b.naive_port = b.cluster.start_app("naive", "naive:create_app", b.model_env(), "bench")
     harness.wait_for(lambda: harness.http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
     say("stack ready")
 
@@ -91,9 +89,8 @@ def report(b: Bench, info: dict[str, str], seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    on = {name: os.environ.get(name, "") not in ("", "0") for name in ("BENCH_QUICK", "BENCH_FULL")}
-    parser.add_argument("--quick", action="store_true", default=on["BENCH_QUICK"], help="a smoke run (BENCH_QUICK=1)")
-    parser.add_argument("--full-model", action="store_true", default=on["BENCH_FULL"], help="a full-size worker too")
+    quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    parser.add_argument("--quick", action="store_true", default=quick, help="a short smoke run (BENCH_QUICK=1)")
     parser.add_argument("--write", metavar="FILE", help="write the table into FILE, between its markers (not --quick)")
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
@@ -105,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"writing the tiny checkpoint; temporary directory {cluster.tmp}")
             model_dir = harness.write_tiny_model(cluster.tmp / "tiny-model")
             cluster.start_redis()
-            b = Bench(args.quick, cluster, model_dir, BATCH, full_model=args.full_model)
+            b = Bench(args.quick, cluster, model_dir, BATCH)
             for scenario in chosen:
                 if scenario.stack and not b.web_port:
                     start_stack(b)

@@ -49,9 +49,8 @@ def realtime(b: Bench) -> None:
     def loaded(round_: int, seed: int, measure: Callable[[], T]) -> list[T]:
         """`measure()` again and again while scenario 3's open loop runs at `rate`, at least once."""
         load, seconds = mixed_requests(texts, pool, seed=seed + round_), b.size("open_seconds")
-        driver = threading.Thread(
-            target=lambda: asyncio.run(loadgen.run_open(port, load, rate, seconds, seed=round_)), daemon=True
-        )
+        opened = loadgen.run_open(port, load, rate, seconds, seed=round_)
+        driver = threading.Thread(target=asyncio.run, args=(opened,), daemon=True)
         end = time.monotonic() + seconds
         driver.start()
         got = [measure()]

@@ -8,8 +8,6 @@ import random
 import statistics
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 import harness
 import loadgen
@@ -110,26 +108,6 @@ class Watch:
         return statistics.median(gaps)
 
 
-@contextmanager
-def progress_ticks(redis: Redis, request_id: str) -> Iterator[list[float]]:
-    """While the block runs, the monotonic times of the request's progress events, appended as they arrive
-    (in redis-py's listener thread: a message read later would carry the wrong time)."""
-    ticks: list[float] = []
-
-    def heard(message: dict) -> None:
-        if json.loads(message["data"]).get("event") == "progress":
-            ticks.append(time.monotonic())
-
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(**{events_channel(request_id): heard})
-    listener = pubsub.run_in_thread(sleep_time=0.1, daemon=True)
-    try:
-        yield ticks
-    finally:
-        listener.stop()
-        listener.join()  # the listener closes the connection
-
-
 def continuous(b: Bench) -> None:
     """9: continuous against static scheduling on rows of their own lengths: two workers of their own (one per
     scheduler) and a naive server, on the tiny checkpoint with its cap lifted, in Redis database 1 (a second
@@ -179,14 +157,25 @@ def continuous(b: Bench) -> None:
         long_spec = make_spec(" ".join(b.texts.sentence(100, 170) for _ in range(long_chunks)), model_id)
         if len(long_spec.chunks) != long_chunks:
             raise BenchError(f"the long request split into {len(long_spec.chunks)} chunks, not {long_chunks}")
-        watch = Watch(redis, long_spec.chunk_ids())
-        with progress_ticks(redis, long_spec.request_id()) as ticks:
+        watch, ticks = Watch(redis, long_spec.chunk_ids()), list[float]()
+
+        def progress(message: dict) -> None:  # timed in redis-py's listener thread, as the event arrives
+            if json.loads(message["data"]).get("event") == "progress":
+                ticks.append(time.monotonic())
+
+        pubsub = redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(**{events_channel(long_spec.request_id()): progress})
+        listener = pubsub.run_in_thread(sleep_time=0.1, daemon=True)
+        try:
             long = submit(scheduling, long_spec)
             wait_for(lambda: len(ticks) >= 1, 300, "the long request's first chunk", interval=0.005)
             waits = shorts(scheduling, watch)
             if long.get_status(refresh=True) == "finished":
                 raise BenchError("the long request ended before the short ones were heard: make it longer")
             wait_for(lambda: long.get_status(refresh=True) == "finished", 600, "the long request to finish")
+        finally:
+            listener.stop()
+            listener.join()  # it closes the connection
         gaps = [later - earlier for earlier, later in zip(ticks, ticks[1:])]
         if not gaps:
             raise BenchError("no two progress events of the long request were seen")

@@ -35,13 +35,9 @@ PARTS = (
 
 
 def footprint(b: Bench) -> None:
-    """7: RSS and start time of the web process (vs the bare app) and of a worker, per model; runs first, before
-    the stack, so that nothing of ours loads the machine while processes start."""
+    """7: RSS and start time of the web process (vs the bare app) and of a worker on the tiny model; runs first,
+    before the stack, so that nothing of ours loads the machine while processes start."""
     c, starts = b.cluster, b.size("starts")
-    models = {"tiny": b.model_dir}
-    if b.full_model:
-        harness.say("7 footprint: writing the full-size random checkpoint")
-        models["full-size random"] = harness.write_random_model(c.tmp / "full-model", 32)
 
     def app(side: str, _: int) -> list[Reading]:
         app, app_dir = ("service:create_app", ".") if side == "web" else ("bare:create_app", "bench")
@@ -56,9 +52,9 @@ def footprint(b: Bench) -> None:
         c.stop(proc)
         return readings
 
-    def worker(label: str, round_: int) -> list[Reading]:
-        queue, started = f"fp-{label.split()[0]}-{round_}", time.monotonic()
-        env = {"TTS_MODEL_PATH": str(models[label]), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
+    def worker(_: str, round_: int) -> list[Reading]:
+        queue, started = f"fp-tiny-{round_}", time.monotonic()
+        env = {"TTS_MODEL_PATH": str(b.model_dir), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
         proc = c.start_worker(f"fp-worker-{round_}", env)
         c.wait_workers([proc], queue)
         readings: list[Reading] = [harness.rss_bytes(proc.pid) / MIB, time.monotonic() - started]
@@ -69,10 +65,9 @@ def footprint(b: Bench) -> None:
     figures += [b.figure("web process start to first answer (vs bare app)", "s")]
     figures += [b.figure("web processes with torch mapped", "count", target=exactly(0))]
     b.compare(figures, app, starts, ("bare", "web"))
-    for label in models:
-        figures = [b.figure(f"worker RSS when ready, {label} model", "MiB")]
-        figures += [b.figure(f"worker start to ready (load + warm-up), {label} model", "s")]
-        b.compare(figures, worker, max(1, starts - 1) if label == "tiny" else 1, (label,))
+    figures = [b.figure("worker RSS when ready, tiny model", "MiB")]
+    figures += [b.figure("worker start to ready (load + warm-up), tiny model", "s")]
+    b.compare(figures, worker, max(1, starts - 1))
 
 
 def cache_hit(b: Bench) -> None:
