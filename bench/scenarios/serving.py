@@ -91,7 +91,7 @@ def cache_hit(b: Bench) -> None:
         raise BenchError("the bare endpoint does not answer the service's bytes")
     # label -> method, body, smallest answer, path on the service, path on the bare app
     cases = {
-        "GET /v1/tts/{id}/audio": ("GET", None, len(answer), f"/v1/tts/{posted.json()['id']}/audio", "wav"),
+        "GET /v1/tts/{id}/audio": ("GET", b"", len(answer), f"/v1/tts/{posted.json()['id']}/audio", "wav"),
         "POST /v1/tts (stored)": ("POST", json.dumps(body).encode(), len(posted.content), "/v1/tts", "post"),
     }
     seconds = max(1, round(2 * b.size("seconds")))  # wrk runs whole seconds and has no warm-up of its own
