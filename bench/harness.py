@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -39,8 +39,9 @@ from work import queueing  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
-# Words for generated sentences; the first eight are whole words in the tiny
-# checkpoint's vocabulary, the rest go through its letter pieces.
+Flags = Callable[[int], list[str]]  # a server's command-line options for its port
+# Words for generated sentences; the first eight are whole words in the tiny checkpoint's vocabulary, the rest go
+# through its letter pieces.
 WORDS = (
     "the and hello world speech test chat voice quiet river morning station window garden "
     "yellow paper travel little music number simple answer bright evening winter letter "
@@ -77,10 +78,15 @@ def write_section(path: Path, begin: str, end: str, block: str) -> None:
         path.write_text(text.rstrip() + "\n\n" + section + "\n")
 
 
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy, and return that; BenchError after `timeout` s."""
+def wait_for(
+    check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05, procs: Sequence[Proc] = ()
+) -> T:
+    """Poll `check` until it returns something truthy, and return that; BenchError after `timeout` s, or at once
+    when a process of `procs` has exited."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
+        for proc in procs:
+            proc.check()
         if time.monotonic() > deadline:
             raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
@@ -110,8 +116,8 @@ def rss_bytes(pid: int) -> int:
 
 
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the benchmark is killed
-    # with SIGKILL (no `finally` runs), the kernel still stops its children.
+    # Runs in the child between fork and exec: if the benchmark is killed with SIGKILL (no `finally` runs), the
+    # kernel still stops its children.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -127,10 +133,7 @@ class Proc:
         self.popen = subprocess.Popen(
             list(args), cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, preexec_fn=preexec
         )
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
+        self.pid = self.popen.pid
 
     def check(self) -> None:
         """BenchError with the end of the log when the process has exited."""
@@ -180,17 +183,6 @@ def http_ok(port: int, path: str) -> bool:
             return s.recv(12).startswith(b"HTTP/1.1 200")
     except OSError:
         return False
-
-
-def serving(proc: Proc, port: int, timeout: float) -> int:
-    """`port` once `proc` answers GET /healthz there; BenchError when it exits or `timeout` s pass first."""
-
-    def answers() -> bool:
-        proc.check()
-        return http_ok(port, "/healthz")
-
-    wait_for(answers, timeout, f"{proc.name} to answer /healthz")
-    return port
 
 
 @dataclass
@@ -244,48 +236,45 @@ class Cluster:
         url = f"redis://127.0.0.1:{port}/0"
 
         def pings() -> bool:
-            proc.check()
             try:
                 return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
             except Exception:
                 return False
 
-        wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)")
+        wait_for(pings, 30, "the private redis-server to answer (and load its append-only file)", procs=[proc])
         self.redis_url, self.redis_proc = url, proc
         return url
 
     def start_app(
-        self, name: str, app: str, env: dict[str, str], app_dir: str = ".", timeout: float = 240
+        self, name: str, app: str, env: dict[str, str], app_dir: str = ".", flags: Flags | None = None
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port, answering."""
+        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port, with the
+        options `flags(port)` (default: quiet, on loopback); once it answers GET /healthz, else BenchError."""
         port = free_port()
-        args = [sys.executable, "-m", "uvicorn", app, "--factory", "--app-dir", app_dir, "--host", "127.0.0.1"]
-        args += ["--port", str(port), "--no-access-log", "--log-level", "warning"]
+        quiet = ["--factory", "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        args = [sys.executable, "-m", "uvicorn", app, *(flags(port) if flags else quiet), "--app-dir", app_dir]
         proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
-        return proc, serving(proc, port, timeout)
+        wait_for(lambda: http_ok(port, "/healthz"), 240, f"{name} to answer /healthz", procs=[proc])
+        return proc, port
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
         """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`); `env` may set
         REDIS_URL (another database)."""
         return self.spawn(name, [sys.executable, "worker.py"], bench_env(**{"REDIS_URL": self.redis_url, **env}))
 
-    def wait_workers(
-        self, workers: Iterable[Proc], queue: str, timeout: float = 240, redis: Redis | None = None
-    ) -> float:
+    def wait_workers(self, workers: list[Proc], queue: str, timeout: float = 240, redis: Redis | None = None) -> None:
         """Wait until each worker is registered on `queue` (model loaded and warm) in `redis` (default: the
-        cluster's database 0); seconds waited."""
-        redis, pending, started = redis or self.redis(), list(workers), time.monotonic()
+        cluster's database 0)."""
+        redis, pending = redis or self.redis(), list(workers)
 
         def registered() -> bool:
             names = {worker.name for worker in workers_of(redis, queue)}
             for proc in list(pending):
-                proc.check()
                 if any(is_worker_of(name, proc.pid) for name in names):
                     pending.remove(proc)
             return not pending
 
-        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1)
-        return time.monotonic() - started
+        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1, procs=workers)
 
 
 def is_worker_of(name: str, pid: int) -> bool:
@@ -328,13 +317,8 @@ def write_random_model(directory: Path, max_new_token: int) -> Path:
 
 def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = None) -> tuple[dict, str]:
     """bench/engine_bench.py with `args` and `--json out`: its JSON and its stdout; BenchError when it fails."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "engine_bench.py"), *args, "--json", str(out)],
-        cwd=ROOT,
-        env=env or bench_env(),
-        capture_output=True,
-        text=True,
-    )
+    args = [sys.executable, str(ROOT / "bench" / "engine_bench.py"), *args, "--json", str(out)]
+    proc = subprocess.run(args, cwd=ROOT, env=env or bench_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise BenchError(f"engine_bench.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text()), proc.stdout
@@ -343,8 +327,8 @@ def engine_bench(args: Sequence[str], out: Path, env: dict[str, str] | None = No
 class Texts:
     """Distinct texts for requests: no sentence is ever produced twice by one instance."""
 
-    def __init__(self, seed: int, chunk_chars: int = Settings().chunk_chars) -> None:
-        self.rng, self.chunk_chars, self.seen = random.Random(seed), chunk_chars, set[str]()
+    def __init__(self, seed: int) -> None:
+        self.rng, self.chunk_chars, self.seen = random.Random(seed), Settings().chunk_chars, set[str]()
 
     def sentence(self, low: int = 0, high: int = 0) -> str:
         """A new sentence of most of a chunk; of `low`..`high` characters, without commas, when `high` is given."""
@@ -368,14 +352,14 @@ class Texts:
     def text(self, sentences: int) -> str:
         return " ".join(self.sentence() for _ in range(sentences))
 
-    def mixed(self, low: int = 1, high: int = 3) -> str:
-        """A text of `low`..`high` sentences (chunks)."""
-        return self.text(self.rng.randint(low, high))
+    def mixed(self) -> str:
+        """A text of 1 to 3 sentences (chunks)."""
+        return self.text(self.rng.randint(1, 3))
 
 
-def make_spec(text: str, model_id: str, settings: Settings | None = None) -> Spec:
+def make_spec(text: str, model_id: str) -> Spec:
     """The Spec the web process builds for {"text": text} with default settings."""
-    settings = settings or Settings()
+    settings = Settings()
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
 
 
@@ -384,8 +368,6 @@ def wait_jobs(jobs: Sequence[Job], timeout: float, workers: Sequence[Proc] = ())
     pending = list(jobs)
 
     def done() -> bool:
-        for proc in workers:
-            proc.check()
         for job in list(pending):
             status = job.get_status(refresh=True)
             if status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
@@ -394,36 +376,15 @@ def wait_jobs(jobs: Sequence[Job], timeout: float, workers: Sequence[Proc] = ())
                 pending.remove(job)
         return not pending
 
-    wait_for(done, timeout, f"{len(jobs)} jobs to finish", interval=0.02)
-
-
-def run_jobs(
-    redis: Redis,
-    settings: Settings,
-    specs: Sequence[Spec],
-    timeout: float,
-    workers: Sequence[Proc] = (),
-    queues: Sequence[str] = (),
-) -> list[Job]:
-    """Submit `specs` as the web does (queueing.submit), round robin over `queues` (default: settings.queue),
-    and wait until every job has finished."""
-    qs = [queueing.queue(redis, replace(settings, queue=name)) for name in list(queues) or [settings.queue]]
-    submitted = [queueing.submit(qs[i % len(qs)], spec, settings) for i, spec in enumerate(specs)]
-    wait_jobs(submitted, timeout, workers)
-    return submitted
-
-
-# -- statistics and the table --------------------------------------------------
+    wait_for(done, timeout, f"{len(jobs)} jobs to finish", interval=0.02, procs=workers)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100), linear between closest ranks; nan for no values."""
     if not values:
         return float("nan")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
+    ordered, pos = sorted(values), (len(values) - 1) * q / 100
+    low, high = int(pos), min(int(pos) + 1, len(values) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
@@ -447,16 +408,13 @@ class Figure:
     def ratios(self) -> list[float]:
         return [v / b for v, b in zip(self.values, self.baseline) if b]
 
-    def judged(self) -> float | None:
-        pool = self.ratios if self.baseline else self.values
-        return statistics.median(pool) if pool else None
-
     def met(self) -> bool | None:
-        value = self.judged()
-        if self.target is None or value is None:
+        """The target judged on the median ratio (the median value without a baseline), or every run's; None
+        without a target or a value."""
+        pool = self.ratios if self.baseline else self.values
+        if self.target is None or not pool:
             return None
-        pool = (self.ratios if self.baseline else self.values) if self.every else [value]
-        return all(self.target[1](v) for v in pool)
+        return all(self.target[1](v) for v in (pool if self.every else [statistics.median(pool)]))
 
 
 # A Figure's target: at least, at most or exactly `bound`; `text` says it in the table.
@@ -518,11 +476,10 @@ def interleaved(rounds: int, *names: str) -> Iterator[tuple[int, str]]:
             yield i, name
 
 
-# -- the scenarios of bench/run.py ---------------------------------------------
-
 # What one run of one side gives a figure: a value for the side's column;
 # (value, baseline) when the run measures both; None when the figure has nothing from this side.
 Reading = float | tuple[float, float] | None
+Measure = Callable[[str, int], Sequence[Reading]]  # (side, round) -> a Reading per figure
 # Chunks the workers made per chunk the pool needed: the figure after a scenario that `counts`.
 MADE, NEEDED = "tts_chunks_synthesized_total", "tts_chunks_needed_total"
 
@@ -551,17 +508,14 @@ class Bench:
     cluster: Cluster
     model_dir: Path
     batch: int  # TTS_BATCH_SIZE of every worker
-    full_model: bool = False  # scenario 7 also starts a worker on full-size random weights
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     texts: Texts = field(default_factory=lambda: Texts(seed=int(time.time())))
-    # The stack (run.start_stack): web, bare app, naive server, the main worker on queue "tts".
+    # The stack (run.start_stack): web, naive server, the main worker on queue "tts".
     web_port: int = 0
-    bare_port: int = 0
     naive_port: int = 0
-    worker: Proc | None = None
+    main: tuple[str, list[Proc]] = ("tts", [])  # the main worker's queue and the worker
     mixed_rate: float = 0.0  # scenario 3's open-loop rate, once measured
-    sched: dict[str, tuple[str, list[Proc]]] = field(default_factory=dict)  # scenario 8's pools: queue, workers
     # Scenario 9's load curves: side -> [(offered req/s, first audio p50 s, p95 s, throughput req/s)].
     curves: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
     scenario: Scenario | None = None  # the one being performed
@@ -570,11 +524,6 @@ class Bench:
     def rounds(self) -> int:
         """Runs of each figure."""
         return 1 if self.quick else 3
-
-    @property
-    def main(self) -> tuple[str, list[Proc]]:
-        """The main worker's queue and the worker."""
-        return "tts", [self.worker] if self.worker else []
 
     def size(self, name: str) -> Any:
         assert self.scenario is not None
@@ -586,11 +535,7 @@ class Bench:
         return Figure(self.scenario.number, name, unit, **more)
 
     def compare(
-        self,
-        figures: Sequence[Figure],
-        measure: Callable[[str, int], Sequence[Reading]],
-        rounds: int = 0,
-        sides: Sequence[str] = ("subject",),
+        self, figures: Sequence[Figure], measure: Measure, rounds: int = 0, sides: Sequence[str] = ("subject",)
     ) -> None:
         """Add `figures` to the table and fill them: `measure(side, round)` runs ONE side once and gives a
         Reading per figure; with two sides the first is the baseline, and they alternate (A B, B A, ...)."""
@@ -629,11 +574,9 @@ class Bench:
         return queue, procs
 
 
-def _summary(figure: Figure) -> str:
-    if not figure.values:
-        return figure.name
-    vs = f" vs {statistics.median(figure.baseline):.4g}" if figure.baseline else ""
-    return f"{figure.name}: {statistics.median(figure.values):.4g}{vs} {figure.unit}"
+def _summary(f: Figure) -> str:
+    vs = f" vs {statistics.median(f.baseline):.4g}" if f.baseline else ""
+    return f"{f.name}: {statistics.median(f.values):.4g}{vs} {f.unit}" if f.values else f.name
 
 
 def perform(b: Bench, scenario: Scenario) -> None:
@@ -673,16 +616,6 @@ def _made_once(redis: Redis, scenario: Scenario, before: tuple[float, float]) ->
     return Figure(scenario.number, name, "x", [made / needed if needed else float("nan")], target=target)
 
 
-# -- the machine ---------------------------------------------------------------
-
-
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def machine() -> dict[str, str]:
     """What the figures were measured on: CPU, cores, memory, load, versions."""
     cpu, mem = _proc_line("/proc/cpuinfo", "model name"), _proc_line("/proc/meminfo", "MemTotal:")
@@ -693,8 +626,10 @@ def machine() -> dict[str, str]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
     }
-    for package in ("torch", "chattts", "uvicorn", "starlette"):
-        info[package] = _version(package)
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown"
-    info.update({"redis-py": _version("redis"), "rq": _version("rq"), "load average (1, 5, 15 min) at start": load})
+    for label in ("torch", "chattts", "uvicorn", "starlette", "redis-py", "rq"):
+        try:
+            info[label] = importlib.metadata.version("redis" if label == "redis-py" else label)
+        except importlib.metadata.PackageNotFoundError:
+            info[label] = "not installed"
+    info["load average (1, 5, 15 min) at start"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return info

@@ -1,12 +1,11 @@
-"""A small HTTP/1.1 load generator on raw asyncio streams: closed loop, open loop, single requests."""
+"""A small HTTP/1.1 load generator on raw asyncio streams: closed loop, open loop, the service's two steps."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
-import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -62,9 +61,8 @@ class Connection:
             self.writer.write(data)
             status, headers, body = await asyncio.wait_for(read_response(self.reader), timeout)
         except (asyncio.IncompleteReadError, ConnectionResetError) as exc:
-            # A server closes a keep-alive connection that sat idle past its
-            # timeout (uvicorn: 5 s); nothing of the answer was read, so the
-            # request is sent again on a new connection, as HTTP clients do.
+            # A server closes a keep-alive connection that sat idle past its timeout (uvicorn: 5 s); nothing of the
+            # answer was read, so the request is sent again on a new connection, as HTTP clients do.
             if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                 raise
             await self.close()
@@ -73,16 +71,16 @@ class Connection:
             await self.close()
         return status, headers, body
 
-    async def ask(self, data: bytes, expect: tuple[int, ...] = (200,), timeout: float = 120) -> tuple[int, bytes]:
-        """`send`, for a benchmark: status and body; BenchError on a connection error or a status not in `expect`
-        (a benchmark of errors measures nothing)."""
+    async def ask(self, data: bytes, expect: tuple[int, ...] = (200,), timeout: float = 120) -> bytes:
+        """`send`, for a benchmark: the body; BenchError on a connection error or a status not in `expect` (a
+        benchmark of errors measures nothing)."""
         try:
             status, _, body = await self.send(data, timeout)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
             raise BenchError(f"request to port {self.port} failed: {exc!r}") from exc
         if status not in expect:
             raise BenchError(f"port {self.port} answered {status}: {body[:300]!r}")
-        return status, body
+        return body
 
     async def __aenter__(self) -> Connection:
         return self
@@ -93,38 +91,26 @@ class Connection:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self.writer.wait_closed()
-            except OSError:
-                pass
             self.writer = None
 
 
 @dataclass
 class LoadResult:
-    """What one bounded run measured: answers completed inside its `seconds`, every answer's latency (s)."""
+    """What one bounded run measured: answers completed inside its `seconds`, the timed answers' latencies (s)."""
 
     seconds: float
     completed: int = 0
     latencies: list[float] = field(default_factory=list)
-    statuses: Counter = field(default_factory=Counter)
-    bytes_received: int = 0
 
     @property
     def rps(self) -> float:
-        return self.completed / self.seconds if self.seconds > 0 else 0.0
+        return self.completed / self.seconds
 
     def p(self, q: float) -> float:
         """The q-th percentile latency, milliseconds."""
         return percentile(self.latencies, q) * 1000
-
-    def add(self, status: int, body: bytes, latency: float | None, completed: bool) -> None:
-        """One answer: counted by status; timed unless `latency` is None; `completed` inside the window."""
-        self.statuses[status] += 1
-        if latency is not None:
-            self.latencies.append(latency)
-            self.bytes_received += len(body)
-        self.completed += completed
 
 
 async def run(
@@ -141,9 +127,11 @@ async def run(
         async with Connection(port) as conn:
             while loop.time() < window[1]:
                 data, t0 = next_request(), loop.time()
-                status, body = await conn.ask(data)
+                await conn.ask(data)
                 t1 = loop.time()
-                result.add(status, body, t1 - t0 if t0 >= window[0] else None, window[0] <= t1 <= window[1])
+                if t0 >= window[0]:
+                    result.latencies.append(t1 - t0)
+                result.completed += window[0] <= t1 <= window[1]
 
     await asyncio.gather(*(client() for _ in range(connections)))
     return result
@@ -164,12 +152,13 @@ async def run_open(port: int, next_request: Callable[[], bytes], rate: float, du
         conn = idle.pop() if idle else Connection(port)
         busy += 1
         try:
-            status, body = await conn.ask(data, timeout=300)
+            await conn.ask(data, timeout=300)
         finally:
             busy -= 1
         done = loop.time()
         idle.append(conn)
-        result.add(status, body, done - scheduled, done <= end)
+        result.latencies.append(done - scheduled)
+        result.completed += done <= end
 
     try:
         async for arrival in arrivals(rate, duration, seed):
@@ -197,19 +186,8 @@ async def arrivals(rate: float, duration: float, seed: int) -> AsyncIterator[flo
         yield arrival
 
 
-async def one(port: int, data: bytes, timeout: float = 120) -> tuple[int, dict[str, str], bytes, float]:
-    """Send one request on a new connection: status, headers, body, seconds taken."""
+async def submit_and_fetch(port: int, body: dict[str, Any]) -> bytes:
+    """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait; the audio."""
     async with Connection(port) as conn:
-        t0 = time.perf_counter()
-        status, headers, body = await conn.send(data, timeout)
-        return status, headers, body, time.perf_counter() - t0
-
-
-async def submit_and_fetch(port: int, body: dict[str, Any], wait: int = 60) -> tuple[int, float, bytes]:
-    """The service's two steps on one connection: POST /v1/tts, then GET its audio with ?wait."""
-    async with Connection(port) as conn:
-        t0 = time.perf_counter()
-        _, answer = await conn.ask(request("POST", "/v1/tts", body), (200, 202))
-        request_id = json.loads(answer)["id"]
-        status, audio = await conn.ask(request("GET", f"/v1/tts/{request_id}/audio?wait={wait}"))
-        return status, time.perf_counter() - t0, audio
+        request_id = json.loads(await conn.ask(request("POST", "/v1/tts", body), (200, 202)))["id"]
+        return await conn.ask(request("GET", f"/v1/tts/{request_id}/audio?wait=60"))

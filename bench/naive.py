@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from starlette.applications import Starlette  # noqa: E402
-from starlette.concurrency import run_in_threadpool  # noqa: E402
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import JSONResponse, Response  # noqa: E402
-from starlette.routing import Route  # noqa: E402
-
-from cache import Spec, normalize  # noqa: E402
-from common import audio  # noqa: E402
-from common.model import decode_all  # noqa: E402
-from common.settings import from_env  # noqa: E402
-from engines.loading import load_engine  # noqa: E402
-from splitter import split  # noqa: E402
+# The repository's root is on sys.path: uvicorn runs as `python -m` from it (harness.Cluster.start_app).
+from cache import Spec, normalize
+from common import audio
+from common.model import decode_all
+from common.settings import from_env
+from engines.loading import load_engine
+from splitter import split
 
 
 def create_app() -> Starlette:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import shlex
-import sys
-from typing import Mapping
 
-from harness import ROOT, Cluster, Proc, bench_env, free_port, serving
+from harness import ROOT, Cluster, Proc
 
 
 def command(name: str) -> str:
@@ -29,15 +27,7 @@ def web_flags(port: int) -> list[str]:
 
 
 def start_web(
-    cluster: Cluster,
-    name: str,
-    app: str = "service:create_app",
-    app_dir: str = ".",
-    env: Mapping[str, str] | None = None,
-    timeout: float = 60,
+    cluster: Cluster, name: str, app: str = "service:create_app", app_dir: str = ".", env: dict[str, str] | None = None
 ) -> tuple[Proc, int]:
     """uvicorn serving the factory `app` (found in `app_dir`) with the web line's flags; once /healthz answers."""
-    port = free_port()
-    args = [sys.executable, "-m", "uvicorn", app, *web_flags(port), "--app-dir", app_dir]
-    proc = cluster.spawn(name, args, bench_env(**{"REDIS_URL": cluster.redis_url, **dict(env or {})}))
-    return proc, serving(proc, port, timeout)
+    return cluster.start_app(name, app, env or {}, app_dir, web_flags)

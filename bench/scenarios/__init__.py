@@ -19,9 +19,7 @@ SCENARIOS = [
     Scenario("2", "queue overhead of one-chunk requests", serving.overhead, {"requests": (5, 12)}, counts="once"),
     Scenario("4", "dedupe of identical concurrent requests", serving.dedupe, counts="once"),
     Scenario("3", "mixed load (65% repeats) vs the naive server", serving.mixed, MIXED, counts="once"),
-    Scenario("8", "scheduling across requests and workers", scheduling.scheduling, {"shorts": (6, 12)}, counts="once"),
+    Scenario("8", "scheduling: a long request on two workers", scheduling.scheduling, counts="once"),
     Scenario("9", "continuous vs static scheduling", scheduling.continuous, BEHIND, False, "once", database=1),
     Scenario("10", "real-time clients", realtime.realtime, CLIENTS, counts="withdraws", database=2),
-    Scenario("6", "scaling: worker pools", scheduling.scaling, {"jobs": (4, 12)}, counts="once"),
-    Scenario("5", "chunk batching: the engine alone", scheduling.batching, {"chunks": (8, 16)}, stack=False),
 ]

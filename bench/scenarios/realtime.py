@@ -49,9 +49,8 @@ def realtime(b: Bench) -> None:
     def loaded(round_: int, seed: int, measure: Callable[[], T]) -> list[T]:
         """`measure()` again and again while scenario 3's open loop runs at `rate`, at least once."""
         load, seconds = mixed_requests(texts, pool, seed=seed + round_), b.size("open_seconds")
-        driver = threading.Thread(
-            target=lambda: asyncio.run(loadgen.run_open(port, load, rate, seconds, seed=round_)), daemon=True
-        )
+        opened = loadgen.run_open(port, load, rate, seconds, seed=round_)
+        driver = threading.Thread(target=asyncio.run, args=(opened,), daemon=True)
         end = time.monotonic() + seconds
         driver.start()
         got = [measure()]
@@ -68,6 +67,10 @@ def realtime(b: Bench) -> None:
         first, whole, gaps = zip(*loaded(round_, 2000, lambda: speech_round(url, texts.text(3))))
         return [(percentile(first, 95), percentile(whole, 95)), percentile(gaps, 95)]
 
+    def completed(sentence: str, rest: str) -> float:
+        """Seconds from the text that completes `sentence` (its end and the next word's start) to its first delta."""
+        return first_audio(url, " " + rest[:3], before=sentence, after=rest[3:])
+
     def beside_stream(_: str, __: int) -> list[Reading]:
         stop = threading.Event()
 
@@ -78,7 +81,7 @@ def realtime(b: Bench) -> None:
         other = threading.Thread(target=second_client, daemon=True)
         other.start()
         try:
-            waits = [socket_round(url, texts.sentence(), texts.sentence()) for _ in range(b.size("sentences"))]
+            waits = [completed(texts.sentence(), texts.sentence()) for _ in range(b.size("sentences"))]
         finally:
             stop.set()
             other.join(600)
@@ -96,10 +99,8 @@ def realtime(b: Bench) -> None:
         flushed = [first_audio(url, texts.sentence().rstrip(".!?"), flush=True) for _ in range(n)]
         return [(statistics.median(waited), statistics.median(flushed))]
 
-    speech = "POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS="
-    head = b.figure(
-        f"{speech}{STREAM_TOKENS}: time to first audio (vs the whole file)", "s", target=most(0.5, "p50 <= 0.5x")
-    )
+    name = f"POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS={STREAM_TOKENS}"
+    head = b.figure(f"{name}: time to first audio (vs the whole file)", "s", target=most(0.5, "p50 <= 0.5x"))
     b.compare([head, b.figure("... worst playback gap of a stream", "s")], idle, 3 * rounds)
     name = f"the same under scenario 3's mixed load (open loop, {rate:.1f} req/s): time to first audio p95 (vs the "
     gap = b.figure("... worst playback gap of a stream, p95", "s", target=exactly(0, "0: no gap once playback started"))
@@ -113,31 +114,17 @@ def realtime(b: Bench) -> None:
     name = f"WebSocket barge-in under scenario 3's mixed load ({rate:.1f} req/s): input_text.clear to the "
     name += "context's last audio delta, p95 (vs one decode step + one socket round trip)"
     figures = [b.figure(name, "s", target=most(1, "p95 <= 1x"))]
-    figures += [
-        b.figure("... input_text.clear to speech.audio.cleared, p95", "s"),
-        b.figure("... barge-ins measured", ""),
-    ]
-    b.compare(figures, barge_in)
+    figures += [b.figure("... input_text.clear to speech.audio.cleared, p95", "s")]
+    b.compare([*figures, b.figure("... barge-ins measured", "")], barge_in)
     name = f"WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms {BUFFER_DELAY * 1000:.0f}):"
     b.compare([b.figure(name + " text to first audio delta, median (vs the same with a flush)", "s")], unpunctuated)
     first = STREAM_TOKENS + LOOKAHEAD
     b.notes.append(
-        "10: barge-in: a session speaks a new answer of "
-        f"{BARGE_SENTENCES} sentences and sends input_text.clear once {DELTAS_BEFORE_CLEAR} of its deltas "
-        "arrived; the figure is how long after the clear was sent its last delta arrived (0 when none came "
-        "after), judged against one decode step (the answer's own deltas: seconds per 512 samples between "
-        "them) plus one round trip of the socket (session.update to session.updated) in the same session. "
-        "Unpunctuated text: the service waits max_buffer_delay_ms for more text, then speaks it."
-    )
-    b.notes.append(
-        f"10: a web process and a worker of its own (database {DATABASE}), TTS_STREAM_TOKENS={STREAM_TOKENS}: "
-        f"a chunk's first piece leaves once its row has made {first} tokens (the piece and its look-ahead), "
-        f"{first / 48:.0%} of the tiny checkpoint's 48-token chunks. The same setting on a 700-token chunk of real "
-        f"speech (15 s) sends the first piece after {first} tokens, {first / 700:.1%} of the chunk's steps; the "
-        f"default, 24, after {24 + LOOKAHEAD} ({(24 + LOOKAHEAD) / 700:.1%}). Gaps are judged for a player "
-        "that starts on the first byte with no buffer of its own. A chunk of the tiny checkpoint is 1 s of audio "
-        "whatever its text; a sentence of an LLM-like client's text takes about as long to write, so its audio "
-        "barely keeps ahead of the text (real speech runs 5-10 s for such a sentence)."
+        f"10: TTS_STREAM_TOKENS={STREAM_TOKENS}: a chunk's first piece leaves after {first} tokens (the piece and its "
+        f"look-ahead), {first / 48:.0%} of a tiny-checkpoint chunk (48 tokens, 1 s of audio), {first / 700:.1%} of "
+        f"a 700-token chunk of real speech (the default, 24: {(24 + LOOKAHEAD) / 700:.1%}). A barge-in clears an "
+        f"answer of {BARGE_SENTENCES} sentences once {DELTAS_BEFORE_CLEAR} of its deltas arrived; its allowance is "
+        "one decode step (seconds per 512 samples between the answer's deltas) plus one round trip of the socket."
     )
 
 
@@ -172,30 +159,6 @@ def session(url: str) -> Iterator[ClientConnection]:
 
 def send(ws: ClientConnection, kind: str, **fields: Any) -> None:
     ws.send(json.dumps({"type": kind, **fields}))
-
-
-def first_delta(ws: ClientConnection, sent: float) -> float:
-    """Seconds from `sent` to the next audio delta that carries audio; RuntimeError on an error event."""
-    while True:
-        event = json.loads(ws.recv(timeout=600))
-        if event["type"] == "speech.audio.delta" and base64.b64decode(event["audio"]):
-            return time.monotonic() - sent
-        if event["type"] == "error":
-            raise RuntimeError(f"the WebSocket answered an error: {event}")
-
-
-def socket_round(url: str, sentence: str, rest: str) -> float:
-    """Seconds from the text that completes `sentence` (its end and the next word's start) to its first delta."""
-    with session(url) as ws:
-        send(ws, "input_text.append", text=sentence)
-        sent = time.monotonic()
-        send(ws, "input_text.append", text=" " + rest[:3])  # now the sentence is complete
-        took = first_delta(ws, sent)
-        send(ws, "input_text.append", text=rest[3:])
-        send(ws, "input_text.end")
-        while json.loads(ws.recv(timeout=600))["type"] != "speech.audio.done":
-            pass
-    return took
 
 
 def llm_round(url: str, texts: Texts, seconds: float) -> tuple[float, float, float]:
@@ -257,14 +220,22 @@ def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, fl
     return last - sent, cleared, statistics.median(steps) if steps else 0.0, trip
 
 
-def first_audio(url: str, text: str, flush: bool) -> float:
-    """Seconds from sending `text` (then input_text.flush when `flush`) to its first audio delta; then `.end`."""
+def first_audio(url: str, text: str, flush: bool = False, before: str = "", after: str = "") -> float:
+    """Seconds from sending `text` (after `before`; then input_text.flush when `flush`) to the first audio delta
+    that carries audio; then `after`, `.end` and the rest of the audio. RuntimeError on an error event."""
     with session(url) as ws:
+        if before:
+            send(ws, "input_text.append", text=before)
         sent = time.monotonic()
         send(ws, "input_text.append", text=text)
         if flush:
             send(ws, "input_text.flush")
-        took = first_delta(ws, sent)
+        while (event := json.loads(ws.recv(timeout=600)))["type"] != "speech.audio.delta" or not event["audio"]:
+            if event["type"] == "error":
+                raise RuntimeError(f"the WebSocket answered an error: {event}")
+        took = time.monotonic() - sent
+        if after:
+            send(ws, "input_text.append", text=after)
         send(ws, "input_text.end")  # the rest is made before the next measurement
         for _ in ws:
             pass

@@ -11,26 +11,12 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any, Callable
 
+import harness
+import httpx
 import loadgen
 import procfile
 import wrk
-from harness import (
-    MIB,
-    Bench,
-    BenchError,
-    Reading,
-    Texts,
-    exactly,
-    jobs_run,
-    least,
-    make_spec,
-    most,
-    percentile,
-    rss_bytes,
-    say,
-    wait_for,
-    write_random_model,
-)
+from harness import MIB, Bench, BenchError, Reading, Texts, exactly, least, make_spec, most, percentile, wait_for
 from redis import Redis
 from rq.job import Job
 
@@ -39,55 +25,49 @@ from work import queueing
 REPEATS = 0.65  # scenario 3's share of repeated texts
 MIXED_CONNECTIONS = 8
 DEDUPE_CLIENTS = 50
+# The steps of a request in scenario 2, each timed from RQ's own records of its job.
+PARTS = (
+    "POST /v1/tts answered",
+    "enqueued -> job started",
+    "job started -> ended, minus synthesis",
+    "job ended -> audio received",
+)
 
 
 def footprint(b: Bench) -> None:
-    """7: RSS and start time of the web process (vs the bare app) and of a worker, per model; runs first, before
-    the stack, so that nothing of ours loads the machine while processes start."""
+    """7: RSS and start time of the web process (vs the bare app) and of a worker on the tiny model; runs first,
+    before the stack, so that nothing of ours loads the machine while processes start."""
     c, starts = b.cluster, b.size("starts")
-    models = [("tiny", b.model_dir)]
-    if b.full_model:
-        say("7 footprint: writing the full-size random checkpoint")
-        models.append(("full-size random", write_random_model(c.tmp / "full-model", 32)))
 
-    def app(side: str, round_: int) -> list[Reading]:
+    def app(side: str, _: int) -> list[Reading]:
         app, app_dir = ("service:create_app", ".") if side == "web" else ("bare:create_app", "bench")
         started = time.monotonic()
         proc, port = c.start_app(f"fp-{side}", app, {}, app_dir)
         seconds = time.monotonic() - started
-        asyncio.run(_repeat(port, loadgen.request("GET", "/healthz"), 200))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:  # one keep-alive connection
+            for _ in range(200):
+                client.get("/healthz")
         torch = float("libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()) if side == "web" else None
-        readings: list[Reading] = [rss_bytes(proc.pid) / MIB, seconds, torch]
+        readings: list[Reading] = [harness.rss_bytes(proc.pid) / MIB, seconds, torch]
         c.stop(proc)
         return readings
 
-    def worker(label: str, round_: int) -> list[Reading]:
-        queue, started = f"fp-{label.split()[0]}-{round_}", time.monotonic()
-        env = {"TTS_MODEL_PATH": str(dict(models)[label]), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
+    def worker(_: str, round_: int) -> list[Reading]:
+        queue, started = f"fp-tiny-{round_}", time.monotonic()
+        env = {"TTS_MODEL_PATH": str(b.model_dir), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
         proc = c.start_worker(f"fp-worker-{round_}", env)
         c.wait_workers([proc], queue)
-        readings: list[Reading] = [rss_bytes(proc.pid) / MIB, time.monotonic() - started]
+        readings: list[Reading] = [harness.rss_bytes(proc.pid) / MIB, time.monotonic() - started]
         c.stop(proc)
         return readings
 
     figures = [b.figure("web process RSS after 200 requests (vs bare Starlette app)", "MiB")]
     figures += [b.figure("web process start to first answer (vs bare app)", "s")]
-    b.compare(
-        [*figures, b.figure("web processes with torch mapped", "count", target=exactly(0))],
-        app,
-        starts,
-        ("bare", "web"),
-    )
-    for label, _ in models:
-        figures = [b.figure(f"worker RSS when ready, {label} model", "MiB")]
-        figures += [b.figure(f"worker start to ready (load + warm-up), {label} model", "s")]
-        b.compare(figures, worker, max(1, starts - 1) if label == "tiny" else 1, (label,))
-
-
-async def _repeat(port: int, data: bytes, count: int) -> None:
-    async with loadgen.Connection(port) as conn:
-        for _ in range(count):
-            await conn.send(data)
+    figures += [b.figure("web processes with torch mapped", "count", target=exactly(0))]
+    b.compare(figures, app, starts, ("bare", "web"))
+    figures = [b.figure("worker RSS when ready, tiny model", "MiB")]
+    figures += [b.figure("worker start to ready (load + warm-up), tiny model", "s")]
+    b.compare(figures, worker, max(1, starts - 1))
 
 
 def cache_hit(b: Bench) -> None:
@@ -96,24 +76,23 @@ def cache_hit(b: Bench) -> None:
     wrk.binary()  # fail now, saying how to install it, rather than after the setup
     c, redis = b.cluster, b.cluster.redis()
     body = {"text": b.texts.text(1)}  # one chunk: a 48 KB WAV, where the per-request work shows most
-    _, _, answer = asyncio.run(loadgen.submit_and_fetch(b.web_port, body))
-    status, _, posted, _ = asyncio.run(loadgen.one(b.web_port, loadgen.request("POST", "/v1/tts", body)))
-    if status != 200 or not json.loads(posted).get("cached"):
-        raise BenchError(f"the stored request was not answered from the cache: {status} {posted[:200]!r}")
+    answer = asyncio.run(loadgen.submit_and_fetch(b.web_port, body))
+    posted = httpx.post(f"http://127.0.0.1:{b.web_port}/v1/tts", json=body)
+    if posted.status_code != 200 or not posted.json().get("cached"):
+        raise BenchError(f"the stored request was not answered from the cache: {posted} {posted.content[:200]!r}")
     redis.set("bench:bare:wav", answer)
-    redis.set("bench:bare:post", posted)
+    redis.set("bench:bare:post", posted.content)
     ports = {
         "subject": procfile.start_web(c, "hit-web")[1],
         "bare": procfile.start_web(c, "hit-bare", "bare:create_app", "bench")[1],
         "subject x2": procfile.start_web(c, "hit-web-x2", env={"WEB_CONCURRENCY": "2"})[1],
     }
-    if asyncio.run(loadgen.one(ports["bare"], loadgen.request("GET", "/raw/bench:bare:wav")))[2] != answer:
+    if httpx.get(f"http://127.0.0.1:{ports['bare']}/raw/bench:bare:wav").content != answer:
         raise BenchError("the bare endpoint does not answer the service's bytes")
-    payload, request_id = json.dumps(body).encode(), json.loads(posted)["id"]
     # label -> method, body, smallest answer, path on the service, path on the bare app
     cases = {
-        "GET /v1/tts/{id}/audio": ("GET", None, len(answer), f"/v1/tts/{request_id}/audio", "/raw/bench:bare:wav"),
-        "POST /v1/tts (stored)": ("POST", payload, len(posted), "/v1/tts", "/raw/bench:bare:post"),
+        "GET /v1/tts/{id}/audio": ("GET", b"", len(answer), f"/v1/tts/{posted.json()['id']}/audio", "wav"),
+        "POST /v1/tts (stored)": ("POST", json.dumps(body).encode(), len(posted.content), "/v1/tts", "post"),
     }
     seconds = max(1, round(2 * b.size("seconds")))  # wrk runs whole seconds and has no warm-up of its own
 
@@ -121,8 +100,8 @@ def cache_hit(b: Bench) -> None:
         """One wrk run of a side on `label`'s request: throughput, p50 (not against WEB_CONCURRENCY=2), p99."""
 
         def run(side: str, _: int) -> list[Reading]:
-            method, data, least_bytes, path, bare_path = cases[label]
-            path = bare_path if side == "bare" else path
+            method, data, least_bytes, path, bare = cases[label]
+            path = f"/raw/bench:bare:{bare}" if side == "bare" else path
             res = wrk.run(ports[side], path, connections, seconds, method, data, least_bytes)
             return [res.rps, res.p99_ms] if x2 else [res.rps, res.p50_ms, res.p99_ms]
 
@@ -132,10 +111,8 @@ def cache_hit(b: Bench) -> None:
         for side in ports:
             drive(label, 32, True)(side, 0)
     b.notes.append(
-        f"1: driven by wrk ({wrk.version()}, 1 thread, {seconds} s a run) on the same 2 cores; service "
-        "and bare app both run uvicorn with the Procfile's web flags (uvloop, httptools), each in its own "
-        f"process(es). The stored request has 1 chunk; its WAV is {len(answer) / 1024:.0f} KiB, the POST answer "
-        f"{len(posted)} bytes. WEB_CONCURRENCY=2: two uvicorn processes on one socket, against one."
+        f"1: driven by wrk ({wrk.version()}, 1 thread, {seconds} s a run) on the same cores; the stored request's "
+        f"WAV is {len(answer) / 1024:.0f} KiB, its POST answer {len(posted.content)} bytes."
     )
     for connections, sides in ((1, ("bare", "subject")), (32, ("bare", "subject")), (32, ("subject", "subject x2"))):
         for label in cases:
@@ -145,15 +122,6 @@ def cache_hit(b: Bench) -> None:
             figures += [] if x2 else [b.figure(f"{name} p50 latency", "ms")]
             figures += [b.figure(f"{name} p99 latency", "ms", target=None if x2 else most(1.5))]
             b.compare(figures, drive(label, connections, x2), sides=sides)
-
-
-# The steps of a request in scenario 2, each timed from RQ's own records of its job.
-PARTS = (
-    "POST /v1/tts answered",
-    "enqueued -> job started",
-    "job started -> ended, minus synthesis",
-    "job ended -> audio received",
-)
 
 
 def overhead(b: Bench) -> None:
@@ -170,13 +138,12 @@ def overhead(b: Bench) -> None:
                 if status != 202:
                     raise BenchError(f"a new request was answered {status}, not 202: {answer[:300]!r}")
                 request_id = json.loads(answer)["id"]
-                _, audio = await conn.ask(loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait=30"))
+                await conn.ask(loadgen.request("GET", f"/v1/tts/{request_id}/audio?wait=30"))
                 t1 = time.time()
                 job = await asyncio.to_thread(finished_job, redis, request_id)
                 synth = float(job.return_value()["synthesis_seconds"])
-                enq, start, end = (
-                    d.replace(tzinfo=timezone.utc).timestamp() for d in (job.enqueued_at, job.started_at, job.ended_at)
-                )
+                times = (job.enqueued_at, job.started_at, job.ended_at)
+                enq, start, end = (d.replace(tzinfo=timezone.utc).timestamp() for d in times)
                 parts = [t_post - t0, start - enq, end - start - synth, t1 - end]
                 rows.append({"e2e": t1 - t0, "synth": synth, "overhead": t1 - t0 - synth, **dict(zip(PARTS, parts))})
         return rows
@@ -207,21 +174,17 @@ def dedupe(b: Bench) -> None:
     redis, n = b.cluster.redis(), DEDUPE_CLIENTS
 
     def measure(side: str, _: int) -> list[Reading]:
-        body, before = {"text": b.texts.text(4)}, jobs_run(redis, "tts")
+        body, before = {"text": b.texts.text(4)}, harness.jobs_run(redis, "tts")
 
-        async def all_clients() -> list[tuple[int, float, bytes]]:
+        async def all_clients() -> list[bytes]:
             return await asyncio.gather(*(loadgen.submit_and_fetch(b.web_port, body) for _ in range(n)))
 
-        results = asyncio.run(all_clients())
+        answered = sum(1 for audio in asyncio.run(all_clients()) if audio)
         job = finished_job(redis, make_spec(body["text"], b.model_id()).request_id())
         # RQ counts a job in its worker's hash just after recording its end.
-        wait_for(lambda: jobs_run(redis, "tts") > before, 10, "the worker to count the job")
-        answered = sum(1 for status, _, audio in results if status == 200 and audio)
-        return [
-            float(jobs_run(redis, "tts") - before),
-            float(job.return_value()["chunks_synthesized"]),
-            float(answered),
-        ]
+        wait_for(lambda: harness.jobs_run(redis, "tts") > before, 10, "the worker to count the job")
+        made = float(job.return_value()["chunks_synthesized"])
+        return [float(harness.jobs_run(redis, "tts") - before), made, answered]
 
     jobs = b.figure(f"jobs run for {n} identical concurrent requests", "jobs", target=exactly(1, "exactly 1"))
     chunks = b.figure("chunks synthesized for them (request of 4 chunks)", "chunks", target=exactly(4))
@@ -256,23 +219,16 @@ def mixed(b: Bench) -> None:
     b.compare(closed, closed_loop, sides=sides)
     rate = b.mixed_rate = 0.7 * statistics.median(closed[0].baseline)
     name = f"mixed, open loop at {rate:.1f} req/s:"
-    b.compare(
-        [b.figure(f"{name} p50 latency (vs naive)", "ms"), b.figure(f"{name} p99 latency (vs naive)", "ms")],
-        open_loop,
-        sides=sides,
-    )
+    opened = [b.figure(f"{name} p50 latency (vs naive)", "ms"), b.figure(f"{name} p99 latency (vs naive)", "ms")]
+    b.compare(opened, open_loop, sides=sides)
     # One run holds some 50 requests, so its p99 is about its slowest one; all runs together say more.
     name = f"mixed, open loop: p99 latency of all runs' {len(pooled['subject'])} requests (vs naive)"
     figure = b.figure(name, "ms", target=most(0.5, "<= 0.5x ('far below')"))
     b.compare([figure], lambda side, _: [percentile(pooled[side], 99) * 1000], 1, sides)
     b.notes.append(
-        f"3: share of repeats actually sent: subject {shares['subject'][-1]:.2f}, naive "
-        f"{shares['naive'][-1]:.2f} (last run); texts of 1-3 chunks; POST /v1/audio/speech (WAV) to both. "
-        "The subject is the web process and one worker (1 torch thread), the naive server one process with the "
-        "same model, threads and per-row token budgets (the engine's static calls). Closed loop: each connection "
-        "sends its next request when the last is answered, so new requests queue up to the number of connections on "
-        "both sides and p99 is that queue. Open loop: Poisson arrivals at 70% of the naive server's closed-loop "
-        "throughput, latency from the scheduled arrival."
+        f"3: share of repeats actually sent (last run): subject {shares['subject'][-1]:.2f}, naive "
+        f"{shares['naive'][-1]:.2f}. The closed loop's p99 is the queue of up to {MIXED_CONNECTIONS} new requests "
+        "on both sides; the naive server has the same model, threads and per-row token budgets (static calls)."
     )
 
 
