@@ -77,8 +77,8 @@ clean:
 # Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
 # a private redis-server, the web process, workers on the tiny checkpoint and
 # the two baselines (docs/development.md says how long); the table goes to stdout and
-# into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). BENCH_FULL=1: also a
-# worker on full-size random weights. On a GPU machine: bench/gpu.sh.
+# into BENCHMARKS.md. BENCH_QUICK=1: a short smoke run (writes nothing). On a GPU machine:
+# bench/gpu.sh.
 .PHONY: bench wrk soak
 bench: $(VENV)/.test wrk
 	$(BIN)/python bench/run.py --write BENCHMARKS.md

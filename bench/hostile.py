@@ -13,7 +13,9 @@ from traffic import Answer, Record
 # timed requests, one every PROBE_EVERY s.
 BUSY, QUIET = "busy", "quiet"
 PROBE_EVERY = 1.0
-# QUIET's p95 latency during the flood may be at most this multiple of its p95 before (bench/README.md says why).
+# QUIET's p95 latency during the flood may be at most this multiple of its p95 before. Tenants take rows in turn
+# (docs/tenants.md), so QUIET is not queued behind the flood, but in a full loop it waits for the next free row and
+# then decodes in steps of full rows: about twice its usual time. Without the turns it would wait out the flood.
 FLOOD_BOUND = 3.0
 # TTS_CHUNK_CHARS of the second web process the poison goes to (its highest): long numbers reach the model whole.
 WIDE_CHUNKS = 1000

@@ -38,7 +38,8 @@ QUEUE = "tts"
 NEVER = (float("inf"), float("inf"))
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
-# The web process's highest RSS in the run's second half may exceed the first half's by this factor (bench/README.md).
+# The web process's highest RSS in the run's second half may exceed the first half's by this factor: its bounded
+# memories (encoded audio, submissions) fill in the first half and glibc hands free pages back, so more is growth.
 WEB_FLAT = 1.10
 # A worker process younger than this may still be loading its model: its RSS is marked, not compared.
 RESTARTING = 20.0
