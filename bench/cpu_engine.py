@@ -1,4 +1,4 @@
-"""The CPU engine switches side by side on the full-size random checkpoint: fidelity, real-time factor, profile.
+"""The CPU engine switches side by side on the full-size random checkpoint: fidelity, real-time factor, HTTP.
 
 bench/README.md ("cpu_engine.py") says what it runs; --write replaces the section between CPU_BEGIN and CPU_END of
 that file with the tables.
@@ -19,17 +19,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
 import httpx
-from engine_bench import PARTS, UPSTREAM
+from engine_bench import UPSTREAM
 from harness import Cluster, Texts, markdown_table, say, spread
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
 HTTP_HEAD = ["worker's TTS_QUANTIZE (other settings default)", "requests", "first audio (s)", "RTF via HTTP"]
 PCM_BYTES_PER_SECOND = 48_000  # the speech route's raw PCM: 24 kHz, 16-bit, mono
+MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it writes
 
 
 def engine(model: Path, tunings: list[str], threads: int, args: argparse.Namespace, wait: str = "default") -> dict:
-    """engine_bench.py's JSON for `tunings`, with --fidelity --profile; `wait`: OMP_WAIT_POLICY ("default": unset)."""
+    """engine_bench.py's JSON for `tunings`, with --fidelity; `wait`: OMP_WAIT_POLICY ("default": unset)."""
     say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
     env = harness.bench_env()
     env.pop("OMP_WAIT_POLICY", None)
@@ -37,7 +38,7 @@ def engine(model: Path, tunings: list[str], threads: int, args: argparse.Namespa
     cmd = ["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes]
     cmd += ["--chunks", str(args.chunks), "--rounds", str(args.rounds), "--threads", str(threads)]
     with tempfile.TemporaryDirectory() as tmp:
-        data, stdout = harness.engine_bench([*cmd, "--fidelity", "--profile"], Path(tmp) / "engine.json", env)
+        data, stdout = harness.engine_bench([*cmd, "--fidelity"], Path(tmp) / "engine.json", env)
     print(stdout, end="", flush=True)
     return data
 
@@ -48,7 +49,7 @@ def rtfs(data: dict, label: str, size: int) -> dict[int, float]:
 
 
 def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> list[list[str]]:
-    """A row per tuning: fidelity, RTF per batch size (ratio to float32's of the same round), ms per GPT step."""
+    """A row per tuning: fidelity, RTF per batch size (ratio to float32's of the same round)."""
     out = []
     for label in dict.fromkeys(r["tuning"] for r in data["runs"]):
         f = data["fidelity"].get(label)
@@ -59,8 +60,7 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
             mine, ref = rtfs(data, label, size), rtfs(data, "float32", size)
             ratios = [mine[k] / ref[k] for k in mine if ref.get(k)]
             row.append(spread(list(mine.values()), 2) + ("" if label == "float32" else f" ({spread(ratios, 2)}x)"))
-        prof = [r["ms_per_step"] for r in data["runs"] if r["tuning"] == label and r["batch"] == sizes[0]]
-        out.append([*row, " / ".join(f"{statistics.median(p[k] for p in prof):.1f}" for k in PARTS)])
+        out.append(row)
     return out
 
 
@@ -104,7 +104,6 @@ def http_rows(model: Path, quantizations: list[str], rounds: int) -> list[list[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint directory (default: full-size random, written once)")
-    parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk of the written checkpoint")
     parser.add_argument("--tunings", default="float32,float32+int8,float32+int4-weight,bfloat16,upstream")
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--chunks", type=int, default=2)
@@ -117,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started, info = time.monotonic(), harness.machine()
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    model = args.model or harness.ROOT / ".cache" / f"full-model-{args.max_new_token}"
+    model = args.model or harness.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
     if not args.model and not (model / "model.json").exists():
         say(f"writing the full-size random checkpoint to {model}")
-        harness.write_random_model(model, args.max_new_token)
+        harness.write_random_model(model, MAX_NEW_TOKEN)
     sizes, counts = [int(s) for s in args.batch_sizes.split(",")], [int(t) for t in args.threads.split(",")]
     tunings = ["float32", *[t for t in args.tunings.split(",") if t != "float32"]]
     first = engine(model, tunings, counts[0], args)
@@ -129,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for count, wait in [(n, "default") for n in counts[1:]] + [(counts[0], w) for w in args.waits.split(",") if w]:
         table += rows(engine(model, pair, count, args, wait), sizes, count, wait)
     head = ["tuning", "threads", "OpenMP wait", "fidelity vs float32: logits cos; equal steps of 64; decoder cos"]
-    head += [
-        *[f"RTF batch {s} (vs float32)" for s in sizes],
-        f"ms per GPT step at batch {sizes[0]}: " + " / ".join(PARTS),
-    ]
+    head += [f"RTF batch {s} (vs float32)" for s in sizes]
     quantizations = [q for q in args.http.split(",") if q]
     http = http_rows(model, quantizations, args.http_rounds) if quantizations else []
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -4,8 +4,8 @@ Loads the model as the worker does (`load_engine`, float32), builds each --tunin
 labels; `upstream`: ChatTTS's own `Chat.infer` on float32, no refinement or splitting, a random voice) from copies of
 its GPT and decoder, and swaps them into the one loaded chat; every (tuning, batch) runs the same one-chunk texts,
 the order rotating every round. A run's RTF is its seconds over its audio seconds. --fidelity: each tuning against
-float32 (engines/fidelity.py); --profile: each run's time per GPT step by module (CUDA synchronized around each).
-Prints a line per run; --json gets everything (scenario 5 in bench/scenarios/scheduling.py, gpu.py and cpu_engine.py read it).
+float32 (engines/fidelity.py). Prints a line per run; --json gets everything (scenario 5 in
+bench/scenarios/scheduling.py, gpu.py and cpu_engine.py read it).
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import json
 import logging
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Texts
 
 UPSTREAM = "upstream"
-PARTS = ("gpt", "heads", "decoder", "vocos", "rest")
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
@@ -41,7 +38,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tunings", default="float32", help="DTYPE[+int8|+int4-weight][+compile] or upstream")
     parser.add_argument("--fidelity", action="store_true", help="each tuning against float32")
-    parser.add_argument("--profile", action="store_true", help="split each run's time by module")
     parser.add_argument("--warmup", action="store_true", help="one untimed pass over every configuration first")
     parser.add_argument("--device", default="auto", help="TTS_DEVICE")
     parser.add_argument("--threads", type=int, default=0, help="TTS_TORCH_THREADS (0: torch decides)")
@@ -78,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     texts = [source.sentence() for _ in range(max(args.chunks, *sizes))]
     print(
         f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; "
-        f"torch threads {torch.get_num_threads()}; max_new_token {engine.max_new_token}",
+        f"torch threads {torch.get_num_threads()}; max_new_token {cap}",
         flush=True,
     )
     fidelities = {}
@@ -90,39 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{f.matching}/{f.steps} sampled steps match ({f.prefix} leading), decoder cosine {f.decoder_cosine:.5f}",
             flush=True,
         )
-
-    spent: dict[str, list[float]] = defaultdict(list)
-
-    sync: Callable[[], None] = torch.cuda.synchronize if cuda else lambda: None
-
-    def clocked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*a: Any, **k: Any) -> Any:
-            sync()
-            start = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                sync()
-                spent[name].append(time.perf_counter() - start)
-
-        return timed
-
-    if args.profile:  # every module once (the plain variants share the loaded ones), after all copies are made
-        for name, i in (("gpt", 0), ("decoder", 1)):
-            for module in {id(v[i]): v[i] for v in variants.values()}.values():
-                module.forward = clocked(name, module.forward)
-        chat.gpt.head_code = [clocked("heads", h) for h in chat.gpt.head_code]
-        chat._vocos_decode = clocked("vocos", chat._vocos_decode)
     spec = Spec(chunks=tuple(texts), model=info.id, seed=seed)
 
     def run(label: str, size: int, count: int) -> tuple[float, int, int]:
         """Seconds, chunks and audio samples of `label` on whole batches of `size`, at least `count` texts."""
         chat.gpt.gpt, chat.decoder = variants[label]
         chunks = texts[: max(count, size) // size * size]
-        sync()
         if cuda:
+            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        spent.clear()
         start, samples = time.perf_counter(), 0
         for batch in [chunks[i : i + size] for i in range(0, len(chunks), size)]:
             if label == UPSTREAM:
@@ -133,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 wavs = engine.synthesize([dataclasses.replace(spec, chunks=(text,)) for text in batch])
             samples += sum(len(w) for w in wavs)
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start, len(chunks), samples
 
     # A tuning's first call pays for weight repacking, allocator growth and compilation, untimed; for +compile,
@@ -152,22 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds, chunks, samples = run(label, size, args.chunks)
             audio = samples / 24_000
             rtf = seconds / audio if audio else float("nan")
-            run_ = {"round": r, "batch": size, "tuning": label, "seconds": seconds, "chunks": chunks, "rtf": rtf}
-            run_ |= {"chunks_per_s": chunks / seconds, "audio_seconds": audio}
-            run_ |= {"tokens": round((samples + 256 * chunks) / 512)}
-            run_["peak_gpu_bytes"] = torch.cuda.max_memory_allocated() if cuda else None
-            runs.append(run_)
-            profile = ""
-            if args.profile:
-                steps = max(1, len(spent["gpt"]))
-                parts = {name: sum(spent[name]) for name in PARTS[:-1]}
-                parts["rest"] = seconds - sum(parts.values())
-                run_.update(gpt_steps=steps, ms_per_step={n: 1000 * s / steps for n, s in parts.items()})
-                profile = "; ms per step " + ", ".join(f"{n} {1000 * s / steps:.1f}" for n, s in parts.items())
+            runs.append(
+                {"round": r, "batch": size, "tuning": label, "seconds": seconds, "chunks": chunks, "rtf": rtf}
+                | {"chunks_per_s": chunks / seconds, "audio_seconds": audio}
+                | {"peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+            )
             line = f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, {chunks / seconds:6.2f} chunks/s, "
-            print(line + f"RTF {rtf:.3f}" + profile, flush=True)
+            print(line + f"RTF {rtf:.3f}", flush=True)
     out = {"model": info.name, "device": info.device, "load_seconds": load_seconds, "runs": runs}
-    out |= {"torch_threads": torch.get_num_threads(), "max_new_token": engine.max_new_token}
+    out |= {"torch_threads": torch.get_num_threads(), "max_new_token": cap}
     out |= {"fidelity": fidelities, "first_call_extra_seconds": first_call}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -26,8 +26,10 @@ from common.settings import Settings
 from work import queueing
 
 LATE = 360  # seconds into the run past which each later part runs one short round: the device lends 10 minutes
-# What each mode measures unless told: the engine's batch sizes and tunings, concurrent streams per scheduler.
-DEFAULTS = {
+MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint (GPU)
+WORKERS = [1, 2]  # workers on one GPU (or machine)
+# What each mode measures: the engine's batch sizes and tunings, concurrent streams per scheduler.
+MODES = {
     "GPU": {"batch_sizes": "1,8,32", "tunings": "float32,bfloat16,bfloat16+compile", "streams": "1,8,32,64"},
     "CPU": {"batch_sizes": "1,4", "tunings": "float32,bfloat16", "streams": "1,4"},
 }
@@ -74,9 +76,9 @@ class Bench:
         self.quick = True
         return 1
 
-    def memory(self, pid: int) -> float:
-        """MiB the process holds: on the GPU, else its RSS."""
-        return (gpu_mib(pid) or 0.0) if self.gpu else harness.rss_bytes(pid) / MIB
+    def memory(self, pid: int) -> float | None:
+        """MiB the process holds: on the GPU (None where nvidia-smi does not say), else its RSS."""
+        return gpu_mib(pid) if self.gpu else harness.rss_bytes(pid) / MIB
 
     @contextmanager
     def workers(self, envs: list[dict[str, str]]) -> Iterator[Workers]:
@@ -110,7 +112,7 @@ class Bench:
         def look() -> bool:
             for proc, _ in workers:
                 proc.check()
-            most[0] = max(most[0], sum(self.memory(p.pid) for p, _ in workers)) if peak else 0.0
+            most[0] = max(most[0], sum(self.memory(p.pid) or 0.0 for p, _ in workers)) if peak else 0.0
             with redis.pipeline(transaction=False) as pipe:
                 for cid in [spec.chunk_ids()[0] for spec in specs]:
                     pipe.llen(pieces_key(cid))
@@ -151,8 +153,7 @@ class Bench:
         audio: dict[int, list[float]] = {n: [] for n in counts}
         with self.workers(envs) as workers:
             say("workers ready")
-            mem = [gpu_mib(p.pid) if self.gpu else self.memory(p.pid) for p, _ in workers]
-            how = "nvidia-smi, per process" if self.gpu else "CPU mode"
+            mem, how = [self.memory(p.pid) for p, _ in workers], "nvidia-smi, per process" if self.gpu else "CPU mode"
             if None in mem:
                 after, how = gpu_mib(), "rise of the GPU's used memory / workers"
                 mem = [(after - before) / len(workers)] if after is not None and before is not None else []
@@ -170,9 +171,7 @@ class Bench:
                     _, _, ended, made, _ = self.measure(specs, workers[:n])
                     rate[n].append(sum(len(s.chunks) for s in specs) / max(ended))
                     audio[n].append(sum(made) / max(ended))
-                    say(
-                        f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} s of audio per second"
-                    )
+                    say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} audio s/s")
         for n in counts:
             vs, baseline = (f" (vs {counts[0]})", rate[counts[0]]) if n != counts[0] else ("", [])
             name = f"{n} worker(s) per {where}: throughput{vs}{tag}"
@@ -197,18 +196,13 @@ class Bench:
                         heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
                         one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
                         one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * harness.percentile(heard, 95)}
-                        one["memory"] = peak[0] - idle[s]
+                        one["memory"] = peak[0] - (idle[s] or 0.0)
                         for key, value in one.items():
                             got[(s, n)].setdefault(key, []).append(value)
-                        say(
-                            f"  round {r}, {n} stream(s), {s}: RTF {one['rtf']:.3f}, {one['rate']:.2f} chunks/s, "
-                            f"first audio p95 {one['p95']:.0f} ms"
-                        )
-        memory = (
-            "GPU memory above idle at the peak (nvidia-smi)" if self.gpu else "RSS above idle at the peak (CPU mode)"
-        )
+                        say(f"  round {r}, {n} stream(s), {s}: " + ", ".join(f"{k} {v:.3g}" for k, v in one.items()))
+        how = "GPU memory above idle at the peak (nvidia-smi)" if self.gpu else "RSS above idle at the peak (CPU mode)"
         figures = []
-        for n, (key, what, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", memory, "MiB")]]:
+        for n, (key, what, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", how, "MiB")]]:
             name = f"{n} concurrent stream(s), continuous (vs static): {what}"
             figures.append(Figure("9", name, unit, got[("continuous", n)][key], got[("static", n)][key]))
         return figures
@@ -245,52 +239,40 @@ def main(argv: list[str] | None = None) -> int:
     quick = os.environ.get("BENCH_QUICK", "") not in ("", "0")
     parser.add_argument("--quick", action="store_true", default=quick, help="fewer, shorter runs (also BENCH_QUICK=1)")
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
-    parser.add_argument("--max-new-token", type=int, default=128, help="tokens per chunk, full-size model (GPU)")
-    for key in DEFAULTS["GPU"]:
-        default = ", ".join(f"{mode} {values[key]}" for mode, values in DEFAULTS.items())
-        parser.add_argument(f"--{key.replace('_', '-')}", help=f"default {default}")
-    parser.add_argument("--workers", default="1,2", help="workers on one GPU (or machine)")
-    parser.add_argument("--rounds", type=int, help="default 2 (GPU), 1 (CPU or --quick)")
-    parser.add_argument("--model", help="an existing checkpoint directory instead of writing one")
     parser.add_argument("--write", help="append the table here ('' for nowhere; default BENCHMARKS.md with a GPU)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     code = "import torch; print(torch.cuda.device_count())"  # asked in a child: this process never touches CUDA
     probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.split()
     gpu = not args.cpu and bool(probe) and probe[-1].isdigit() and int(probe[-1]) > 0
-    mode = {key: getattr(args, key) or value for key, value in DEFAULTS["GPU" if gpu else "CPU"].items()}
-    labels, counts = mode["tunings"].split(","), sorted({int(n) for n in args.workers.split(",")})
-    rounds, cores = args.rounds or (1 if args.quick or not gpu else 2), os.cpu_count() or 1
+    mode = MODES["GPU" if gpu else "CPU"]
+    rounds, cores = 1 if args.quick or not gpu else 2, os.cpu_count() or 1
     smi_name = smi("--query-gpu=name,driver_version", "-i", "0")
     name = (f"{smi_name[0][0]} (driver {smi_name[0][1]})" if smi_name else "unknown GPU") if gpu else "no GPU"
-    say(
-        "mode: "
-        + (f"GPU (cuda:0): {name}" if gpu else "reduced CPU mode (no CUDA): tiny model, figures mean nothing for a GPU")
-    )
+    say(f"mode: GPU (cuda:0): {name}" if gpu else "mode: reduced CPU mode (no CUDA): tiny model, no GPU figures")
     try:
         with Cluster() as cluster:
-            if args.model:
-                model = Path(args.model)
-            elif gpu:
-                say(f"writing the full-size random checkpoint ({args.max_new_token} tokens per chunk)")
-                model = harness.write_random_model(cluster.tmp / "full-model", args.max_new_token)
+            if gpu:
+                say(f"writing the full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)")
+                model = harness.write_random_model(cluster.tmp / "full-model", MAX_NEW_TOKEN)
             else:
                 say("writing the tiny checkpoint")
                 model = harness.write_tiny_model(cluster.tmp / "tiny-model")
             device = "cuda:0" if gpu else "cpu"
-            say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {', '.join(labels)}")
-            cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", ",".join(labels)]
+            say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {mode['tunings']}")
+            cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", mode["tunings"]]
             cmd += ["--chunks", "1", "--rounds", str(rounds), "--fidelity", "--device", device]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
             engine, stdout = harness.engine_bench(cmd, cluster.tmp / "engine.json")
             print(stdout, end="", flush=True)
-            figures = engine_figures(engine, [int(s) for s in mode["batch_sizes"].split(",")], labels, gpu)
+            sizes = [int(s) for s in mode["batch_sizes"].split(",")]
+            figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
             cluster.start_redis()
-            bench = Bench(cluster, model, gpu, max(1, cores // max(counts)), args.quick, rounds, started)
+            bench = Bench(cluster, model, gpu, max(1, cores // max(WORKERS)), args.quick, rounds, started)
             for cross in ("false", "true"):  # TTS_CROSS_BATCH
-                figures += bench.workers_part(counts, cross)
-            figures += bench.streams_part(sorted({int(n) for n in mode["streams"].split(",")}))
+                figures += bench.workers_part(WORKERS, cross)
+            figures += bench.streams_part([int(n) for n in mode["streams"].split(",")])
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark (bench/gpu.py; bench/README.md says what it measures). The device kit first, where .whl/
-# holds one (bench/kit.sh): installed offline into a temporary folder, on PYTHONPATH where this Python lacks ChatTTS.
+# holds one (bench/kit.sh): installed offline into a temporary folder, the worker's modules imported from there,
+# and the folder put on PYTHONPATH where this Python lacks ChatTTS.
 #   bench/gpu.sh [--quick] [--cpu] [gpu.py's options]    Python: $PYTHON, else .venv/bin/python, else python3
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,8 +9,26 @@ py=${PYTHON:-$(if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo
 if compgen -G ".whl/*.whl" >/dev/null; then
   site=$(mktemp -d "${TMPDIR:-/tmp}/tts-kit.XXXXXX")
   trap 'rm -rf "$site"' EXIT
-  echo "device kit: installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $site"
-  "$py" bench/kit.py install --target "$site" --verify
+  wheels=(.whl/*.whl)
+  if [ "$("$py" -c 'import sys; print(sys.version_info[:2] == (3, 12))')" != True ]; then
+    # The compiled wheels are for the device's CPython 3.12: this Python's own copies of them serve.
+    mapfile -t wheels < <(printf '%s\n' "${wheels[@]}" | grep -v -e '-cp312-')
+  fi
+  echo "device kit: installing ${#wheels[@]} wheels from .whl/ into $site"
+  "$py" -m pip --disable-pip-version-check install -q --no-deps --no-index --no-compile --target "$site" "${wheels[@]}"
+  "$py" - "$site" <<'PY'
+import importlib
+import sys
+
+sys.path[:0] = [sys.argv[1], "."]
+modules = "ChatTTS vocos encodec vector_quantize_pytorch num2words cn2an rq redis soundfile engines.chattts worker"
+for name in modules.split():  # the worker's imports pull in the rest
+    importlib.import_module(name)
+outside = [name for name in ("ChatTTS", "vocos", "rq") if not sys.modules[name].__file__.startswith(sys.argv[1])]
+if outside:
+    sys.exit(f"device kit: imported from elsewhere: {outside}")
+print("kit imports ok from", sys.argv[1], flush=True)
+PY
   if ! "$py" -c "import ChatTTS" >/dev/null 2>&1; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "device kit: on PYTHONPATH"

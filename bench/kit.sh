@@ -1,6 +1,32 @@
 #!/usr/bin/env bash
-# The device kit: a wheel of every package the offline GPU machine lacks (requirements-gpu.in) for CPython 3.12
-# on manylinux x86-64, into .whl/, checked (bench/kit.py collect). Needs PyPI.   bench/kit.sh [--dest DIR]
+# The device kit: a wheel of every pin in requirements-gpu.in for CPython 3.12 on manylinux x86-64, into .whl/,
+# which bench/gpu.sh installs on the offline GPU machine. A pin PyPI has only as an sdist is built here, and must
+# build pure-Python (version-independent). Fails past 64 MiB, what the device carries. Needs PyPI.   bench/kit.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-$(if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)}" bench/kit.py collect "$@"
+die() { echo "kit: $*" >&2; exit 1; }
+py=${PYTHON:-$(if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)}
+pip=("$py" -m pip --disable-pip-version-check -q)
+device=(--only-binary=:all: --python-version 3.12 --implementation cp)
+for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
+  device+=(--platform "${tag}_x86_64")
+done
+kit=$(mktemp -d "${TMPDIR:-/tmp}/tts-kit.XXXXXX")
+trap 'rm -rf "$kit"' EXIT
+mapfile -t pins < <(sed 's/#.*//; /^[[:space:]]*$/d' requirements-gpu.in)
+for pin in "${pins[@]}"; do
+  if ! "${pip[@]}" download --no-deps "${device[@]}" -d "$kit" "$pin" 2>/dev/null; then
+    "${pip[@]}" wheel --no-deps -w "$kit" "$pin"
+  fi
+done
+# A wheel built here for this machine's Python (neither pure nor manylinux) would not load on the device's.
+if ls "$kit" | grep -v -e '-none-any\.whl$' -e manylinux; then
+  die "the wheels above were built for this machine's Python only: pin versions PyPI has as wheels"
+fi
+count=$(ls "$kit" | wc -l)
+[ "$count" -eq "${#pins[@]}" ] || die "$count wheels for ${#pins[@]} pins in requirements-gpu.in"
+kib=$(du -sk "$kit" | cut -f1)
+[ "$kib" -le $((64 * 1024)) ] || die "$((kib / 1024)) MiB, over the 64 MiB the device carries"
+rm -rf .whl
+mv "$kit" .whl
+echo "kit: $count wheels, $((kib / 1024)) MiB in .whl/"

@@ -1,6 +1,6 @@
 """Write a full-size ChatTTS with random weights: the real model's shapes and cost, no download.
 
-    python bench/random_checkpoint.py DIR [--seed N] [--max-new-token N]
+    python bench/random_checkpoint.py DIR [--max-new-token N]
 
 engines/tiny_checkpoint.py's layout at ChatTTS 0.2.5's default sizes (about 1 GB of float32 weights). Random
 weights almost never sample the end token, so every chunk runs to the manifest's --max-new-token cap: fixed work.
@@ -20,10 +20,9 @@ from engines import tiny_checkpoint
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", help="replaced if it exists")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-token", type=int, default=tiny_checkpoint.FULL_MAX_NEW_TOKEN)
     args = parser.parse_args(argv)
-    print(tiny_checkpoint.write(args.directory, args.seed, full_size=True, max_new_token=args.max_new_token))
+    print(tiny_checkpoint.write(args.directory, full_size=True, max_new_token=args.max_new_token))
     return 0
 
 

@@ -148,30 +148,37 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
 
 @pytest.mark.slow
 def test_kit_then_gpu_script_runs_its_reduced_cpu_mode() -> None:
-    """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), installed
-    offline into a temporary folder and imported from there; tiny model, engine alone in float32 and
-    bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, both schedulers at 1 and 4 streams,
-    one table."""
+    """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), a wheel per pin,
+    installed offline into a temporary folder and the worker imported from there; tiny model, engine alone in
+    float32 and bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, both schedulers at 1 and 4
+    streams, one table."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
     env["PYTHON"] = sys.executable
     kit = subprocess.run(["bash", "bench/kit.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert kit.returncode == 0, kit.stdout[-3000:] + kit.stderr[-3000:]
-    assert "wheels" in kit.stdout
+    pins = [line for line in (ROOT / "requirements-gpu.in").read_text().splitlines() if "==" in line]
+    wheels = {path.name.split("-")[0].replace("_", "-").lower() for path in (ROOT / ".whl").glob("*.whl")}
+    assert wheels == {pin.split("==")[0].replace("_", "-").lower() for pin in pins}
+    assert f"kit: {len(pins)} wheels" in kit.stdout
     proc = subprocess.run(
         ["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "kit imports ok" in out and "reduced CPU mode" in out
+    assert "device kit: installing" in out and "kit imports ok" in out and "reduced CPU mode" in out
     for line in (
         "real-time factor, batch 1, float32",
         "real-time factor, batch 4, bfloat16 (vs float32)",
+        "engine throughput, batch 4, bfloat16",
         "fidelity bfloat16: first-step logits cosine vs float32",
-        "RSS per worker",
-        "time to first chunk",
+        "fidelity bfloat16: first 64 sampled steps equal to float32's",
+        "RSS per worker, idle after warm-up (CPU mode), cross-batching off",
+        "time to first chunk, 4-chunk request, idle worker, cross-batching on",
         "1 worker(s) per machine: throughput",
         "2 worker(s) per machine: throughput (vs 1)",
+        "2 worker(s): audio seconds made per second",
         "4 concurrent stream(s), continuous (vs static): real-time factor per stream",
+        "4 concurrent stream(s), continuous (vs static): throughput",
         "4 concurrent stream(s), continuous (vs static): time to first audio p95",
         "1 concurrent stream(s), continuous (vs static): RSS above idle at the peak",
     ):
