@@ -253,7 +253,8 @@ def redis(redis_url: str) -> Iterator[Redis]:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random ChatTTS checkpoint, written once per run by the documented command.
+    """The tiny random ChatTTS checkpoint, written once per run by the documented command and shared by
+    the run's pytest-xdist workers (the first to need it writes it under a lock, the others wait).
 
     Skips where the worker set (torch, ChatTTS) is not installed: the web-only environments of
     tests/test_pythons.py.
@@ -262,14 +263,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("the worker set (torch, ChatTTS) is not installed beside this interpreter")
-    path = tmp_path_factory.mktemp("model") / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "engines.tiny_checkpoint", str(path)],
-        check=True,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny-model"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            partial = path.with_name(f"{path.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            subprocess.run(
+                [sys.executable, "-m", "engines.tiny_checkpoint", str(partial)],
+                check=True,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            partial.rename(path)  # whole or not at all: a run cut short leaves no half checkpoint
     return path
 
 
