@@ -57,7 +57,7 @@ lint: $(VENV)/.test
 test: $(VENV)/.test
 	@mkdir -p .cache && url=$$(scripts/redis-url $(BIN)/python) && \
 	{ $(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; } && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-3} --dist loadfile $(PYTEST_ARGS); \
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-4} --dist loadfile $(PYTEST_ARGS); \
 	tests=$$?; wait $$lint; linted=$$?; cat .cache/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)" >&2; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]

@@ -1,6 +1,6 @@
 """The CPU engine switches side by side on the full-size random checkpoint: fidelity, real-time factor, HTTP.
 
-bench/README.md ("cpu_engine.py") says what it runs; --write replaces the section between CPU_BEGIN and CPU_END of
+docs/benchmarks.md ("cpu_engine.py") says what it runs; --write replaces the section between CPU_BEGIN and CPU_END of
 that file with the tables.
 """
 

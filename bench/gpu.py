@@ -1,4 +1,4 @@
-"""The GPU benchmark behind bench/gpu.sh (bench/README.md says what it measures); without CUDA a reduced CPU mode."""
+"""The GPU benchmark behind bench/gpu.sh (docs/benchmarks.md says what it measures); without CUDA a reduced CPU mode."""
 
 from __future__ import annotations
 
@@ -141,14 +141,14 @@ class Bench:
             raise BenchError(f"{audio.count(0)} of {len(specs)} requests stored no audio")
         return (*[[marks[i] for i in range(len(specs))] for marks in seen], audio, most)
 
-    def workers_part(self, counts: list[int], cross: str) -> list[Figure]:
+    def workers_part(self, counts: list[int]) -> list[Figure]:
         """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
-        tag, where = f", cross-batching {'on' if cross == 'true' else 'off'}", "GPU" if self.gpu else "machine"
+        tag, where = ", cross-batching on", "GPU" if self.gpu else "machine"
         rounds = self.rounds_now("worker")
-        say(f"starting {max(counts)} workers ({self.threads} torch thread(s) each{tag})")
+        say(f"starting {max(counts)} workers ({self.threads} torch thread(s) each)")
         before = gpu_mib() if self.gpu else None
         # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
-        envs = [{"TTS_BATCH_SIZE": "16" if self.gpu else "4", "TTS_CROSS_BATCH": cross}] * max(counts)
+        envs = [{"TTS_BATCH_SIZE": "16" if self.gpu else "4"}] * max(counts)
         rate: dict[int, list[float]] = {n: [] for n in counts}
         audio: dict[int, list[float]] = {n: [] for n in counts}
         with self.workers(envs) as workers:
@@ -270,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
             cluster.start_redis()
             bench = Bench(cluster, model, gpu, max(1, cores // max(WORKERS)), args.quick, rounds, started)
-            for cross in ("false", "true"):  # TTS_CROSS_BATCH
-                figures += bench.workers_part(WORKERS, cross)
+            figures += bench.workers_part(WORKERS)
             figures += bench.streams_part([int(n) for n in mode["streams"].split(",")])
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)

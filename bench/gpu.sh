@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark (bench/gpu.py; bench/README.md says what it measures). The device kit first, where .whl/
+# The GPU benchmark (bench/gpu.py; docs/benchmarks.md says what it measures). The device kit first, where .whl/
 # holds one (bench/kit.sh): installed offline into a temporary folder, the worker's modules imported from there,
 # and the folder put on PYTHONPATH where this Python lacks ChatTTS.
 #   bench/gpu.sh [--quick] [--cpu] [gpu.py's options]    Python: $PYTHON, else .venv/bin/python, else python3

@@ -309,8 +309,9 @@ def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
 
 
 def write_random_model(directory: Path, max_new_token: int) -> Path:
-    """A full-size ChatTTS with random weights (bench/random_checkpoint.py), each chunk capped at `max_new_token`."""
-    args = [sys.executable, str(ROOT / "bench" / "random_checkpoint.py"), str(directory)]
+    """A full-size ChatTTS with random weights (`engines.tiny_checkpoint --full-size`): the real model's cost, no
+    download; random weights almost never sample the end token, so each chunk runs to `max_new_token`."""
+    args = [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), "--full-size"]
     subprocess.run([*args, "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, capture_output=True)
     return directory
 

@@ -143,7 +143,7 @@ def write(
 
     With `full_size`, every module keeps ChatTTS 0.2.5's default size instead
     (GPT 768 wide, 20 layers; about 1 GB): random weights with the real
-    model's cost, for benchmarks (bench/random_checkpoint.py). Random weights
+    model's cost, for benchmarks (`python -m engines.tiny_checkpoint --full-size`). Random weights
     almost never sample the end token, so the manifest caps generation at
     `max_new_token` per chunk (default MAX_NEW_TOKEN, or FULL_MAX_NEW_TOKEN).
 
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="where to write the checkpoint (replaced if it exists)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     parser.add_argument(
+        "--full-size", action="store_true", help="ChatTTS 0.2.5's default sizes (about 1 GB): the real model's cost"
+    )
+    parser.add_argument(
         "--max-new-token",
         type=int,
         default=None,
@@ -283,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    path = write(args.directory, seed=args.seed, max_new_token=args.max_new_token)
-    logger.info("wrote tiny ChatTTS checkpoint to %s", path)
+    path = write(args.directory, seed=args.seed, full_size=args.full_size, max_new_token=args.max_new_token)
+    logger.info("wrote %s ChatTTS checkpoint to %s", "a full-size" if args.full_size else "the tiny", path)
     return 0
 
 

@@ -172,7 +172,7 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode() -> None:
         "engine throughput, batch 4, bfloat16",
         "fidelity bfloat16: first-step logits cosine vs float32",
         "fidelity bfloat16: first 64 sampled steps equal to float32's",
-        "RSS per worker, idle after warm-up (CPU mode), cross-batching off",
+        "RSS per worker, idle after warm-up (CPU mode), cross-batching on",
         "time to first chunk, 4-chunk request, idle worker, cross-batching on",
         "1 worker(s) per machine: throughput",
         "2 worker(s) per machine: throughput (vs 1)",

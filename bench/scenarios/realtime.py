@@ -1,4 +1,4 @@
-"""10. Real-time clients: streamed speech, a WebSocket beside a stream, playback gaps, barge-in, no sentence end."""
+"""10. Real-time clients: streamed speech, a WebSocket beside a stream, playback gaps, barge-in."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ BYTES_PER_SECOND = 2 * 24000  # pcm: 16-bit mono at 24 kHz
 WORD_EVERY = 0.05  # the LLM-like client's pace: a word every this many seconds
 DELTAS_BEFORE_CLEAR = 3  # a barge-in comes once this many audio deltas of the answer arrived (it is playing)
 BARGE_SENTENCES = 6  # sentences of the answer a barge-in cuts short: far more audio than plays before the clear
-BUFFER_DELAY = 1.0  # what text with no sentence end waits for (API.md: max_buffer_delay_ms, its default)
 
 
 def realtime(b: Bench) -> None:
@@ -93,12 +92,6 @@ def realtime(b: Bench) -> None:
         allowance = statistics.median(steps) + statistics.median(trips)
         return [(percentile(last, 95), allowance), percentile(cleared, 95), float(len(got))]
 
-    def unpunctuated(_: str, __: int) -> list[Reading]:
-        n = b.size("sentences")
-        waited = [first_audio(url, texts.sentence().rstrip(".!?"), flush=False) for _ in range(n)]
-        flushed = [first_audio(url, texts.sentence().rstrip(".!?"), flush=True) for _ in range(n)]
-        return [(statistics.median(waited), statistics.median(flushed))]
-
     name = f"POST /v1/audio/speech (pcm, streamed), a new 3-chunk text, idle worker, TTS_STREAM_TOKENS={STREAM_TOKENS}"
     head = b.figure(f"{name}: time to first audio (vs the whole file)", "s", target=most(0.5, "p50 <= 0.5x"))
     b.compare([head, b.figure("... worst playback gap of a stream", "s")], idle, 3 * rounds)
@@ -116,8 +109,6 @@ def realtime(b: Bench) -> None:
     figures = [b.figure(name, "s", target=most(1, "p95 <= 1x"))]
     figures += [b.figure("... input_text.clear to speech.audio.cleared, p95", "s")]
     b.compare([*figures, b.figure("... barge-ins measured", "")], barge_in)
-    name = f"WebSocket, a new text with no sentence end and no flush (max_buffer_delay_ms {BUFFER_DELAY * 1000:.0f}):"
-    b.compare([b.figure(name + " text to first audio delta, median (vs the same with a flush)", "s")], unpunctuated)
     first = STREAM_TOKENS + LOOKAHEAD
     b.notes.append(
         f"10: TTS_STREAM_TOKENS={STREAM_TOKENS}: a chunk's first piece leaves after {first} tokens (the piece and its "
@@ -220,16 +211,14 @@ def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, fl
     return last - sent, cleared, statistics.median(steps) if steps else 0.0, trip
 
 
-def first_audio(url: str, text: str, flush: bool = False, before: str = "", after: str = "") -> float:
-    """Seconds from sending `text` (after `before`; then input_text.flush when `flush`) to the first audio delta
+def first_audio(url: str, text: str, before: str = "", after: str = "") -> float:
+    """Seconds from sending `text` (after `before`) to the first audio delta
     that carries audio; then `after`, `.end` and the rest of the audio. RuntimeError on an error event."""
     with session(url) as ws:
         if before:
             send(ws, "input_text.append", text=before)
         sent = time.monotonic()
         send(ws, "input_text.append", text=text)
-        if flush:
-            send(ws, "input_text.flush")
         while (event := json.loads(ws.recv(timeout=600)))["type"] != "speech.audio.delta" or not event["audio"]:
             if event["type"] == "error":
                 raise RuntimeError(f"the WebSocket answered an error: {event}")
