@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or harness.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
     if not args.model and not (model / "model.json").exists():
         say(f"writing the full-size random checkpoint to {model}")
-        harness.write_random_model(model, MAX_NEW_TOKEN)
+        harness.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
     sizes, counts = [int(s) for s in args.batch_sizes.split(",")], [int(t) for t in args.threads.split(",")]
     tunings = ["float32", *[t for t in args.tunings.split(",") if t != "float32"]]
     first = engine(model, tunings, counts[0], args)

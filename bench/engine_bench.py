@@ -1,11 +1,9 @@
 """The model alone, in-process: real-time factor, chunks/s and peak memory by batch size for each engine tuning.
 
-Loads the model as the worker does (`load_engine`, float32), builds each --tunings variant (engines/tuning.py
-labels; `upstream`: ChatTTS's own `Chat.infer` on float32, no refinement or splitting, a random voice) from copies of
-its GPT and decoder, and swaps them into the one loaded chat; every (tuning, batch) runs the same one-chunk texts,
-the order rotating every round. A run's RTF is its seconds over its audio seconds. --fidelity: each tuning against
-float32 (engines/fidelity.py). Prints a line per run; --json gets everything (scenario 5 in
-bench/scenarios/scheduling.py, gpu.py and cpu_engine.py read it).
+Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32) is built from
+copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch) runs the same
+one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each tuning against
+float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         with Cluster() as cluster:
             if gpu:
                 say(f"writing the full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)")
-                model = harness.write_random_model(cluster.tmp / "full-model", MAX_NEW_TOKEN)
+                model = harness.write_tiny_model(cluster.tmp / "full-model", MAX_NEW_TOKEN, full_size=True)
             else:
                 say("writing the tiny checkpoint")
                 model = harness.write_tiny_model(cluster.tmp / "tiny-model")

@@ -300,19 +300,12 @@ def jobs_run(redis: Redis, queue: str) -> int:
     return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
-def write_tiny_model(directory: Path, max_new_token: int | None = None) -> Path:
-    """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk)."""
+def write_tiny_model(directory: Path, max_new_token: int | None = None, full_size: bool = False) -> Path:
+    """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk); with
+    `full_size`, ChatTTS's own sizes with random weights: the real model's cost, no download."""
+    args = [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), *(["--full-size"] if full_size else [])]
     cap = ["--max-new-token", str(max_new_token)] if max_new_token else []
-    args = [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), *cap]
-    subprocess.run(args, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return directory
-
-
-def write_random_model(directory: Path, max_new_token: int) -> Path:
-    """A full-size ChatTTS with random weights (`engines.tiny_checkpoint --full-size`): the real model's cost, no
-    download; random weights almost never sample the end token, so each chunk runs to `max_new_token`."""
-    args = [sys.executable, "-m", "engines.tiny_checkpoint", str(directory), "--full-size"]
-    subprocess.run([*args, "--max-new-token", str(max_new_token)], check=True, cwd=ROOT, capture_output=True)
+    subprocess.run([*args, *cap], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return directory
 
 

@@ -8,9 +8,7 @@ die() { echo "kit: $*" >&2; exit 1; }
 py=${PYTHON:-$(if [ -x .venv/bin/python ]; then echo .venv/bin/python; else echo python3; fi)}
 pip=("$py" -m pip --disable-pip-version-check -q)
 device=(--only-binary=:all: --python-version 3.12 --implementation cp)
-for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do
-  device+=(--platform "${tag}_x86_64")
-done
+for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1; do device+=(--platform "${tag}_x86_64"); done
 kit=$(mktemp -d "${TMPDIR:-/tmp}/tts-kit.XXXXXX")
 trap 'rm -rf "$kit"' EXIT
 mapfile -t pins < <(sed 's/#.*//; /^[[:space:]]*$/d' requirements-gpu.in)

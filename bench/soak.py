@@ -467,10 +467,6 @@ class Soak:
                 (bool(wrong), f"{wrong} repeated WAVs differed from the first one served"),
             ),
             Check(
-                "worker RSS when first ready, by slot",
-                ", ".join(f"{v:.0f}" for v in first["workers"].values()) + " MiB",
-            ),
-            Check(
                 "worker RSS, start -> end, by slot (a process restarted on --max-jobs at the end is marked)",
                 f"{workers} (highest sample {highest:.0f})",
             ),
