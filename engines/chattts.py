@@ -45,7 +45,24 @@ def _import_chattts() -> Any:
                 "torchaudio/lib/*.so from the virtualenv, or delete those files yourself."
             ) from exc
         raise
+    _cache_normalizer_jit()
     return ChatTTS
+
+
+def _cache_normalizer_jit() -> None:
+    """Keep the machine code of ChatTTS's numba-compiled text helpers on disk.
+
+    ChatTTS's normalizer declares them `@jit(nopython=True)` without `cache=True`, so every
+    process compiles them again on its first sentence (seconds of CPU at each worker start).
+    With caching on, numba stores them in `__pycache__` beside ChatTTS's sources, or in
+    `NUMBA_CACHE_DIR`, keyed by the source file and the argument types; a process that
+    cannot write there compiles as before.
+    """
+    from ChatTTS import norm
+
+    for value in vars(norm).values():
+        if callable(getattr(value, "enable_caching", None)):
+            value.enable_caching()
 
 
 def _inference(method: F) -> F:

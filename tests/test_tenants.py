@@ -311,12 +311,17 @@ def test_a_sockets_sentences_are_its_tenants(stack_factory: Callable[..., Stack]
                 error = json.loads(ws.recv(timeout=10))
                 assert error["type"] == "error" and error["error"]["param"] == "session.voice", error
             else:
-                wait_for(lambda: redis.keys(keys.tenants_key("*")), 10, "the sentence to be submitted")
+                # Read while the socket is open: closing it withdraws what it asked for. The
+                # submission names its tenants before it enters the lane, so both are awaited.
+                def submitted() -> bool:
+                    return bool(redis.keys(keys.tenants_key("*"))) and redis.zcard(keys.lane_key("tts", "bob")) > 0
+
+                wait_for(submitted, 10, "the sentence to be submitted in bob's lane")
+                (wanted,) = redis.keys(keys.tenants_key("*"))
+                assert redis.smembers(wanted) == {b"bob"}  # submitted as bob's, in bob's lane
+                assert redis.zcard(keys.lane_key("tts", "bob")) == 1
 
     speak(BOB, refused=False)  # with bob's own voice
-    (wanted,) = redis.keys(keys.tenants_key("*"))
-    assert redis.smembers(wanted) == {b"bob"}  # submitted as bob's, in bob's lane
-    assert redis.zcard(keys.lane_key("tts", "bob")) == 1
     speak(ALICE, refused=True)
 
 
