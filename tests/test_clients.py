@@ -10,11 +10,9 @@ import wave
 import httpx
 import pytest
 from conftest import Stack
-from livekit.agents.tts import SynthesizedAudio
-from livekit.plugins import openai as livekit_openai
-from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame
-from pipecat.services.openai.tts import OpenAITTSService
-from pipecat.tests.utils import run_test
+
+# The clients are imported by the tests that use them: together they take seconds to import, which
+# every test process would pay at collection.
 
 TEXT = "Hello from a voice agent. It speaks what it is given."
 
@@ -34,6 +32,10 @@ def stored_pcm(stack: Stack, text: str, voice: str) -> bytes:
 
 def test_pipecat_openai_tts_service_speaks_through_the_service(tone_stack: Stack) -> None:
     """pipecat's OpenAITTSService, in a pipeline, with its base_url set to the service: raw 24 kHz PCM frames."""
+    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame
+    from pipecat.services.openai.tts import OpenAITTSService
+    from pipecat.tests.utils import run_test
+
     tts = OpenAITTSService(
         api_key="not-checked",
         base_url=tone_stack.url + "/v1",
@@ -61,6 +63,8 @@ def test_livekit_openai_tts_plugin_speaks_through_the_service(
     tone_stack: Stack, model: str, response_format: str
 ) -> None:
     """LiveKit Agents' OpenAI plugin: tts-1 asks for the audio stream, gpt-4o-mini-tts for server-sent events."""
+    from livekit.agents.tts import SynthesizedAudio
+    from livekit.plugins import openai as livekit_openai
 
     async def synthesize() -> list[SynthesizedAudio]:
         tts = livekit_openai.TTS(
