@@ -45,24 +45,28 @@ def _import_chattts() -> Any:
                 "torchaudio/lib/*.so from the virtualenv, or delete those files yourself."
             ) from exc
         raise
-    _cache_normalizer_jit()
+    cache_normalizer_jit()
     return ChatTTS
 
 
-def _cache_normalizer_jit() -> None:
+def cache_normalizer_jit() -> None:
     """Keep the machine code of ChatTTS's numba-compiled text helpers on disk.
 
     ChatTTS's normalizer declares them `@jit(nopython=True)` without `cache=True`, so every
     process compiles them again on its first sentence (seconds of CPU at each worker start).
     With caching on, numba stores them in `__pycache__` beside ChatTTS's sources, or in
-    `NUMBA_CACHE_DIR`, keyed by the source file and the argument types; a process that
-    cannot write there compiles as before.
+    `NUMBA_CACHE_DIR`, or the user's cache folder, keyed by the source file and the argument
+    types; where none of them is writable numba refuses (RuntimeError) and the process compiles
+    as before.
     """
     from ChatTTS import norm
 
-    for value in vars(norm).values():
+    for name, value in vars(norm).items():
         if callable(getattr(value, "enable_caching", None)):
-            value.enable_caching()
+            try:
+                value.enable_caching()
+            except RuntimeError as exc:
+                logger.info("ChatTTS's %s is compiled at each start: %s", name, exc)
 
 
 def _inference(method: F) -> F:

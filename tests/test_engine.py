@@ -165,3 +165,24 @@ def test_the_heads_weight_norm_is_folded_at_load_with_logits_bit_for_bit(
         after = [h(hidden) for h in heads]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     assert tuning.fold_weight_norm(chat) == 0, "folding twice is a no-op"
+
+
+def test_the_normalizers_compiled_helpers_are_cached_on_disk(
+    plain: tuple[ChatTTSEngine, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded worker keeps ChatTTS's numba helpers on disk, so the next start loads them instead of
+    compiling; where numba has no writable place for them, loading goes on and they compile as before."""
+    from ChatTTS import norm
+    from numba.core.caching import NullCache
+
+    from engines import chattts
+
+    helpers = [v for v in vars(norm).values() if callable(getattr(v, "enable_caching", None))]
+    assert len(helpers) >= 3
+    assert not any(isinstance(h._cache, NullCache) for h in helpers)
+
+    def refuse(self: Any) -> None:
+        raise RuntimeError("cannot cache function: no locator available")
+
+    monkeypatch.setattr(type(helpers[0]), "enable_caching", refuse)
+    chattts.cache_normalizer_jit()  # says so in the log, raises nothing
