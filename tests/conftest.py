@@ -251,6 +251,17 @@ def redis(redis_url: str) -> Iterator[Redis]:
     conn.close()
 
 
+def write_tiny_checkpoint(directory: Path) -> None:
+    """Write the tiny random checkpoint into `directory` by the documented command."""
+    subprocess.run(
+        [sys.executable, "-m", "engines.tiny_checkpoint", str(directory)],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random ChatTTS checkpoint, written once per run by the documented command and shared by
@@ -271,13 +282,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not path.exists():
             partial = path.with_name(f"{path.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            subprocess.run(
-                [sys.executable, "-m", "engines.tiny_checkpoint", str(partial)],
-                check=True,
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            write_tiny_checkpoint(partial)
             partial.rename(path)  # whole or not at all: a run cut short leaves no half checkpoint
     return path
 

@@ -79,19 +79,10 @@ def test_chattts_worker_synthesizes_through_http(
 
 
 def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> None:
-    import subprocess
-    import sys
-
-    from conftest import ROOT
+    from conftest import write_tiny_checkpoint
 
     other = tmp_path / "again"
-    subprocess.run(
-        [sys.executable, "-m", "engines.tiny_checkpoint", str(other)],
-        check=True,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    write_tiny_checkpoint(other)
     first = json.loads((tiny_model / "model.json").read_text())
     second = json.loads((other / "model.json").read_text())
     assert first["sha256"] == second["sha256"]
