@@ -311,8 +311,7 @@ def test_a_sockets_sentences_are_its_tenants(stack_factory: Callable[..., Stack]
                 error = json.loads(ws.recv(timeout=10))
                 assert error["type"] == "error" and error["error"]["param"] == "session.voice", error
             else:
-                # Read while the socket is open: closing it withdraws what it asked for. The
-                # submission names its tenants before it enters the lane, so both are awaited.
+                # A submission names its tenants before it enters the lane: both are awaited.
                 def submitted() -> bool:
                     return bool(redis.keys(keys.tenants_key("*"))) and redis.zcard(keys.lane_key("tts", "bob")) > 0
 
