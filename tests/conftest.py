@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 CLAIM = "tts-tests:claim"
 # The fixtures that start processes (uvicorn, worker.py, redis-server) or load the tiny checkpoint. A
 # test's `fixturenames` is the closure of what it uses, so one built on these is covered too.
-SLOW_FIXTURES = frozenset({"tiny_model", "engine", "stack_factory", "tone_stack"})
+SLOW_FIXTURES = frozenset({"tiny_model", "engine", "stack_factory", "tone_stack", "shared_stack_factory"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -212,12 +212,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.terminate()
         proc.wait(10)
         return
+    with claimed_database(url) as claimed:
+        yield claimed
+
+
+@contextlib.contextmanager
+def claimed_database(url: str) -> Iterator[str]:
+    """The URL of the first empty database from 15 down on `url`'s server, claimed with a marker key for
+    the block and flushed (by us only) after it; a skip where none is empty."""
     for db in range(15, 0, -1):
         claimed = _with_db(url, db)
         conn = Redis.from_url(claimed)
         if conn.dbsize() == 0 and conn.set(CLAIM, os.getpid(), nx=True):
-            yield claimed
-            conn.flushdb()
+            try:
+                yield claimed
+            finally:
+                conn.flushdb()
+                conn.close()
             return
     pytest.skip(f"no empty database to claim on {url}")
 
@@ -420,14 +431,48 @@ def stack_factory(redis: Redis, redis_url: str, tmp_path: Path) -> Iterator[Call
         stack.stop()
 
 
-@pytest.fixture
-def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
-    """Web plus one worker on the deterministic tone engine (fast, no torch)."""
-    stack = stack_factory(TTS_ENGINE="tone")
+@pytest.fixture(scope="module")
+def shared_stack_factory(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Stack]]:
+    """Make a Stack that a module's tests share, on a database of its own (not the tests' `redis`, which
+    each test empties); stopped, and its database flushed, after the module.
+
+    For tests that leave the store as they found it and need nothing fresh in it, such as refusals of bad
+    input: a stack of their own each would start two processes per test.
+    """
+    made: list[Stack] = []
+    with claimed_database(redis_url) as url:
+
+        def make(**env: str) -> Stack:
+            stack = Stack(url, tmp_path_factory.mktemp("shared-stack"), env)
+            made.append(stack)
+            return stack
+
+        try:
+            yield make
+        finally:
+            for stack in made:
+                stack.stop()
+
+
+def start_tone_stack(make: Callable[..., Stack], **env: str) -> Stack:
+    """Web plus one worker on the deterministic tone engine (fast, no torch), ready."""
+    stack = make(TTS_ENGINE="tone", **env)
     stack.start_web()
     stack.start_worker()
     stack.wait_ready()
     return stack
+
+
+@pytest.fixture
+def tone_stack(stack_factory: Callable[..., Stack]) -> Stack:
+    """Web plus one worker on the deterministic tone engine (fast, no torch), on the test's clean database."""
+    return start_tone_stack(stack_factory)
+
+
+@pytest.fixture(scope="module")
+def shared_tone_stack(shared_stack_factory: Callable[..., Stack]) -> Stack:
+    """A tone stack the module's tests share (shared_stack_factory says which tests may)."""
+    return start_tone_stack(shared_stack_factory)
 
 
 # The model a web process sees published when no worker runs (web_client): the tone engine's shape.

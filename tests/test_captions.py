@@ -71,6 +71,7 @@ def _pcm(wav: bytes) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
 
 
+@pytest.mark.every_python
 def test_each_cue_holds_its_chunk_audio_and_no_other(stack_factory: Callable[..., Stack], redis: Redis) -> None:
     # Short chunks: many cues, and every kind of pause between them.
     tone_stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="40")

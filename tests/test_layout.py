@@ -53,6 +53,7 @@ def test_top_level_holds_only_the_card_and_entry_points() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.every_python
 def test_web_process_never_loads_the_worker_side() -> None:
     loaded = _loaded_after("import service; import web.openapi; service.create_app")
     worker_side = {"jobs", "worker", "engines", "torch", "ChatTTS", "transformers"} & _roots(loaded)

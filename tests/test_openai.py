@@ -25,6 +25,12 @@ def client(tone_stack: Stack) -> OpenAI:
     return OpenAI(base_url=tone_stack.url + "/v1", api_key="not-checked", max_retries=0)
 
 
+@pytest.fixture
+def shared_client(shared_tone_stack: Stack) -> OpenAI:
+    """The SDK on the module's shared stack: for calls whose answer does not depend on what came before."""
+    return OpenAI(base_url=shared_tone_stack.url + "/v1", api_key="not-checked", max_retries=0)
+
+
 @pytest.mark.parametrize(
     ("fmt", "container"),
     [
@@ -34,8 +40,8 @@ def client(tone_stack: Stack) -> OpenAI:
         pytest.param("wav", "WAV", id="wav"),
     ],
 )
-def test_speech_create_returns_audio(client: OpenAI, fmt: str, container: str) -> None:
-    response = client.audio.speech.create(
+def test_speech_create_returns_audio(shared_client: OpenAI, fmt: str, container: str) -> None:
+    response = shared_client.audio.speech.create(
         model="tts-1", voice="alloy", input="Hello from the OpenAI route.", response_format=fmt
     )
     info = soundfile.info(io.BytesIO(response.content))
@@ -98,8 +104,8 @@ def test_unsupported_format_is_400_naming_the_supported(client: OpenAI) -> None:
         pytest.param({"input": "x", "voice": "alloy", "colour": 1}, "colour", id="unknown-field"),
     ],
 )
-def test_bad_speech_body_is_400_in_openais_shape(tone_stack: Stack, body: dict, field: str) -> None:
-    r = httpx.post(tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
+def test_bad_speech_body_is_400_in_openais_shape(shared_tone_stack: Stack, body: dict, field: str) -> None:
+    r = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error" and field in error["message"]
@@ -115,8 +121,8 @@ def test_sdk_raises_its_error_classes_with_our_message_and_param(client: OpenAI)
     assert info.value.param == "pitch" and info.value.type == "invalid_request_error"
 
 
-def test_v1_tts_keeps_its_own_error_shape(tone_stack: Stack) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": " "})
+def test_v1_tts_keeps_its_own_error_shape(shared_tone_stack: Stack) -> None:
+    r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": " "})
     assert r.status_code == 422 and r.json()["field"] == "text" and "error" not in r.json()
 
 

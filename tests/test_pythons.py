@@ -1,9 +1,10 @@
 """The fast tests under every Python that requires-python allows beside the one `make test` runs on.
 
 Each interpreter gets a virtualenv of the web set (requirements.txt) and the test runner's part of
-requirements-test.txt, both with hashes (installed by uv from PyPI), and runs the tests that need no model: layout, bodies, splitter,
-settings, keys and cache, captions, and the scheduler's (those that start a ChatTTS worker skip, saying
-so). An interpreter that is not on this machine is a skip that names it.
+requirements-test.txt, both with hashes (installed by uv from PyPI), and runs the fast tests (no process,
+no model) of layout, bodies, splitter, settings, keys and cache, captions and the scheduler, and the slow
+ones marked `every_python`: the web and a tone worker as the Procfile starts them, serving a request, and
+the web process's imports. An interpreter that is not on this machine is a skip that names it.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ def test_the_fast_tests_pass_under(version: str, redis_url: str, tmp_path: Path)
     # The inner run claims a database of its own on the same server.
     server = redis_url.rsplit("/", 1)[0] + "/0"
     run = subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *(f"tests/{f}" for f in FAST)],
+        [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow or every_python",
+         *(f"tests/{f}" for f in FAST)],
         cwd=ROOT, env={**os.environ, "REDIS_URL": server}, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, run.stdout[-4000:]
     passed = re.search(r"(\d+) passed", summary)
     assert passed and int(passed.group(1)) > 150, summary
+    assert "skipped" not in summary, run.stdout[-4000:]

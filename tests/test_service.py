@@ -286,11 +286,12 @@ def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[
         pytest.param("ogg", "audio/ogg", id="ogg-opus"),
     ],
 )
-def test_every_format_decodes_to_the_same_clip(tone_stack: Stack, fmt: str, content_type: str) -> None:
-    body = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
+def test_every_format_decodes_to_the_same_clip(shared_tone_stack: Stack, fmt: str, content_type: str) -> None:
+    url = shared_tone_stack.url
+    body = httpx.post(url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
     assert body["audio_url"].endswith(f"?format={fmt}") or fmt == "wav"
-    wav = httpx.get(tone_stack.url + body["audio_url"].split("?")[0] + "?wait=30", timeout=40)
-    r = httpx.get(f"{tone_stack.url}/v1/tts/{body['id']}/audio?format={fmt}")
+    wav = httpx.get(url + body["audio_url"].split("?")[0] + "?wait=30", timeout=40)
+    r = httpx.get(f"{url}/v1/tts/{body['id']}/audio?format={fmt}")
     assert r.status_code == 200 and r.headers["content-type"] == content_type
     assert r.headers["content-disposition"].endswith(f'.{fmt}"')
     assert r.headers["etag"] != wav.headers["etag"] or fmt == "wav"

@@ -59,12 +59,22 @@ def _next_audio(ws: ClientConnection) -> dict:
     return event
 
 
-@pytest.fixture
-def session(tone_stack: Stack) -> Iterator[ClientConnection]:
-    with connect(_ws_url(tone_stack), open_timeout=30) as ws:
+def _open(stack: Stack) -> Iterator[ClientConnection]:
+    with connect(_ws_url(stack), open_timeout=30) as ws:
         created = _next(ws)
         assert created["type"] == "session.created" and created["session"]["response_format"] == "pcm"
         yield ws
+
+
+@pytest.fixture
+def session(tone_stack: Stack) -> Iterator[ClientConnection]:
+    yield from _open(tone_stack)
+
+
+@pytest.fixture
+def shared_session(shared_tone_stack: Stack) -> Iterator[ClientConnection]:
+    """A session of its own on the module's shared stack (for tests that store nothing new of note)."""
+    yield from _open(shared_tone_stack)
 
 
 def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
@@ -111,8 +121,9 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
     ],
 )
 def test_a_bad_message_gets_an_error_event_and_the_session_goes_on(
-    session: ClientConnection, frame: str | bytes, param: str | None
+    shared_session: ClientConnection, frame: str | bytes, param: str | None
 ) -> None:
+    session = shared_session
     session.send(frame)
     if param is None and "nobody" in str(frame):
         # A voice is resolved when a piece is spoken: the update is taken, the piece refused.
@@ -284,12 +295,10 @@ def test_a_frame_over_64_kib_closes_1009_and_one_at_the_limit_is_an_event(sessio
         pytest.param("\x00" * 100, id="control-bytes"),
     ],
 )
-def test_a_malformed_or_deeply_nested_frame_is_an_error_event(frame: str, stack_factory: Callable[..., Stack]) -> None:
-    stack = stack_factory(TTS_ENGINE="tone")
-    web = stack.start_web()
-    stack.start_worker()
-    stack.wait_ready()
-    with connect(_ws_url(stack)) as ws:
+def test_a_malformed_or_deeply_nested_frame_is_an_error_event(frame: str, shared_tone_stack: Stack) -> None:
+    web = shared_tone_stack.web
+    assert web is not None
+    with connect(_ws_url(shared_tone_stack)) as ws:
         _next(ws)
         ws.send(frame)
         error = _next(ws)

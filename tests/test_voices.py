@@ -7,7 +7,7 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 import pytest
-from conftest import Stack, wait_for
+from conftest import Stack, start_tone_stack, wait_for
 from redis import Redis
 
 from common import keys
@@ -40,11 +40,13 @@ def test_mix_of_one_voice_is_that_voice() -> None:
 
 @pytest.fixture
 def stack(stack_factory: Callable[..., Stack]) -> Stack:
-    made = stack_factory(TTS_ENGINE="tone", TTS_MAX_VOICES="3")
-    made.start_web()
-    made.start_worker()
-    made.wait_ready()
-    return made
+    return start_tone_stack(stack_factory, TTS_MAX_VOICES="3")
+
+
+@pytest.fixture(scope="module")
+def refusing(shared_stack_factory: Callable[..., Stack]) -> Stack:
+    """The module's shared stack, for the refusals: they save no voice, so the registry stays empty."""
+    return start_tone_stack(shared_stack_factory, TTS_MAX_VOICES="3")
 
 
 def _put(stack: Stack, name: str, body: Any) -> httpx.Response:
@@ -173,10 +175,12 @@ def test_a_mix_is_the_weighted_mean_of_its_voices_embeddings(stack: Stack) -> No
         pytest.param("calm", {"seed": 1, "colour": "red"}, 422, "colour", id="unknown-field"),
     ],
 )
-def test_bad_voices_are_refused_naming_the_field(stack: Stack, name: str, body: Any, status: int, field: str) -> None:
-    r = _put(stack, name, body)
+def test_bad_voices_are_refused_naming_the_field(
+    refusing: Stack, name: str, body: Any, status: int, field: str
+) -> None:
+    r = _put(refusing, name, body)
     assert r.status_code == status and r.json()["field"] == field, r.text
-    assert httpx.get(f"{stack.url}/v1/voices").json()["voices"] == []
+    assert httpx.get(f"{refusing.url}/v1/voices").json()["voices"] == []
 
 
 @pytest.mark.parametrize(
@@ -189,8 +193,8 @@ def test_bad_voices_are_refused_naming_the_field(stack: Stack, name: str, body: 
         pytest.param({"voice": "Alloy"}, "voice", id="name-not-lowercase"),
     ],
 )
-def test_voice_in_a_request_is_checked_and_exclusive(stack: Stack, body: dict[str, Any], field: str) -> None:
-    r = httpx.post(f"{stack.url}/v1/tts", json={"text": "Hi.", **body})
+def test_voice_in_a_request_is_checked_and_exclusive(refusing: Stack, body: dict[str, Any], field: str) -> None:
+    r = httpx.post(f"{refusing.url}/v1/tts", json={"text": "Hi.", **body})
     assert r.status_code == 422 and r.json()["field"] == field, r.text
 
 
