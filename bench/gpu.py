@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", default=quick, help="fewer, shorter runs (also BENCH_QUICK=1)")
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--write", help="append the table here ('' for nowhere; default BENCHMARKS.md with a GPU)")
+    parser.add_argument(
+        "--model", type=Path, help="a checkpoint written already (CPU mode: the tiny one); default: one written anew"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     code = "import torch; print(torch.cuda.device_count())"  # asked in a child: this process never touches CUDA
@@ -252,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     say(f"mode: GPU (cuda:0): {name}" if gpu else "mode: reduced CPU mode (no CUDA): tiny model, no GPU figures")
     try:
         with Cluster() as cluster:
-            if gpu:
+            if args.model:
+                say(f"checkpoint: {args.model}")
+                model = args.model
+            elif gpu:
                 say(f"writing the full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)")
                 model = harness.write_tiny_model(cluster.tmp / "full-model", MAX_NEW_TOKEN, full_size=True)
             else:

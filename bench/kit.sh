@@ -12,10 +12,17 @@ for tag in manylinux_2_28 manylinux_2_27 manylinux_2_17 manylinux2014 manylinux1
 kit=$(mktemp -d "${TMPDIR:-/tmp}/tts-kit.XXXXXX")
 trap 'rm -rf "$kit"' EXIT
 mapfile -t pins < <(sed 's/#.*//; /^[[:space:]]*$/d' requirements-gpu.in)
-for pin in "${pins[@]}"; do
-  if ! "${pip[@]}" download --no-deps "${device[@]}" -d "$kit" "$pin" 2>/dev/null; then
-    "${pip[@]}" wheel --no-deps -w "$kit" "$pin"
+# The pins' device wheels in one pip call; a pin pip finds none for is built here and the call goes again
+# without it (one pip process a pin would cost some 20 times pip's start-up).
+todo=("${pins[@]}")
+while [ "${#todo[@]}" -gt 0 ]; do
+  if err=$("${pip[@]}" download --no-deps "${device[@]}" -d "$kit" "${todo[@]}" 2>&1); then
+    break
   fi
+  missing=$(sed -n 's/.*No matching distribution found for \([^ ]*\).*/\1/p' <<<"$err" | head -n 1)
+  [ -n "$missing" ] && printf '%s\n' "${todo[@]}" | grep -qixF -- "$missing" || die "pip download failed: $err"
+  "${pip[@]}" wheel --no-deps -w "$kit" "$missing"
+  mapfile -t todo < <(printf '%s\n' "${todo[@]}" | grep -vixF -- "$missing")
 done
 # A wheel built here for this machine's Python (neither pure nor manylinux) would not load on the device's.
 if ls "$kit" | grep -v -e '-none-any\.whl$' -e manylinux; then

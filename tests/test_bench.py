@@ -146,8 +146,7 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
             wrk.run(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
 
 
-@pytest.mark.slow
-def test_kit_then_gpu_script_runs_its_reduced_cpu_mode() -> None:
+def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None:
     """bench/kit.sh then bench/gpu.sh end to end without a GPU: the device kit collected (PyPI), a wheel per pin,
     installed offline into a temporary folder and the worker imported from there; tiny model, engine alone in
     float32 and bfloat16 with their fidelity, 1 and 2 real workers, time to first chunk, both schedulers at 1 and 4
@@ -161,7 +160,12 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode() -> None:
     assert wheels == {pin.split("==")[0].replace("_", "-").lower() for pin in pins}
     assert f"kit: {len(pins)} wheels" in kit.stdout
     proc = subprocess.run(
-        ["bash", "bench/gpu.sh", "--quick", "--cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "bench/gpu.sh", "--quick", "--cpu", "--model", str(tiny_model)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout

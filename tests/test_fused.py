@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaModel
 
 from engines import fused, tuning, weightonly
 
@@ -18,6 +17,9 @@ PER_CHANNEL = {torch.nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfi
 @pytest.fixture(scope="module")
 def llama() -> Any:
     """A small random LlamaModel (two layers), float32, eval mode."""
+    # Imported here: transformers' Llama takes seconds to import, which every test process would pay collecting.
+    from transformers import LlamaConfig, LlamaModel
+
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=128,
