@@ -31,6 +31,9 @@ from starlette.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Inductor compiles in a pool of processes, each importing torch anew: the suite keeps every core busy
+# already, so a test that compiles (the +compile fidelity check) does it in its own process.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 CLAIM = "tts-tests:claim"
 # The fixtures that start processes (uvicorn, worker.py, redis-server) or load the tiny checkpoint. A
 # test's `fixturenames` is the closure of what it uses, so one built on these is covered too.

@@ -132,18 +132,18 @@ def test_audio_not_ready_is_202_with_retry_after(stack_factory: Callable[..., St
     assert r.json()["status"] == "queued" and r.json()["position"] == 0
 
 
-def test_web_process_never_imports_torch(tone_stack: Stack) -> None:
-    httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
-    assert tone_stack.web is not None
-    maps = Path(f"/proc/{tone_stack.web.pid}/maps").read_text()
+def test_web_process_never_imports_torch(shared_tone_stack: Stack) -> None:
+    httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": TEXT})
+    assert shared_tone_stack.web is not None
+    maps = Path(f"/proc/{shared_tone_stack.web.pid}/maps").read_text()
     assert "libtorch" not in maps and "torch/lib" not in maps
 
 
-def test_readyz_names_the_model_and_counts_workers(tone_stack: Stack) -> None:
-    body = httpx.get(tone_stack.url + "/readyz").json()
+def test_readyz_names_the_model_and_counts_workers(shared_tone_stack: Stack) -> None:
+    body = httpx.get(shared_tone_stack.url + "/readyz").json()
     assert body["status"] == "ready" and body["workers"] == 1
     assert body["model"]["name"] == "tone"
-    assert httpx.get(tone_stack.url + "/healthz").status_code == 200
+    assert httpx.get(shared_tone_stack.url + "/healthz").status_code == 200
 
 
 def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stack]) -> None:

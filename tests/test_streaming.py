@@ -146,29 +146,29 @@ def test_voice_of_a_seed_is_a_speaker_string_giving_the_same_voice(tone_stack: S
     assert a[44:] == b[44:]  # the tone engine's pitch follows the embedding
 
 
-def test_bad_seeds_and_speakers_are_422_naming_the_field(tone_stack: Stack) -> None:
+def test_bad_seeds_and_speakers_are_422_naming_the_field(shared_tone_stack: Stack) -> None:
     for seed in ["4294967296", "99999999999999999999"]:
-        r = httpx.get(f"{tone_stack.url}/v1/voices/{seed}")
+        r = httpx.get(f"{shared_tone_stack.url}/v1/voices/{seed}")
         assert r.status_code == 422 and r.json()["field"] == "seed", (seed, r.text)
     # Since v1.1 the segment may also be a voice name; what is neither is 422 naming `name`.
     for segment in ["-1", "1e3", "٣", "Abc", "a b"]:
-        r = httpx.get(f"{tone_stack.url}/v1/voices/{segment}")
+        r = httpx.get(f"{shared_tone_stack.url}/v1/voices/{segment}")
         assert r.status_code == 422 and r.json()["field"] == "name", (segment, r.text)
-    assert httpx.get(f"{tone_stack.url}/v1/voices/abc").status_code == 404  # a name nobody saved
+    assert httpx.get(f"{shared_tone_stack.url}/v1/voices/abc").status_code == 404  # a name nobody saved
     for speaker in ["not a speaker string", "乀仰丁琮枌竓徘萀", "ChatTTS" * 100]:
-        r = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": speaker})
+        r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": speaker})
         assert r.status_code == 422 and r.json()["field"] == "speaker", (speaker, r.text)
         r = httpx.post(
-            tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": speaker * 2}
+            shared_tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": speaker * 2}
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == "voice", (speaker, r.text)  # OpenAI's 400
 
 
-def test_speaker_of_another_size_is_422(tone_stack: Stack) -> None:
+def test_speaker_of_another_size_is_422(shared_tone_stack: Stack) -> None:
     import numpy as np
 
     from common.speakers import encode_speaker
 
     wrong = encode_speaker(np.zeros(768))  # a full-size ChatTTS embedding; the tone model's have 16 values
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": wrong})
+    r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": wrong})
     assert r.status_code == 422 and r.json()["field"] == "speaker" and "768" in r.json()["detail"], r.text
