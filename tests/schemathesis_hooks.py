@@ -27,6 +27,14 @@ from typing import Any
 
 import numpy as np
 import schemathesis
+
+# Imported here, on the main thread: schemathesis imports its transports lazily
+# in its worker threads, where CPython 3.11's compile() (anyio's lazy importer
+# parses its own source) can fail with "AST constructor recursion depth
+# mismatch" at a deep stack.
+import schemathesis.transport.asgi  # noqa: F401
+import schemathesis.transport.requests  # noqa: F401
+import schemathesis.transport.wsgi  # noqa: F401
 from hypothesis import strategies as st
 
 from cache import normalize

@@ -187,7 +187,7 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
     # The relay had the first chunk before this client and the second before the stream ended, so the
     # gap it saw (the second's arrival past the first's playback) is at most this client's wait between
     # them; tests/test_relay.py pins the figure itself.
-    gap = float(re.search(r'^tts_playback_gap_seconds_sum\{route="/v1/audio/speech"\} (\S+)$', text, re.M)[1])
+    gap = float(re.search(r'^tts_playback_gap_seconds_sum\{route="/v1/audio/speech"\} (\S+)$', str(text), re.M)[1])
     assert 0 <= gap <= waited, (gap, waited)
 
 
