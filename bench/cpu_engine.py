@@ -17,10 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness
+import figures
 import httpx
+import processes
 from engine_bench import UPSTREAM
-from harness import Cluster, Texts, markdown_table, say, spread
+from figures import markdown_table, spread
+from harness import Texts
+from processes import Cluster, say
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
@@ -32,13 +35,13 @@ MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it wr
 def engine(model: Path, tunings: list[str], threads: int, args: argparse.Namespace, wait: str = "default") -> dict:
     """engine_bench.py's JSON for `tunings`, with --fidelity; `wait`: OMP_WAIT_POLICY ("default": unset)."""
     say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
-    env = harness.bench_env()
+    env = processes.bench_env()
     env.pop("OMP_WAIT_POLICY", None)
     env |= {} if wait == "default" else {"OMP_WAIT_POLICY": wait}
     cmd = ["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes]
     cmd += ["--chunks", str(args.chunks), "--rounds", str(args.rounds), "--threads", str(threads)]
     with tempfile.TemporaryDirectory() as tmp:
-        data, stdout = harness.engine_bench([*cmd, "--fidelity"], Path(tmp) / "engine.json", env)
+        data, stdout = processes.engine_bench([*cmd, "--fidelity"], Path(tmp) / "engine.json", env)
     print(stdout, end="", flush=True)
     return data
 
@@ -114,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-rounds", type=int, default=5, help="one-sentence requests per worker through HTTP")
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the tables")
     args = parser.parse_args(argv)
-    started, info = time.monotonic(), harness.machine()
+    started, info = time.monotonic(), processes.machine()
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    model = args.model or harness.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
+    model = args.model or processes.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
     if not args.model and not (model / "model.json").exists():
         say(f"writing the full-size random checkpoint to {model}")
-        harness.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
+        processes.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
     sizes, counts = [int(s) for s in args.batch_sizes.split(",")], [int(t) for t in args.threads.split(",")]
     tunings = ["float32", *[t for t in args.tunings.split(",") if t != "float32"]]
     first = engine(model, tunings, counts[0], args)
@@ -147,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         text += markdown_table(HTTP_HEAD, http)
     print("\n" + text)
     if args.write:
-        harness.write_section(args.write, CPU_BEGIN, CPU_END, text)
+        figures.write_section(args.write, CPU_BEGIN, CPU_END, text)
         say(f"wrote the table into {args.write}")
     return 0
 

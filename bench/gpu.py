@@ -17,8 +17,10 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness
-from harness import MIB, ROOT, BenchError, Cluster, Figure, Proc, Texts, make_spec, say
+import processes
+from figures import Figure, percentile, table
+from harness import Texts, make_spec
+from processes import MIB, ROOT, BenchError, Cluster, Proc, say
 
 from cache import SAMPLE_RATE, Spec
 from common.keys import chunk_key, pieces_key
@@ -78,7 +80,7 @@ class Bench:
 
     def memory(self, pid: int) -> float | None:
         """MiB the process holds: on the GPU (None where nvidia-smi does not say), else its RSS."""
-        return gpu_mib(pid) if self.gpu else harness.rss_bytes(pid) / MIB
+        return gpu_mib(pid) if self.gpu else processes.rss_bytes(pid) / MIB
 
     @contextmanager
     def workers(self, envs: list[dict[str, str]]) -> Iterator[Workers]:
@@ -127,7 +129,7 @@ class Bench:
                         marks.setdefault(i, now)
             return len(seen[2]) == n
 
-        harness.wait_for(look, 600, f"{len(specs)} requests on {[q for _, q in workers]}", interval=0.005)
+        processes.wait_for(look, 600, f"{len(specs)} requests on {[q for _, q in workers]}", interval=0.005)
         failed = [j.id for j in jobs if j.get_status(refresh=True) != "finished"]
         if failed:
             raise BenchError(f"{len(failed)} of {len(jobs)} jobs failed: {failed[:3]}")
@@ -159,7 +161,7 @@ class Bench:
                 mem = [(after - before) / len(workers)] if after is not None and before is not None else []
             kind = "GPU memory" if self.gpu else "RSS"
             figures = [Figure("8", f"{kind} per worker, idle after warm-up ({how}){tag}", "MiB", mem)]
-            model_id, texts = harness.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+            model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
             ttfc = []
             for _ in range(1 if self.quick else 2):
                 ttfc.append(1000 * self.measure([make_spec(texts.text(4), model_id)], workers[:1])[1][0])
@@ -188,14 +190,14 @@ class Bench:
         with self.workers(envs) as workers:
             by = dict(zip(schedulers, workers))
             idle = {s: self.memory(proc.pid) for s, (proc, _) in by.items()}
-            model_id, texts = harness.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+            model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
             for r in range(self.rounds_now("schedulers")):
                 for n in streams:
                     for s in schedulers if (r + n) % 2 == 0 else schedulers[::-1]:
                         specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
                         heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
                         one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
-                        one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * harness.percentile(heard, 95)}
+                        one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * percentile(heard, 95)}
                         one["memory"] = peak[0] - (idle[s] or 0.0)
                         for key, value in one.items():
                             got[(s, n)].setdefault(key, []).append(value)
@@ -260,17 +262,17 @@ def main(argv: list[str] | None = None) -> int:
                 model = args.model
             elif gpu:
                 say(f"writing the full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)")
-                model = harness.write_tiny_model(cluster.tmp / "full-model", MAX_NEW_TOKEN, full_size=True)
+                model = processes.write_tiny_model(cluster.tmp / "full-model", MAX_NEW_TOKEN, full_size=True)
             else:
                 say("writing the tiny checkpoint")
-                model = harness.write_tiny_model(cluster.tmp / "tiny-model")
+                model = processes.write_tiny_model(cluster.tmp / "tiny-model")
             device = "cuda:0" if gpu else "cpu"
             say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {mode['tunings']}")
             cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", mode["tunings"]]
             cmd += ["--chunks", "1", "--rounds", str(rounds), "--fidelity", "--device", device]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
-            engine, stdout = harness.engine_bench(cmd, cluster.tmp / "engine.json")
+            engine, stdout = processes.engine_bench(cmd, cluster.tmp / "engine.json")
             print(stdout, end="", flush=True)
             sizes = [int(s) for s in mode["batch_sizes"].split(",")]
             figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
@@ -281,17 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
-    info = harness.machine()
+    info = processes.machine()
     head = (
         f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
         f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s"
     )
-    print(f"\n{head}\n{harness.table(figures, markdown=False)}")
+    print(f"\n{head}\n{table(figures, markdown=False)}")
     target = args.write if args.write is not None else ("BENCHMARKS.md" if gpu else "")
     if target:
         when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         with (ROOT / target).open("a") as f:
-            f.write(f"\n### `bench/gpu.sh` on {name}, {when}\n\n{head}\n\n{harness.table(figures, markdown=True)}\n")
+            f.write(f"\n### `bench/gpu.sh` on {name}, {when}\n\n{head}\n\n{table(figures, markdown=True)}\n")
         if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir():  # the device sends $OUT back
             shutil.copy(ROOT / target, Path(os.environ["OUT"]) / Path(target).name)
         say(f"appended the table to {target}")

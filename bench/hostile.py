@@ -6,7 +6,7 @@ import secrets
 from collections import Counter
 from typing import Any, Callable, Iterable
 
-from harness import percentile
+from figures import percentile
 from traffic import Answer, Record
 
 # Tenants of the soak's two named keys: BUSY sends the mixed load, the poison and the flood; QUIET only short,

@@ -9,7 +9,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
-from harness import BenchError, percentile
+from figures import percentile
+from processes import BenchError
 
 HOST = "127.0.0.1"
 # An open loop with this many requests in flight is far past saturation: it stops rather than pile up more.

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-# The repository's root is on sys.path: uvicorn runs as `python -m` from it (harness.Cluster.start_app).
+# The repository's root is on sys.path: uvicorn runs as `python -m` from it (processes.Cluster.start_app).
 from cache import Spec, normalize
 from common import audio
 from common.model import decode_all

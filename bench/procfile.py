@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from harness import ROOT, Cluster, Proc
+from processes import ROOT, Cluster, Proc
 
 
 def command(name: str) -> str:

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import BenchError
+from processes import BenchError
 
 TIMEOUT = 10  # seconds a request may take before wrk counts it as a timeout (an error: the run fails)
 # The script's end: one line of JSON after this mark, written by wrk's `done` hook.

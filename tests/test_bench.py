@@ -21,20 +21,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import loadgen  # noqa: E402
 import procfile  # noqa: E402
 import wrk  # noqa: E402
-from harness import (  # noqa: E402
-    Bench,
-    BenchError,
-    Cluster,
-    Figure,
-    Reading,
-    Scenario,
-    interleaved,
-    percentile,
-    perform,
-    spread,
-    table,
-    write_section,
-)
+from figures import Figure, interleaved, percentile, spread, table, write_section  # noqa: E402
+from harness import Bench, Reading, Scenario, perform  # noqa: E402
+from processes import BenchError, Cluster  # noqa: E402
 
 
 def test_a_figure_is_judged_on_the_median_of_its_run_by_run_ratios_or_in_every_run() -> None:

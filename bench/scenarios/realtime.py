@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import httpx
 import loadgen
 import procfile
-from harness import Bench, Reading, Texts, exactly, most, percentile
+from figures import exactly, most, percentile
+from harness import Bench, Reading, Texts
 from websockets.sync.client import ClientConnection, connect
 
 from scenarios.serving import MIXED_CONNECTIONS, mixed_requests, seed_pool
