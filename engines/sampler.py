@@ -245,20 +245,50 @@ class Sampler:
         return probs
 
     def _penalize(self, rows: Sequence[Row], members: list[int], scores: list[Any]) -> None:
-        """Apply the processors (the repetition penalty) of rows sharing their settings to their scores, in place
-        in `scores`: those with PAST_WINDOW codes in one call, the others one by one."""
+        """Apply the processors of rows sharing their settings to their scores, in place in `scores`: ChatTTS's
+        repetition penalty to every row in one call (`penalize`), any other processor row by row."""
         torch, nv = self.torch, self.num_vq
         processors = rows[members[0]].processors
-        full = [i for i in members if rows[i].made >= PAST_WINDOW]
-        if full and processors:
-            history = torch.cat([rows[i].codes.narrow(0, rows[i].made - PAST_WINDOW, PAST_WINDOW).T for i in full])
-            lines = torch.cat([scores[i] for i in full])
-            for process in processors:
-                lines = process(history, lines)
-            for j, i in enumerate(full):
+        repeat: Any = processors[0] if len(processors) == 1 else None
+        if (
+            type(repeat).__name__ == "CustomRepetitionPenaltyLogitsProcessorRepeat"
+            and repeat.past_window == PAST_WINDOW
+        ):
+            vocab = scores[members[0]].size(1)
+            # Each row's last PAST_WINDOW codes, fewer padded with `vocab`, which penalize counts apart.
+            window = torch.full((len(members) * nv, PAST_WINDOW), vocab, dtype=torch.long, device=self.device)
+            for j, i in enumerate(members):
+                n = min(rows[i].made, PAST_WINDOW)
+                if n:
+                    window[j * nv : (j + 1) * nv, PAST_WINDOW - n :] = rows[i].codes.narrow(0, rows[i].made - n, n).T
+            lines = penalize(repeat.penalty, window, torch.cat([scores[i] for i in members]))
+            for j, i in enumerate(members):
                 scores[i] = lines.narrow(0, j * nv, nv)
+            return
         for i in members:
-            if rows[i].made < PAST_WINDOW or not processors:
-                history = rows[i].codes.narrow(0, 0, rows[i].made).permute(1, 0)
-                for process in processors:
-                    scores[i] = process(history, scores[i])
+            history = rows[i].codes.narrow(0, 0, rows[i].made).permute(1, 0)
+            for process in processors:
+                scores[i] = process(history, scores[i])
+
+
+def penalize(penalty: float, window: Any, lines: Any) -> Any:
+    """ChatTTS's `CustomRepetitionPenaltyLogitsProcessorRepeat` of one row applied to each line of `lines`
+    (lines, vocab) with that line's codes in `window` (lines, PAST_WINDOW), entries equal to vocab being none.
+
+    The processor counts each code of a row's window (`one_hot(...).sum`)
+    and scales a score by penalty ** count (multiplied where negative,
+    divided where not). The counts here come from one `scatter_add_` over
+    every line, the padding counted in a column that is dropped: the same
+    integers, so the same float operations on each score as the processor
+    applied to the row alone. (Applied to a batch of over 156 rows at once,
+    the processor itself would leave the lines past its 625th unpenalized;
+    a row here never depends on its batch.)
+    """
+    import torch
+
+    vocab = lines.size(1)
+    counts = torch.zeros(lines.size(0), vocab + 1, dtype=torch.long, device=lines.device)
+    freq = counts.scatter_add_(1, window, torch.ones_like(window)).narrow(1, 0, vocab)
+    alpha = torch.pow(penalty, freq)
+    lines = lines.contiguous()
+    return torch.where(lines < 0, lines.multiply(alpha), lines.divide(alpha))

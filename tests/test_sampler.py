@@ -1,13 +1,15 @@
-"""The sampler's top-p (engines/sampler.TopP) against transformers' TopPLogitsWarper, which ChatTTS's
-GPT.generate applies: the very scores, on lines of every kind a step meets."""
+"""The sampler's top-p (engines/sampler.TopP) against transformers' TopPLogitsWarper and its batched repetition
+penalty (engines/sampler.penalize) against ChatTTS's processor on each row alone, which ChatTTS's GPT.generate
+applies: the very scores, on lines of every kind a step meets."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from ChatTTS.model.processors import CustomRepetitionPenaltyLogitsProcessorRepeat
 from transformers.generation import TopPLogitsWarper
 
-from engines.sampler import TopP
+from engines.sampler import PAST_WINDOW, TopP, penalize
 
 VOCAB = 626  # ChatTTS's num_audio_tokens
 
@@ -50,3 +52,24 @@ def test_scores_that_are_not_float32_on_the_cpu_go_to_the_warper() -> None:
     warper = TopPLogitsWarper(0.7, min_tokens_to_keep=3)
     scores = lines(2, 2, 1.0).double()
     assert torch.equal(TopP(warper)(None, scores.clone()), warper(None, scores.clone()))
+
+
+def test_penalize_makes_what_the_processor_makes_of_each_row_alone() -> None:
+    """Rows with 0 to 40 codes made (windows short, full and past), in one call: each row's lines equal the
+    processor's on that row alone, given the row's whole history as ChatTTS gives it."""
+    processor = CustomRepetitionPenaltyLogitsProcessorRepeat(1.05, VOCAB - 1, PAST_WINDOW)
+    rng = torch.Generator().manual_seed(3)
+    made = [0, 1, 5, 15, 16, 17, 40, 3]
+    # Few distinct codes, so that counts above 1 occur.
+    histories = [torch.randint(0, 12, (4, n), generator=rng) for n in made]
+    scores = torch.randn(len(made) * 4, VOCAB, generator=rng) * 5
+    window = torch.full((len(made) * 4, PAST_WINDOW), VOCAB, dtype=torch.long)
+    for j, history in enumerate(histories):
+        n = min(history.size(1), PAST_WINDOW)
+        if n:
+            window[j * 4 : (j + 1) * 4, PAST_WINDOW - n :] = history[:, history.size(1) - n :]
+    together = penalize(1.05, window, scores.clone())
+    for j, history in enumerate(histories):
+        alone = processor(history, scores[j * 4 : (j + 1) * 4].clone())
+        assert torch.equal(together[j * 4 : (j + 1) * 4], alone), made[j]
+    assert not torch.equal(together, scores)  # the penalty changed something
