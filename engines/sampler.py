@@ -205,13 +205,14 @@ class Sampler:
         import torch.nn.utils.parametrize as P
 
         torch, gpt, nv = self.torch, self.gpt, self.num_vq
+        # GPT.generate runs the heads over every position and keeps the last; a prefill's other positions are
+        # never read, so only the last goes through them (the same products for it: tests/test_loop.py).
+        hidden = hidden.narrow(1, -1, 1)
         with P.cached():
-            logits = torch.empty(
-                hidden.size(0), hidden.size(1), gpt.num_audio_tokens, nv, dtype=torch.float, device=gpt.device
-            )
+            logits = torch.empty(hidden.size(0), 1, gpt.num_audio_tokens, nv, dtype=torch.float, device=gpt.device)
             for vq in range(nv):
                 logits[..., vq] = gpt.head_code[vq](hidden)
-        logits = logits.narrow(1, -1, 1).squeeze_(1).float().permute(0, 2, 1)
+        logits = logits.squeeze_(1).float().permute(0, 2, 1)
         logits = logits.reshape(-1, logits.size(2))
         return [logits.narrow(0, i * nv, nv) / row.temperature for i, row in enumerate(rows)]
 
