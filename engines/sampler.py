@@ -1,10 +1,12 @@
 """A decode loop row's state, and its next codes sampled as ChatTTS's `GPT.generate` samples them.
 
-Sampling follows `GPT.generate` (ChatTTS 0.2.5) operation for operation:
-logits / temperature, repetition penalty 1.05 over the last 16 codes, top-p,
-top-k, softmax, multinomial from a generator re-seeded with the row's seed
-every step (ChatTTS re-seeds its one generator every step when given a
-`manual_seed`), the whole batch's draws in one call (`Sampler.draw`).
+Sampling makes the numbers of `GPT.generate` (ChatTTS 0.2.5) on each row
+alone: logits / temperature, repetition penalty 1.05 over the last 16 codes,
+top-p, top-k, softmax, multinomial from a generator re-seeded with the row's
+seed every step (ChatTTS re-seeds its one generator every step when given a
+`manual_seed`). Three of those run for the whole batch in one call where
+upstream's run per row or cost more on a CPU, each proven equal: the draws
+(`Sampler.draw`), the penalty (`penalize`) and top-p (`TopP`).
 
 Imports torch on construction only; the worker side alone imports engines/.
 """
