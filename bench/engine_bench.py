@@ -1,6 +1,7 @@
 """The model alone, in-process: real-time factor, chunks/s and peak memory by batch size for each engine tuning.
 
-Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32) is built from
+Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
+worker's continuous decode loop on float32, each batch joined at once and stepped to its end) is built from
 copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch) runs the same
 one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each tuning against
 float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Texts
 
 UPSTREAM = "upstream"
+LOOP = "loop"
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
@@ -44,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("chattts").setLevel(logging.ERROR)  # it warns on every chunk at the cap: random weights' all
 
+    import numpy as np
     import torch
 
     from cache import Spec
+    from common.model import decode_all
     from common.settings import from_env
     from engines import fidelity, tuning
     from engines.chattts import ChatTTSEngine
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     base = (chat.gpt.gpt, chat.decoder)
     variants = {}
     for label in labels:
-        tuned = tuning.Tuning() if label == UPSTREAM else tuning.Tuning.from_label(label)
+        tuned = tuning.Tuning() if label in (UPSTREAM, LOOP) else tuning.Tuning.from_label(label)
         started = time.perf_counter()
         variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     fidelities = {}
-    for label in [label for label in labels if label != UPSTREAM] if args.fidelity else []:
+    for label in [label for label in labels if label not in (UPSTREAM, LOOP)] if args.fidelity else []:
         f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=seed)
         fidelities[label] = {**dataclasses.asdict(f), "passes": f.passes}
         print(
@@ -100,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                     spk_emb=chat.sample_random_speaker(), manual_seed=seed, max_new_token=cap, show_tqdm=False
                 )
                 wavs = [w.reshape(-1) for w in chat.infer(batch, params_infer_code=params, **UPSTREAM_PLAIN)]
+            elif label == LOOP:
+                rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
+                made = decode_all(engine.decoder(size, settings.stream_tokens, True), rows)
+                wavs = [np.concatenate([piece.samples for piece in made[key]]) for key, _ in rows]
             else:
                 wavs = engine.synthesize([dataclasses.replace(spec, chunks=(text,)) for text in batch])
             samples += sum(len(w) for w in wavs)
