@@ -90,8 +90,8 @@ class TopP:
     sorted values and removes the lowest ones whose sum stays within
     1 - top_p (a prefix of the sorted line, as the sum never decreases), all
     but its last `min_tokens_to_keep`. The sorted values are the same
-    whichever sort makes them, so numpy's (about 7x faster than torch's on a
-    CPU for a batch of 626-token lines) feeds the same softmax and cumsum,
+    whichever sort makes them, so numpy's (far faster than torch's on a CPU
+    for a batch of 626-token lines: BENCHMARKS.md) feeds the same softmax and cumsum,
     and a line loses the tokens below its first kept value: the same tokens,
     unless the values on both sides of that boundary are equal, where the
     warper's unstable sort picks among them; such a call, and any not on the
