@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     spec = Spec(chunks=tuple(texts), model=info.id, seed=seed)
 
+    loops: dict[int, Any] = {}  # batch size -> the `loop` tuning's decoder, empty between batches
+
     def run(label: str, size: int, count: int) -> tuple[float, int, int]:
         """Seconds, chunks and audio samples of `label` on whole batches of `size`, at least `count` texts."""
         chat.gpt.gpt, chat.decoder = variants[label]
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 wavs = [w.reshape(-1) for w in chat.infer(batch, params_infer_code=params, **UPSTREAM_PLAIN)]
             elif label == LOOP:
                 rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
-                made = decode_all(engine.decoder(size, settings.stream_tokens, True), rows)
+                loop = loops.setdefault(size, engine.decoder(size, settings.stream_tokens, True))
+                made = decode_all(loop, rows)
                 wavs = [np.concatenate([piece.samples for piece in made[key]]) for key, _ in rows]
             else:
                 wavs = engine.synthesize([dataclasses.replace(spec, chunks=(text,)) for text in batch])

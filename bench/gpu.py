@@ -33,7 +33,7 @@ WORKERS = [1, 2]  # workers on one GPU (or machine)
 # What each mode measures: the engine's batch sizes and tunings, concurrent streams per scheduler.
 MODES = {
     "GPU": {"batch_sizes": "1,8,32", "tunings": "float32,bfloat16,bfloat16+compile,loop", "streams": "1,8,32,64"},
-    "CPU": {"batch_sizes": "1,4", "tunings": "float32,bfloat16", "streams": "1,4"},
+    "CPU": {"batch_sizes": "1,4", "tunings": "float32,bfloat16,loop", "streams": "1,4"},
 }
 # The schedulers part's figures: key, name, unit.
 STREAM_FIGURES = [("rtf", "real-time factor per stream (median)", "x"), ("rate", "throughput", "chunks/s")]

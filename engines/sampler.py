@@ -125,8 +125,10 @@ class Sampler:
 
     def __init__(self, chat: Any) -> None:
         import torch
-        from ChatTTS.model.processors import gen_logits
+        from ChatTTS.model.processors import CustomRepetitionPenaltyLogitsProcessorRepeat, gen_logits
+        from transformers.generation import TopPLogitsWarper
 
+        self.repeat_type, self.top_p_type = CustomRepetitionPenaltyLogitsProcessorRepeat, TopPLogitsWarper
         self.torch = torch
         self.gpt = chat.gpt
         self.device = chat.device
@@ -142,7 +144,7 @@ class Sampler:
             warpers, processors = self.gen_logits(
                 num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
             )
-            warpers = [TopP(w) if type(w).__name__ == "TopPLogitsWarper" else w for w in warpers]
+            warpers = [TopP(w) if isinstance(w, self.top_p_type) else w for w in warpers]
             self._warpers[(top_p, top_k)] = (processors, warpers)
         return self._warpers[(top_p, top_k)]
 
@@ -253,10 +255,7 @@ class Sampler:
         torch, nv = self.torch, self.num_vq
         processors = rows[members[0]].processors
         repeat: Any = processors[0] if len(processors) == 1 else None
-        if (
-            type(repeat).__name__ == "CustomRepetitionPenaltyLogitsProcessorRepeat"
-            and repeat.past_window == PAST_WINDOW
-        ):
+        if isinstance(repeat, self.repeat_type) and repeat.past_window == PAST_WINDOW:
             vocab = scores[members[0]].size(1)
             # Each row's last PAST_WINDOW codes, fewer padded with `vocab`, which penalize counts apart.
             window = torch.full((len(members) * nv, PAST_WINDOW), vocab, dtype=torch.long, device=self.device)

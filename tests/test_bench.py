@@ -163,6 +163,7 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None
         "real-time factor, batch 1, float32",
         "real-time factor, batch 4, bfloat16 (vs float32)",
         "engine throughput, batch 4, bfloat16",
+        "real-time factor, batch 4, loop (vs float32)",
         "fidelity bfloat16: first-step logits cosine vs float32",
         "fidelity bfloat16: first 64 sampled steps equal to float32's",
         "RSS per worker, idle after warm-up (CPU mode), cross-batching on",
