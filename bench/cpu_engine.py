@@ -18,17 +18,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures
-import httpx
 import processes
 from engine_bench import UPSTREAM
 from figures import markdown_table, spread
 from harness import Texts
 from processes import Cluster, say
+from scenarios.realtime import speech_round
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
 HTTP_HEAD = ["worker's TTS_QUANTIZE (other settings default)", "requests", "first audio (s)", "RTF via HTTP"]
-PCM_BYTES_PER_SECOND = 48_000  # the speech route's raw PCM: 24 kHz, 16-bit, mono
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it writes
 
 
@@ -73,20 +72,6 @@ def best(data: dict, size: int) -> str:
     return min(labels, key=lambda label: statistics.median(rtfs(data, label, size).values()))
 
 
-def stream_once(url: str, text: str) -> tuple[float, float]:
-    """One streamed `POST /v1/audio/speech` (pcm): (seconds to the first audio byte, whole time / audio seconds)."""
-    started, first, size = time.monotonic(), None, 0
-    body = {"model": "tts-1", "input": text, "response_format": "pcm"}
-    with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for piece in r.iter_bytes():
-            first = time.monotonic() - started if first is None and piece else first
-            size += len(piece)
-    if first is None:
-        raise RuntimeError("the stream ended without audio")
-    return first, (time.monotonic() - started) / (size / PCM_BYTES_PER_SECOND)
-
-
 def http_rows(model: Path, quantizations: list[str], rounds: int) -> list[list[str]]:
     """The web process and one worker on `model`, default settings but TTS_QUANTIZE: `rounds` one-sentence
     requests streamed one at a time after one uncounted."""
@@ -98,9 +83,9 @@ def http_rows(model: Path, quantizations: list[str], rounds: int) -> list[list[s
             say(f"HTTP: a worker on {model.name}, TTS_QUANTIZE={quantize}")
             worker = c.start_worker(f"worker-{quantize}", {"TTS_MODEL_PATH": str(model), "TTS_QUANTIZE": quantize})
             c.wait_workers([worker], "tts", timeout=900)
-            runs = [stream_once(url, texts.sentence()) for _ in range(rounds + 1)][1:]
+            runs = [speech_round(url, texts.sentence()) for _ in range(rounds + 1)][1:]
             c.stop(worker)
-            out.append([quantize, str(rounds), spread([r[0] for r in runs], 2), spread([r[1] for r in runs], 2)])
+            out.append([quantize, str(rounds), spread([r[0] for r in runs], 2), spread([r[1] / r[3] for r in runs], 2)])
     return out
 
 

@@ -30,6 +30,7 @@ from work import queueing
 LATE = 360  # seconds into the run past which each later part runs one short round: the device lends 10 minutes
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint (GPU)
 WORKERS = [1, 2]  # workers on one GPU (or machine)
+SCHEDULERS = ("continuous", "static")
 # What each mode measures: the engine's batch sizes and tunings, concurrent streams per scheduler.
 MODES = {
     "GPU": {"batch_sizes": "1,8,32", "tunings": "float32,bfloat16,bfloat16+compile,loop", "streams": "1,8,32,64"},
@@ -143,37 +144,32 @@ class Bench:
             raise BenchError(f"{audio.count(0)} of {len(specs)} requests stored no audio")
         return (*[[marks[i] for i in range(len(specs))] for marks in seen], audio, most)
 
-    def workers_part(self, counts: list[int]) -> list[Figure]:
-        """1 and more workers on one GPU (or machine): memory, time to first chunk, throughput."""
+    def workers_part(self, counts: list[int], pool: Workers, before: float | None) -> list[Figure]:
+        """1 and more workers (the first of `pool`) on one GPU (or machine): memory, time to first chunk,
+        throughput; `before`: the GPU's used MiB before the pool started."""
         tag, where = ", cross-batching on", "GPU" if self.gpu else "machine"
         rounds = self.rounds_now("worker")
-        say(f"starting {max(counts)} workers ({self.threads} torch thread(s) each)")
-        before = gpu_mib() if self.gpu else None
-        # A GPU gains from wide calls (README, "Scheduling"); a CPU from a few rows.
-        envs = [{"TTS_BATCH_SIZE": "16" if self.gpu else "4"}] * max(counts)
         rate: dict[int, list[float]] = {n: [] for n in counts}
         audio: dict[int, list[float]] = {n: [] for n in counts}
-        with self.workers(envs) as workers:
-            say("workers ready")
-            mem, how = [self.memory(p.pid) for p, _ in workers], "nvidia-smi, per process" if self.gpu else "CPU mode"
-            if None in mem:
-                after, how = gpu_mib(), "rise of the GPU's used memory / workers"
-                mem = [(after - before) / len(workers)] if after is not None and before is not None else []
-            kind = "GPU memory" if self.gpu else "RSS"
-            figures = [Figure("8", f"{kind} per worker, idle after warm-up ({how}){tag}", "MiB", mem)]
-            model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
-            ttfc = []
-            for _ in range(1 if self.quick else 2):
-                ttfc.append(1000 * self.measure([make_spec(texts.text(4), model_id)], workers[:1])[1][0])
-            figures.append(Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms", ttfc))
-            for r in range(rounds):
-                for n in counts if r % 2 == 0 else counts[::-1]:
-                    size, jobs = 4 if self.gpu else 2, n * (1 if self.quick else 2)
-                    specs = [make_spec(texts.text(size), model_id) for _ in range(jobs)]
-                    _, _, ended, made, _ = self.measure(specs, workers[:n])
-                    rate[n].append(sum(len(s.chunks) for s in specs) / max(ended))
-                    audio[n].append(sum(made) / max(ended))
-                    say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} audio s/s")
+        mem, how = [self.memory(p.pid) for p, _ in pool], "nvidia-smi, per process" if self.gpu else "CPU mode"
+        if None in mem:
+            after, how = gpu_mib(), "rise of the GPU's used memory / workers"
+            mem = [(after - before) / len(pool)] if after is not None and before is not None else []
+        kind = "GPU memory" if self.gpu else "RSS"
+        figures = [Figure("8", f"{kind} per worker, idle after warm-up ({how}){tag}", "MiB", mem)]
+        model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+        ttfc = []
+        for _ in range(1 if self.quick else 2):
+            ttfc.append(1000 * self.measure([make_spec(texts.text(4), model_id)], pool[:1])[1][0])
+        figures.append(Figure("8", f"time to first chunk, 4-chunk request, idle worker{tag}", "ms", ttfc))
+        for r in range(rounds):
+            for n in counts if r % 2 == 0 else counts[::-1]:
+                size, jobs = 4 if self.gpu else 2, n * (1 if self.quick else 2)
+                specs = [make_spec(texts.text(size), model_id) for _ in range(jobs)]
+                _, _, ended, made, _ = self.measure(specs, pool[:n])
+                rate[n].append(sum(len(s.chunks) for s in specs) / max(ended))
+                audio[n].append(sum(made) / max(ended))
+                say(f"  round {r}, {n} worker(s): {rate[n][-1]:.2f} chunks/s, {audio[n][-1]:.2f} audio s/s")
         for n in counts:
             vs, baseline = (f" (vs {counts[0]})", rate[counts[0]]) if n != counts[0] else ("", [])
             name = f"{n} worker(s) per {where}: throughput{vs}{tag}"
@@ -181,27 +177,23 @@ class Bench:
             figures.append(Figure("8", f"{n} worker(s): audio seconds made per second{tag}", "x", audio[n]))
         return figures
 
-    def streams_part(self, streams: list[int]) -> list[Figure]:
-        """Continuous against static scheduling, one worker each, at each count of concurrent one-chunk requests."""
-        say(f"starting one worker per scheduler, batches of {max(streams)}")
-        schedulers = ("continuous", "static")
-        got: dict[tuple[str, int], dict[str, list[float]]] = {(s, n): {} for s in schedulers for n in streams}
-        envs = [{"TTS_SCHEDULING": s, "TTS_BATCH_SIZE": str(max(streams))} for s in schedulers]
-        with self.workers(envs) as workers:
-            by = dict(zip(schedulers, workers))
-            idle = {s: self.memory(proc.pid) for s, (proc, _) in by.items()}
-            model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
-            for r in range(self.rounds_now("schedulers")):
-                for n in streams:
-                    for s in schedulers if (r + n) % 2 == 0 else schedulers[::-1]:
-                        specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
-                        heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
-                        one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
-                        one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * percentile(heard, 95)}
-                        one["memory"] = peak[0] - (idle[s] or 0.0)
-                        for key, value in one.items():
-                            got[(s, n)].setdefault(key, []).append(value)
-                        say(f"  round {r}, {n} stream(s), {s}: " + ", ".join(f"{k} {v:.3g}" for k, v in one.items()))
+    def streams_part(self, streams: list[int], by: dict[str, tuple[Proc, str]]) -> list[Figure]:
+        """Continuous against static scheduling (`by`: a worker each), at each count of concurrent one-chunk
+        requests."""
+        got: dict[tuple[str, int], dict[str, list[float]]] = {(s, n): {} for s in SCHEDULERS for n in streams}
+        idle = {s: self.memory(proc.pid) for s, (proc, _) in by.items()}
+        model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+        for r in range(self.rounds_now("schedulers")):
+            for n in streams:
+                for s in SCHEDULERS if (r + n) % 2 == 0 else SCHEDULERS[::-1]:
+                    specs = [make_spec(texts.sentence(), model_id) for _ in range(n)]
+                    heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
+                    one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
+                    one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * percentile(heard, 95)}
+                    one["memory"] = peak[0] - (idle[s] or 0.0)
+                    for key, value in one.items():
+                        got[(s, n)].setdefault(key, []).append(value)
+                    say(f"  round {r}, {n} stream(s), {s}: " + ", ".join(f"{k} {v:.3g}" for k, v in one.items()))
         how = "GPU memory above idle at the peak (nvidia-smi)" if self.gpu else "RSS above idle at the peak (CPU mode)"
         figures = []
         for n, (key, what, unit) in [(n, f) for n in streams for f in [*STREAM_FIGURES, ("memory", how, "MiB")]]:
@@ -278,8 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
             cluster.start_redis()
             bench = Bench(cluster, model, gpu, max(1, cores // max(WORKERS)), args.quick, rounds, started)
-            figures += bench.workers_part(WORKERS)
-            figures += bench.streams_part([int(n) for n in mode["streams"].split(",")])
+            streams = [int(n) for n in mode["streams"].split(",")]
+            # One pool for both parts: the workers part's (continuous), then a static one; batches of the most streams.
+            kinds = ["continuous"] * max(WORKERS) + ["static"]
+            envs = [{"TTS_SCHEDULING": kind, "TTS_BATCH_SIZE": str(max(streams))} for kind in kinds]
+            say(f"starting {len(envs)} workers ({bench.threads} torch thread(s) each, batches of {max(streams)})")
+            before = gpu_mib() if gpu else None
+            with bench.workers(envs) as pool:
+                say("workers ready")
+                figures += bench.workers_part(WORKERS, pool[: max(WORKERS)], before)
+                figures += bench.streams_part(streams, dict(zip(SCHEDULERS, (pool[0], pool[-1]))))
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,6 @@
-"""The benchmarks' processes: children with their logs, a private Redis, uvicorn apps and rq workers on it, the
-waits on them, and the machine the figures come from."""
+"""The benchmarks' processes: children with their logs, a private Redis, uvicorn apps (with the Procfile's own web
+flags where what deploys is measured) and rq workers on it, the waits on them, and the machine the figures come
+from."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -162,6 +164,25 @@ def http_ok(port: int, path: str) -> bool:
         return False
 
 
+def procfile_command(name: str) -> str:
+    """The command of process type `name` in the Procfile; KeyError when there is none."""
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        kind, sep, rest = line.partition(":")
+        if sep and kind.strip() == name:
+            return rest.strip()
+    raise KeyError(f"the Procfile has no {name!r} line")
+
+
+def web_flags(port: int) -> list[str]:
+    """uvicorn's options in the Procfile's web line (everything after the app), on 127.0.0.1:`port`."""
+    args = shlex.split(procfile_command("web"))
+    if args[:1] != ["uvicorn"]:
+        raise ValueError(f"the Procfile's web line does not start uvicorn: {procfile_command('web')!r}")
+    flags = [arg.replace("${PORT:-8000}", str(port)) for arg in args[2:]]
+    flags[flags.index("--host") + 1] = "127.0.0.1"
+    return flags
+
+
 @dataclass
 class Cluster:
     """The processes of one benchmark run, in one temporary directory; `close` stops them all."""
@@ -234,6 +255,12 @@ class Cluster:
         wait_for(lambda: http_ok(port, "/healthz"), 240, f"{name} to answer /healthz", procs=[proc])
         return proc, port
 
+    def start_web(
+        self, name: str, app: str = "service:create_app", app_dir: str = ".", env: dict[str, str] | None = None
+    ) -> tuple[Proc, int]:
+        """`start_app` with the Procfile's web flags: what deploys."""
+        return self.start_app(name, app, env or {}, app_dir, web_flags)
+
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
         """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`); `env` may set
         REDIS_URL (another database)."""
@@ -242,22 +269,9 @@ class Cluster:
     def wait_workers(self, workers: list[Proc], queue: str, timeout: float = 240, redis: Redis | None = None) -> None:
         """Wait until each worker is registered on `queue` (model loaded and warm) in `redis` (default: the
         cluster's database 0)."""
-        redis, pending = redis or self.redis(), list(workers)
-
-        def registered() -> bool:
-            names = {worker.name for worker in workers_of(redis, queue)}
-            for proc in list(pending):
-                if any(is_worker_of(name, proc.pid) for name in names):
-                    pending.remove(proc)
-            return not pending
-
-        wait_for(registered, timeout, f"workers to register on queue {queue!r}", interval=0.1, procs=workers)
-
-
-def is_worker_of(name: str, pid: int) -> bool:
-    """True when `name` is the rq worker name worker.py gives itself in process `pid`."""
-    base = f"tts-{socket.gethostname()}-{pid}"
-    return name == base or name.startswith(base + "-gpu")
+        redis, pids = redis or self.redis(), {proc.pid for proc in workers}
+        registered = f"workers to register on queue {queue!r}"
+        wait_for(lambda: pids <= {w.pid for w in workers_of(redis, queue)}, timeout, registered, 0.1, workers)
 
 
 def model_info(redis: Redis) -> ModelInfo:

@@ -63,7 +63,7 @@ def start_stack(b: Bench) -> None:
     say(f"starting the stack: main worker (1 torch thread, batches of {b.batch}), web, naive server")
     b.main = b.pool("worker", "tts")
     _, b.web_port = b.cluster.start_app("web", "service:create_app", {})
-    _, b.naive_port = b.cluster.start_app("naive", "naive:create_app", b.model_env(), "bench")
+    _, b.naive_port = b.cluster.start_app("naive", "baselines:naive", b.model_env(), "bench")
     processes.wait_for(lambda: processes.http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
     say("stack ready")
 

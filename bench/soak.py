@@ -15,18 +15,16 @@ from typing import Any, Awaitable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures  # noqa: E402
-import hostile  # noqa: E402
 import processes  # noqa: E402
-import procfile  # noqa: E402
+import soak_phases  # noqa: E402
 import soak_report  # noqa: E402
 import traffic  # noqa: E402
-from hostile import BUSY, QUIET, Check  # noqa: E402
 from processes import MIB, BenchError, Proc, say  # noqa: E402
 from redis import Redis  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.worker import WorkerStatus  # noqa: E402
-from soak_phases import NEVER, PHASES, QUEUE, RESTARTING, used_memory  # noqa: E402
+from soak_phases import BUSY, NEVER, PHASES, QUEUE, QUIET, RESTARTING, Check, used_memory  # noqa: E402
 from soak_report import by_slot  # noqa: E402
 from traffic import MIX, Answer, Client, Record  # noqa: E402
 
@@ -53,7 +51,7 @@ class Soak:
     load: float  # new requests as a share of the measured capacity
     max_jobs: int | None  # None: chosen after calibration, for about RESTARTS restarts per worker
     full_seconds: float  # how long Redis stays full (at most 30 % of the run)
-    keys: dict[str, str] = field(default_factory=hostile.keys)  # tenant -> its API key
+    keys: dict[str, str] = field(default_factory=soak_phases.keys)  # tenant -> its API key
     web: Proc | None = None
     ports: dict[str, int] = field(default_factory=dict)  # the web process's ("") and the wide-chunk one's
     clients: dict[str, Client] = field(default_factory=dict)  # tenant (and the poison's) -> its client
@@ -84,7 +82,7 @@ class Soak:
 
     def start_workers(self, *slots: int) -> list[Proc]:
         """`worker.py` in each slot, with --max-jobs once it is chosen (the second's 1.5x, so the two restart apart)."""
-        env = processes.bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=hostile.api_keys(self.keys))
+        env = processes.bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=soak_phases.api_keys(self.keys))
         env.update(TTS_MODEL_PATH=str(self.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1")
         for slot in slots:
             limit = [] if self.max_jobs is None else ["--max-jobs", str(self.max_jobs + slot * self.max_jobs // 2)]
@@ -93,8 +91,8 @@ class Soak:
 
     def busy_worker(self) -> Proc | None:
         """A worker process that is running a job now, by RQ's worker records."""
-        busy = [w.name for w in processes.workers_of(self.redis(), QUEUE) if w.get_state() == WorkerStatus.BUSY]
-        return next((p for name in busy for p in self.workers.values() if processes.is_worker_of(name, p.pid)), None)
+        busy = {w.pid for w in processes.workers_of(self.redis(), QUEUE) if w.get_state() == WorkerStatus.BUSY}
+        return next((p for p in self.workers.values() if p.pid in busy), None)
 
     def job_over(self, request_id: str) -> bool:
         """True when the request's RQ job is not queued or running (over, or gone with the eviction)."""
@@ -121,7 +119,7 @@ class Soak:
 
     async def tick(self) -> None:
         """Every 0.2 s until the run stops: restart each worker that exits (as Restart=always would); the duties."""
-        duties = [(hostile.PROBE_EVERY, self.probe), (5.0, self.track_lives), (30.0, self.sample)]
+        duties = [(soak_phases.PROBE_EVERY, self.probe), (5.0, self.track_lives), (30.0, self.sample)]
         due = [0.0, 0.0, 30.0]
         while not self.stopping:
             for slot, proc in list(self.workers.items()):
@@ -180,10 +178,10 @@ class Soak:
         say("starting two workers (tiny model, 1 torch thread each) and the web process (Procfile flags)")
         max_jobs, self.max_jobs = self.max_jobs, None  # calibration workers run without a limit
         procs = self.start_workers(0, 1)
-        keyed = {"TTS_API_KEYS": hostile.api_keys(self.keys)}
-        self.web, self.ports[""] = procfile.start_web(c, "web", env=keyed)
-        wide = {**keyed, "TTS_CHUNK_CHARS": str(hostile.WIDE_CHUNKS)}
-        _, self.ports[f", TTS_CHUNK_CHARS={hostile.WIDE_CHUNKS}"] = procfile.start_web(c, "web-wide", env=wide)
+        keyed = {"TTS_API_KEYS": soak_phases.api_keys(self.keys)}
+        self.web, self.ports[""] = c.start_web("web", env=keyed)
+        wide = {**keyed, "TTS_CHUNK_CHARS": str(soak_phases.WIDE_CHUNKS)}
+        _, self.ports[f", TTS_CHUNK_CHARS={soak_phases.WIDE_CHUNKS}"] = c.start_web("web-wide", env=wide)
         c.wait_workers(procs, QUEUE)
         self.clients = {tenant: Client(self.ports[""], self.record, self.keys[tenant]) for tenant in (BUSY, QUIET)}
         busy = self.clients[BUSY]

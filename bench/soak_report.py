@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import figures
 from figures import percentile
-from hostile import Check, listing
 from processes import MIB, say
 from redis import Redis
-from soak_phases import NEVER, PHASES, QUEUE, RESTARTING, used_memory
+from soak_phases import NEVER, PHASES, QUEUE, RESTARTING, Check, listing, used_memory
 from traffic import MIX
 
 from common import keys

@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import loadgen  # noqa: E402
-import procfile  # noqa: E402
-import wrk  # noqa: E402
+import processes  # noqa: E402
 from figures import Figure, interleaved, percentile, spread, table, write_section  # noqa: E402
 from harness import Bench, Reading, Scenario, perform  # noqa: E402
 from processes import BenchError, Cluster  # noqa: E402
@@ -97,7 +96,7 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
 
 
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
-    flags = procfile.web_flags(8123)
+    flags = processes.web_flags(8123)
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
     assert flags[flags.index("--loop") + 1] == "uvloop"
     assert flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"
@@ -112,7 +111,7 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
     redis.set("bench:test:post", json.dumps({"id": "x"}))
     with Cluster() as cluster:
         cluster.redis_url = redis_url
-        _, port = procfile.start_web(cluster, "bare", "bare:create_app", "bench")
+        _, port = cluster.start_web("bare", "baselines:bare", "bench")
         get = loadgen.request("GET", "/raw/bench:test:wav")
         res = asyncio.run(loadgen.run(port, lambda: get, connections=4, duration=0.5, warmup=0.1))
         assert res.completed > 5 and res.rps > 10 and 0 < res.p(50) <= res.p(99)
@@ -123,16 +122,16 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
             asyncio.run(loadgen.run(port, lambda: missing, connections=1, duration=0.2))
         if shutil.which("wrk") is None:
             pytest.skip("wrk is not installed (apt-get install wrk; .ci/run installs it)")
-        got = wrk.run(port, "/raw/bench:test:wav", connections=4, seconds=1, min_bytes=200_004)
+        got = loadgen.wrk(port, "/raw/bench:test:wav", connections=4, seconds=1, min_bytes=200_004)
         assert got.requests > 10 and got.rps > 10 and 0 < got.p50_ms <= got.p99_ms <= got.max_ms
         assert got.bytes >= got.requests * 200_004
         # The bare app parses the body: a body the Lua script mangled would be a 500.
         body = json.dumps({"text": "Lua's long brackets ]] ]=] [==[ stay as they are"}).encode()
-        assert wrk.run(port, "/raw/bench:test:post", 2, 1, method="POST", body=body).requests > 10
+        assert loadgen.wrk(port, "/raw/bench:test:post", 2, 1, method="POST", body=body).requests > 10
         with pytest.raises(BenchError, match="errors"):
-            wrk.run(port, "/raw/bench:test:nothing", 1, 1)  # 404
+            loadgen.wrk(port, "/raw/bench:test:nothing", 1, 1)  # 404
         with pytest.raises(BenchError, match="expected at least 10000"):
-            wrk.run(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
+            loadgen.wrk(port, "/raw/bench:test:post", 1, 1, method="POST", body=body, min_bytes=10_000)
 
 
 def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None:

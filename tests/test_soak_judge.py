@@ -1,4 +1,4 @@
-"""How the soak judges its hostile phases (bench/hostile.py): the poison's outcomes, its victims, and the
+"""How the soak judges its hostile phases (bench/soak_phases.py): the poison's outcomes, its victims, and the
 quiet tenant's latency around the flood, as rows of its report. Pure functions over recorded answers; `make soak`
 runs the rest."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-import hostile  # noqa: E402
+import soak_phases  # noqa: E402
 from traffic import Answer, Record  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def test_poison_is_refused_made_failed_alone_or_wrong() -> None:
         finished=("a",),
         failed={"b": "synthesis failed: the text could not be read"},
     )
-    row, victims = hostile.judge_poison(poison, _record(), (0.0, 90.0), excused=lambda life: False)
+    row, victims = soak_phases.judge_poison(poison, _record(), (0.0, 90.0), excused=lambda life: False)
     assert "(3 bodies, each to the web process and to one with TTS_CHUNK_CHARS=1000)" in row.figure
     assert row.value == "2 (400: 1, 422: 1) / 1 / 1: synthesis failed: the text could not be read (1) / 3"
     wrong = [
@@ -66,7 +66,7 @@ def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excu
         failed={"hurt": "synthesis failed", "after": "synthesis failed"},
     )
     poison = _record(_life("poison: plain", None, 10, 20, 422))
-    row, victims = hostile.judge_poison(poison, load, (10.0, 20.0), excused=lambda life: life.status == 503)
+    row, victims = soak_phases.judge_poison(poison, load, (10.0, 20.0), excused=lambda life: life.status == 503)
     assert row.failures == []
     failed = ["new: 500", "new (quiet) dropped: never finished"]
     assert victims.value == "5 / 2; " + "; ".join(failed)
@@ -75,24 +75,26 @@ def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excu
 
 def _quiet(during: float) -> list[Answer]:
     """20 QUIET requests of 1 s before a flood at 130 s, 20 of `during` s in it, and two that do not count."""
-    lives = [_life(f"new ({hostile.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
-    lives += [_life(f"new ({hostile.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
-    return lives + [_life(f"new ({hostile.QUIET})", "late", 125, 185, 202), _life("new", "busy", 130, 190, 200)]
+    lives = [_life(f"new ({soak_phases.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
+    lives += [_life(f"new ({soak_phases.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
+    return lives + [_life(f"new ({soak_phases.QUIET})", "late", 125, 185, 202), _life("new", "busy", 130, 190, 200)]
 
 
 def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_requests() -> None:
-    row = hostile.judge_flood(_quiet(3.0), t0=100.0, flood=(130.0, 160.0), size=300)
+    row = soak_phases.judge_flood(_quiet(3.0), t0=100.0, flood=(130.0, 160.0), size=300)
     assert "flood of 300 requests was worked off (30.0 s)" in row.figure
     assert row.value.startswith("before the flood: 20 requests, p50 1.00 s, p95 1.00 s, max 1.00 s; during it: 20")
     assert row.value.endswith("p95 ratio 3.00x") and row.failures == []
-    slow = hostile.judge_flood(_quiet(3.5), t0=100.0, flood=(130.0, 160.0), size=300)
-    assert slow.failures == [f"tenant {hostile.QUIET}'s p95 latency during the flood was 3.50x its usual (bound 3x)"]
-    none = hostile.judge_flood(_quiet(3.0), t0=100.0, flood=(90.0, 95.0), size=300)
-    assert none.failures == [f"too few {hostile.QUIET} requests to compare: 0 / 0"]
+    slow = soak_phases.judge_flood(_quiet(3.5), t0=100.0, flood=(130.0, 160.0), size=300)
+    assert slow.failures == [
+        f"tenant {soak_phases.QUIET}'s p95 latency during the flood was 3.50x its usual (bound 3x)"
+    ]
+    none = soak_phases.judge_flood(_quiet(3.0), t0=100.0, flood=(90.0, 95.0), size=300)
+    assert none.failures == [f"too few {soak_phases.QUIET} requests to compare: 0 / 0"]
 
 
 def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> None:
-    bodies = hostile.poison()
+    bodies = soak_phases.poison()
     texts = [json.dumps(b) if isinstance(b, dict) else b.decode() for _, b in bodies]
     assert len(set(texts)) == len(texts)
     assert len({what for what, _ in bodies}) == len(bodies)
@@ -104,8 +106,8 @@ def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> Non
 
 
 def test_tenant_keys_are_fresh_named_and_long_enough() -> None:
-    first, second = hostile.keys(), hostile.keys()
-    assert set(first) == {hostile.BUSY, hostile.QUIET}
-    assert first[hostile.BUSY] != second[hostile.BUSY] and first[hostile.BUSY] != first[hostile.QUIET]
+    first, second = soak_phases.keys(), soak_phases.keys()
+    assert set(first) == {soak_phases.BUSY, soak_phases.QUIET}
+    assert first[soak_phases.BUSY] != second[soak_phases.BUSY] and first[soak_phases.BUSY] != first[soak_phases.QUIET]
     assert all(len(key) >= 16 for key in first.values())
-    assert hostile.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']}"
+    assert soak_phases.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']}"

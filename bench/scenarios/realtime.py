@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import httpx
 import loadgen
-import procfile
 from figures import exactly, most, percentile
 from harness import Bench, Reading, Texts
 from websockets.sync.client import ClientConnection, connect
@@ -35,7 +34,7 @@ def realtime(b: Bench) -> None:
     """10: a web process (the Procfile's flags) and a worker of their own, in database DATABASE, with
     TTS_STREAM_TOKENS=STREAM_TOKENS; every text new unless it is one of scenario 3's repeats."""
     b.pool("realtime-worker", "tts", database=DATABASE, TTS_STREAM_TOKENS=str(STREAM_TOKENS))
-    _, port = procfile.start_web(b.cluster, "realtime-web", env={"REDIS_URL": b.url(DATABASE)})
+    _, port = b.cluster.start_web("realtime-web", env={"REDIS_URL": b.url(DATABASE)})
     url, texts, rounds = f"http://127.0.0.1:{port}", b.texts, b.rounds
     pool = [texts.mixed() for _ in range(10)]
     asyncio.run(seed_pool(port, pool))
@@ -60,11 +59,11 @@ def realtime(b: Bench) -> None:
         return got
 
     def idle(_: str, __: int) -> list[Reading]:
-        first, whole, gap = speech_round(url, texts.text(3))
+        first, whole, gap, _audio = speech_round(url, texts.text(3))
         return [(first, whole), gap]
 
     def under_load(_: str, round_: int) -> list[Reading]:
-        first, whole, gaps = zip(*loaded(round_, 2000, lambda: speech_round(url, texts.text(3))))
+        first, whole, gaps, _audio = zip(*loaded(round_, 2000, lambda: speech_round(url, texts.text(3))))
         return [(percentile(first, 95), percentile(whole, 95)), percentile(gaps, 95)]
 
     def completed(sentence: str, rest: str) -> float:
@@ -130,15 +129,17 @@ def playback_gaps(arrivals: list[tuple[float, int]]) -> list[float]:
     return gaps
 
 
-def speech_round(url: str, text: str) -> tuple[float, float, float]:
-    """One streamed speech (pcm): seconds to the first audio byte, to the last, and the worst playback gap."""
+def speech_round(url: str, text: str) -> tuple[float, float, float, float]:
+    """One streamed speech (pcm): seconds to the first audio byte, to the last, the worst playback gap, and the
+    audio's seconds."""
     started, arrivals = time.monotonic(), []
     body = {"model": "tts-1", "input": text, "response_format": "pcm"}
     with httpx.stream("POST", url + "/v1/audio/speech", timeout=600, json=body) as r:
         r.raise_for_status()
         arrivals = [(time.monotonic(), len(piece)) for piece in r.iter_bytes()]
     assert arrivals, "the stream ended without audio"
-    return arrivals[0][0] - started, time.monotonic() - started, max(playback_gaps(arrivals))
+    audio = sum(size for _, size in arrivals) / BYTES_PER_SECOND
+    return arrivals[0][0] - started, time.monotonic() - started, max(playback_gaps(arrivals)), audio
 
 
 @contextmanager

@@ -119,7 +119,7 @@ def continuous(b: Bench) -> None:
     for scheduling in SCHEDULERS:
         b.pool(f"budget-{scheduling}", f"bench-budget-{scheduling}", database=1, TTS_SCHEDULING=scheduling, **model)
     model_id = b.model_id(redis)
-    _, naive_port = b.cluster.start_app("naive-budget", "naive:create_app", b.model_env(**model), "bench")
+    _, naive_port = b.cluster.start_app("naive-budget", "baselines:naive", b.model_env(**model), "bench")
     long_chunks = 5 * b.batch  # five loops' worth: 40 rows at the default batch of 8
     steps: list[float] = []  # one step of the full loop (s), from the long requests' pieces
 

@@ -14,8 +14,6 @@ from typing import Any, Callable
 import httpx
 import loadgen
 import processes
-import procfile
-import wrk
 from figures import exactly, least, most, percentile
 from harness import Bench, Reading, Texts, make_spec
 from processes import MIB, BenchError, wait_for
@@ -42,7 +40,7 @@ def footprint(b: Bench) -> None:
     c, starts = b.cluster, b.size("starts")
 
     def app(side: str, _: int) -> list[Reading]:
-        app, app_dir = ("service:create_app", ".") if side == "web" else ("bare:create_app", "bench")
+        app, app_dir = ("service:create_app", ".") if side == "web" else ("baselines:bare", "bench")
         started = time.monotonic()
         proc, port = c.start_app(f"fp-{side}", app, {}, app_dir)
         seconds = time.monotonic() - started
@@ -75,7 +73,7 @@ def footprint(b: Bench) -> None:
 def cache_hit(b: Bench) -> None:
     """1: GET audio and POST of a stored request, driven by wrk, against the bare endpoint; both on the server
     stack of the Procfile's web line, in processes of their own; then WEB_CONCURRENCY=2 against 1."""
-    wrk.binary()  # fail now, saying how to install it, rather than after the setup
+    loadgen.wrk_binary()  # fail now, saying how to install it, rather than after the setup
     c, redis = b.cluster, b.cluster.redis()
     body = {"text": b.texts.text(1)}  # one chunk: a 48 KB WAV, where the per-request work shows most
     answer = asyncio.run(loadgen.submit_and_fetch(b.web_port, body))
@@ -85,9 +83,9 @@ def cache_hit(b: Bench) -> None:
     redis.set("bench:bare:wav", answer)
     redis.set("bench:bare:post", posted.content)
     ports = {
-        "subject": procfile.start_web(c, "hit-web")[1],
-        "bare": procfile.start_web(c, "hit-bare", "bare:create_app", "bench")[1],
-        "subject x2": procfile.start_web(c, "hit-web-x2", env={"WEB_CONCURRENCY": "2"})[1],
+        "subject": c.start_web("hit-web")[1],
+        "bare": c.start_web("hit-bare", "baselines:bare", "bench")[1],
+        "subject x2": c.start_web("hit-web-x2", env={"WEB_CONCURRENCY": "2"})[1],
     }
     if httpx.get(f"http://127.0.0.1:{ports['bare']}/raw/bench:bare:wav").content != answer:
         raise BenchError("the bare endpoint does not answer the service's bytes")
@@ -104,7 +102,7 @@ def cache_hit(b: Bench) -> None:
         def run(side: str, _: int) -> list[Reading]:
             method, data, least_bytes, path, bare = cases[label]
             path = f"/raw/bench:bare:{bare}" if side == "bare" else path
-            res = wrk.run(ports[side], path, connections, seconds, method, data, least_bytes)
+            res = loadgen.wrk(ports[side], path, connections, seconds, method, data, least_bytes)
             return [res.rps, res.p99_ms] if x2 else [res.rps, res.p50_ms, res.p99_ms]
 
         return run
@@ -113,7 +111,7 @@ def cache_hit(b: Bench) -> None:
         for side in ports:
             drive(label, 32, True)(side, 0)
     b.notes.append(
-        f"1: driven by wrk ({wrk.version()}, 1 thread, {seconds} s a run) on the same cores; the stored request's "
+        f"1: driven by wrk ({loadgen.wrk_version()}, 1 thread, {seconds} s a run) on the same cores; the stored request's "
         f"WAV is {len(answer) / 1024:.0f} KiB, its POST answer {len(posted.content)} bytes."
     )
     for connections, sides in ((1, ("bare", "subject")), (32, ("bare", "subject")), (32, ("subject", "subject x2"))):

@@ -1,26 +1,50 @@
-"""Baseline for the mixed-load benchmark: a naive server that synthesizes in-process on every request."""
+"""The baselines the service is measured against, as uvicorn app factories: `bare`, a Starlette app answering
+stored bytes from Redis (the floor of a cache hit), and `naive`, a server that synthesizes in-process on every
+request (same model; no cache, queue or dedupe)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 
+import redis.asyncio as aioredis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-# The repository's root is on sys.path: uvicorn runs as `python -m` from it (processes.Cluster.start_app).
-from cache import Spec, normalize
-from common import audio
-from common.model import decode_all
-from common.settings import from_env
-from engines.loading import load_engine
-from splitter import split
+
+def bare() -> Starlette:
+    redis = aioredis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+
+    async def raw(request: Request) -> Response:
+        """GET: the value under `key` as audio/wav; POST: parse the JSON body, then the value as JSON."""
+        if request.method == "POST":
+            json.loads(await request.body())
+        data = await redis.get(request.path_params["key"])
+        if data is None:
+            return JSONResponse({"detail": "no such key"}, status_code=404)
+        return Response(data, media_type="application/json" if request.method == "POST" else "audio/wav")
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/raw/{key}", raw, methods=["GET", "POST"])])
 
 
-def create_app() -> Starlette:
+def naive() -> Starlette:
+    # Imported here: the bare app's footprint is the floor scenario 7 measures. The repository's root is on
+    # sys.path (uvicorn runs as `python -m` from it: processes.Cluster.start_app).
+    from cache import Spec, normalize
+    from common import audio
+    from common.model import decode_all
+    from common.settings import from_env
+    from engines.loading import load_engine
+    from splitter import split
+
     logging.basicConfig(level=logging.WARNING)
     settings = from_env()
     engine, info = load_engine(settings)
