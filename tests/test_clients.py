@@ -15,6 +15,8 @@ from conftest import Stack
 # every test process would pay at collection.
 
 TEXT = "Hello from a voice agent. It speaks what it is given."
+# The tests share the module's stack (shared_tone_stack), each speaking TEXT in voices of its own, so each client
+# hears audio made for its own request, not audio another test left in the store.
 
 
 def stored_pcm(stack: Stack, text: str, voice: str) -> bytes:
@@ -30,7 +32,7 @@ def stored_pcm(stack: Stack, text: str, voice: str) -> bytes:
         return w.readframes(w.getnframes())
 
 
-def test_pipecat_openai_tts_service_speaks_through_the_service(tone_stack: Stack) -> None:
+def test_pipecat_openai_tts_service_speaks_through_the_service(shared_tone_stack: Stack) -> None:
     """pipecat's OpenAITTSService, in a pipeline, with its base_url set to the service: raw 24 kHz PCM frames."""
     from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame
     from pipecat.services.openai.tts import OpenAITTSService
@@ -38,7 +40,7 @@ def test_pipecat_openai_tts_service_speaks_through_the_service(tone_stack: Stack
 
     tts = OpenAITTSService(
         api_key="not-checked",
-        base_url=tone_stack.url + "/v1",
+        base_url=shared_tone_stack.url + "/v1",
         settings=OpenAITTSService.Settings(model="tts-1", voice="nova"),
     )
     down, _ = asyncio.run(run_test(tts, frames_to_send=[TTSSpeakFrame(TEXT)], start_timeout=10))
@@ -47,20 +49,20 @@ def test_pipecat_openai_tts_service_speaks_through_the_service(tone_stack: Stack
     assert audio and all((f.sample_rate, f.num_channels) == (24000, 1) for f in audio)
     pcm = b"".join(f.audio for f in audio)
     # What it plays is what the service stores, sample for sample.
-    assert pcm == stored_pcm(tone_stack, TEXT, "nova") and len(pcm) / 48000 > 0.5
+    assert pcm == stored_pcm(shared_tone_stack, TEXT, "nova") and len(pcm) / 48000 > 0.5
 
 
 @pytest.mark.parametrize(
-    ("model", "response_format"),
+    ("model", "response_format", "voice"),
     [
-        pytest.param("tts-1", "pcm", id="tts-1-audio-stream-pcm"),
-        pytest.param("tts-1", "mp3", id="tts-1-audio-stream-mp3"),
-        pytest.param("gpt-4o-mini-tts", "pcm", id="sse-pcm"),
-        pytest.param("gpt-4o-mini-tts", "mp3", id="sse-mp3"),
+        pytest.param("tts-1", "pcm", "echo", id="tts-1-audio-stream-pcm"),
+        pytest.param("tts-1", "mp3", "fable", id="tts-1-audio-stream-mp3"),
+        pytest.param("gpt-4o-mini-tts", "pcm", "onyx", id="sse-pcm"),
+        pytest.param("gpt-4o-mini-tts", "mp3", "sage", id="sse-mp3"),
     ],
 )
 def test_livekit_openai_tts_plugin_speaks_through_the_service(
-    tone_stack: Stack, model: str, response_format: str
+    shared_tone_stack: Stack, model: str, response_format: str, voice: str
 ) -> None:
     """LiveKit Agents' OpenAI plugin: tts-1 asks for the audio stream, gpt-4o-mini-tts for server-sent events."""
     from livekit.agents.tts import SynthesizedAudio
@@ -68,10 +70,10 @@ def test_livekit_openai_tts_plugin_speaks_through_the_service(
 
     async def synthesize() -> list[SynthesizedAudio]:
         tts = livekit_openai.TTS(
-            base_url=tone_stack.url + "/v1",
+            base_url=shared_tone_stack.url + "/v1",
             api_key="not-checked",
             model=model,
-            voice="echo",
+            voice=voice,
             response_format=response_format,
         )
         try:
@@ -84,7 +86,7 @@ def test_livekit_openai_tts_plugin_speaks_through_the_service(
     frames = [e.frame for e in events]
     assert frames and all((f.sample_rate, f.num_channels) == (24000, 1) for f in frames)
     pcm = b"".join(bytes(f.data) for f in frames)
-    stored = stored_pcm(tone_stack, TEXT, "echo")
+    stored = stored_pcm(shared_tone_stack, TEXT, voice)
     if response_format == "pcm":
         # The stored samples exactly, then the silence the plugin pads its last frame with.
         assert pcm[: len(stored)] == stored and not pcm[len(stored) :].strip(b"\x00"), (len(pcm), len(stored))
@@ -94,12 +96,15 @@ def test_livekit_openai_tts_plugin_speaks_through_the_service(
     assert all(e.request_id for e in events)
 
 
-def test_open_webui_lists_models_and_voices_and_speaks_with_them(tone_stack: Stack) -> None:
+def test_open_webui_lists_models_and_voices_and_speaks_with_them(shared_tone_stack: Stack) -> None:
     """Open WebUI's calls for an OpenAI-compatible TTS at a base URL (backend/open_webui/routers/audio.py):
     GET {base}/audio/models, falling back to GET {base}/models's `data`; GET {base}/audio/voices as
     {id: name}; then POST {base}/audio/speech with a listed model and voice."""
-    base = tone_stack.url + "/v1"
-    saved = httpx.put(tone_stack.url + "/v1/voices/announcer", json={"seed": 9, "description": "clear"}, timeout=60)
+    base = shared_tone_stack.url + "/v1"
+    # The module's one saved voice: the other tests speak in built-in ones.
+    saved = httpx.put(
+        shared_tone_stack.url + "/v1/voices/announcer", json={"seed": 9, "description": "clear"}, timeout=60
+    )
     assert saved.status_code == 201, saved.text
     with httpx.Client(timeout=30) as client:
         listed = client.get(f"{base}/audio/models")

@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT
 from packaging import tags
 from packaging.markers import Marker
+from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
@@ -163,17 +164,73 @@ def assert_hashed(install: list[dict], lock: Path) -> None:
         assert digest in allowed.get(name, set()), f"{lock.name}: {name} resolved to a file the lock does not allow"
 
 
-@pytest.mark.parametrize("lock", ["requirements-run.txt", "requirements-test.txt"])
+def lock_entries_hashed(lock: Path) -> list[tuple[str, str, str | None, frozenset[str]]]:
+    """(name, version, marker, its sha256s) of every entry of `lock`."""
+    found = []
+    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
+        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ; ([^\\\n]+?))?(?: \\)?$", block, re.M)
+        if head:
+            hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+            found.append((_name(head.group(1)), head.group(2), head.group(3), hashes))
+    return found
+
+
+def test_the_run_lock_is_a_part_of_the_test_lock() -> None:
+    """Every entry of requirements-run.txt is in requirements-test.txt: the same version, the same hashes, and
+    a marker that is the same or none (the test set may install it in more places, never fewer). With the
+    closure check below, the test set's fresh-machine resolution is the run set's too."""
+    test_entries = lock_entries_hashed(ROOT / "requirements-test.txt")
+    run_entries = lock_entries_hashed(ROOT / "requirements-run.txt")
+    assert run_entries and {name for name, *_ in run_entries} < {name for name, *_ in test_entries}
+    for name, version, marker, hashes in run_entries:
+        assert hashes, f"requirements-run.txt: {name} without hashes"
+        same = [e for e in test_entries if e[:2] == (name, version) and e[3] == hashes and e[2] in (marker, None)]
+        assert same, f"requirements-run.txt: {name}=={version} ; {marker} is not requirements-test.txt's"
+
+
+def needed(install: list[dict], roots: list[str]) -> set[str]:
+    """The distributions pip installs on this machine for `roots` (names, asked for with no extra), read from
+    the dependency metadata of `install` (a resolution here that holds them all)."""
+    metadata = {_name(item["metadata"]["name"]): item["metadata"] for item in install}
+    seen: set[tuple[str, str]] = set()
+    todo = [(root, "") for root in roots]
+    while todo:
+        name, extra = todo.pop()
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        assert name in metadata, f"{name} is needed but was not resolved"
+        for spec in metadata[name].get("requires_dist", []):
+            requirement = Requirement(spec)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                todo += [(_name(requirement.name), e) for e in ("", *requirement.extras)]
+    return {name for name, _ in seen}
+
+
 def test_a_fresh_machine_resolves_the_set_from_pypi_and_the_torch_index(
-    lock: str, torch_index: str, fresh_python: Path, tmp_path: Path
+    torch_index: str, fresh_python: Path, tmp_path: Path
 ) -> None:
+    """The test set, resolved as `make install` does on a fresh machine; and the run set with it.
+
+    requirements-run.txt is a part of requirements-test.txt, entry for entry (the test above), and scripts/
+    torch-source names the same index for both, so pip picks the same file for each of its entries here as
+    for the test set. What resolving it alone would add is a dependency outside it: the run set's entries
+    that apply here need, by the metadata of the files resolved, only distributions the run set locks.
+    """
+    lock = ROOT / "requirements-test.txt"
     env = clean_env(TORCH_INDEX_URL=torch_index)
-    install = dry_run(tmp_path, ROOT / lock, env, *torch_source(fresh_python, ROOT / lock, env))
+    source = torch_source(fresh_python, lock, env)
+    assert source == torch_source(fresh_python, ROOT / "requirements-run.txt", env)
+    install = dry_run(tmp_path, lock, env, *source)
     (torch,) = [i for i in install if i["metadata"]["name"] == "torch"]
     if sys.platform.startswith("linux"):
         assert torch["metadata"]["version"].endswith("+cpu")
         assert torch["download_info"]["url"].startswith(torch_index), "the CPU build comes from TORCH_INDEX_URL"
     assert not [i for i in install if _name(i["metadata"]["name"]).startswith(("nvidia-", "cuda-"))]
+    run = locked_entries(ROOT / "requirements-run.txt")
+    roots = [name for name, _, marker in run if marker is None or Marker(marker).evaluate()]
+    outside = needed(install, roots) - {name for name, _, _ in run}
+    assert not outside, f"requirements-run.txt lacks what its distributions need here: {sorted(outside)}"
 
 
 def target(platform: str, python: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import json
 import math
 import re
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpx
 import pytest
@@ -28,8 +28,20 @@ def client(tone_stack: Stack) -> OpenAI:
 
 @pytest.fixture
 def shared_client(shared_tone_stack: Stack) -> OpenAI:
-    """The SDK on the module's shared stack: for calls whose answer does not depend on what came before."""
+    """The SDK on the module's shared stack: for calls whose answer does not depend on what came before.
+
+    The tests on it each speak words (or a text and voice) no other test of the module asks for, so no
+    answer is another test's stored result.
+    """
     return OpenAI(base_url=shared_tone_stack.url + "/v1", api_key="not-checked", max_retries=0)
+
+
+@pytest.fixture
+def shared_redis(shared_tone_stack: Stack) -> Iterator[Redis]:
+    """The database of the module's shared stack (tests read there what the stack stored for them)."""
+    conn = Redis.from_url(shared_tone_stack.env["REDIS_URL"])
+    yield conn
+    conn.close()
 
 
 @pytest.mark.parametrize(
@@ -51,9 +63,13 @@ def test_speech_create_returns_audio(shared_client: OpenAI, fmt: str, container:
     assert seconds > 0.5
 
 
-def test_pcm_is_raw_24khz_pcm16(client: OpenAI, tone_stack: Stack) -> None:
-    pcm = client.audio.speech.create(model="tts-1", voice="nova", input="Raw samples.", response_format="pcm").content
-    wav = client.audio.speech.create(model="tts-1", voice="nova", input="Raw samples.", response_format="wav").content
+def test_pcm_is_raw_24khz_pcm16(shared_client: OpenAI) -> None:
+    pcm = shared_client.audio.speech.create(
+        model="tts-1", voice="nova", input="Raw samples.", response_format="pcm"
+    ).content
+    wav = shared_client.audio.speech.create(
+        model="tts-1", voice="nova", input="Raw samples.", response_format="wav"
+    ).content
     assert len(pcm) % 2 == 0 and wav.endswith(pcm)
 
 
@@ -71,10 +87,10 @@ def test_streaming_response_and_sharing_with_v1_tts(client: OpenAI, tone_stack: 
     assert sorted(redis.keys("rq:job:*")) == jobs_before
 
 
-def test_voices_seeds_and_speed_change_the_request(tone_stack: Stack) -> None:
+def test_voices_seeds_and_speed_change_the_request(shared_tone_stack: Stack) -> None:
     def rid(**body: object) -> str:
         r = httpx.post(
-            tone_stack.url + "/v1/audio/speech",
+            shared_tone_stack.url + "/v1/audio/speech",
             json={"model": "tts-1", "input": "Same words.", "response_format": "wav", **body},
         )
         assert r.status_code == 200, r.text
@@ -86,9 +102,9 @@ def test_voices_seeds_and_speed_change_the_request(tone_stack: Stack) -> None:
     assert rid(voice="alloy", speed=4.0) != rid(voice="alloy")
 
 
-def test_unsupported_format_is_400_naming_the_supported(client: OpenAI) -> None:
+def test_unsupported_format_is_400_naming_the_supported(shared_client: OpenAI) -> None:
     with pytest.raises(BadRequestError) as info:
-        client.audio.speech.create(model="tts-1", voice="alloy", input="x", response_format="ogg")  # type: ignore[arg-type]
+        shared_client.audio.speech.create(model="tts-1", voice="alloy", input="x", response_format="ogg")  # type: ignore[arg-type]
     # The SDK shows our words and the field at fault (OpenAI's error shape).
     assert info.value.param == "response_format" and info.value.type == "invalid_request_error"
     assert "mp3, opus, aac, flac, wav, pcm" in info.value.message
@@ -113,12 +129,12 @@ def test_bad_speech_body_is_400_in_openais_shape(shared_tone_stack: Stack, body:
     assert set(error) == {"message", "type", "param", "code"}
 
 
-def test_sdk_raises_its_error_classes_with_our_message_and_param(client: OpenAI) -> None:
+def test_sdk_raises_its_error_classes_with_our_message_and_param(shared_client: OpenAI) -> None:
     with pytest.raises(BadRequestError) as info:
-        client.audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
+        shared_client.audio.speech.create(model="tts-1", voice="nobody", input="Hello.")
     assert info.value.param == "voice" and "nobody" in info.value.message
     with pytest.raises(BadRequestError) as info:
-        client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", extra_body={"pitch": 2})
+        shared_client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.", extra_body={"pitch": 2})
     assert info.value.param == "pitch" and info.value.type == "invalid_request_error"
 
 
@@ -205,35 +221,46 @@ def _events(raw: bytes) -> list[dict]:
     return events
 
 
-@pytest.mark.parametrize("fmt", ["pcm", "mp3", "aac", "flac"])
-def test_sse_events_parse_and_their_usage_adds_up(client: OpenAI, redis: Redis, fmt: str) -> None:
+# A voice of each format's own: every case's stream is of a request made for it, not one another case stored.
+@pytest.mark.parametrize(
+    ("fmt", "voice"),
+    [
+        pytest.param("pcm", "alloy", id="pcm"),
+        pytest.param("mp3", "ash", id="mp3"),
+        pytest.param("aac", "coral", id="aac"),
+        pytest.param("flac", "fable", id="flac"),
+    ],
+)
+def test_sse_events_parse_and_their_usage_adds_up(
+    shared_client: OpenAI, shared_redis: Redis, fmt: str, voice: str
+) -> None:
     text = "Server-sent events, one delta at a time. Then usage."
-    response = client.audio.speech.create(
-        model="tts-1", voice="alloy", input=text, response_format=fmt, stream_format="sse"
+    response = shared_client.audio.speech.create(
+        model="tts-1", voice=voice, input=text, response_format=fmt, stream_format="sse"
     )
     assert response.response.headers["content-type"].startswith("text/event-stream")
     events = _events(response.content)
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1) and len(events) > 1
     assert events[-1]["type"] == "speech.audio.done"
     data = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
-    plain = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format=fmt).content
+    plain = shared_client.audio.speech.create(model="tts-1", voice=voice, input=text, response_format=fmt).content
     if fmt in ("pcm", "flac"):
         assert data == plain  # stored by now: the same bytes as the whole file
     usage = events[-1]["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
     assert usage["input_tokens"] == len("Server - sent events , one delta at a time . Then usage .".split())
-    pcm = client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm").content
-    layout = json.loads(redis.get(keys.request_key(response.response.headers["x-tts-id"])))
+    pcm = shared_client.audio.speech.create(model="tts-1", voice=voice, input=text, response_format="pcm").content
+    layout = json.loads(shared_redis.get(keys.request_key(response.response.headers["x-tts-id"])))
     speech_samples = len(pcm) // 2 - sum(layout["pauses"]) * 24
     assert usage["output_tokens"] == math.ceil(speech_samples / 512)
 
 
-def test_aac_decodes_to_the_stored_samples(client: OpenAI) -> None:
+def test_aac_decodes_to_the_stored_samples(shared_client: OpenAI) -> None:
     import av
 
     text = "Advanced audio coding, in ADTS frames."
-    pcm = client.audio.speech.create(model="tts-1", voice="echo", input=text, response_format="pcm").content
-    data = client.audio.speech.create(model="tts-1", voice="echo", input=text, response_format="aac").content
+    pcm = shared_client.audio.speech.create(model="tts-1", voice="echo", input=text, response_format="pcm").content
+    data = shared_client.audio.speech.create(model="tts-1", voice="echo", input=text, response_format="aac").content
     with av.open(io.BytesIO(data), format="adts") as container:
         stream = container.streams.audio[0]
         assert (stream.codec_context.name, stream.codec_context.sample_rate) == ("aac", 24000)
@@ -249,49 +276,56 @@ def test_aac_decodes_to_the_stored_samples(client: OpenAI) -> None:
 # -- OpenAI's listings, call ids, and streams that stop short (v1.3) --------------------
 
 
-def test_models_lists_openais_names_and_the_loaded_model(client: OpenAI, tone_stack: Stack) -> None:
-    ids = [model.id for model in client.models.list()]
-    served = httpx.get(tone_stack.url + "/readyz").json()["model"]["name"]
+def test_models_lists_openais_names_and_the_loaded_model(shared_client: OpenAI, shared_tone_stack: Stack) -> None:
+    ids = [model.id for model in shared_client.models.list()]
+    served = httpx.get(shared_tone_stack.url + "/readyz").json()["model"]["name"]
     assert ids == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts", served]
-    raw = httpx.get(tone_stack.url + "/v1/models").json()
+    raw = httpx.get(shared_tone_stack.url + "/v1/models").json()
     assert raw["object"] == "list" and all(m["object"] == "model" and m["owned_by"] for m in raw["data"])
     # Every listed name is one `model` takes.
     for name in ids:
-        assert client.audio.speech.create(model=name, voice="alloy", input="Listed.", response_format="pcm").content
+        assert shared_client.audio.speech.create(
+            model=name, voice="alloy", input="Listed.", response_format="pcm"
+        ).content
 
 
-def test_audio_voices_lists_the_builtin_names_and_saved_voices(tone_stack: Stack) -> None:
-    saved = httpx.put(tone_stack.url + "/v1/voices/narrator", json={"seed": 77, "description": "calm"}, timeout=60)
+def test_audio_voices_lists_the_builtin_names_and_saved_voices(shared_tone_stack: Stack) -> None:
+    # The module's one saved voice: no other test of it saves or lists voices.
+    saved = httpx.put(
+        shared_tone_stack.url + "/v1/voices/narrator", json={"seed": 77, "description": "calm"}, timeout=60
+    )
     assert saved.status_code == 201, saved.text
-    voices = httpx.get(tone_stack.url + "/v1/audio/voices").json()["voices"]
+    voices = httpx.get(shared_tone_stack.url + "/v1/audio/voices").json()["voices"]
     builtin = [v for v in voices if v["builtin"]]
     assert [v["id"] for v in builtin][:2] == ["alloy", "ash"] and len(builtin) == 13
     assert voices[-1] == {"id": "narrator", "name": "narrator", "builtin": False, "description": "calm"}
     # Each listed id is a voice the speech route takes.
     for voice in (builtin[0]["id"], "narrator"):
-        r = httpx.post(tone_stack.url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice}, timeout=60)
+        r = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice}, timeout=60)
         assert r.status_code == 200, r.text
 
 
-def test_each_call_has_its_own_request_id_and_a_callers_is_kept(tone_stack: Stack) -> None:
+def test_each_call_has_its_own_request_id_and_a_callers_is_kept(shared_tone_stack: Stack) -> None:
     body = {"model": "tts-1", "input": "Twice the same words.", "voice": "alloy", "response_format": "wav"}
-    first = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
-    second = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    first = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    second = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
     assert first.headers["x-tts-id"] == second.headers["x-tts-id"]  # one synthesis
     assert first.headers["x-request-id"] != second.headers["x-request-id"]  # two calls
     assert first.headers["x-request-id"] != first.headers["x-tts-id"]
     given = "proxy-5f0c.42"
-    kept = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, headers={"X-Request-Id": given}, timeout=60)
+    kept = httpx.post(
+        shared_tone_stack.url + "/v1/audio/speech", json=body, headers={"X-Request-Id": given}, timeout=60
+    )
     assert kept.headers["x-request-id"] == given
     # Free text is not echoed: it is replaced.
-    odd = httpx.get(tone_stack.url + "/healthz", headers={"X-Request-Id": "two words"})
+    odd = httpx.get(shared_tone_stack.url + "/healthz", headers={"X-Request-Id": "two words"})
     assert odd.headers["x-request-id"] != "two words" and len(odd.headers["x-request-id"]) == 32
     # Every route has one, errors included.
-    assert httpx.get(tone_stack.url + "/v1/tts/nothing").headers["x-request-id"]
+    assert httpx.get(shared_tone_stack.url + "/v1/tts/nothing").headers["x-request-id"]
 
     def logged() -> list[dict]:
-        assert tone_stack.web is not None
-        lines = [json.loads(line) for line in tone_stack.web.output().splitlines() if line.startswith("{")]
+        assert shared_tone_stack.web is not None
+        lines = [json.loads(line) for line in shared_tone_stack.web.output().splitlines() if line.startswith("{")]
         return [line for line in lines if line.get("request_id") == given]
 
     lines = wait_for(logged, 10, "the log line of the call with the caller's id")

@@ -67,18 +67,17 @@ def _open(stack: Stack) -> Iterator[ClientConnection]:
 
 
 @pytest.fixture
-def session(tone_stack: Stack) -> Iterator[ClientConnection]:
-    yield from _open(tone_stack)
+def session(shared_tone_stack: Stack) -> Iterator[ClientConnection]:
+    """A session of its own on the module's shared stack (for tests that store nothing new of note).
 
-
-@pytest.fixture
-def shared_session(shared_tone_stack: Stack) -> Iterator[ClientConnection]:
-    """A session of its own on the module's shared stack (for tests that store nothing new of note)."""
+    The tests on the shared stack each speak sentences no other test of the module speaks, so none hears
+    another's stored audio where it means to hear its own made.
+    """
     yield from _open(shared_tone_stack)
 
 
 def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
-    session: ClientConnection, tone_stack: Stack, redis: Redis
+    session: ClientConnection, shared_tone_stack: Stack
 ) -> None:
     _send(session, type="input_text.append", text="The first sentence is here")
     _send(session, type="input_text.append", text=". And the next one beg")
@@ -92,10 +91,10 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
     # Two ordinary requests, stored and keyed like POST /v1/tts: the session's audio is theirs,
     # joined with the pause a sentence end gets.
     ids = [
-        httpx.post(tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
+        httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
         for text in ("The first sentence is here.", "And the next one begins here.")
     ]
-    stored = [httpx.get(f"{tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
+    stored = [httpx.get(f"{shared_tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
     assert audio == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
     usage = done["usage"]
     assert usage["output_tokens"] == sum(-(-len(s) // 2 // 512) for s in stored)
@@ -121,9 +120,8 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
     ],
 )
 def test_a_bad_message_gets_an_error_event_and_the_session_goes_on(
-    shared_session: ClientConnection, frame: str | bytes, param: str | None
+    session: ClientConnection, frame: str | bytes, param: str | None
 ) -> None:
-    session = shared_session
     session.send(frame)
     if param is None and "nobody" in str(frame):
         # A voice is resolved when a piece is spoken: the update is taken, the piece refused.
@@ -148,8 +146,8 @@ def test_a_bad_message_gets_an_error_event_and_the_session_goes_on(
     assert not errors and audio[:4] == b"RIFF" and len(audio) > 44 and done["usage"]["output_tokens"] > 0
 
 
-def test_update_mid_generation_and_over_long_text_are_refused(tone_stack: Stack) -> None:
-    with connect(_ws_url(tone_stack)) as ws:
+def test_update_mid_generation_and_over_long_text_are_refused(shared_tone_stack: Stack) -> None:
+    with connect(_ws_url(shared_tone_stack)) as ws:
         _next(ws)
         _send(ws, type="input_text.append", text="Half a sentence")
         _send(ws, type="session.update", session={"speed": 2})
@@ -227,21 +225,21 @@ def test_a_repeat_is_answered_from_the_store(tone_stack: Stack, redis: Redis) ->
     assert sorted(redis.keys("rq:job:*")) == jobs  # no new job: the store answered
 
 
-def test_the_documented_websocket_client_runs(tone_stack: Stack, tmp_path: Path) -> None:
+def test_the_documented_websocket_client_runs(shared_tone_stack: Stack, tmp_path: Path) -> None:
     text = (ROOT / "docs" / "usage.md").read_text()
     (client,) = [b for b in re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S) if "/websocket" in b]
     assert len(client.strip().splitlines()) <= 12
-    script = client.replace("localhost:8000", tone_stack.url.removeprefix("http://"))
+    script = client.replace("localhost:8000", shared_tone_stack.url.removeprefix("http://"))
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     pcm = (tmp_path / "live.pcm").read_bytes()
     # Two sentences, two ordinary requests: both stored, and what the client wrote is their audio.
     ids = [
-        httpx.post(tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
+        httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
         for t in ("Spoken while it is written.", "Each sentence at once.")
     ]
     assert [i["status"] for i in ids] == ["finished", "finished"]
-    stored = [httpx.get(tone_stack.url + i["audio_url"]).content[44:] for i in ids]
+    stored = [httpx.get(shared_tone_stack.url + i["audio_url"]).content[44:] for i in ids]
     assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
 
 

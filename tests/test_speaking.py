@@ -99,11 +99,17 @@ def test_contexts_speak_side_by_side_and_every_audio_event_names_its_context(idl
     assert _audio(rest, "alpha") == _stored(idle_stack, start["request_id"])
 
 
-@pytest.mark.parametrize("fmt", ["pcm", "pcm_16000"])
-def test_each_sentence_has_its_segment_events_request_and_sample_offset(tone_stack: Stack, fmt: str) -> None:
+# The module's shared stack: the tests on it speak sentences no other test of the module speaks, and each case
+# here in a voice of its own, so every sentence is made for the test that hears it, not served from the store.
+@pytest.mark.parametrize(
+    ("fmt", "voice"), [pytest.param("pcm", "alloy", id="pcm"), pytest.param("pcm_16000", "echo", id="pcm_16000")]
+)
+def test_each_sentence_has_its_segment_events_request_and_sample_offset(
+    shared_tone_stack: Stack, fmt: str, voice: str
+) -> None:
     texts = ["One is here.", "Two is a longer one, with a clause.", "Three."]
-    with _ws(tone_stack) as ws:
-        _send(ws, type="session.update", session={"response_format": fmt})
+    with _ws(shared_tone_stack) as ws:
+        _send(ws, type="session.update", session={"response_format": fmt, "voice": voice})
         assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
         _send(ws, type="input_text.append", text=" ".join(texts), context_id="c")
         _send(ws, type="input_text.flush", context_id="c")
@@ -117,7 +123,7 @@ def test_each_sentence_has_its_segment_events_request_and_sample_offset(tone_sta
     pcm24 = b""
     for n, (start, end) in enumerate(zip(starts, ends)):
         assert start < end and (n == 0 or ends[n - 1] < start)
-        sentence = _stored(tone_stack, events[start]["request_id"])
+        sentence = _stored(shared_tone_stack, events[start]["request_id"])
         offset = len(pcm24) // 2 + (PAUSE // 2 if n else 0)
         pcm24 += (bytes(PAUSE) if n else b"") + sentence
         assert events[start]["sample_offset"] == -(-offset * audio.rate_of(fmt) // 24000)
@@ -154,9 +160,9 @@ def test_barge_in_withdraws_the_unspoken_sentences_and_their_jobs(idle_stack: St
     assert statuses() == ["canceled", "canceled"]  # never made: the worker skipped the canceled jobs
 
 
-def test_no_delta_of_the_cleared_text_follows_the_cleared_event(tone_stack: Stack) -> None:
+def test_no_delta_of_the_cleared_text_follows_the_cleared_event(shared_tone_stack: Stack) -> None:
     sentences = [f"Sentence number {n} of a long answer." for n in range(60)]
-    with _ws(tone_stack) as ws:
+    with _ws(shared_tone_stack) as ws:
         _send(ws, type="input_text.append", text=" ".join(sentences), context_id="a")
         _send(ws, type="input_text.flush", context_id="a")
         before = _collect(ws, lambda es: any(e["type"] == "speech.audio.delta" for e in es))
@@ -191,8 +197,8 @@ def test_barge_in_spares_a_sentence_another_session_wants(idle_stack: Stack, red
     wait_for(lambda: not redis.exists(keys.wanted_key(request_id)), 10, "every holder to let go")
 
 
-def test_unpunctuated_text_is_spoken_after_the_buffer_delay_or_at_the_chunk_size(tone_stack: Stack) -> None:
-    with _ws(tone_stack) as ws:
+def test_unpunctuated_text_is_spoken_after_the_buffer_delay_or_at_the_chunk_size(shared_tone_stack: Stack) -> None:
+    with _ws(shared_tone_stack) as ws:
         _send(ws, type="session.update", session={"max_buffer_delay_ms": 300})
         assert json.loads(ws.recv(timeout=30))["session"]["max_buffer_delay_ms"] == 300
         sent = time.monotonic()
@@ -223,8 +229,8 @@ def test_unpunctuated_text_is_spoken_after_the_buffer_delay_or_at_the_chunk_size
     assert " ".join(spoken) == "never spoken without a flush, then " + words
 
 
-def test_telephony_and_raw_formats_on_the_socket(tone_stack: Stack) -> None:
-    with _ws(tone_stack) as ws:
+def test_telephony_and_raw_formats_on_the_socket(shared_tone_stack: Stack) -> None:
+    with _ws(shared_tone_stack) as ws:
         for fmt in ["ulaw_8000", "alaw_8000", "pcm_16000", "pcm_22050", "pcm_44100"]:
             _send(ws, type="session.update", session={"response_format": fmt})
             assert json.loads(ws.recv(timeout=30))["session"]["response_format"] == fmt
@@ -232,7 +238,7 @@ def test_telephony_and_raw_formats_on_the_socket(tone_stack: Stack) -> None:
             _send(ws, type="input_text.flush")
             events = _collect(ws, _done("default"))
             (start,) = [e for e in events if e["type"] == "speech.segment.start"]
-            assert _audio(events, "default") == audio.encode(_stored(tone_stack, start["request_id"]), fmt), fmt
+            assert _audio(events, "default") == audio.encode(_stored(shared_tone_stack, start["request_id"]), fmt), fmt
 
 
 def test_stop_ends_a_task_that_swallows_a_cancel() -> None:

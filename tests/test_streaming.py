@@ -72,12 +72,13 @@ def test_stream_relays_chunks_as_the_worker_stores_them(stack_factory: Callable[
         assert 0 <= mp3_samples(body) - len(stored) // 2 <= 2400
 
 
-def test_stream_of_stored_audio_is_the_whole_file(tone_stack: Stack) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
+def test_stream_of_stored_audio_is_the_whole_file(shared_tone_stack: Stack) -> None:
+    url = shared_tone_stack.url
+    r = httpx.post(url + "/v1/tts", json={"text": TEXT})
     request_id = r.json()["id"]
-    whole = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio?wait=30")
+    whole = httpx.get(f"{url}/v1/tts/{request_id}/audio?wait=30")
     assert whole.status_code == 200
-    again = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio?stream=true")
+    again = httpx.get(f"{url}/v1/tts/{request_id}/audio?stream=true")
     assert again.status_code == 200 and again.content == whole.content
     assert again.headers["content-length"] == str(len(whole.content)) and "etag" in again.headers
 
@@ -98,12 +99,14 @@ def test_joins_carry_the_pauses_of_their_punctuation(stack_factory: Callable[...
     assert clip == b"".join(p + silence(ms) for p, ms in zip(parts, layout["pauses"]))  # type: ignore[misc]
 
 
-def test_stream_errors(tone_stack: Stack, stack_factory: Callable[..., Stack]) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
+def test_stream_errors(shared_tone_stack: Stack) -> None:
+    url = shared_tone_stack.url
+    # Words no other test of the module asks for (the stack is the module's, shared).
+    r = httpx.post(url + "/v1/tts", json={"text": "A stream asked for wrongly."})
     request_id = r.json()["id"]
-    bad = httpx.get(f"{tone_stack.url}/v1/tts/{request_id}/audio?stream=maybe")
+    bad = httpx.get(f"{url}/v1/tts/{request_id}/audio?stream=maybe")
     assert bad.status_code == 422 and bad.json()["field"] == "stream"
-    assert httpx.get(f"{tone_stack.url}/v1/tts/{'0' * 32}/audio?stream=true").status_code == 404
+    assert httpx.get(f"{url}/v1/tts/{'0' * 32}/audio?stream=true").status_code == 404
 
 
 def test_a_stream_with_no_chunk_yet_answers_202_after_tts_speech_wait(stack_factory: Callable[..., Stack]) -> None:
@@ -128,8 +131,8 @@ def test_stream_of_a_canceled_request_is_409(stack_factory: Callable[..., Stack]
     assert status == 409, body
 
 
-def test_voice_of_a_seed_is_a_speaker_string_giving_the_same_voice(tone_stack: Stack) -> None:
-    stack = tone_stack
+def test_voice_of_a_seed_is_a_speaker_string_giving_the_same_voice(shared_tone_stack: Stack) -> None:
+    stack = shared_tone_stack
     r = httpx.get(f"{stack.url}/v1/voices/7", timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()

@@ -45,7 +45,8 @@ def stack(stack_factory: Callable[..., Stack]) -> Stack:
 
 @pytest.fixture(scope="module")
 def refusing(shared_stack_factory: Callable[..., Stack]) -> Stack:
-    """The module's shared stack, for the refusals: they save no voice, so the registry stays empty."""
+    """The module's shared stack, for the tests that save no voice (refusals, built-in voices): the registry
+    stays empty."""
     return start_tone_stack(shared_stack_factory, TTS_MAX_VOICES="3")
 
 
@@ -103,7 +104,8 @@ def test_save_use_replace_list_and_delete_a_voice(stack: Stack) -> None:
     assert gone.status_code == 422 and gone.json()["field"] == "voice", gone.text
 
 
-def test_builtin_voices_are_fixed_seeds_and_cannot_be_saved_over(stack: Stack) -> None:
+def test_builtin_voices_are_fixed_seeds_and_cannot_be_saved_over(refusing: Stack) -> None:
+    stack = refusing
     assert _request_id(stack, voice="alloy") == _request_id(stack, seed=voices.BUILTIN["alloy"])
     r = httpx.get(f"{stack.url}/v1/voices/alloy", timeout=60)
     assert r.status_code == 200 and r.json()["builtin"] is True
