@@ -27,7 +27,7 @@ from common.keys import chunk_key, pieces_key
 from common.settings import Settings
 from work import queueing
 
-LATE = 360  # seconds into the run past which each later part runs one short round: the device lends 10 minutes
+LATE = 360  # seconds into the run past which each later part runs one short round: a lent device's time is short
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint (GPU)
 WORKERS = [1, 2]  # workers on one GPU (or machine)
 SCHEDULERS = ("continuous", "static")
@@ -70,6 +70,7 @@ class Bench:
     quick: bool
     rounds: int
     started: float
+    idle: dict[int, float | None] = dataclasses.field(default_factory=dict)  # pid -> MiB once registered
 
     def rounds_now(self, part: str) -> int:
         """The rounds `part` runs: past LATE seconds, one short one."""
@@ -95,6 +96,7 @@ class Bench:
                 workers.append((self.cluster.start_worker(queue, {**env, **own, "TTS_QUEUE": queue}), queue))
             for proc, queue in workers:
                 self.cluster.wait_workers([proc], queue, timeout=600)
+            self.idle |= {proc.pid: self.memory(proc.pid) for proc, _ in workers}
             yield workers
         finally:
             for proc, _ in workers:
@@ -145,13 +147,13 @@ class Bench:
         return (*[[marks[i] for i in range(len(specs))] for marks in seen], audio, most)
 
     def workers_part(self, counts: list[int], pool: Workers, before: float | None) -> list[Figure]:
-        """1 and more workers (the first of `pool`) on one GPU (or machine): memory, time to first chunk,
-        throughput; `before`: the GPU's used MiB before the pool started."""
+        """1 and more workers (the first of `pool`, alike) on one GPU (or machine): memory (every worker of
+        `pool`, idle), time to first chunk, throughput; `before`: the GPU's used MiB before the pool started."""
         tag, where = ", cross-batching on", "GPU" if self.gpu else "machine"
         rounds = self.rounds_now("worker")
         rate: dict[int, list[float]] = {n: [] for n in counts}
         audio: dict[int, list[float]] = {n: [] for n in counts}
-        mem, how = [self.memory(p.pid) for p, _ in pool], "nvidia-smi, per process" if self.gpu else "CPU mode"
+        mem, how = [self.idle[p.pid] for p, _ in pool], "nvidia-smi, per process" if self.gpu else "CPU mode"
         if None in mem:
             after, how = gpu_mib(), "rise of the GPU's used memory / workers"
             mem = [(after - before) / len(pool)] if after is not None and before is not None else []
@@ -181,7 +183,6 @@ class Bench:
         """Continuous against static scheduling (`by`: a worker each), at each count of concurrent one-chunk
         requests."""
         got: dict[tuple[str, int], dict[str, list[float]]] = {(s, n): {} for s in SCHEDULERS for n in streams}
-        idle = {s: self.memory(proc.pid) for s, (proc, _) in by.items()}
         model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
         for r in range(self.rounds_now("schedulers")):
             for n in streams:
@@ -190,7 +191,7 @@ class Bench:
                     heard, _, ended, made, peak = self.measure(specs, [by[s]], peak=True)
                     one = {"rtf": statistics.median(e / a for e, a in zip(ended, made)), "rate": n / max(ended)}
                     one |= {"p50": 1000 * statistics.median(heard), "p95": 1000 * percentile(heard, 95)}
-                    one["memory"] = peak[0] - (idle[s] or 0.0)
+                    one["memory"] = peak[0] - (self.idle[by[s][0].pid] or 0.0)
                     for key, value in one.items():
                         got[(s, n)].setdefault(key, []).append(value)
                     say(f"  round {r}, {n} stream(s), {s}: " + ", ".join(f"{k} {v:.3g}" for k, v in one.items()))
@@ -269,16 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             sizes = [int(s) for s in mode["batch_sizes"].split(",")]
             figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
             cluster.start_redis()
-            bench = Bench(cluster, model, gpu, max(1, cores // max(WORKERS)), args.quick, rounds, started)
-            streams = [int(n) for n in mode["streams"].split(",")]
             # One pool for both parts: the workers part's (continuous), then a static one; batches of the most streams.
             kinds = ["continuous"] * max(WORKERS) + ["static"]
+            bench = Bench(cluster, model, gpu, max(1, cores // len(kinds)), args.quick, rounds, started)
+            streams = [int(n) for n in mode["streams"].split(",")]
             envs = [{"TTS_SCHEDULING": kind, "TTS_BATCH_SIZE": str(max(streams))} for kind in kinds]
             say(f"starting {len(envs)} workers ({bench.threads} torch thread(s) each, batches of {max(streams)})")
             before = gpu_mib() if gpu else None
             with bench.workers(envs) as pool:
                 say("workers ready")
-                figures += bench.workers_part(WORKERS, pool[: max(WORKERS)], before)
+                figures += bench.workers_part(WORKERS, pool, before)
                 figures += bench.streams_part(streams, dict(zip(SCHEDULERS, (pool[0], pool[-1]))))
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)

@@ -50,11 +50,7 @@ def say(message: str) -> None:
 
 def stop_on_sigterm() -> None:
     """Make SIGTERM end the script like Ctrl-C does, through every `finally` (children stopped, logs kept)."""
-
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def wait_for(
