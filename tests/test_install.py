@@ -55,13 +55,22 @@ def _name(raw: str) -> str:
     return re.sub(r"[-_.]+", "-", raw).lower()
 
 
+def lock_entries(lock: Path) -> list[tuple[str, str, str | None, frozenset[str]]]:
+    """(name, version, marker, its sha256s) of every entry of `lock`."""
+    found = []
+    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
+        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ; ([^\\\n]+?))?(?: \\)?$", block, re.M)
+        if head:
+            hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+            found.append((_name(head.group(1)), head.group(2), head.group(3), hashes))
+    return found
+
+
 def lock_hashes(lock: Path) -> dict[str, set[str]]:
     """name -> every sha256 the lock allows for it (all its entries, whatever their markers)."""
     allowed: dict[str, set[str]] = {}
-    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
-        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==", block)
-        if head:
-            allowed.setdefault(_name(head.group(1)), set()).update(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
+    for name, _, _, hashes in lock_entries(lock):
+        allowed.setdefault(name, set()).update(hashes)
     return allowed
 
 
@@ -164,23 +173,12 @@ def assert_hashed(install: list[dict], lock: Path) -> None:
         assert digest in allowed.get(name, set()), f"{lock.name}: {name} resolved to a file the lock does not allow"
 
 
-def lock_entries_hashed(lock: Path) -> list[tuple[str, str, str | None, frozenset[str]]]:
-    """(name, version, marker, its sha256s) of every entry of `lock`."""
-    found = []
-    for block in re.split(r"\n(?=[A-Za-z0-9])", lock.read_text()):
-        head = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ; ([^\\\n]+?))?(?: \\)?$", block, re.M)
-        if head:
-            hashes = frozenset(re.findall(r"--hash=sha256:([0-9a-f]{64})", block))
-            found.append((_name(head.group(1)), head.group(2), head.group(3), hashes))
-    return found
-
-
 def test_the_run_lock_is_a_part_of_the_test_lock() -> None:
     """Every entry of requirements-run.txt is in requirements-test.txt: the same version, the same hashes, and
     a marker that is the same or none (the test set may install it in more places, never fewer). With the
     closure check below, the test set's fresh-machine resolution is the run set's too."""
-    test_entries = lock_entries_hashed(ROOT / "requirements-test.txt")
-    run_entries = lock_entries_hashed(ROOT / "requirements-run.txt")
+    test_entries = lock_entries(ROOT / "requirements-test.txt")
+    run_entries = lock_entries(ROOT / "requirements-run.txt")
     assert run_entries and {name for name, *_ in run_entries} < {name for name, *_ in test_entries}
     for name, version, marker, hashes in run_entries:
         assert hashes, f"requirements-run.txt: {name} without hashes"
@@ -245,8 +243,7 @@ def target(platform: str, python: str) -> dict[str, str]:
 
 def locked_entries(lock: Path) -> list[tuple[str, str, str | None]]:
     """(name, version, marker) of every entry of `lock`."""
-    found = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?: ; ([^\\\n]+?))?(?: \\)?$", lock.read_text(), re.M)
-    return [(_name(n), v, m or None) for n, v, m in found]
+    return [(name, version, marker) for name, version, marker, _ in lock_entries(lock)]
 
 
 @pytest.fixture(scope="module")
