@@ -75,20 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
     source = Texts(seed=7)
     texts = [source.sentence() for _ in range(max(args.chunks, *sizes))]
-    print(
-        f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; "
-        f"torch threads {torch.get_num_threads()}; max_new_token {cap}",
-        flush=True,
-    )
+    print(f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; ", end="")
+    print(f"torch threads {torch.get_num_threads()}; max_new_token {cap}", flush=True)
     fidelities = {}
     for label in [label for label in labels if label not in (UPSTREAM, LOOP)] if args.fidelity else []:
         f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=seed)
         fidelities[label] = {**dataclasses.asdict(f), "passes": f.passes}
-        print(
-            f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), "
-            f"{f.matching}/{f.steps} sampled steps match ({f.prefix} leading), decoder cosine {f.decoder_cosine:.5f}",
-            flush=True,
-        )
+        print(f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), ", end="")
+        print(f"{f.matching}/{f.steps} sampled steps match ({f.prefix} leading), decoder cosine {f.decoder_cosine:.5f}")
     spec = Spec(chunks=tuple(texts), model=info.id, seed=seed)
 
     loops: dict[int, Any] = {}  # batch size -> the `loop` tuning's decoder, empty between batches
@@ -135,11 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds, chunks, samples = run(label, size, args.chunks)
             audio = samples / 24_000
             rtf = seconds / audio if audio else float("nan")
-            runs.append(
-                {"round": r, "batch": size, "tuning": label, "seconds": seconds, "chunks": chunks, "rtf": rtf}
-                | {"chunks_per_s": chunks / seconds, "audio_seconds": audio}
-                | {"peak_gpu_bytes": torch.cuda.max_memory_allocated() if cuda else None}
-            )
+            peak = torch.cuda.max_memory_allocated() if cuda else None
+            runs.append({"round": r, "batch": size, "tuning": label, "seconds": seconds, "chunks": chunks, "rtf": rtf})
+            runs[-1] |= {"chunks_per_s": chunks / seconds, "audio_seconds": audio, "peak_gpu_bytes": peak}
             line = f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, {chunks / seconds:6.2f} chunks/s, "
             print(line + f"RTF {rtf:.3f}", flush=True)
     out = {"model": info.name, "device": info.device, "load_seconds": load_seconds, "runs": runs}

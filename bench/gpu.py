@@ -21,9 +21,10 @@ import processes
 from figures import Figure, percentile, table
 from harness import Texts, make_spec
 from processes import MIB, ROOT, BenchError, Cluster, Proc, say
+from scenarios.scheduling import Watch
 
 from cache import SAMPLE_RATE, Spec
-from common.keys import chunk_key, pieces_key
+from common.keys import chunk_key
 from common.settings import Settings
 from work import queueing
 
@@ -103,39 +104,26 @@ class Bench:
                 self.cluster.stop(proc)
 
     def measure(self, specs: list[Spec], workers: Workers, peak: bool = False) -> tuple[list[float], ...]:
-        """Submit `specs` at once, spread over the workers' queues, and poll until every job has ended. Per request,
+        """Submit `specs` at once, spread over the workers' queues, and wait until every job has finished. Per request,
         seconds from submission to its first audio (a piece of its first chunk, or that chunk), to its first chunk
-        stored and to its end; its audio seconds; and with `peak`, [the workers' peak memory meanwhile (MiB)].
+        stored and to its last; its audio seconds; and with `peak`, [the workers' peak memory meanwhile (MiB)].
         BenchError when a job fails or a worker exits."""
-        redis, settings = self.cluster.redis(), Settings()
+        redis, settings, most = self.cluster.redis(), Settings(), [0.0]
         queues = [queueing.queue(redis, dataclasses.replace(settings, queue=q)) for _, q in workers]
-        start = time.monotonic()
-        jobs = [queueing.submit(queues[i % len(queues)], spec, settings) for i, spec in enumerate(specs)]
-        seen: tuple[dict[int, float], ...] = ({}, {}, {})
-        most = [0.0]
 
-        def look() -> bool:
-            for proc, _ in workers:
-                proc.check()
-            most[0] = max(most[0], sum(self.memory(p.pid) or 0.0 for p, _ in workers)) if peak else 0.0
-            with redis.pipeline(transaction=False) as pipe:
-                for cid in [spec.chunk_ids()[0] for spec in specs]:
-                    pipe.llen(pieces_key(cid))
-                    pipe.exists(chunk_key(cid))
-                for job in jobs:
-                    pipe.hget(job.key, "status")
-                found, now, n = pipe.execute(), time.monotonic() - start, len(specs)
-            for i, (pieces, whole, status) in enumerate(zip(found[: 2 * n : 2], found[1 : 2 * n : 2], found[2 * n :])):
-                end = status in (b"finished", b"failed")  # a chunk stored whole: heard at its end at the latest
-                for marks, hit in zip(seen, (pieces or whole or end, whole or end, end)):
-                    if hit:
-                        marks.setdefault(i, now)
-            return len(seen[2]) == n
+        def sample() -> None:
+            most[0] = max(most[0], sum(self.memory(p.pid) or 0.0 for p, _ in workers))
 
-        processes.wait_for(look, 600, f"{len(specs)} requests on {[q for _, q in workers]}", interval=0.005)
-        failed = [j.id for j in jobs if j.get_status(refresh=True) != "finished"]
-        if failed:
-            raise BenchError(f"{len(failed)} of {len(jobs)} jobs failed: {failed[:3]}")
+        watch, start, jobs, first = Watch(redis, sample=sample if peak else lambda: None), time.monotonic(), [], []
+        for i, spec in enumerate(specs):
+            first.append(len(watch.sent))
+            for cid in spec.chunk_ids():
+                watch.add(cid, start)
+            jobs.append(queueing.submit(queues[i % len(queues)], spec, settings))
+        processes.wait_jobs(jobs, 600, [p for p, _ in workers])
+        waits, spans = watch.wait(60), zip(first, [*first[1:], len(watch.sent)])  # each request's chunks in `watch`
+        heard, stored = [waits[i] for i in first], [watch.done[i] - start for i in first]
+        ended = [max(watch.done[k] for k in range(i, j)) - start for i, j in spans]
         # The audio is the chunks' stored PCM16 (a job's own figures count every row its steps ran, others' too).
         with redis.pipeline(transaction=False) as pipe:
             for cid in [cid for spec in specs for cid in spec.chunk_ids()]:
@@ -144,7 +132,7 @@ class Bench:
         audio = [sum(next(sizes) for _ in spec.chunk_ids()) / (2 * SAMPLE_RATE) for spec in specs]
         if not all(audio):
             raise BenchError(f"{audio.count(0)} of {len(specs)} requests stored no audio")
-        return (*[[marks[i] for i in range(len(specs))] for marks in seen], audio, most)
+        return heard, stored, ended, audio, most
 
     def workers_part(self, counts: list[int], pool: Workers, before: float | None) -> list[Figure]:
         """1 and more workers (the first of `pool`, alike) on one GPU (or machine): memory (every worker of
@@ -235,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", default=quick, help="fewer, shorter runs (also BENCH_QUICK=1)")
     parser.add_argument("--cpu", action="store_true", help="the reduced CPU mode even where CUDA is present")
     parser.add_argument("--write", help="append the table here ('' for nowhere; default BENCHMARKS.md with a GPU)")
-    parser.add_argument(
-        "--model", type=Path, help="a checkpoint written already (CPU mode: the tiny one); default: one written anew"
-    )
+    parser.add_argument("--model", type=Path, help="a checkpoint written already (CPU mode: the tiny one)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     code = "import torch; print(torch.cuda.device_count())"  # asked in a child: this process never touches CUDA
@@ -250,15 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"mode: GPU (cuda:0): {name}" if gpu else "mode: reduced CPU mode (no CUDA): tiny model, no GPU figures")
     try:
         with Cluster() as cluster:
-            if args.model:
-                say(f"checkpoint: {args.model}")
-                model = args.model
-            elif gpu:
-                say(f"writing the full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)")
-                model = processes.write_tiny_model(cluster.tmp / "full-model", MAX_NEW_TOKEN, full_size=True)
-            else:
-                say("writing the tiny checkpoint")
-                model = processes.write_tiny_model(cluster.tmp / "tiny-model")
+            what = f"full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)" if gpu else "tiny checkpoint"
+            say(f"checkpoint: {args.model}" if args.model else f"writing the {what}")
+            model = args.model or processes.write_tiny_model(cluster.tmp / "model", MAX_NEW_TOKEN if gpu else None, gpu)
             device = "cuda:0" if gpu else "cpu"
             say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {mode['tunings']}")
             cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", mode["tunings"]]
@@ -285,10 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
     info = processes.machine()
-    head = (
-        f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
-        f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s"
-    )
+    head = f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
+    head += f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s"
     print(f"\n{head}\n{table(figures, markdown=False)}")
     target = args.write if args.write is not None else ("BENCHMARKS.md" if gpu else "")
     if target:

@@ -16,16 +16,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   fi
   echo "device kit: installing ${#wheels[@]} wheels from .whl/ into $site"
   "$py" -m pip --disable-pip-version-check install -q --no-deps --no-index --no-compile --target "$site" "${wheels[@]}"
-  # The worker's modules (their imports pull in the rest), and the kit's own from the folder, not from elsewhere.
-  "$py" - "$site" ChatTTS vocos encodec vector_quantize_pytorch num2words cn2an rq redis soundfile engines.chattts \
-    worker <<'PY'
-import importlib, sys
-sys.path[:0] = [sys.argv[1], "."]
-for name in sys.argv[2:]:
-    importlib.import_module(name)
-outside = [name for name in ("ChatTTS", "vocos", "rq") if not sys.modules[name].__file__.startswith(sys.argv[1])]
-sys.exit(f"device kit: imported from elsewhere: {outside}") if outside else print("kit imports ok from", sys.argv[1])
-PY
+  # The worker's modules (their imports pull in the rest) and the kit's own, from the folder and not elsewhere.
+  "$py" -c 'import sys; sys.path[:0] = [sys.argv[1], "."]
+import ChatTTS, vocos, encodec, vector_quantize_pytorch, num2words, cn2an, rq, redis, soundfile, engines.chattts, worker
+outside = [m.__name__ for m in (ChatTTS, vocos, rq) if not m.__file__.startswith(sys.argv[1])]
+sys.exit(f"device kit: imported from elsewhere: {outside}" if outside else 0)' "$site"
+  echo "device kit: imports ok from $site"
   if ! "$py" -c "import ChatTTS" >/dev/null 2>&1; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "device kit: on PYTHONPATH"

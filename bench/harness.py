@@ -47,10 +47,8 @@ class Texts:
                 words.append(self.rng.choice(WORDS))
                 if not short and len(words) % 7 == 0:
                     words[-1] += ","
-            if short:
-                text = " ".join(words)[: target - 1].rstrip() + "."
-            else:
-                text = " ".join(words).rstrip(",") + self.rng.choice(".!?")
+            joined = " ".join(words)
+            text = joined[: target - 1].rstrip() + "." if short else joined.rstrip(",") + self.rng.choice(".!?")
             if text not in self.seen:
                 self.seen.add(text)
                 return text

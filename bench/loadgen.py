@@ -257,17 +257,7 @@ def wrk(
             lines += [f'wrk.body = io.open({json.dumps(tmp + "/body")}, "rb"):read("*a")']
             lines += ['wrk.headers["Content-Type"] = "application/json"']
         (Path(tmp) / "run.lua").write_text("\n".join(lines) + "\n" + WRK_DONE)
-        args = [
-            wrk_binary(),
-            "-t",
-            "1",
-            "-c",
-            str(connections),
-            "-d",
-            f"{int(seconds)}s",
-            "--timeout",
-            f"{WRK_TIMEOUT}s",
-        ]
+        args = [wrk_binary(), "-t1", f"-c{connections}", f"-d{int(seconds)}s", f"--timeout={WRK_TIMEOUT}s"]
         args += ["-s", f"{tmp}/run.lua", f"http://127.0.0.1:{port}{path}"]
         proc = subprocess.run(args, capture_output=True, text=True, timeout=seconds + WRK_TIMEOUT + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith(WRK_MARK)), None)

@@ -36,7 +36,6 @@ from work import queueing  # noqa: E402
 
 T = TypeVar("T")
 MIB = 1024 * 1024
-Flags = Callable[[int], list[str]]  # a server's command-line options for its port
 
 
 class BenchError(RuntimeError):
@@ -240,22 +239,18 @@ class Cluster:
         return url
 
     def start_app(
-        self, name: str, app: str, env: dict[str, str], app_dir: str = ".", flags: Flags | None = None
+        self, name: str, app: str = "service:create_app", env: dict[str, str] | None = None, procfile: bool = False
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", found in `app_dir`) on a free port, with the
-        options `flags(port)` (default: quiet, on loopback); once it answers GET /healthz, else BenchError."""
+        """uvicorn serving the factory `app` ("module:function", or "folder/module:function" for one outside the
+        repository's root) on a free port, quiet and on loopback, or with `procfile` the Procfile's web flags (what
+        deploys); once it answers GET /healthz, else BenchError."""
+        folder, _, app = app.rpartition("/")
         port = free_port()
         quiet = ["--factory", "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]
-        args = [sys.executable, "-m", "uvicorn", app, *(flags(port) if flags else quiet), "--app-dir", app_dir]
-        proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **env}))
+        args = [sys.executable, "-m", "uvicorn", app, *(web_flags(port) if procfile else quiet), "--app-dir", folder]
+        proc = self.spawn(name, args, bench_env(**{"REDIS_URL": self.redis_url, **(env or {})}))
         wait_for(lambda: http_ok(port, "/healthz"), 240, f"{name} to answer /healthz", procs=[proc])
         return proc, port
-
-    def start_web(
-        self, name: str, app: str = "service:create_app", app_dir: str = ".", env: dict[str, str] | None = None
-    ) -> tuple[Proc, int]:
-        """`start_app` with the Procfile's web flags: what deploys."""
-        return self.start_app(name, app, env or {}, app_dir, web_flags)
 
     def start_worker(self, name: str, env: dict[str, str]) -> Proc:
         """`python worker.py` as the Procfile starts it (not waited for: see `wait_workers`); `env` may set

@@ -62,8 +62,8 @@ def start_stack(b: Bench) -> None:
     processes warming up together spin against each other)."""
     say(f"starting the stack: main worker (1 torch thread, batches of {b.batch}), web, naive server")
     b.main = b.pool("worker", "tts")
-    _, b.web_port = b.cluster.start_app("web", "service:create_app", {})
-    _, b.naive_port = b.cluster.start_app("naive", "baselines:naive", b.model_env(), "bench")
+    _, b.web_port = b.cluster.start_app("web")
+    _, b.naive_port = b.cluster.start_app("naive", "bench/baselines:naive", b.model_env())
     processes.wait_for(lambda: processes.http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
     say("stack ready")
 

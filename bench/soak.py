@@ -14,21 +14,21 @@ from typing import Any, Awaitable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import figures  # noqa: E402
-import processes  # noqa: E402
-import soak_phases  # noqa: E402
-import soak_report  # noqa: E402
-import traffic  # noqa: E402
-from processes import MIB, BenchError, Proc, say  # noqa: E402
-from redis import Redis  # noqa: E402
-from redis.exceptions import RedisError  # noqa: E402
-from rq.job import Job  # noqa: E402
-from rq.worker import WorkerStatus  # noqa: E402
-from soak_phases import BUSY, NEVER, PHASES, QUEUE, QUIET, RESTARTING, Check, used_memory  # noqa: E402
-from soak_report import by_slot  # noqa: E402
-from traffic import MIX, Answer, Client, Record  # noqa: E402
+import figures
+import processes
+import soak_phases
+import soak_report
+import traffic
+from processes import MIB, BenchError, Proc, say
+from redis import Redis
+from redis.exceptions import RedisError
+from rq.job import Job
+from rq.worker import WorkerStatus
+from soak_phases import BUSY, NEVER, PHASES, QUEUE, QUIET, RESTARTING, Check, used_memory
+from soak_report import by_slot
+from traffic import MIX, Answer, Client, Record
 
-from work.status import ACTIVE  # noqa: E402
+from work.status import ACTIVE
 
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
 RESTARTS = 3
@@ -151,10 +151,8 @@ class Soak:
         self.samples.append(row)
         if not label:
             done = sum(1 for a in self.record.answers if a.status is not None)
-            say(
-                f"  {t:4.0f} s: {done} answered; MiB: web {row['web']:.0f}, workers {by_slot(row)}, "
-                f"Redis {row['redis']:.1f}"
-            )
+            memory = f"web {row['web']:.0f}, workers {by_slot(row)}, Redis {row['redis']:.1f}"
+            say(f"  {t:4.0f} s: {done} answered; MiB: {memory}")
 
     def track_lives(self) -> None:
         """Note each warm worker process's RSS: the first look once it is warm, and the latest."""
@@ -179,9 +177,9 @@ class Soak:
         max_jobs, self.max_jobs = self.max_jobs, None  # calibration workers run without a limit
         procs = self.start_workers(0, 1)
         keyed = {"TTS_API_KEYS": soak_phases.api_keys(self.keys)}
-        self.web, self.ports[""] = c.start_web("web", env=keyed)
+        self.web, self.ports[""] = c.start_app("web", env=keyed, procfile=True)
         wide = {**keyed, "TTS_CHUNK_CHARS": str(soak_phases.WIDE_CHUNKS)}
-        _, self.ports[f", TTS_CHUNK_CHARS={soak_phases.WIDE_CHUNKS}"] = c.start_web("web-wide", env=wide)
+        _, self.ports[f", TTS_CHUNK_CHARS={soak_phases.WIDE_CHUNKS}"] = c.start_app("web-wide", env=wide, procfile=True)
         c.wait_workers(procs, QUEUE)
         self.clients = {tenant: Client(self.ports[""], self.record, self.keys[tenant]) for tenant in (BUSY, QUIET)}
         busy = self.clients[BUSY]
@@ -193,11 +191,9 @@ class Soak:
             self.rate = new_rate / MIX["new"]
             per_request = await asyncio.to_thread(processes.jobs_run, self.redis(), QUEUE) / len(self.record.stored)
             self.max_jobs = max_jobs or max(10, int(new_rate * self.seconds * per_request / 2 / RESTARTS))
-            say(
-                f"capacity {self.capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {self.rate:.2f} "
-                f"arrivals/s ({new_rate:.2f} new/s) for {self.seconds:.0f} s; restarting the workers with "
-                f"--max-jobs {self.max_jobs}"
-            )
+            load = f"{self.rate:.2f} arrivals/s ({new_rate:.2f} new/s) for {self.seconds:.0f} s"
+            say(f"capacity {self.capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {load}")
+            say(f"restarting the workers with --max-jobs {self.max_jobs}")
             for proc in list(self.workers.values()):
                 await asyncio.to_thread(c.stop, proc)
             await asyncio.to_thread(c.wait_workers, self.start_workers(0, 1), QUEUE)

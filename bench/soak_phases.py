@@ -318,18 +318,12 @@ class Phase:
     fault: bool = True
 
 
-def flooded(s: Soak) -> list[Check]:
-    return [judge_flood(s.record.lives, s.t0, s.windows["flood"], s.flood_size)]
-
-
-def poisoned(s: Soak) -> list[Check]:
-    return judge_poison(s.poison, s.record, s.windows["poison"], s.excused)
-
-
 # The flood and the poison come before the first fault, so that what they cost is theirs alone.
 PHASES = [
-    Phase("flood", 0.08, flood, flooded, fault=False),
-    Phase("poison", 0.15, send_poison, poisoned, fault=False),
+    Phase("flood", 0.08, flood, lambda s: [judge_flood(s.record.lives, s.t0, s.windows["flood"], s.flood_size)], False),
+    Phase(
+        "poison", 0.15, send_poison, lambda s: judge_poison(s.poison, s.record, s.windows["poison"], s.excused), False
+    ),
     Phase("worker killed", 0.25, kill_a_busy_worker),
     Phase("Redis down", 0.40, restart_redis),
     Phase("evicting", 0.55, evict),

@@ -64,11 +64,10 @@ def judge(s: Soak) -> list[Check]:
     wrong = s.record.wrong_audio if s.wrong_before_eviction is None else s.wrong_before_eviction
     gone = sorted(s.record.resubmitted) if "evicting" not in s.windows else []
     growth = sorted(b - a for a, b in s.lives.values())
-    nan = float("nan")
+    span = f"from {growth[0]:+.1f} to {growth[-1]:+.1f} MiB" if growth else ""
+    ends = [(first["workers"].get(k, float("nan")), last["workers"].get(k, float("nan")), k) for k in sorted(s.workers)]
     workers = "; ".join(
-        f"{first['workers'].get(k, nan):.0f} -> {last['workers'].get(k, nan):.0f} MiB"
-        + (" (starting)" if k in last["restarting"] else "")
-        for k in sorted(s.workers)
+        f"{a:.0f} -> {b:.0f} MiB" + (" (starting)" if k in last["restarting"] else "") for a, b, k in ends
     )
     highest = max((v for r in s.samples for v in r["workers"].values()), default=0.0)
     rows = [
@@ -109,10 +108,7 @@ def judge(s: Soak) -> list[Check]:
             "for again: see 'never finished')",
             f"{len(failed_jobs)}" + "".join(f"; {r}" for r in failed_jobs),
         ),
-        Check(
-            "web RSS, start -> end",
-            f"{first['web']:.1f} -> {last['web']:.1f} MiB (highest {max(r['web'] for r in s.samples):.1f})",
-        ),
+        Check("web RSS, start -> end", f"{first['web']:.1f} -> {last['web']:.1f} MiB (highest {max(early, late):.1f})"),
         Check(
             f"distinct audio the web process served (its encoded-audio cache keeps up to "
             f"{Settings().encoded_cache_mb} MiB of it)",
@@ -122,7 +118,7 @@ def judge(s: Soak) -> list[Check]:
             "repeated WAVs that differed from the first one served (before the eviction phase / after: made "
             "again once evicted)",
             f"{wrong} / {s.record.wrong_audio - (s.wrong_before_eviction or 0)}",
-            # Audio made again after volatile-lru took it may differ (a row's noise depends on its batch mates).
+            # Audio made again after volatile-lru took it may differ: the batch it runs in changes the rounding.
             (bool(wrong), f"{wrong} repeated WAVs differed from the first one served"),
         ),
         Check(
@@ -131,8 +127,7 @@ def judge(s: Soak) -> list[Check]:
         ),
         Check(
             f"worker RSS over each process's life, from {RESTARTING:.0f} s after its start to its last look",
-            f"{len(growth)} processes: growth median {percentile(growth, 50):+.1f} MiB, from {growth[0]:+.1f} "
-            f"to {growth[-1]:+.1f} MiB"
+            f"{len(growth)} processes: growth median {percentile(growth, 50):+.1f} MiB, {span}"
             if growth
             else "no process lived long enough to tell",
         ),
@@ -144,10 +139,7 @@ def judge(s: Soak) -> list[Check]:
             f"web RSS flat: highest sample in the run's second half vs its first (target <= {WEB_FLAT:.2f}x; the "
             "bounded memories fill in the first)",
             f"{late:.1f} vs {early:.1f} MiB ({late / max(early, 1e-9):.2f}x)",
-            (
-                late > WEB_FLAT * early,
-                f"the web process's RSS grew in the second half: {early:.1f} -> {late:.1f} MiB",
-            ),
+            (late > WEB_FLAT * early, f"the web RSS grew in the run's second half: {early:.1f} -> {late:.1f} MiB"),
         ),
     ]
     for phase in PHASES:

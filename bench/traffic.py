@@ -82,9 +82,8 @@ class Client:
         conn = self.idle.pop() if self.idle else loadgen.Connection(self.port)
         sent, request_id, status = self.loop.time(), None, None
         try:
-            status, answer = await self.send(
-                f"{kind}: POST", self.ask("POST", "/v1/tts", {"text": text} if body is None else body), conn
-            )
+            post = self.ask("POST", "/v1/tts", {"text": text} if body is None else body)
+            status, answer = await self.send(f"{kind}: POST", post, conn)
             if status not in (200, 202):
                 return
             request_id = json.loads(answer)["id"]

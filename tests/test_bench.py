@@ -111,7 +111,7 @@ def test_load_generators_against_the_bare_app_on_the_procfile_stack(redis: Redis
     redis.set("bench:test:post", json.dumps({"id": "x"}))
     with Cluster() as cluster:
         cluster.redis_url = redis_url
-        _, port = cluster.start_web("bare", "baselines:bare", "bench")
+        _, port = cluster.start_app("bare", "bench/baselines:bare", procfile=True)
         get = loadgen.request("GET", "/raw/bench:test:wav")
         res = asyncio.run(loadgen.run(port, lambda: get, connections=4, duration=0.5, warmup=0.1))
         assert res.completed > 5 and res.rps > 10 and 0 < res.p(50) <= res.p(99)
@@ -157,7 +157,7 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert "device kit: installing" in out and "kit imports ok" in out and "reduced CPU mode" in out
+    assert "device kit: installing" in out and "device kit: imports ok" in out and "reduced CPU mode" in out
     for line in (
         "real-time factor, batch 1, float32",
         "real-time factor, batch 4, bfloat16 (vs float32)",

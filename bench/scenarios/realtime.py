@@ -34,7 +34,7 @@ def realtime(b: Bench) -> None:
     """10: a web process (the Procfile's flags) and a worker of their own, in database DATABASE, with
     TTS_STREAM_TOKENS=STREAM_TOKENS; every text new unless it is one of scenario 3's repeats."""
     b.pool("realtime-worker", "tts", database=DATABASE, TTS_STREAM_TOKENS=str(STREAM_TOKENS))
-    _, port = b.cluster.start_web("realtime-web", env={"REDIS_URL": b.url(DATABASE)})
+    _, port = b.cluster.start_app("realtime-web", env={"REDIS_URL": b.url(DATABASE)}, procfile=True)
     url, texts, rounds = f"http://127.0.0.1:{port}", b.texts, b.rounds
     pool = [texts.mixed() for _ in range(10)]
     asyncio.run(seed_pool(port, pool))
@@ -66,10 +66,6 @@ def realtime(b: Bench) -> None:
         first, whole, gaps, _audio = zip(*loaded(round_, 2000, lambda: speech_round(url, texts.text(3))))
         return [(percentile(first, 95), percentile(whole, 95)), percentile(gaps, 95)]
 
-    def completed(sentence: str, rest: str) -> float:
-        """Seconds from the text that completes `sentence` (its end and the next word's start) to its first delta."""
-        return first_audio(url, " " + rest[:3], before=sentence, after=rest[3:])
-
     def beside_stream(_: str, __: int) -> list[Reading]:
         stop = threading.Event()
 
@@ -80,7 +76,7 @@ def realtime(b: Bench) -> None:
         other = threading.Thread(target=second_client, daemon=True)
         other.start()
         try:
-            waits = [completed(texts.sentence(), texts.sentence()) for _ in range(b.size("sentences"))]
+            waits = [completed(url, texts.sentence(), texts.sentence()) for _ in range(b.size("sentences"))]
         finally:
             stop.set()
             other.join(600)
@@ -213,20 +209,19 @@ def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, fl
     return last - sent, cleared, statistics.median(steps) if steps else 0.0, trip
 
 
-def first_audio(url: str, text: str, before: str = "", after: str = "") -> float:
-    """Seconds from sending `text` (after `before`) to the first audio delta
-    that carries audio; then `after`, `.end` and the rest of the audio. RuntimeError on an error event."""
+def completed(url: str, sentence: str, rest: str) -> float:
+    """Seconds from sending the text that completes `sentence` (its end and the start of the next word, `rest`'s)
+    to the first audio delta that carries audio; then the rest, `.end` and the rest of the audio. RuntimeError on
+    an error event."""
     with session(url) as ws:
-        if before:
-            send(ws, "input_text.append", text=before)
+        send(ws, "input_text.append", text=sentence)
         sent = time.monotonic()
-        send(ws, "input_text.append", text=text)
+        send(ws, "input_text.append", text=" " + rest[:3])
         while (event := json.loads(ws.recv(timeout=600)))["type"] != "speech.audio.delta" or not event["audio"]:
             if event["type"] == "error":
                 raise RuntimeError(f"the WebSocket answered an error: {event}")
         took = time.monotonic() - sent
-        if after:
-            send(ws, "input_text.append", text=after)
+        send(ws, "input_text.append", text=rest[3:])
         send(ws, "input_text.end")  # the rest is made before the next measurement
         for _ in ws:
             pass

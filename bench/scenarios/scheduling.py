@@ -8,6 +8,7 @@ import random
 import statistics
 import threading
 import time
+from typing import Callable, Sequence
 
 import loadgen
 import processes
@@ -59,10 +60,10 @@ def scheduling(b: Bench) -> None:
 
 class Watch:
     """When chunks were first heard (a streamed piece or the stored chunk) and done, polled in a thread; and
-    when each piece of some other chunks (`pieced`) appeared."""
+    when each piece of some other chunks (`pieced`) appeared. `sample` is called at every poll."""
 
-    def __init__(self, redis: Redis, pieced: list[str] | None = None) -> None:
-        self.redis, self.pieced = redis, pieced or []
+    def __init__(self, redis: Redis, pieced: Sequence[str] = (), sample: Callable[[], None] = lambda: None) -> None:
+        self.redis, self.pieced, self.sample = redis, list(pieced), sample
         self.sent: list[tuple[float, str]] = []  # appended by the sender, read by the poller (atomic under the GIL)
         self.heard: dict[int, float] = {}
         self.done: dict[int, float] = {}
@@ -76,6 +77,7 @@ class Watch:
 
     def poll(self) -> None:
         while self.running:
+            self.sample()
             pending = [(i, cid) for i, (_, cid) in enumerate(list(self.sent)) if i not in self.done]
             with self.redis.pipeline(transaction=False) as pipe:
                 for _, cid in pending:
@@ -119,7 +121,7 @@ def continuous(b: Bench) -> None:
     for scheduling in SCHEDULERS:
         b.pool(f"budget-{scheduling}", f"bench-budget-{scheduling}", database=1, TTS_SCHEDULING=scheduling, **model)
     model_id = b.model_id(redis)
-    _, naive_port = b.cluster.start_app("naive-budget", "baselines:naive", b.model_env(**model), "bench")
+    _, naive_port = b.cluster.start_app("naive-budget", "bench/baselines:naive", b.model_env(**model))
     long_chunks = 5 * b.batch  # five loops' worth: 40 rows at the default batch of 8
     steps: list[float] = []  # one step of the full loop (s), from the long requests' pieces
 

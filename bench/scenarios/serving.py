@@ -40,9 +40,8 @@ def footprint(b: Bench) -> None:
     c, starts = b.cluster, b.size("starts")
 
     def app(side: str, _: int) -> list[Reading]:
-        app, app_dir = ("service:create_app", ".") if side == "web" else ("baselines:bare", "bench")
         started = time.monotonic()
-        proc, port = c.start_app(f"fp-{side}", app, {}, app_dir)
+        proc, port = c.start_app(f"fp-{side}", "service:create_app" if side == "web" else "bench/baselines:bare")
         seconds = time.monotonic() - started
         with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:  # one keep-alive connection
             for _ in range(200):
@@ -83,9 +82,9 @@ def cache_hit(b: Bench) -> None:
     redis.set("bench:bare:wav", answer)
     redis.set("bench:bare:post", posted.content)
     ports = {
-        "subject": c.start_web("hit-web")[1],
-        "bare": c.start_web("hit-bare", "baselines:bare", "bench")[1],
-        "subject x2": c.start_web("hit-web-x2", env={"WEB_CONCURRENCY": "2"})[1],
+        "subject": c.start_app("hit-web", procfile=True)[1],
+        "bare": c.start_app("hit-bare", "bench/baselines:bare", procfile=True)[1],
+        "subject x2": c.start_app("hit-web-x2", env={"WEB_CONCURRENCY": "2"}, procfile=True)[1],
     }
     if httpx.get(f"http://127.0.0.1:{ports['bare']}/raw/bench:bare:wav").content != answer:
         raise BenchError("the bare endpoint does not answer the service's bytes")
