@@ -20,7 +20,7 @@ import numpy as np
 from cache import Spec
 from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
 from common.settings import Settings
-from engines import spoken
+from engines import homophones, spoken
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
 from engines.decoders import StaticDecoder
 from engines.refine import refine
@@ -46,6 +46,7 @@ def _import_chattts() -> Any:
             ) from exc
         raise
     cache_normalizer_jit()
+    homophones.install(ChatTTS.norm)
     return ChatTTS
 
 
