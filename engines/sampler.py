@@ -84,7 +84,8 @@ def restore(rows: Sequence[Row], kept: list[Mark]) -> None:
 
 
 class TopP:
-    """transformers' `TopPLogitsWarper` (`warper`), the very scores it returns, without its `torch.sort` on the CPU.
+    """transformers' `TopPLogitsWarper` (`warper`), then its `TopKLogitsWarper` (`top_k`) where given: the very
+    scores they return, without their `torch.sort` and `torch.topk` on the CPU.
 
     The warper sorts each line, takes the softmax and cumulative sum of the
     sorted values and removes the lowest ones whose sum stays within
@@ -95,20 +96,26 @@ class TopP:
     and a line loses the tokens below its first kept value: the same tokens,
     unless the values on both sides of that boundary are equal, where the
     warper's unstable sort picks among them; such a call, and any not on the
-    CPU, goes to the warper itself.
+    CPU, goes to the warpers themselves.
+
+    Top-k after top-p keeps the values not below the k-th largest that
+    top-p kept, or all it kept when it kept fewer than k: the values not
+    below the larger of the first kept and the k-th largest of the line.
     """
 
-    def __init__(self, warper: Any) -> None:
+    def __init__(self, warper: Any, top_k: Any = None) -> None:
         import numpy as np
         import torch
 
-        self.np, self.torch, self.warper = np, torch, warper
+        self.np, self.torch, self.warper, self.top_k = np, torch, warper, top_k
         self.top_p, self.keep, self.fill = float(warper.top_p), int(warper.min_tokens_to_keep), warper.filter_value
+        if top_k is not None and top_k.filter_value != self.fill:
+            raise ValueError("top-k fused after top-p must fill what it removes as top-p does")
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         torch = self.torch
         if scores.device.type != "cpu" or scores.dtype != torch.float32 or scores.size(-1) <= self.keep:
-            return self.warper(input_ids, scores)
+            return self.warpers(input_ids, scores)
         values = torch.from_numpy(self.np.sort(scores.detach().numpy(), axis=-1))
         remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
         remove[..., -self.keep :] = False
@@ -116,8 +123,16 @@ class TopP:
         first_kept = values.gather(1, removed)
         last_removed = values.gather(1, (removed - 1).clamp(min=0))
         if bool(((removed > 0) & (last_removed == first_kept)).any()):
-            return self.warper(input_ids, scores)
+            return self.warpers(input_ids, scores)
+        if self.top_k is not None:
+            k = min(self.top_k.top_k, values.size(-1))
+            first_kept = torch.maximum(first_kept, values.narrow(1, values.size(-1) - k, 1))
         return scores.masked_fill(scores < first_kept, self.fill)
+
+    def warpers(self, input_ids: Any, scores: Any) -> Any:
+        """The warpers themselves: top-p, then top-k where given."""
+        scores = self.warper(input_ids, scores)
+        return scores if self.top_k is None else self.top_k(input_ids, scores)
 
 
 class Sampler:
@@ -126,9 +141,10 @@ class Sampler:
     def __init__(self, chat: Any) -> None:
         import torch
         from ChatTTS.model.processors import CustomRepetitionPenaltyLogitsProcessorRepeat, gen_logits
-        from transformers.generation import TopPLogitsWarper
+        from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
         self.repeat_type, self.top_p_type = CustomRepetitionPenaltyLogitsProcessorRepeat, TopPLogitsWarper
+        self.top_k_type = TopKLogitsWarper
         self.torch = torch
         self.gpt = chat.gpt
         self.device = chat.device
@@ -144,7 +160,11 @@ class Sampler:
             warpers, processors = self.gen_logits(
                 num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
             )
-            warpers = [TopP(w) if isinstance(w, self.top_p_type) else w for w in warpers]
+            pair = len(warpers) == 2 and isinstance(warpers[1], self.top_k_type)
+            if pair and isinstance(warpers[0], self.top_p_type) and warpers[0].filter_value == warpers[1].filter_value:
+                warpers = [TopP(warpers[0], warpers[1])]  # GPT.generate's pair, as gen_logits makes it
+            else:
+                warpers = [TopP(w) if isinstance(w, self.top_p_type) else w for w in warpers]
             self._warpers[(top_p, top_k)] = (processors, warpers)
         return self._warpers[(top_p, top_k)]
 
@@ -279,18 +299,24 @@ def penalize(penalty: float, window: Any, lines: Any) -> Any:
 
     The processor counts each code of a row's window (`one_hot(...).sum`)
     and scales a score by penalty ** count (multiplied where negative,
-    divided where not). The counts here come from one `scatter_add_` over
-    every line, the padding counted in a column that is dropped: the same
-    integers, so the same float operations on each score as the processor
-    applied to the row alone. (Applied to a batch of over 156 rows at once,
-    the processor itself would leave the lines past its 625th unpenalized;
-    a row here never depends on its batch.)
+    divided where not; a count of 0 scales by 1, which changes nothing).
+    Here the counts come from one `scatter_add_` over every line, and only
+    the scores of the codes in the windows are scaled: the same integers, so
+    the same float operations on each of them as the processor applied to the
+    row alone, and no `pow` over the other 610 scores of a line. Windows are
+    padded on the left, so a line's last entry is a code wherever any is: a
+    padding entry stands for it (written twice, the same value), or for code
+    0 with a count of 0 in a line without codes. (Applied to a batch of over 156
+    rows at once, the processor itself would leave the lines past its 625th
+    unpenalized; a row here never depends on its batch.)
     """
     import torch
 
-    vocab = lines.size(1)
-    counts = torch.zeros(lines.size(0), vocab + 1, dtype=torch.long, device=lines.device)
-    freq = counts.scatter_add_(1, window, torch.ones_like(window)).narrow(1, 0, vocab)
-    alpha = torch.pow(penalty, freq)
-    lines = lines.contiguous()
-    return torch.where(lines < 0, lines.multiply(alpha), lines.divide(alpha))
+    real = window < lines.size(1)
+    codes = torch.where(real, window, torch.where(real[:, -1:], window[:, -1:], 0))
+    counts = torch.zeros(lines.shape, dtype=torch.long, device=lines.device).scatter_add_(1, codes, real.long())
+    alpha = torch.pow(penalty, counts.gather(1, codes))
+    scores = lines.gather(1, codes)
+    return lines.clone(memory_format=torch.contiguous_format).scatter_(
+        1, codes, torch.where(scores < 0, scores.multiply(alpha), scores.divide(alpha))
+    )
