@@ -34,7 +34,9 @@ def test_the_worker_imports_chattts_with_the_lookup_installed_once(norm: Any) ->
     assert norm._fast_replace is homophones.replace and homophones.upstream(norm) is scan
 
 
-def test_the_lookup_makes_the_scans_array_and_replacements_on_every_listed_character(norm: Any, normalizer: Any) -> None:
+def test_the_lookup_makes_the_scans_array_and_replacements_on_every_listed_character(
+    norm: Any, normalizer: Any
+) -> None:
     table, scan = normalizer.homophones_map, homophones.upstream(norm)
     listed = [chr(c) for c in table[0].tolist()]
     rng = random.Random(5)
@@ -61,7 +63,9 @@ def test_a_table_with_a_character_past_one_code_unit_is_replaced_as_chatts_store
     assert np.array_equal(ours[0], theirs[0]) and ours[1] == theirs[1] == [("好", "🙂"), ("是", "a")]
 
 
-def test_the_normalizer_reads_the_same_text_through_either(norm: Any, normalizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_normalizer_reads_the_same_text_through_either(
+    norm: Any, normalizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     texts = [
         "Hello there, 你好，今天天气怎么样？",
         "数字和单位：一共三十个人。",
