@@ -4,9 +4,10 @@ Sampling makes the numbers of `GPT.generate` (ChatTTS 0.2.5) on each row
 alone: logits / temperature, repetition penalty 1.05 over the last 16 codes,
 top-p, top-k, softmax, multinomial from a generator re-seeded with the row's
 seed every step (ChatTTS re-seeds its one generator every step when given a
-`manual_seed`). Three of those run for the whole batch in one call where
+`manual_seed`). Four of those run for the whole batch in one call where
 upstream's run per row or cost more on a CPU, each proven equal: the draws
-(`Sampler.draw`), the penalty (`penalize`) and top-p (`TopP`).
+(`Sampler.draw`), the penalty (`penalize`), and top-p and top-k from one
+sort (`TopP`).
 
 Imports torch on construction only; the worker side alone imports engines/.
 """
@@ -302,13 +303,14 @@ def penalize(penalty: float, window: Any, lines: Any) -> Any:
     divided where not; a count of 0 scales by 1, which changes nothing).
     Here the counts come from one `scatter_add_` over every line, and only
     the scores of the codes in the windows are scaled: the same integers, so
-    the same float operations on each of them as the processor applied to the
-    row alone, and no `pow` over the other 610 scores of a line. Windows are
-    padded on the left, so a line's last entry is a code wherever any is: a
-    padding entry stands for it (written twice, the same value), or for code
-    0 with a count of 0 in a line without codes. (Applied to a batch of over 156
-    rows at once, the processor itself would leave the lines past its 625th
-    unpenalized; a row here never depends on its batch.)
+    the same float operations on each of them as the processor applied to
+    the row alone, and no `pow` over the other 610 scores of a line. Windows
+    are padded on the left, so a line's last entry is a code wherever any
+    is: a padding entry stands for it (written twice, the same value), or
+    for code 0 with a count of 0 in a line without codes. (Applied to a
+    batch of over 156 rows at once, the processor itself would leave the
+    lines past its 625th unpenalized; a row here never depends on its
+    batch.)
     """
     import torch
 
