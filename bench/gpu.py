@@ -21,7 +21,7 @@ import processes
 from figures import Figure, percentile, table
 from harness import Texts, make_spec
 from processes import MIB, ROOT, BenchError, Cluster, Proc, say
-from scenarios.scheduling import Watch
+from scenarios.scheduling import SCHEDULERS, Watch
 
 from cache import SAMPLE_RATE, Spec
 from common.keys import chunk_key
@@ -31,7 +31,6 @@ from work import queueing
 LATE = 360  # seconds into the run past which each later part runs one short round: a lent device's time is short
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint (GPU)
 WORKERS = [1, 2]  # workers on one GPU (or machine)
-SCHEDULERS = ("continuous", "static")
 # What each mode measures: the engine's batch sizes and tunings, concurrent streams per scheduler.
 MODES = {
     "GPU": {"batch_sizes": "1,8,32", "tunings": "float32,bfloat16,bfloat16+compile,loop", "streams": "1,8,32,64"},
@@ -104,10 +103,9 @@ class Bench:
                 self.cluster.stop(proc)
 
     def measure(self, specs: list[Spec], workers: Workers, peak: bool = False) -> tuple[list[float], ...]:
-        """Submit `specs` at once, spread over the workers' queues, and wait until every job has finished. Per request,
-        seconds from submission to its first audio (a piece of its first chunk, or that chunk), to its first chunk
-        stored and to its last; its audio seconds; and with `peak`, [the workers' peak memory meanwhile (MiB)].
-        BenchError when a job fails or a worker exits."""
+        """Submit `specs` at once over the workers' queues and wait for every job. Per request, seconds to its first
+        audio (a piece of its first chunk, or that chunk), to its first chunk stored and to its last; its audio
+        seconds; with `peak`, [the workers' peak memory (MiB)]. BenchError when a job fails or a worker exits."""
         redis, settings, most = self.cluster.redis(), Settings(), [0.0]
         queues = [queueing.queue(redis, dataclasses.replace(settings, queue=q)) for _, q in workers]
 
@@ -120,7 +118,11 @@ class Bench:
             for cid in spec.chunk_ids():
                 watch.add(cid, start)
             jobs.append(queueing.submit(queues[i % len(queues)], spec, settings))
-        processes.wait_jobs(jobs, 600, [p for p, _ in workers])
+        try:
+            processes.wait_jobs(jobs, 600, [p for p, _ in workers])
+        except BaseException:
+            watch.stop()
+            raise
         waits, spans = watch.wait(60), zip(first, [*first[1:], len(watch.sent)])  # each request's chunks in `watch`
         heard, stored = [waits[i] for i in first], [watch.done[i] - start for i in first]
         ended = [max(watch.done[k] for k in range(i, j)) - start for i, j in spans]

@@ -90,8 +90,7 @@ def rss_bytes(pid: int) -> int:
 
 
 def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the benchmark is killed with SIGKILL (no `finally` runs), the
-    # kernel still stops its children.
+    # In the child between fork and exec: killed with SIGKILL (no `finally` runs), the bench's children still stop.
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -241,9 +240,8 @@ class Cluster:
     def start_app(
         self, name: str, app: str = "service:create_app", env: dict[str, str] | None = None, procfile: bool = False
     ) -> tuple[Proc, int]:
-        """uvicorn serving the factory `app` ("module:function", or "folder/module:function" for one outside the
-        repository's root) on a free port, quiet and on loopback, or with `procfile` the Procfile's web flags (what
-        deploys); once it answers GET /healthz, else BenchError."""
+        """uvicorn serving the factory `app` ("module:function"; "folder/module:function" outside the root) on a free
+        port, quiet on loopback or with the Procfile's web flags; once it answers GET /healthz, else BenchError."""
         folder, _, app = app.rpartition("/")
         port = free_port()
         quiet = ["--factory", "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]

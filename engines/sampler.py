@@ -161,8 +161,7 @@ class Sampler:
             warpers, processors = self.gen_logits(
                 num_code=self.eos, top_P=top_p, top_K=top_k, repetition_penalty=REPETITION_PENALTY
             )
-            pair = len(warpers) == 2 and isinstance(warpers[1], self.top_k_type)
-            if pair and isinstance(warpers[0], self.top_p_type) and warpers[0].filter_value == warpers[1].filter_value:
+            if [type(w) for w in warpers] == [self.top_p_type, self.top_k_type]:
                 warpers = [TopP(warpers[0], warpers[1])]  # GPT.generate's pair, as gen_logits makes it
             else:
                 warpers = [TopP(w) if isinstance(w, self.top_p_type) else w for w in warpers]

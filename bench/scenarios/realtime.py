@@ -210,9 +210,8 @@ def barge_round(url: str, sentences: list[str]) -> tuple[float, float, float, fl
 
 
 def completed(url: str, sentence: str, rest: str) -> float:
-    """Seconds from sending the text that completes `sentence` (its end and the start of the next word, `rest`'s)
-    to the first audio delta that carries audio; then the rest, `.end` and the rest of the audio. RuntimeError on
-    an error event."""
+    """Seconds from the text that completes `sentence` (its end, the start of `rest`) to the first audio delta that
+    carries audio; then the rest of `rest`, `.end` and the audio. RuntimeError on an error event."""
     with session(url) as ws:
         send(ws, "input_text.append", text=sentence)
         sent = time.monotonic()

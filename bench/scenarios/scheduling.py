@@ -98,11 +98,16 @@ class Watch:
             time.sleep(0.002)
 
     def wait(self, timeout: float) -> list[float]:
-        """Once every chunk added is done, stop polling: each one's seconds from sent to first heard."""
-        wait_for(lambda: len(self.done) == len(self.sent), timeout, "every request's audio", interval=0.01)
+        """Once every chunk added is done (or on an error), stop polling: each one's seconds to first heard."""
+        try:
+            wait_for(lambda: len(self.done) == len(self.sent), timeout, "every request's audio", interval=0.01)
+        finally:
+            self.stop()
+        return [self.heard[i] - at for i, (at, _) in enumerate(self.sent)]
+
+    def stop(self) -> None:
         self.running = False
         self.thread.join()
-        return [self.heard[i] - at for i, (at, _) in enumerate(self.sent)]
 
     def piece_gap(self) -> float:
         """The median seconds between one `pieced` chunk's consecutive pieces (stream_tokens steps), once stopped."""
