@@ -1,10 +1,10 @@
 """The model alone, in-process: real-time factor, chunks/s and peak memory by batch size for each engine tuning.
 
 Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
-worker's continuous decode loop on float32, each batch joined at once and stepped to its end) is built from
-copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch) runs the same
-one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each tuning against
-float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
+worker's continuous decode loop on float32, `loop:TUNING` on that tuning, each batch joined at once and stepped to
+its end) is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning,
+batch) runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
+tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--chunks", type=int, default=4, help="texts per run, whole batches (at least one)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tunings", default="float32", help="DTYPE[+int8|+int4-weight][+compile] or upstream")
+    parser.add_argument(
+        "--tunings", default="float32", help="DTYPE[+int8|+int4-weight][+compile], upstream, loop[:TUNING]"
+    )
     parser.add_argument("--fidelity", action="store_true", help="each tuning against float32")
     parser.add_argument("--warmup", action="store_true", help="one untimed pass over every configuration first")
     parser.add_argument("--device", default="auto", help="TTS_DEVICE")
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     base = (chat.gpt.gpt, chat.decoder)
     variants = {}
     for label in labels:
-        tuned = tuning.Tuning() if label in (UPSTREAM, LOOP) else tuning.Tuning.from_label(label)
+        tuned = tuning.Tuning() if label in (UPSTREAM, LOOP) else tuning.Tuning.from_label(label.removeprefix("loop:"))
         started = time.perf_counter()
         variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; ", end="")
     print(f"torch threads {torch.get_num_threads()}; max_new_token {cap}", flush=True)
     fidelities = {}
-    for label in [label for label in labels if label not in (UPSTREAM, LOOP)] if args.fidelity else []:
+    for label in [x for x in labels if x not in (UPSTREAM, LOOP) and ":" not in x] if args.fidelity else []:
         f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=seed)
         fidelities[label] = {**dataclasses.asdict(f), "passes": f.passes}
         print(f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), ", end="")
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                     spk_emb=chat.sample_random_speaker(), manual_seed=seed, max_new_token=cap, show_tqdm=False
                 )
                 wavs = [w.reshape(-1) for w in chat.infer(batch, params_infer_code=params, **UPSTREAM_PLAIN)]
-            elif label == LOOP:
+            elif label.split(":")[0] == LOOP:
                 rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
                 loop = loops.setdefault(size, engine.decoder(size, settings.stream_tokens, True))
                 made = decode_all(loop, rows)
