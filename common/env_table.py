@@ -47,8 +47,8 @@ VARIABLES = (
     Variable(
         "TTS_QUANTIZE",
         "quantize",
-        v.choice("auto", "none", "int8", "int4-weight", "ort-int8", "ort-int4"),
-        "auto, none, int8, int4-weight, ort-int8 or ort-int4",
+        v.choice("auto", "none", "int8", "int4-weight"),
+        "auto, none, int8 or int4-weight",
     ),
     Variable("TTS_REDIS_CA_FILE", "redis_ca_file", v.existing_file, "an existing file"),
     Variable("TTS_REDIS_CERT_FILE", "redis_cert_file", v.existing_file, "an existing file"),

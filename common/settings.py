@@ -209,12 +209,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
 def _check_together(given: Mapping[str, Any], redis_scheme: str) -> None:
     """Raise SettingsError when two of the `given` values (by variable name) cannot be used together."""
     dtype = given.get("TTS_DTYPE", Settings.dtype)
-    quantize = given.get("TTS_QUANTIZE")
-    if quantize in ("int8", "ort-int8", "ort-int4") and dtype not in ("auto", "float32"):
-        # torch's dynamic int8 kernels and the ONNX Runtime GPT take float32 activations only.
+    if given.get("TTS_QUANTIZE") == "int8" and dtype not in ("auto", "float32"):
+        # torch's dynamic int8 kernels take float32 activations only.
         raise SettingsError(
-            f"TTS_QUANTIZE={quantize} is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
-            f"(or auto) with {quantize}, or TTS_QUANTIZE=none with {dtype}"
+            f"TTS_QUANTIZE=int8 is not valid with TTS_DTYPE={dtype}: expected TTS_DTYPE=float32 "
+            f"(or auto) with int8, or TTS_QUANTIZE=none with {dtype}"
         )
     tls = [name for name in TLS_FILES if name in given]
     if tls and redis_scheme != "rediss":

@@ -1,4 +1,4 @@
-"""How a loaded ChatTTS runs: precision, int8 or int4 quantization (torch's or ONNX Runtime's) and torch.compile.
+"""How a loaded ChatTTS runs: precision, int8 or int4 quantization and torch.compile of its GPT and decoder.
 
 The switches come from Settings (TTS_DTYPE, TTS_QUANTIZE, TTS_COMPILE);
 `resolve` turns them into a `Tuning` for the device the model is on, and
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from common.settings import Settings
-from engines import fused, onnxgpt, weightonly
+from engines import fused, weightonly
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +30,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # than int8 weights save (the tiny test model is 64 wide; at 256 a linear
 # layer takes as long either way; ChatTTS is 768 wide): docs/tuning.md.
 INT8_MIN_HIDDEN = 256
-# TTS_QUANTIZE values past "none": torch's dynamic int8 (weights and
-# activations), torch's weight-only int4 (engines/weightonly.py), and the GPT
-# in ONNX Runtime with 8- or 4-bit block weights (engines/onnxgpt.py). All
-# run on the CPU only.
-QUANTIZERS = ("int8", "int4-weight", *onnxgpt.BITS)
+# TTS_QUANTIZE values past "none": dynamic int8 (weights and activations),
+# weight-only int4 (engines/weightonly.py). Both run on the CPU only.
+QUANTIZERS = ("int8", "int4-weight")
 # How int8 scales its weights, in the identity of int8 models: audio made
 # with other scales is not served for these.
 INT8_SCHEME = {"int8_weights": "per-channel"}
@@ -62,7 +60,7 @@ class Tuning:
 
     def identity(self) -> dict[str, Any]:
         """The part of the model identity these switches make: audio made one way is not served for another."""
-        scheme = INT8_SCHEME if self.quantize == "int8" else onnxgpt.SCHEME if self.quantize in onnxgpt.BITS else {}
+        scheme = INT8_SCHEME if self.quantize == "int8" else {}
         return {**asdict(self), **scheme}
 
     def label(self) -> str:
@@ -79,8 +77,7 @@ class Tuning:
         quantizers = [part for part in rest if part in QUANTIZERS]
         if dtype not in DTYPES or not set(rest) <= {*QUANTIZERS, "compile"} or len(quantizers) > 1:
             raise ValueError(
-                f"unknown tuning {label!r}: expected DTYPE[+QUANTIZER][+compile], QUANTIZER one of {list(QUANTIZERS)}, "
-                f"DTYPE one of {sorted(DTYPES)}"
+                f"unknown tuning {label!r}: expected DTYPE[+int8|+int4-weight][+compile], DTYPE one of {sorted(DTYPES)}"
             )
         return cls(dtype=dtype, quantize=quantizers[0] if quantizers else "none", compile="compile" in rest)
 
@@ -109,19 +106,10 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
             f"TTS_QUANTIZE={quantize} runs on the CPU only, but the model is on {device}: "
             "set TTS_QUANTIZE=none (or auto), or TTS_DEVICE=cpu"
         )
-    if quantize in ("int8", *onnxgpt.BITS) and dtype != "float32":
+    if quantize == "int8" and dtype != "float32":
         raise TuningError(
-            f"TTS_QUANTIZE={quantize} needs float32 activations, but TTS_DTYPE={dtype}: "
+            f"TTS_QUANTIZE=int8 needs float32 activations, but TTS_DTYPE={dtype}: "
             "set TTS_DTYPE=float32 (or auto on the CPU), or TTS_QUANTIZE=none"
-        )
-    if quantize in onnxgpt.BITS and settings.compile:
-        raise TuningError(
-            f"TTS_QUANTIZE={quantize} runs the GPT in ONNX Runtime, which torch.compile cannot: unset TTS_COMPILE"
-        )
-    if quantize in onnxgpt.BITS and not onnxgpt.available():
-        raise TuningError(
-            f"TTS_QUANTIZE={quantize} needs onnxruntime, onnx and onnx-ir (the worker's requirements): "
-            "install them, or set TTS_QUANTIZE=int8"
         )
     return Tuning(dtype=dtype, quantize=quantize, compile=settings.compile)
 
@@ -177,8 +165,6 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
     """
     if tuning.plain:
         return llama
-    if tuning.quantize in onnxgpt.BITS:
-        return onnxgpt.OnnxLlama(llama, onnxgpt.BITS[tuning.quantize], torch.get_num_threads())
     dtype = DTYPES[tuning.dtype]
     inner = llama.to(dtype)
     if tuning.quantize in QUANTIZERS:
