@@ -132,10 +132,17 @@ class RowModel:
     def forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
         """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""
         torch, gpt = self.torch, self.chat.gpt
+        # A step of left-padded rows (its mask is on the CPU: no device sync) gets the 4-D mask that
+        # transformers would build from the 2-D one, ready: the same mask, without its general builder
+        # (create_causal_mask), a visible part of a small model's step. Without padding, the 2-D mask
+        # as upstream passes it, which lets attention skip the mask.
+        padded = emb.shape[1] == 1 and not bool(mask.all())
         inputs = gpt._GenerationInputs(
             position_ids=positions, cache_position=cache_position, attention_mask=mask, inputs_embeds=emb
         )
         inputs.to(gpt.device_gpt, gpt.gpt.dtype)
+        if padded:
+            inputs.attention_mask = inputs.attention_mask.bool()[:, None, None, :]
         outputs = gpt.gpt(
             attention_mask=inputs.attention_mask,
             position_ids=inputs.position_ids,

@@ -27,7 +27,7 @@ from common import audio
 from common.keys import pieces_key
 from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
-from engines import rowfaults, tiny_checkpoint
+from engines import kvcache, rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.loop import ChatTTSLoop
 from engines.refine import refine
@@ -256,6 +256,50 @@ def test_rows_that_join_together_are_prefilled_in_one_forward_and_make_what_they
     same = [key for key, spec in rows if torch.equal(_rec(loop)[key][0], _alone(eng, key, spec))]
     record_property("identical_share", f"{len(same)}/{len(rows)}")
     assert len(same) >= len(rows) - 1, f"identical alone and prefilled together: {same}"
+
+
+def test_a_padded_step_hands_the_gpt_the_mask_transformers_would_build(engine: tuple[ChatTTSEngine, Any]) -> None:
+    """A step of left-padded rows passes a ready 4-D mask: the GPT's hidden states equal, bit for bit, those it
+    makes from the 2-D padding mask it would expand itself; a step without padding keeps the 2-D mask."""
+    eng, info = engine
+    gpt, hidden = eng.chat.gpt.gpt, int(eng.chat.config.gpt.hidden_size)
+    lengths = torch.tensor([20, 13, 7, 17])
+    width = 20
+    mask = torch.arange(width).unsqueeze(0) >= (width - lengths).unsqueeze(1)
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 1)
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        prompt = torch.randn(4, width, hidden, generator=generator)
+        out = gpt(inputs_embeds=prompt, attention_mask=mask.float(), position_ids=positions, use_cache=True)
+        step = torch.cat([mask, torch.ones(4, 1, dtype=torch.bool)], 1).float()
+        emb = torch.randn(4, 1, hidden, generator=generator)
+        made = {
+            name: gpt(
+                inputs_embeds=emb,
+                attention_mask=given,
+                position_ids=lengths.unsqueeze(1),
+                past_key_values=kvcache.shallow(out.past_key_values),
+                use_cache=True,
+                cache_position=torch.tensor([width]),
+            ).last_hidden_state
+            for name, given in (("2-D", step), ("4-D", step.bool()[:, None, None, :]))
+        }
+    assert torch.equal(made["2-D"], made["4-D"])
+    masks: dict[str, list[int]] = {"alone": [], "together": []}
+    rows = [(f"m{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=20 + i)) for i in (0, 4)]
+    for name, batch in (("alone", rows[:1]), ("together", rows)):
+        seen = masks[name]
+        hook = gpt.register_forward_pre_hook(
+            lambda _m, _a, kw, seen=seen: seen.append(kw["attention_mask"].ndim), with_kwargs=True
+        )
+        try:
+            with torch.inference_mode():
+                decode_all(_loop(eng), batch)
+        finally:
+            hook.remove()
+    alone, together = masks["alone"], masks["together"]
+    assert len(alone) > 1 and set(alone) == {2}, "one row alone: no padding, the 2-D mask as upstream passes it"
+    assert 4 in together, "left-padded rows: steps take the ready 4-D mask"
 
 
 def test_pieces_join_cleanly_against_one_decode(engine: tuple[ChatTTSEngine, Any], record_property: Any) -> None:
