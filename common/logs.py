@@ -168,6 +168,24 @@ class HideQuerySecrets(logging.Filter):
         return True
 
 
+class QuietMaintenance(logging.Filter):
+    """Keeps RQ's two INFO lines of a worker's routine maintenance pass out of the log below DEBUG.
+
+    A worker runs that pass every few seconds while idle (worker.py's
+    MAINTENANCE_EVERY, so that a killed worker's job is re-queued within a
+    minute), and each pass would log "cleaning registries for queue" and
+    "Acquired scheduler lock": most of an idle worker's log, telling nothing.
+    At LOG_LEVEL=DEBUG they are written as RQ logs them.
+    """
+
+    ROUTINE = frozenset({"Worker %s: cleaning registries for queue: %s", "Acquired scheduler lock for %s"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and record.name.startswith("rq") and record.msg in self.ROUTINE:
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
 def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """Send every logger (ours, RQ's, uvicorn's) to stderr in one format. Idempotent.
 
@@ -176,6 +194,7 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     """
     handler = LoopPassHandler(sys.stderr, kept=[REQUEST_LOGGER])
     handler.addFilter(HideQuerySecrets())
+    handler.addFilter(QuietMaintenance())
     formatter = JsonFormatter() if fmt == "json" else TextFormatter()
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)

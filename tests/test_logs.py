@@ -163,3 +163,18 @@ def test_uvicorn_access_log_stays_off_when_uvicorn_turned_it_off(uvicorn_access:
     uvicorn_access.addHandler(logging.StreamHandler(io.StringIO()))
     logs.configure_logging("INFO", "json")
     assert uvicorn_access.handlers == [] and uvicorn_access.propagate and uvicorn_access.hasHandlers()
+
+
+@pytest.mark.parametrize("level", ["INFO", "DEBUG"])
+def test_rq_maintenance_lines_are_written_at_debug_only(
+    uvicorn_access: logging.Logger, capsys: pytest.CaptureFixture[str], level: str
+) -> None:
+    """An idle worker's maintenance pass, every few seconds, logs nothing below DEBUG; RQ's other lines pass."""
+    logs.configure_logging(level, "json")
+    logging.getLogger("rq.worker").info("Worker %s: cleaning registries for queue: %s", "w1", "tts")
+    logging.getLogger("rq.scheduler").info("Acquired scheduler lock for %s", "tts")
+    logging.getLogger("rq.worker").info("Worker %s: tts: %s", "w1", "job-1")
+    logging.getLogger("rq.worker").warning("Worker %s: cleaning registries for queue: %s", "w1", "tts")
+    messages = [json.loads(line)["message"] for line in capsys.readouterr().err.splitlines()]
+    routine = ["Worker w1: cleaning registries for queue: tts", "Acquired scheduler lock for tts"]
+    assert messages == (routine if level == "DEBUG" else []) + ["Worker w1: tts: job-1", routine[0]]
