@@ -23,7 +23,7 @@ from common import audio, keys, metrics
 from common.keys import chunk_key, request_key
 from common.model import ModelInfo, Place
 from splitter import split
-from work.scheduler import Pool
+from work.scheduler import Look, Pool
 
 MODEL = "m0"
 
@@ -200,6 +200,29 @@ def test_a_failed_chunk_is_marked_for_its_requests_and_leaves_the_pool(pool: Poo
     pool.forgive(a.chunk_ids())
     assert pool.failures(a.chunk_ids()) == {}
     sub.close()
+
+
+def test_a_look_reads_the_cancel_the_stored_chunks_and_the_failures_of_those_not_stored(
+    pool: Pool, redis: Redis
+) -> None:
+    a = request("First.", "Second.", "Third.")
+    first, second, third = a.chunk_ids()
+    pool.register("a", a)
+    assert pool.look("a", a.chunk_ids()) == Look(False, [False] * 3, {})
+    claimed, _ = pool.claim("w", 3, 10_000, cross=True)
+    assert (
+        len(claimed) == 3
+        and pool.live("w", a.chunk_ids()) == [True] * 3
+        and pool.live("x", a.chunk_ids()) == [False] * 3
+    )
+    pool.fail("w", [second, third], "ValueError")
+    # A chunk stored after its failure (made again by a retry) is stored, not failed.
+    redis.set(chunk_key(third), b"\0\0")
+    redis.set(keys.cancel_key("a"), 1)
+    assert pool.look("a", a.chunk_ids()) == Look(True, [False, False, True], {second: "ValueError"})
+    assert pool.look("a", []) == Look(True, [], {})
+    assert pool.live("w", a.chunk_ids()) == [True, False, False], "failed chunks left the pool"
+    redis.delete(keys.cancel_key("a"), chunk_key(third))
 
 
 def test_a_request_repeating_a_chunk_waits_on_it_once(pool: Pool) -> None:

@@ -23,7 +23,7 @@ from cache import AudioCache, Spec
 from common.keys import POOL_KINDS, PREFIX, chunk_key, voices_key
 from web import callbacks
 from work import interest, lifetime, scripts
-from work.scheduler import Pool
+from work.scheduler import Look, Pool
 from work.status import ACTIVE, OVER
 
 
@@ -138,9 +138,11 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     ids = [c.chunk_id for c in claimed]
     assert len(ids) == 3 and pool.renew("w", ids, 10_000) == 3
     assert pool.piece("w", ids[0], 0, b"\0\0") == 0
+    assert pool.live("w", ids) == [True] * 3 and pool.live("other", ids) == [False] * 3
     pool.store({ids[0]: b"\0\0"})
     pool.complete("w", [ids[0]])
     pool.fail("w", [ids[1]], "no")
+    assert pool.look("r1", ids) == Look(False, [True, False, False], {ids[1]: "no"})
     pool.release("w", [ids[2]])
     pool.withdraw("r2", second.chunk_ids())
     interest.withdraw(redis, "r1", "alice", 600)

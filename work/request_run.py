@@ -3,8 +3,8 @@
 Every chunk not stored is in the queue's pool (work/scheduler.py). While any
 is missing, the run steps the worker's decode loop (work/decode_loop.py),
 its own earliest open chunk claimed first. Cancels, failed chunks and the
-chunks stored meanwhile are read from Redis at most every LOOK_EVERY s, and
-at once when the worker finished a row. When all its remaining chunks are in
+chunks stored meanwhile are read from Redis in one round trip at most every
+LOOK_EVERY s, and at once when the worker finished a row. When all its remaining chunks are in
 other workers' hands it waits for their news.
 """
 
@@ -21,8 +21,9 @@ from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
 from cache import Spec, stored
-from common.keys import cancel_key, events_channel
+from common.keys import events_channel
 from work.decode_loop import LOOK_EVERY, DecodeLoop, Tally
+from work.scheduler import Look
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class RequestRun:
         # RQ's SIGALRM can be swallowed by a bare `except:` inside the model's
         # code; checking between steps keeps the limit whatever happens.
         self.limit = job.timeout if job is not None and job.timeout and job.timeout > 0 else None
-        # When to look at Redis next (LOOK_EVERY), and the loop's `finished` count at the last look.
+        # When to look at Redis next (LOOK_EVERY), and the loop's `finished` count at the last look (`_look`).
         self.next_look = 0.0
         self.seen = -1
         # Whether this run has counted the idle workers afresh (its first claim does).
@@ -98,9 +99,11 @@ class RequestRun:
         a chunk failed in a worker, AudioEvicted (see `lost`), RedisFull.
         """
         self.progress()
-        while self.missing or self.lost():
-            look = self._look_due()
-            stop = self._stop(tally, look)
+        while True:
+            seen = self._look()
+            if not self.missing and not self.lost():
+                return None
+            stop = self._stop(tally, seen)
             if stop is not None:
                 return stop
             if not self.loop.advance(tally, self):
@@ -109,9 +112,6 @@ class RequestRun:
                     # (a Redis that restarted empty); a no-op otherwise.
                     self.loop.pool.register(self.id, self.spec)
                 self.next_look = 0.0
-            if look:
-                self._refresh()
-        return None
 
     def lost(self) -> bool:
         """Every chunk seemed stored: check them all once more, and make again those that are gone; True if any were.
@@ -182,22 +182,27 @@ class RequestRun:
         """Announce on the request's channel (the web side's `wait` wakes on it)."""
         self.loop.redis.publish(events_channel(self.id), json.dumps({"event": name, **fields}))
 
-    def _look_due(self) -> bool:
-        """Is a look at Redis due (LOOK_EVERY passed, or the loop finished a row since the last)? When it is,
-        the next one is due LOOK_EVERY from now."""
+    def _look(self) -> Look | None:
+        """The look at Redis, when one is due (LOOK_EVERY passed, or the loop finished a row since the last) and
+        chunks are missing: the chunks stored since leave `missing` (progress reported if any did)."""
         now = time.monotonic()
-        if now < self.next_look and self.loop.finished == self.seen:
-            return False
+        if not self.missing or (now < self.next_look and self.loop.finished == self.seen):
+            return None
         self.next_look, self.seen = now + LOOK_EVERY, self.loop.finished
-        return True
+        seen = self.loop.pool.look(self.id, self.missing)
+        left = [cid for cid, hit in zip(self.missing, seen.stored) if not hit]
+        if len(left) != len(self.missing):
+            self.missing = left
+            self.progress()
+        return seen
 
-    def _stop(self, tally: Tally, look: bool) -> Stop | None:
+    def _stop(self, tally: Tally, seen: Look | None) -> Stop | None:
         """Why the job must stop now, if it must; raises past its time limit or on a failed chunk.
 
-        Cancels and failed chunks are read from Redis only on a `look`.
+        Cancels and failed chunks are known only from a look (`seen`).
         """
         loop = self.loop
-        if look and loop.redis.exists(cancel_key(self.id)):
+        if seen is not None and seen.canceled:
             logger.info("job %s canceled with %d chunk(s) to go", self.id, len(self.missing))
             loop.pool.withdraw(self.id, self.missing)
             self.event("canceled")
@@ -208,17 +213,10 @@ class RequestRun:
             return Stop.REQUEUED
         if self.limit is not None and time.monotonic() - tally.started > self.limit:
             raise JobTimeoutException(f"job ran past its {self.limit} s time limit")
-        failed = loop.pool.failures(self.missing) if look else {}
-        if failed:
-            raise ChunkFailed(f"{len(failed)} chunk(s) failed in a worker: {sorted(set(failed.values()))}")
+        if seen is not None and seen.failed:
+            failed = seen.failed.values()
+            raise ChunkFailed(f"{len(seen.failed)} chunk(s) failed in a worker: {sorted(set(failed))}")
         return None
-
-    def _refresh(self) -> None:
-        """Drop the chunks stored since the last look from `missing`; report progress if any were."""
-        left = [cid for cid, hit in zip(self.missing, stored(self.loop.redis, self.missing)) if not hit]
-        if len(left) != len(self.missing):
-            self.missing = left
-            self.progress()
 
 
 def _done(chunk_ids: Sequence[str], missing: Sequence[str]) -> int:

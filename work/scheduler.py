@@ -47,6 +47,7 @@ from redis import Redis
 from cache import Spec
 from common import keys, metrics
 from common.keys import (
+    cancel_key,
     chunk_key,
     events_channel,
     lane_key,
@@ -66,6 +67,16 @@ from work import scripts
 SLOT = 10**10
 # How many pool entries one claim looks at, at most (bounds the script's time).
 SCAN_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class Look:
+    """What a request's run reads at a look (`Pool.look`): its cancel, and per chunk still missing whether its
+    audio is stored and why it failed (those stored apart)."""
+
+    canceled: bool
+    stored: list[bool]
+    failed: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ class Pool:
         self._withdraw = scripts.register(redis, "withdraw.lua")
         self._piece = scripts.register(redis, "piece.lua")
         self._store = scripts.register(redis, "store.lua")
+        self._live = scripts.register(redis, "live.lua")
+        self._look = scripts.register(redis, "look.lua")
 
     def _keys(self, chunk_ids: Sequence[str], *kinds: str) -> list[str]:
         """The pool's key and its turns, then for each chunk its keys of `kinds`, in order (a script's KEYS)."""
@@ -283,13 +296,22 @@ class Pool:
         """
         if not chunk_ids:
             return []
-        with self.redis.pipeline(transaction=False) as pipe:
-            for cid in chunk_ids:
-                pipe.exists(self._key("task", cid))
-                pipe.get(self._key("claim", cid))
-            found = pipe.execute()
-        mine = token.encode()
-        return [bool(task) and claim == mine for task, claim in zip(found[::2], found[1::2])]
+        script_keys = [k for cid in chunk_ids for k in (self._key("task", cid), self._key("claim", cid))]
+        return [bool(live) for live in self._live(keys=script_keys, args=[token])]
+
+    def look(self, request_id: str, chunk_ids: Sequence[str]) -> Look:
+        """One read (one round trip) of what the run of `request_id` watches while `chunk_ids` are missing:
+        whether it was canceled, which of them are stored, and why those not stored failed (`failures`)."""
+        script_keys = [cancel_key(request_id)]
+        script_keys += [k for cid in chunk_ids for k in (chunk_key(cid), self._key("failed", cid))]
+        found = self._look(keys=script_keys)
+        stored = [bool(hit) for hit in found[1::2]]
+        failed = {
+            cid: why.decode() if isinstance(why, bytes) else why
+            for cid, hit, why in zip(chunk_ids, stored, found[2::2])
+            if not hit and why is not None
+        }
+        return Look(bool(found[0]), stored, failed)
 
     def failures(self, chunk_ids: Sequence[str]) -> dict[str, str]:
         """Why each of `chunk_ids` failed, for those marked failed."""
