@@ -208,7 +208,7 @@ def test_a_look_reads_the_cancel_the_stored_chunks_and_the_failures_of_those_not
     a = request("First.", "Second.", "Third.")
     first, second, third = a.chunk_ids()
     pool.register("a", a)
-    assert pool.look("a", a.chunk_ids()) == Look(False, [False] * 3, {})
+    assert pool.look("a", a.chunk_ids(), "w", []) == Look(False, [False] * 3, {}, [])
     claimed, _ = pool.claim("w", 3, 10_000, cross=True)
     assert (
         len(claimed) == 3
@@ -219,8 +219,9 @@ def test_a_look_reads_the_cancel_the_stored_chunks_and_the_failures_of_those_not
     # A chunk stored after its failure (made again by a retry) is stored, not failed.
     redis.set(chunk_key(third), b"\0\0")
     redis.set(keys.cancel_key("a"), 1)
-    assert pool.look("a", a.chunk_ids()) == Look(True, [False, False, True], {second: "ValueError"})
-    assert pool.look("a", []) == Look(True, [], {})
+    seen = pool.look("a", a.chunk_ids(), "w", [first, third])
+    assert seen == Look(True, [False, False, True], {second: "ValueError"}, [True, False])
+    assert pool.look("a", [], "x", [first]) == Look(True, [], {}, [False]), "another worker's lease"
     assert pool.live("w", a.chunk_ids()) == [True, False, False], "failed chunks left the pool"
     redis.delete(keys.cancel_key("a"), chunk_key(third))
 

@@ -142,7 +142,7 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     pool.store({ids[0]: b"\0\0"})
     pool.complete("w", [ids[0]])
     pool.fail("w", [ids[1]], "no")
-    assert pool.look("r1", ids) == Look(False, [True, False, False], {ids[1]: "no"})
+    assert pool.look("r1", ids, "w", ids) == Look(False, [True, False, False], {ids[1]: "no"}, [False, False, True])
     pool.release("w", [ids[2]])
     pool.withdraw("r2", second.chunk_ids())
     interest.withdraw(redis, "r1", "alice", 600)

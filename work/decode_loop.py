@@ -34,7 +34,7 @@ from common.model import Decoder, Engine, Piece, decoder_for
 from common.settings import Settings
 from work.assist import CENSUS_EVERY, Helpers
 from work.queueing import queue
-from work.scheduler import Claimed, Pool
+from work.scheduler import Claimed, Look, Pool
 
 logger = logging.getLogger(__name__)
 # Every row of every job meets a full Redis at once: a line for the first refusal, then one a minute.
@@ -353,10 +353,21 @@ class DecodeLoop:
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def look(self, owner: Owner) -> Look:
+        """The owner's look at Redis (`Pool.look`), which checks this loop's rows too: those unneeded
+        (`_drop_unneeded`) leave now, and the loop's own check is due LOOK_EVERY from now."""
+        keys = self.decoder.keys()
+        seen = self.pool.look(owner.id, owner.missing, self.token, keys)
+        self._next_drop = time.monotonic() + LOOK_EVERY
+        self._drop([cid for cid, live in zip(keys, seen.live) if not live])
+        return seen
+
     def _drop_unneeded(self) -> None:
         """Rows whose requests were all canceled, or whose lease another worker took, leave the loop now."""
         keys = self.decoder.keys()
-        gone = [cid for cid, live in zip(keys, self.pool.live(self.token, keys)) if not live]
+        self._drop([cid for cid, live in zip(keys, self.pool.live(self.token, keys)) if not live])
+
+    def _drop(self, gone: Sequence[str]) -> None:
         if gone:
             logger.info("%d row(s) leave the loop: no request needs them any more", len(gone))
             self.decoder.leave(gone)

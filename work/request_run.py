@@ -189,7 +189,7 @@ class RequestRun:
         if not self.missing or (now < self.next_look and self.loop.finished == self.seen):
             return None
         self.next_look, self.seen = now + LOOK_EVERY, self.loop.finished
-        seen = self.loop.pool.look(self.id, self.missing)
+        seen = self.loop.look(self)
         left = [cid for cid, hit in zip(self.missing, seen.stored) if not hit]
         if len(left) != len(self.missing):
             self.missing = left

@@ -71,12 +71,13 @@ SCAN_LIMIT = 2000
 
 @dataclass(frozen=True)
 class Look:
-    """What a request's run reads at a look (`Pool.look`): its cancel, and per chunk still missing whether its
-    audio is stored and why it failed (those stored apart)."""
+    """What a request's run reads at a look (`Pool.look`): its cancel, per chunk still missing whether its
+    audio is stored and why it failed (those stored apart), and per chunk in the worker's loop `Pool.live`."""
 
     canceled: bool
     stored: list[bool]
     failed: dict[str, str]
+    live: list[bool]
 
 
 @dataclass(frozen=True)
@@ -296,22 +297,27 @@ class Pool:
         """
         if not chunk_ids:
             return []
-        script_keys = [k for cid in chunk_ids for k in (self._key("task", cid), self._key("claim", cid))]
-        return [bool(live) for live in self._live(keys=script_keys, args=[token])]
+        return [bool(live) for live in self._live(keys=self._held_keys(chunk_ids), args=[token])]
 
-    def look(self, request_id: str, chunk_ids: Sequence[str]) -> Look:
-        """One read (one round trip) of what the run of `request_id` watches while `chunk_ids` are missing:
-        whether it was canceled, which of them are stored, and why those not stored failed (`failures`)."""
+    def look(self, request_id: str, missing: Sequence[str], token: str, held: Sequence[str]) -> Look:
+        """One read (one round trip) of what the run of `request_id` watches while `missing` are not stored
+        (whether it was canceled, which of them are stored, why those not stored failed: `failures`) and of
+        `live` for the chunks `held` in the loop of the worker `token`."""
         script_keys = [cancel_key(request_id)]
-        script_keys += [k for cid in chunk_ids for k in (chunk_key(cid), self._key("failed", cid))]
-        found = self._look(keys=script_keys)
-        stored = [bool(hit) for hit in found[1::2]]
+        script_keys += [k for cid in missing for k in (chunk_key(cid), self._key("failed", cid))]
+        found = self._look(keys=script_keys + self._held_keys(held), args=[len(missing), token])
+        ends = 1 + 2 * len(missing)
+        stored = [bool(hit) for hit in found[1:ends:2]]
         failed = {
             cid: why.decode() if isinstance(why, bytes) else why
-            for cid, hit, why in zip(chunk_ids, stored, found[2::2])
+            for cid, hit, why in zip(missing, stored, found[2:ends:2])
             if not hit and why is not None
         }
-        return Look(bool(found[0]), stored, failed)
+        return Look(bool(found[0]), stored, failed, [bool(live) for live in found[ends:]])
+
+    def _held_keys(self, chunk_ids: Sequence[str]) -> list[str]:
+        """Each chunk's task and claim, in order (the KEYS by which a script tells whether it is live)."""
+        return [k for cid in chunk_ids for k in (self._key("task", cid), self._key("claim", cid))]
 
     def failures(self, chunk_ids: Sequence[str]) -> dict[str, str]:
         """Why each of `chunk_ids` failed, for those marked failed."""
