@@ -3,9 +3,10 @@
 Every chunk not stored is in the queue's pool (work/scheduler.py). While any
 is missing, the run steps the worker's decode loop (work/decode_loop.py),
 its own earliest open chunk claimed first. Cancels, failed chunks and the
-chunks stored meanwhile are read from Redis in one round trip at most every
-LOOK_EVERY s, and at once when the worker finished a row. When all its remaining chunks are in
-other workers' hands it waits for their news.
+chunks stored meanwhile are read from Redis in one round trip (with the
+loop's check of its rows: DecodeLoop.look) at most every LOOK_EVERY s, and
+at once when the worker finished a row. When all its remaining chunks are
+in other workers' hands it waits for their news.
 """
 
 from __future__ import annotations
