@@ -28,6 +28,7 @@ from scenarios.realtime import speech_round
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
 HTTP_HEAD = ["worker's TTS_QUANTIZE (other settings default)", "requests", "first audio (s)", "RTF via HTTP"]
+TUNINGS = "float32,float32+int8,loop:float32+int8,loop-transformers:float32+int8,float32+int4-weight,upstream"
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it writes
 
 
@@ -56,7 +57,8 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
     for label in dict.fromkeys(r["tuning"] for r in data["runs"]):
         f = data["fidelity"].get(label)
         fid = f"{f['cosine']:.4f} ({'pass' if f['passes'] else 'FAIL'}); {f['matching']}/{f['steps']}; " if f else ""
-        fid += f"{f['decoder_cosine']:.4f}" if f else f"as {label[5:]}" if ":" in label else "float32 (Chat.infer)"
+        tuned = label.split(":")[-1]
+        fid += f"{f['decoder_cosine']:.4f}" if f else f"as {tuned}" if ":" in label else "float32 (Chat.infer)"
         row = [label, str(threads), wait, fid]
         for size in sizes:
             mine, ref = rtfs(data, label, size), rtfs(data, "float32", size)
@@ -92,7 +94,7 @@ def http_rows(model: Path, quantizations: list[str], rounds: int) -> list[list[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a checkpoint directory (default: full-size random, written once)")
-    parser.add_argument("--tunings", default="float32,float32+int8,loop:float32+int8,float32+int4-weight,upstream")
+    parser.add_argument("--tunings", default=TUNINGS)
     parser.add_argument("--batch-sizes", default="1,4")
     parser.add_argument("--chunks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)

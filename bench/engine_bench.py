@@ -2,8 +2,9 @@
 
 Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
 worker's continuous decode loop on float32, `loop:TUNING` on that tuning, each batch joined at once and stepped to
-its end) is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning,
-batch) runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
+its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' forward, not engines/leanstep.py)
+is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch)
+runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
 tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
 """
 
@@ -24,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Texts
 
 UPSTREAM = "upstream"
-LOOP = "loop"
+LOOP, LOOP_HF = "loop", "loop-transformers"
+PLAIN = (UPSTREAM, LOOP, LOOP_HF)  # labels on the float32 modules as loaded
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     base = (chat.gpt.gpt, chat.decoder)
     variants = {}
     for label in labels:
-        tuned = tuning.Tuning() if label in (UPSTREAM, LOOP) else tuning.Tuning.from_label(label.removeprefix("loop:"))
+        tuned = tuning.Tuning() if label in PLAIN else tuning.Tuning.from_label(label.split(":")[-1])
         started = time.perf_counter()
         variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {info.name} on {info.device}: loaded and warm in {load_seconds:.1f} s; ", end="")
     print(f"torch threads {torch.get_num_threads()}; max_new_token {cap}", flush=True)
     fidelities = {}
-    for label in [x for x in labels if x not in (UPSTREAM, LOOP) and ":" not in x] if args.fidelity else []:
+    for label in [x for x in labels if x not in PLAIN and ":" not in x] if args.fidelity else []:
         f = fidelity.compare(chat, base, variants[label], FIDELITY_TEXT, seed=seed)
         fidelities[label] = {**dataclasses.asdict(f), "passes": f.passes}
         print(f"fidelity {label}: logits cosine {f.cosine:.5f} ({'pass' if f.passes else 'FAIL'}), ", end="")
@@ -103,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                     spk_emb=chat.sample_random_speaker(), manual_seed=seed, max_new_token=cap, show_tqdm=False
                 )
                 wavs = [w.reshape(-1) for w in chat.infer(batch, params_infer_code=params, **UPSTREAM_PLAIN)]
-            elif label.split(":")[0] == LOOP:
+            elif label.split(":")[0] in (LOOP, LOOP_HF):
                 rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
                 loop = loops.setdefault(size, engine.decoder(size, settings.stream_tokens, True))
+                loop.model.lean = label.split(":")[0] == LOOP
                 made = decode_all(loop, rows)
                 wavs = [np.concatenate([piece.samples for piece in made[key]]) for key, _ in rows]
             else:

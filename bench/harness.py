@@ -21,8 +21,7 @@ from common.metrics import read_counter
 from common.settings import Settings
 from splitter import split
 
-# Words for generated sentences; the first eight are whole words in the tiny checkpoint's vocabulary, the rest go
-# through its letter pieces.
+# Words for sentences: the first eight are whole words of the tiny checkpoint's vocabulary, the rest letter pieces.
 WORDS = (
     "the and hello world speech test chat voice quiet river morning station window garden "
     "yellow paper travel little music number simple answer bright evening winter letter "
@@ -67,8 +66,7 @@ def make_spec(text: str, model_id: str) -> Spec:
     return Spec(chunks=tuple(split(normalize(text), settings.chunk_chars)), model=model_id, seed=settings.default_seed)
 
 
-# What one run of one side gives a figure: a value for the side's column;
-# (value, baseline) when the run measures both; None when the figure has nothing from this side.
+# A run's reading of a figure: a value; (value, baseline) when it measures both; None: nothing from this side.
 Reading = float | tuple[float, float] | None
 Measure = Callable[[str, int], Sequence[Reading]]  # (side, round) -> a Reading per figure
 # Chunks the workers made per chunk the pool needed: the figure after a scenario that `counts`.

@@ -32,18 +32,15 @@ FULL_LINES = 30
 FULL_BACK = 60.0
 POISON_GAP = 0.15  # seconds between two poison requests
 
-# Tenants of the soak's two named keys: BUSY sends the mixed load, the poison and the flood; QUIET only short,
-# timed requests, one every PROBE_EVERY s.
+# The soak's two keys: BUSY sends the mixed load, the poison and the flood; QUIET a short request every PROBE_EVERY s.
 BUSY, QUIET = "busy", "quiet"
 PROBE_EVERY = 1.0
-# QUIET's p95 latency during the flood may be at most this multiple of its p95 before. Tenants take rows in turn
-# (docs/tenants.md), so QUIET is not queued behind the flood, but in a full loop it waits for the next free row and
-# then decodes in steps of full rows: about twice its usual time. Without the turns it would wait out the flood.
+# QUIET's p95 during the flood may be at most this multiple of its p95 before: tenants take rows in turn (docs/
+# tenants.md), but in a full loop QUIET waits for a free row and steps with full rows, about twice its usual time.
 FLOOD_BOUND = 3.0
 # TTS_CHUNK_CHARS of the second web process the poison goes to (its highest): long numbers reach the model whole.
 WIDE_CHUNKS = 1000
 
-# The poison's texts, by what they are.
 TEXTS: dict[str, Any] = {
     "Chinese number of 17 integer digits (cn2an refuses more than 16)": "价格是12345678901234567.5元。",
     "English decimal of 311 digits": "The total is " + "7" * 160 + "." + "3" * 150 + " dollars.",

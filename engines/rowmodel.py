@@ -19,6 +19,7 @@ import numpy as np
 from cache import Spec
 from common.model import SAMPLES_PER_TOKEN, Place
 from engines import kvcache, spoken
+from engines.leanstep import LeanStep, supports
 from engines.refine import refine
 from engines.rowfaults import check_finite, is_out_of_memory
 from engines.sampler import Prompt, Row, Sampler, marks, restore
@@ -54,6 +55,9 @@ class RowModel:
         self.lookahead = lookahead
         self.sampler = Sampler(chat)
         self.num_vq = self.sampler.num_vq
+        # Steps run engines/leanstep.py where it applies; False: transformers' forward always (benches compare).
+        self.lean = True
+        self._lean: tuple[Any, LeanStep | None] = (None, None)
 
     def prompt(self, key: str, spec: Spec, place: Place) -> Prompt:
         """The row's prompt, speaker and sampling, made by ChatTTS's text front end before any model call;
@@ -130,7 +134,10 @@ class RowModel:
         return None
 
     def forward(self, emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
-        """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state."""
+        """One Llama forward, its inputs cast as GPT.generate casts them; the last position's hidden state.
+
+        A step (one position, a cache) runs `lean_step()` where there is one: the same numbers, without
+        transformers' per-call machinery and its copy of the cache to append a column."""
         torch, gpt = self.torch, self.chat.gpt
         # A step of left-padded rows (its mask is on the CPU: no device sync) gets the 4-D mask that
         # transformers would build from the 2-D one, ready: the same mask, without its general builder
@@ -143,6 +150,12 @@ class RowModel:
         inputs.to(gpt.device_gpt, gpt.gpt.dtype)
         if padded:
             inputs.attention_mask = inputs.attention_mask.bool()[:, None, None, :]
+        lean = self.lean_step() if emb.shape[1] == 1 and cache is not None else None
+        if lean is not None:
+            # CastingLlama casts the embeddings to its inner model's dtype; a plain LlamaModel takes them as cast.
+            embeds = inputs.inputs_embeds.to(getattr(gpt.gpt, "inner_dtype", inputs.inputs_embeds.dtype))
+            hidden = lean(embeds, inputs.position_ids, inputs.attention_mask if padded else None, cache)
+            return hidden.to(gpt.device, dtype=torch.float), cache
         outputs = gpt.gpt(
             attention_mask=inputs.attention_mask,
             position_ids=inputs.position_ids,
@@ -154,6 +167,19 @@ class RowModel:
         )
         hidden = outputs.last_hidden_state.to(gpt.device, dtype=torch.float)
         return hidden, outputs.past_key_values
+
+    def lean_step(self) -> LeanStep | None:
+        """The lean step (engines/leanstep.py) of the chat's GPT as it is now; None where steps run transformers'
+        forward: a GPT on another device than the CPU, compiled, or one LeanStep does not reproduce."""
+        gpt = self.chat.gpt.gpt
+        if not self.lean:
+            return None
+        if self._lean[0] is not gpt:
+            inner = getattr(gpt, "inner", gpt)
+            compiled = getattr(gpt, "_forward", inner) is not inner
+            usable = self.chat.gpt.device_gpt.type == "cpu" and not compiled and supports(inner)
+            self._lean = (gpt, LeanStep(inner) if usable else None)
+        return self._lean[1]
 
     def sample(self, rows: Sequence[Row], hidden: Any) -> None:
         """Sample each row's next codes from the last position of `hidden` (rows, positions, dim)."""

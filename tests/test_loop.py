@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator, cast
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import pytest
@@ -29,6 +29,7 @@ from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
 from engines import kvcache, rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
+from engines.leanstep import LeanStep
 from engines.loop import ChatTTSLoop
 from engines.refine import refine
 from engines.rowmodel import row_seed
@@ -81,6 +82,17 @@ def _loop(engine: ChatTTSEngine, capacity: int = 4, stream: int = 24) -> ChatTTS
     loop = engine.loop(capacity, stream)
     loop.record = {}
     return loop
+
+
+def _spy_forwards(loop: ChatTTSLoop, seen: Callable[[Any, Any], None]) -> None:
+    """Call `seen(embeddings, mask)` before each of the loop's model forwards: prefills and steps."""
+    forward = loop.model.forward
+
+    def spy(emb: Any, mask: Any, *rest: Any) -> Any:
+        seen(emb, mask)
+        return forward(emb, mask, *rest)
+
+    loop.model.forward = spy  # type: ignore[method-assign]
 
 
 def _rec(loop: ChatTTSLoop) -> dict[str, tuple[Any, list[Any]]]:
@@ -213,14 +225,9 @@ def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tu
     ]
     loop = _loop(eng)
     forwards: list[int] = []
-    hook = eng.chat.gpt.gpt.register_forward_pre_hook(
-        lambda _m, _a, kw: forwards.append(int(kw["inputs_embeds"].shape[0])), with_kwargs=True
-    )
-    try:
-        with torch.inference_mode():
-            decode_all(loop, rows)
-    finally:
-        hook.remove()
+    _spy_forwards(loop, lambda emb, _mask: forwards.append(int(emb.shape[0])))
+    with torch.inference_mode():
+        decode_all(loop, rows)
     # One prefill of the three rows together, then forwards of all three.
     assert forwards[:2] == [3, 3]
     assert loop.steps[0] == ["a", "b", "c"]
@@ -241,16 +248,13 @@ def test_rows_that_join_together_are_prefilled_in_one_forward_and_make_what_they
     shapes: list[tuple[int, int]] = []
     padded: list[bool] = []
 
-    def spy(_m: Any, _a: Any, kw: dict[str, Any]) -> None:
-        shapes.append(tuple(kw["inputs_embeds"].shape[:2]))
-        padded.append(not bool(kw["attention_mask"].all()))
+    def spy(emb: Any, mask: Any) -> None:
+        shapes.append(tuple(emb.shape[:2]))
+        padded.append(not bool(mask.all()))
 
-    hook = eng.chat.gpt.gpt.register_forward_pre_hook(spy, with_kwargs=True)
-    try:
-        with torch.inference_mode():
-            decode_all(loop, rows)
-    finally:
-        hook.remove()
+    _spy_forwards(loop, spy)
+    with torch.inference_mode():
+        decode_all(loop, rows)
     assert shapes[0][0] == 4 and padded[0], "one prefill of the four rows, the shorter ones left-padded"
     assert shapes[1] == (4, 1), shapes[:2]
     same = [key for key, spec in rows if torch.equal(_rec(loop)[key][0], _alone(eng, key, spec))]
@@ -258,9 +262,11 @@ def test_rows_that_join_together_are_prefilled_in_one_forward_and_make_what_they
     assert len(same) >= len(rows) - 1, f"identical alone and prefilled together: {same}"
 
 
-def test_a_padded_step_hands_the_gpt_the_mask_transformers_would_build(engine: tuple[ChatTTSEngine, Any]) -> None:
+def test_a_padded_step_hands_the_gpt_the_mask_transformers_would_build(
+    engine: tuple[ChatTTSEngine, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A step of left-padded rows passes a ready 4-D mask: the GPT's hidden states equal, bit for bit, those it
-    makes from the 2-D padding mask it would expand itself; a step without padding keeps the 2-D mask."""
+    makes from the 2-D padding mask it would expand itself; a step without padding passes none."""
     eng, info = engine
     gpt, hidden = eng.chat.gpt.gpt, int(eng.chat.config.gpt.hidden_size)
     lengths = torch.tensor([20, 13, 7, 17])
@@ -285,20 +291,22 @@ def test_a_padded_step_hands_the_gpt_the_mask_transformers_would_build(engine: t
             for name, given in (("2-D", step), ("4-D", step.bool()[:, None, None, :]))
         }
     assert torch.equal(made["2-D"], made["4-D"])
+    # The CPU's steps run engines/leanstep.py, which SDPA gets its mask from as transformers' SDPA does.
     masks: dict[str, list[int]] = {"alone": [], "together": []}
     rows = [(f"m{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=20 + i)) for i in (0, 4)]
+    call = LeanStep.__call__
     for name, batch in (("alone", rows[:1]), ("together", rows)):
         seen = masks[name]
-        hook = gpt.register_forward_pre_hook(
-            lambda _m, _a, kw, seen=seen: seen.append(kw["attention_mask"].ndim), with_kwargs=True
-        )
-        try:
-            with torch.inference_mode():
-                decode_all(_loop(eng), batch)
-        finally:
-            hook.remove()
+
+        def spy(self: LeanStep, emb: Any, positions: Any, mask: Any, cache: Any, seen: list[int] = seen) -> Any:
+            seen.append(0 if mask is None else mask.ndim)
+            return call(self, emb, positions, mask, cache)
+
+        monkeypatch.setattr(LeanStep, "__call__", spy)
+        with torch.inference_mode():
+            decode_all(_loop(eng), batch)
     alone, together = masks["alone"], masks["together"]
-    assert len(alone) > 1 and set(alone) == {2}, "one row alone: no padding, the 2-D mask as upstream passes it"
+    assert len(alone) > 1 and set(alone) == {0}, "one row alone: no padding, no mask (attention skips it)"
     assert 4 in together, "left-padded rows: steps take the ready 4-D mask"
 
 
