@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             elif label.split(":")[0] in (LOOP, LOOP_HF):
                 rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
                 loop = loops.setdefault(size, engine.decoder(size, settings.stream_tokens, True))
-                loop.model.lean = label.split(":")[0] == LOOP
+                loop.inner.model.lean = label.split(":")[0] == LOOP  # the ChatTTSLoop inside its inference guard
                 made = decode_all(loop, rows)
                 wavs = [np.concatenate([piece.samples for piece in made[key]]) for key, _ in rows]
             else:

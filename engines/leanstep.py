@@ -7,7 +7,7 @@ values to append one column (`torch.cat` in its DynamicLayer). `LeanStep`
 runs the same operations in the same order on the same modules' weights, so
 its hidden states equal transformers' forward bit for bit
 (tests/test_leanstep.py), and appends into buffers with spare columns
-(`append`). Products stay the modules' own calls, so float32, fused, int8
+(`Buffers`). Products stay the modules' own calls, so float32, fused, int8
 and int4-weight layers all run as tuned (engines/tuning.py).
 
 Imports torch: the worker's engine side, benches and tests only.
@@ -15,6 +15,7 @@ Imports torch: the worker's engine side, benches and tests only.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,39 +44,53 @@ def supports(llama: Any) -> bool:
     )
 
 
-def append(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Append one position's `keys` and `values` (B, heads, 1, dim) to a cache layer; its new keys and values.
+class Buffers:
+    """Where each layer of the caches a LeanStep extends may take its next column in place.
 
-    The layer's tensors become views of the first columns of buffers with
-    spare columns. A buffer records how many columns its views have claimed
-    (`lean_filled`): only the view holding all of them may take the next,
-    so an older view (a cache that stepped on) or a tensor made elsewhere
-    (kvcache's merge, select, keep) is copied into a new buffer instead,
-    and no two caches ever write the same column. A view's columns never
-    change once written.
+    A layer's keys and values become views of the first columns of buffers
+    with spare columns. For each layer this remembers the one view that
+    holds every column its buffer has handed out: only that view takes the
+    next column in place. An older view (a cache that stepped on), a
+    tensor made elsewhere (transformers' prefill, kvcache's merge, select,
+    keep) or a full buffer is copied into a new buffer, so no two caches
+    ever write the same column, and a view's columns never change once
+    written. Only addresses are remembered, never tensors: a cache that is
+    dropped frees its memory.
     """
-    out = []
-    for name, new in (("keys", keys), ("values", values)):
-        old = getattr(layer, name)
-        width = int(old.shape[2])
-        base = old._base
-        if not (
-            base is not None
-            and getattr(base, "lean_filled", None) == width
-            and width < base.shape[2]
-            and old.data_ptr() == base.data_ptr()
-            and old.stride() == base.stride()
-            and old.shape[0] == base.shape[0]
-            and old.shape[1] == base.shape[1]
-        ):
-            base = old.new_empty((old.shape[0], old.shape[1], width + HEADROOM, old.shape[3]))
-            base[:, :, :width].copy_(old)
-        base[:, :, width : width + 1].copy_(new)
-        base.lean_filled = width + 1
-        view = base[:, :, : width + 1]
-        setattr(layer, name, view)
-        out.append(view)
-    return out[0], out[1]
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, int, int]] = {}  # layer -> (keys' address, values' address, columns)
+
+    def append(self, index: int, layer: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[Any, Any]:
+        """Append one position's `keys` and `values` (B, heads, 1, dim) to cache layer `index`; its new
+        keys and values."""
+        old_k, old_v = layer.keys, layer.values
+        rows, heads, width, dim = old_k.shape
+        room = old_k.stride(1) // dim
+        if self._last.get(index) == (old_k.data_ptr(), old_v.data_ptr(), width) and _spare(old_k, old_v, room):
+            full_k = old_k.as_strided((rows, heads, room, dim), old_k.stride())
+            full_v = old_v.as_strided((rows, heads, room, dim), old_v.stride())
+        else:
+            full_k = old_k.new_empty((rows, heads, width + HEADROOM, dim))
+            full_v = old_v.new_empty((rows, heads, width + HEADROOM, dim))
+            full_k[:, :, :width].copy_(old_k)
+            full_v[:, :, :width].copy_(old_v)
+        full_k[:, :, width : width + 1].copy_(keys)
+        full_v[:, :, width : width + 1].copy_(values)
+        layer.keys, layer.values = full_k[:, :, : width + 1], full_v[:, :, : width + 1]
+        self._last[index] = (full_k.data_ptr(), full_v.data_ptr(), width + 1)
+        return layer.keys, layer.values
+
+
+def _spare(keys: torch.Tensor, values: torch.Tensor, room: int) -> bool:
+    """True when `keys` and `values` are the first columns of buffers `room` columns wide, with one to spare."""
+    rows, heads, width, dim = keys.shape
+    strides = (heads * room * dim, room * dim, dim, 1)
+    size = rows * heads * room * dim * keys.element_size()
+    return width < room and all(
+        t.stride() == strides and t.storage_offset() == 0 and t.untyped_storage().nbytes() >= size
+        for t in (keys, values)
+    )
 
 
 def _rms(norm: Any, x: torch.Tensor) -> torch.Tensor:
@@ -100,6 +115,7 @@ class LeanStep:
         if not supports(llama):
             raise ValueError("LeanStep reproduces a LlamaModel with SDPA attention and the default rotary embedding")
         self.llama = llama
+        self.buffers = Buffers()
 
     def __call__(self, emb: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> Any:
         """The last hidden states of `emb` (B, 1, hidden) at `positions` (B, 1), attending to `cache`'s columns
@@ -109,8 +125,9 @@ class LeanStep:
         cos, sin = llama.rotary_emb(emb, position_ids=positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         x = emb
-        for layer, cached in zip(llama.layers, cache.layers):
-            x = x + self._attend(layer.self_attn, _rms(layer.input_layernorm, x), cos, sin, mask, cached)
+        for index, (layer, cached) in enumerate(zip(llama.layers, cache.layers)):
+            h = _rms(layer.input_layernorm, x)
+            x = x + self._attend(layer.self_attn, h, cos, sin, mask, partial(self.buffers.append, index, cached))
             mlp = layer.mlp
             h = _rms(layer.post_attention_layernorm, x)
             if hasattr(mlp, "gate_up_proj"):
@@ -126,20 +143,25 @@ class LeanStep:
 
     @staticmethod
     def _attend(
-        attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, cached: Any
+        attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, append: Any
     ) -> torch.Tensor:
         """LlamaAttention.forward with transformers' SDPA attention, for one position."""
         rows, dim = h.shape[0], attention.head_dim
         if hasattr(attention, "qkv_proj"):
-            qkv = attention.qkv_proj(h)
-            nq, nk = attention.q_proj.out_features, attention.k_proj.out_features
-            q, k, v = qkv.narrow(-1, 0, nq), qkv.narrow(-1, nq, nk), qkv.narrow(-1, nq + nk, nk)
+            # Q and K side by side in the fused product: one rotation of both, element for element the same.
+            heads = attention.q_proj.out_features // dim
+            qkv = attention.qkv_proj(h).view(rows, 1, -1, dim).transpose(1, 2)
+            qk = _rotate(qkv[:, : 2 * heads], cos, sin)
+            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, 2 * heads :]
         else:
-            q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
-        q, k, v = (t.view(rows, 1, -1, dim).transpose(1, 2) for t in (q, k, v))
-        keys, values = append(cached, _rotate(k, cos, sin), v)
+            q, k, v = (
+                p(h).view(rows, 1, -1, dim).transpose(1, 2)
+                for p in (attention.q_proj, attention.k_proj, attention.v_proj)
+            )
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        keys, values = append(k, v)
         out = F.scaled_dot_product_attention(
-            _rotate(q, cos, sin), keys, values, attn_mask=mask, dropout_p=0.0, scale=attention.scaling, is_causal=False
+            q, keys, values, attn_mask=mask, dropout_p=0.0, scale=attention.scaling, is_causal=False
         )
         out = out.transpose(1, 2).contiguous().reshape(rows, 1, -1).contiguous()
         return attention.o_proj(out)

@@ -10,7 +10,7 @@ import torch
 
 from engines import kvcache, tuning
 from engines.chattts import ChatTTSEngine
-from engines.leanstep import HEADROOM, LeanStep, append, supports
+from engines.leanstep import HEADROOM, Buffers, LeanStep, supports
 from engines.rowmodel import RowModel
 
 # Each row's real positions, right-aligned as the decode loop pads them; the first row is the widest.
@@ -81,20 +81,27 @@ def test_a_lean_step_equals_transformers_forward_on_tuned_products(
     _steps_agree(gpt.inner, LENGTHS, 4)
 
 
-def test_a_buffer_gives_its_next_column_to_the_newest_view_only() -> None:
-    """Appending to an older view of a buffer copies it into a new one: the newer view's columns stay."""
-
-    layer = SimpleNamespace(keys=torch.zeros(1, 2, 3, 4), values=torch.zeros(1, 2, 3, 4))
-    one = torch.ones(1, 2, 1, 4)
-    keys, values = append(layer, one, one)
-    older = SimpleNamespace(keys=keys, values=values)
-    newer_keys, _ = append(layer, 2 * one, 2 * one)
-    assert newer_keys.data_ptr() == keys.data_ptr(), "the newest view extends its buffer in place"
-    forked, _ = append(older, 3 * one, 3 * one)
-    assert forked.data_ptr() != keys.data_ptr(), "an older view gets a buffer of its own"
-    assert torch.equal(newer_keys[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1, 2]))
-    assert torch.equal(forked[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1, 3]))
-    assert torch.equal(keys[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1])), "a view's columns never change"
+@pytest.mark.parametrize("inference", [True, False], ids=["inference mode", "autograd off"])
+def test_a_buffer_gives_its_next_column_to_the_newest_view_only(inference: bool) -> None:
+    """The newest view takes the next column in place; appending to an older view of the buffer copies it
+    into a new one, and the newer view's columns stay (under inference mode too, where views keep no base)."""
+    buffers = Buffers()
+    with torch.inference_mode(inference), torch.no_grad():
+        layer = SimpleNamespace(keys=torch.zeros(1, 2, 3, 4), values=torch.zeros(1, 2, 3, 4))
+        one = torch.ones(1, 2, 1, 4)
+        keys, values = buffers.append(0, layer, one, one)
+        older = SimpleNamespace(keys=keys, values=values)
+        newer_keys, _ = buffers.append(0, layer, 2 * one, 2 * one)
+        assert newer_keys.data_ptr() == keys.data_ptr(), "the newest view extends its buffer in place"
+        forked, _ = buffers.append(0, older, 3 * one, 3 * one)
+        assert forked.data_ptr() != keys.data_ptr(), "an older view gets a buffer of its own"
+        assert torch.equal(newer_keys[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1, 2]))
+        assert torch.equal(forked[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1, 3]))
+        assert torch.equal(keys[0, 0, :, 0], torch.tensor([0.0, 0, 0, 1])), "a view's columns never change"
+        for _ in range(HEADROOM):
+            grown, _ = buffers.append(0, layer, one, one)
+        assert grown.shape[2] == 5 + HEADROOM and grown.data_ptr() != keys.data_ptr(), "a full buffer is copied"
+        assert torch.equal(grown[0, 0, :5, 0], torch.tensor([0.0, 0, 0, 1, 2]))
 
 
 def test_kvcache_reshapes_leave_the_buffers_alone(engine: tuple[ChatTTSEngine, Any]) -> None:
