@@ -16,7 +16,7 @@ Imports torch: the worker's engine side, benches and tests only.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,8 @@ import torch.nn.functional as F
 # layer's keys and values per this many steps, where transformers copies
 # them every step.
 HEADROOM = 64
+
+Append = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def supports(llama: Any) -> bool:
@@ -48,9 +50,9 @@ class Buffers:
     """Where each layer of the caches a LeanStep extends may take its next column in place.
 
     A layer's keys and values become views of the first columns of buffers
-    with spare columns. For each layer this remembers the one view that
-    holds every column its buffer has handed out: only that view takes the
-    next column in place. An older view (a cache that stepped on), a
+    with spare columns. For each layer this remembers the view it made
+    last, which holds every column its buffer has handed out: only that view
+    takes the next column in place. An older view (a cache that stepped on), a
     tensor made elsewhere (transformers' prefill, kvcache's merge, select,
     keep) or a full buffer is copied into a new buffer, so no two caches
     ever write the same column, and a view's columns never change once
@@ -61,7 +63,9 @@ class Buffers:
     def __init__(self) -> None:
         self._last: dict[int, tuple[int, int, int]] = {}  # layer -> (keys' address, values' address, columns)
 
-    def append(self, index: int, layer: Any, keys: torch.Tensor, values: torch.Tensor) -> tuple[Any, Any]:
+    def append(
+        self, index: int, layer: Any, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append one position's `keys` and `values` (B, heads, 1, dim) to cache layer `index`; its new
         keys and values."""
         old_k, old_v = layer.keys, layer.values
@@ -143,9 +147,10 @@ class LeanStep:
 
     @staticmethod
     def _attend(
-        attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, append: Any
+        attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, append: Append
     ) -> torch.Tensor:
-        """LlamaAttention.forward with transformers' SDPA attention, for one position."""
+        """LlamaAttention.forward with transformers' SDPA attention, for one position; `append` takes the
+        position's keys and values into the layer's cache and gives back all of them."""
         rows, dim = h.shape[0], attention.head_dim
         if hasattr(attention, "qkv_proj"):
             # Q and K side by side in the fused product: one rotation of both, element for element the same.

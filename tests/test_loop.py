@@ -88,9 +88,9 @@ def _spy_forwards(loop: ChatTTSLoop, seen: Callable[[Any, Any], None]) -> None:
     """Call `seen(embeddings, mask)` before each of the loop's model forwards: prefills and steps."""
     forward = loop.model.forward
 
-    def spy(emb: Any, mask: Any, *rest: Any) -> Any:
+    def spy(emb: Any, mask: Any, positions: Any, cache_position: Any, cache: Any) -> tuple[Any, Any]:
         seen(emb, mask)
-        return forward(emb, mask, *rest)
+        return forward(emb, mask, positions, cache_position, cache)
 
     loop.model.forward = spy  # type: ignore[method-assign]
 
