@@ -291,7 +291,7 @@ def test_a_padded_step_hands_the_gpt_the_mask_transformers_would_build(
             for name, given in (("2-D", step), ("4-D", step.bool()[:, None, None, :]))
         }
     assert torch.equal(made["2-D"], made["4-D"])
-    # The CPU's steps run engines/leanstep.py, which SDPA gets its mask from as transformers' SDPA does.
+    # Steps on the CPU run engines/leanstep.py, which hands SDPA the mask transformers' SDPA attention gets.
     masks: dict[str, list[int]] = {"alone": [], "together": []}
     rows = [(f"m{i}", Spec(chunks=(TEXTS[i],), model=info.id, seed=20 + i)) for i in (0, 4)]
     call = LeanStep.__call__
