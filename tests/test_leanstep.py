@@ -105,7 +105,8 @@ def test_a_buffer_gives_its_next_column_to_the_newest_view_only(inference: bool)
 
 
 def test_kvcache_reshapes_leave_the_buffers_alone(engine: tuple[ChatTTSEngine, Any]) -> None:
-    """A cache that kvcache selected, kept or merged from lean-stepped rows owns its tensors: stepping it
+    """A step of a shallow copy (the loop's own) extends the buffers in place and leaves the original's columns
+    as they were; caches that kvcache kept or merged from lean-stepped rows own their tensors: stepping them
     writes no column another cache sees."""
     llama = _llama(engine[0])
     lean = LeanStep(llama)
@@ -116,18 +117,27 @@ def test_kvcache_reshapes_leave_the_buffers_alone(engine: tuple[ChatTTSEngine, A
         emb = torch.randn(2, 1, llama.config.hidden_size, generator=generator)
         lean(emb, torch.tensor([[9], [9]]), None, stepped)
         before = [layer.keys.clone() for layer in stepped.layers]
+        onward = kvcache.shallow(stepped)
+        lean(emb, torch.tensor([[10], [10]]), None, onward)
+        assert onward.layers[0].keys.data_ptr() == stepped.layers[0].keys.data_ptr(), "extended in place"
         kept = kvcache.shallow(stepped)
         kvcache.keep(kept, [1], 10)
         lean(emb[1:], torch.tensor([[10]]), None, kept)
-        lean(emb, torch.tensor([[10], [10]]), None, kvcache.shallow(stepped))
+        merged = kvcache.row_of(stepped, 0, 10)
+        kvcache.merge(merged, kvcache.row_of(onward, 1, 11))
+        lean(emb, torch.tensor([[11], [12]]), None, merged)
         for layer, old in zip(stepped.layers, before):
             assert torch.equal(layer.keys, old)
-        assert kept.layers[0].keys.data_ptr() != stepped.layers[0].keys.data_ptr()
+        assert (
+            len({kept.layers[0].keys.data_ptr(), merged.layers[0].keys.data_ptr(), onward.layers[0].keys.data_ptr()})
+            == 3
+        )
 
 
 def test_the_row_model_steps_a_cpu_gpt_lean_and_a_compiled_one_through_transformers(
     engine: tuple[ChatTTSEngine, Any],
 ) -> None:
+    """RowModel.lean_step: a LeanStep for the tiny CPU GPT, none for a GPT whose forward is not its module's."""
     eng = engine[0]
     chat = eng.chat
     model = RowModel(chat, eng._speaker, eng.max_new_token)
