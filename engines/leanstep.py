@@ -15,8 +15,7 @@ Imports torch: the worker's engine side, benches and tests only.
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +24,6 @@ import torch.nn.functional as F
 # layer's keys and values per this many steps, where transformers copies
 # them every step.
 HEADROOM = 64
-
-Append = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def supports(llama: Any) -> bool:
@@ -130,43 +127,39 @@ class LeanStep:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         x = emb
         for index, (layer, cached) in enumerate(zip(llama.layers, cache.layers)):
-            h = _rms(layer.input_layernorm, x)
-            x = x + self._attend(layer.self_attn, h, cos, sin, mask, partial(self.buffers.append, index, cached))
-            mlp = layer.mlp
-            h = _rms(layer.post_attention_layernorm, x)
-            if hasattr(mlp, "gate_up_proj"):
-                both = mlp.gate_up_proj(h)
-                gate, up = (
-                    both.narrow(-1, 0, mlp.gate_proj.out_features),
-                    both.narrow(-1, mlp.gate_proj.out_features, mlp.up_proj.out_features),
-                )
-            else:
-                gate, up = mlp.gate_proj(h), mlp.up_proj(h)
-            x = x + mlp.down_proj(mlp.act_fn(gate) * up)
+            attention = layer.self_attn
+            q, k, v = _projections(attention, _rms(layer.input_layernorm, x), cos, sin)
+            keys, values = self.buffers.append(index, cached, k, v)
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, dropout_p=0.0, scale=attention.scaling, is_causal=False
+            )
+            x = x + attention.o_proj(out.transpose(1, 2).contiguous().reshape(x.shape[0], 1, -1).contiguous())
+            x = x + _mlp(layer.mlp, _rms(layer.post_attention_layernorm, x))
         return _rms(llama.norm, x)
 
-    @staticmethod
-    def _attend(
-        attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, append: Append
-    ) -> torch.Tensor:
-        """LlamaAttention.forward with transformers' SDPA attention, for one position; `append` takes the
-        position's keys and values into the layer's cache and gives back all of them."""
-        rows, dim = h.shape[0], attention.head_dim
-        if hasattr(attention, "qkv_proj"):
-            # Q and K side by side in the fused product: one rotation of both, element for element the same.
-            heads = attention.q_proj.out_features // dim
-            qkv = attention.qkv_proj(h).view(rows, 1, -1, dim).transpose(1, 2)
-            qk = _rotate(qkv[:, : 2 * heads], cos, sin)
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, 2 * heads :]
-        else:
-            q, k, v = (
-                p(h).view(rows, 1, -1, dim).transpose(1, 2)
-                for p in (attention.q_proj, attention.k_proj, attention.v_proj)
-            )
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        keys, values = append(k, v)
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, dropout_p=0.0, scale=attention.scaling, is_causal=False
-        )
-        out = out.transpose(1, 2).contiguous().reshape(rows, 1, -1).contiguous()
-        return attention.o_proj(out)
+
+def _projections(
+    attention: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LlamaAttention's queries, keys and values of one position (B, heads, 1, dim), queries and keys rotated."""
+    rows, dim = h.shape[0], attention.head_dim
+    if hasattr(attention, "qkv_proj"):
+        # Q and K side by side in the fused product: one rotation of both, element for element the same.
+        heads = attention.q_proj.out_features // dim
+        qkv = attention.qkv_proj(h).view(rows, 1, -1, dim).transpose(1, 2)
+        qk = _rotate(qkv[:, : 2 * heads], cos, sin)
+        return qk[:, :heads], qk[:, heads:], qkv[:, 2 * heads :]
+    q, k, v = (
+        p(h).view(rows, 1, -1, dim).transpose(1, 2) for p in (attention.q_proj, attention.k_proj, attention.v_proj)
+    )
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
+def _mlp(mlp: Any, h: torch.Tensor) -> torch.Tensor:
+    """LlamaMLP.forward: down(act(gate(h)) * up(h)), gate and up as one product where fused."""
+    if hasattr(mlp, "gate_up_proj"):
+        both, width = mlp.gate_up_proj(h), mlp.gate_proj.out_features
+        gate, up = both.narrow(-1, 0, width), both.narrow(-1, width, mlp.up_proj.out_features)
+    else:
+        gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+    return mlp.down_proj(mlp.act_fn(gate) * up)

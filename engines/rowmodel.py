@@ -171,9 +171,9 @@ class RowModel:
     def lean_step(self) -> LeanStep | None:
         """The lean step (engines/leanstep.py) of the chat's GPT as it is now; None where steps run transformers'
         forward: a GPT on another device than the CPU, compiled, or one LeanStep does not reproduce."""
-        gpt = self.chat.gpt.gpt
         if not self.lean:
             return None
+        gpt = self.chat.gpt.gpt
         if self._lean[0] is not gpt:
             inner = getattr(gpt, "inner", gpt)
             compiled = getattr(gpt, "_forward", inner) is not inner
