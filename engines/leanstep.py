@@ -15,6 +15,7 @@ Imports torch: the worker's engine side, benches and tests only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,11 +61,9 @@ class Buffers:
     def __init__(self) -> None:
         self._last: dict[int, tuple[int, int, int]] = {}  # layer -> (keys' address, values' address, columns)
 
-    def append(
-        self, index: int, layer: Any, keys: torch.Tensor, values: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append one position's `keys` and `values` (B, heads, 1, dim) to cache layer `index`; its new
-        keys and values."""
+    def reserve(self, index: int, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Widen cache layer `index` by one column whose contents are the caller's to write: its keys and values
+        become views one column wider; returns the buffers they view (B, heads, room, dim)."""
         old_k, old_v = layer.keys, layer.values
         rows, heads, width, dim = old_k.shape
         room = old_k.stride(1) // dim
@@ -76,10 +75,19 @@ class Buffers:
             full_v = old_v.new_empty((rows, heads, width + HEADROOM, dim))
             full_k[:, :, :width].copy_(old_k)
             full_v[:, :, :width].copy_(old_v)
-        full_k[:, :, width : width + 1].copy_(keys)
-        full_v[:, :, width : width + 1].copy_(values)
         layer.keys, layer.values = full_k[:, :, : width + 1], full_v[:, :, : width + 1]
         self._last[index] = (full_k.data_ptr(), full_v.data_ptr(), width + 1)
+        return full_k, full_v
+
+    def append(
+        self, index: int, layer: Any, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append one position's `keys` and `values` (B, heads, 1, dim) to cache layer `index`; its new
+        keys and values."""
+        width = layer.keys.shape[2]
+        full_k, full_v = self.reserve(index, layer)
+        full_k[:, :, width : width + 1].copy_(keys)
+        full_v[:, :, width : width + 1].copy_(values)
         return layer.keys, layer.values
 
 
@@ -109,19 +117,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
+# A step in native code with LeanStep's call and the LeanStep's buffers (engines/q4step.py): (emb, positions, mask,
+# cache, buffers) -> the final hidden states.
+Native = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", Any, Buffers], torch.Tensor]
+
+
 class LeanStep:
     """One new position of every row through a LlamaModel that `supports` accepts; hidden states as its forward's."""
 
-    def __init__(self, llama: Any) -> None:
+    def __init__(self, llama: Any, native: Native | None = None) -> None:
+        """`native`, where given, runs every step in its place."""
         if not supports(llama):
             raise ValueError("LeanStep reproduces a LlamaModel with SDPA attention and the default rotary embedding")
         self.llama = llama
         self.buffers = Buffers()
+        self.native = native
 
     def __call__(self, emb: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> Any:
         """The last hidden states of `emb` (B, 1, hidden) at `positions` (B, 1), attending to `cache`'s columns
         and its own where `mask` (B, 1, 1, columns + 1, bool) is true, or to all of them when `mask` is None;
         appends each layer's keys and values to `cache` (changing its layers' tensors, never their contents)."""
+        if self.native is not None:
+            return self.native(emb, positions, mask, cache, self.buffers)
         llama = self.llama
         cos, sin = llama.rotary_emb(emb, position_ids=positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -28,11 +28,14 @@ class Int4WeightLinear(torch.nn.Module):
 
     A weight is (q - 8) * scale + zero with q in 0..15 (the layout of
     `aten._weight_int4pack_mm_for_cpu`); each group's minimum and maximum
-    are represented exactly. Raises ValueError when the input width is not a
-    multiple of `group` (`supports` says beforehand).
+    are represented exactly. With `words` (and groups of 32 in a width that
+    is a multiple of 64) the layer also keeps the same q, scales and zeros in
+    engines/q4step.c's layout (`words`, `scales`, `zeros`), for its batch-1
+    steps. Raises ValueError when the input width is not a multiple of
+    `group` (`supports` says beforehand).
     """
 
-    def __init__(self, linear: torch.nn.Linear, group: int = GROUP) -> None:
+    def __init__(self, linear: torch.nn.Linear, group: int = GROUP, words: bool = False) -> None:
         super().__init__()
         if not supports(linear, group):
             raise ValueError(f"int4 needs an input width that is a multiple of {group}, got {linear.in_features}")
@@ -48,6 +51,10 @@ class Int4WeightLinear(torch.nn.Module):
         pairs = torch.cat([scale, zero], dim=-1).transpose(0, 1).contiguous()
         self.register_buffer("scale_zero", pairs.to(COMPUTE_DTYPE))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(COMPUTE_DTYPE))
+        packable = words and group == 32 and width % 64 == 0
+        self.register_buffer("words", pack_words(q) if packable else None)
+        self.register_buffer("scales", scale.squeeze(-1).to(COMPUTE_DTYPE) if packable else None)
+        self.register_buffer("zeros", zero.squeeze(-1).to(COMPUTE_DTYPE) if packable else None)
         self.group = group
         self.in_features, self.out_features = width, rows
 
@@ -59,13 +66,26 @@ class Int4WeightLinear(torch.nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
+def pack_words(q: torch.Tensor) -> torch.Tensor:
+    """q (rows, width), values 0..15, as engines/q4step.c reads it: per block of 64 inputs, 16 words of four
+    nibbles, nibble r of word j being input r*8 + j of the block's first group of 32 (j < 8) or 32 + r*8 + j - 8
+    of its second (int16, rows x width/4)."""
+    rows, width = q.shape
+    nibbles = q.to(torch.int32).reshape(rows, width // 64, 2, 4, 8)  # block, group, r, j
+    words = nibbles[:, :, :, 0, :].clone()
+    for r in range(1, 4):
+        words |= nibbles[:, :, :, r, :] << (4 * r)
+    # Words past 0x7fff wrap to negative int16, the same 16 bits.
+    return words.reshape(rows, width // 4).to(torch.int16).contiguous()
+
+
 def supports(linear: torch.nn.Linear, group: int = GROUP) -> bool:
     """Whether `linear`'s input width packs as int4 in groups of `group`."""
     return linear.in_features % group == 0
 
 
-def quantize(module: torch.nn.Module, group: int = GROUP) -> int:
-    """Replace every nn.Linear inside `module` that `supports` by an Int4WeightLinear, in place.
+def quantize(module: torch.nn.Module, group: int = GROUP, words: bool = False) -> int:
+    """Replace every nn.Linear inside `module` that `supports` by an Int4WeightLinear (keeping `words`), in place.
 
     Returns how many layers were replaced; the others stay as they are.
     """
@@ -73,6 +93,6 @@ def quantize(module: torch.nn.Module, group: int = GROUP) -> int:
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear) and supports(child, group):
-                setattr(parent, name, Int4WeightLinear(child, group))
+                setattr(parent, name, Int4WeightLinear(child, group, words))
                 replaced += 1
     return replaced
