@@ -18,7 +18,7 @@ import numpy as np
 
 from cache import Spec
 from common.model import SAMPLES_PER_TOKEN, Place
-from engines import kvcache, spoken
+from engines import kvcache, q4step, spoken
 from engines.leanstep import LeanStep, supports
 from engines.refine import refine
 from engines.rowfaults import check_finite, is_out_of_memory
@@ -57,7 +57,9 @@ class RowModel:
         self.num_vq = self.sampler.num_vq
         # Steps run engines/leanstep.py where it applies; False: transformers' forward always (benches compare).
         self.lean = True
-        self._lean: tuple[Any, LeanStep | None] = (None, None)
+        # Steps of an int4-weight GPT run engines/q4step.c where it builds; False: torch's kernels.
+        self.native = True
+        self._lean: tuple[Any, bool, LeanStep | None] = (None, True, None)  # (GPT, native, its step)
 
     def prompt(self, key: str, spec: Spec, place: Place) -> Prompt:
         """The row's prompt, speaker and sampling, made by ChatTTS's text front end before any model call;
@@ -174,12 +176,13 @@ class RowModel:
         if not self.lean:
             return None
         gpt = self.chat.gpt.gpt
-        if self._lean[0] is not gpt:
+        if self._lean[0] is not gpt or self._lean[1] != self.native:
             inner = getattr(gpt, "inner", gpt)
             compiled = getattr(gpt, "_forward", inner) is not inner
             usable = self.chat.gpt.device_gpt.type == "cpu" and not compiled and supports(inner)
-            self._lean = (gpt, LeanStep(inner) if usable else None)
-        return self._lean[1]
+            native = q4step.for_llama(inner) if usable and self.native else None
+            self._lean = (gpt, self.native, LeanStep(inner, native) if usable else None)
+        return self._lean[2]
 
     def sample(self, rows: Sequence[Row], hidden: Any) -> None:
         """Sample each row's next codes from the last position of `hidden` (rows, positions, dim)."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from common.settings import Settings
-from engines import fused, weightonly
+from engines import fused, q4step, weightonly
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,12 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
     """The Tuning that `settings` ask for on `device`, for a GPT `hidden_size` wide.
 
     TTS_DTYPE=auto: bfloat16 on a CUDA device that supports it, else float32.
-    TTS_QUANTIZE=auto: int8 on the CPU for a GPT at least INT8_MIN_HIDDEN
-    wide, none elsewhere (torch's dynamic int8 kernels are CPU-only and take
-    float32 activations). TTS_QUANTIZE=int4-weight runs on the CPU only, with
-    any dtype. TTS_DTYPE=float32 with TTS_QUANTIZE=none is exact float32
+    TTS_QUANTIZE=auto on the CPU in float32, for a GPT at least
+    INT8_MIN_HIDDEN wide: int4-weight where engines/q4step.c builds and the
+    width is a multiple of 64 (its steps run there), else int8; none
+    elsewhere (both quantizers run on the CPU only, int8 on float32
+    activations). TTS_QUANTIZE=int4-weight runs on the CPU only, with any
+    dtype. TTS_DTYPE=float32 with TTS_QUANTIZE=none is exact float32
     (`Tuning.plain`), the reference every switch is measured against.
     Raises TuningError naming the variables at fault.
     """
@@ -99,8 +101,10 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
         dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
     quantize = settings.quantize
     if quantize == "auto":
-        cpu_int8 = device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN
-        quantize = "int8" if cpu_int8 else "none"
+        quantize = "none"
+        if device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN:
+            native = hidden_size % 64 == 0 and q4step.library() is not None
+            quantize = "int4-weight" if native else "int8"
     if quantize in QUANTIZERS and device.type != "cpu":
         raise TuningError(
             f"TTS_QUANTIZE={quantize} runs on the CPU only, but the model is on {device}: "
@@ -182,7 +186,8 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
             inner = torch.ao.quantization.quantize_dynamic(inner, qconfig, dtype=torch.qint8, inplace=True)
         _own_memory(inner)
     elif tuning.quantize == "int4-weight":
-        weightonly.quantize(inner)
+        # The second layout of the same weights only where the C step can use it.
+        weightonly.quantize(inner, words=q4step.library() is not None)
         _own_memory(inner)
     forward = None
     if tuning.compile:

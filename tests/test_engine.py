@@ -10,7 +10,7 @@ import torch
 
 from cache import Spec
 from common.settings import Settings, from_env
-from engines import fidelity, tuning
+from engines import fidelity, q4step, tuning
 from engines.chattts import ChatTTSEngine, load_chattts
 from engines.config import ModelUnavailable
 
@@ -67,7 +67,8 @@ def test_float32_against_itself_is_exact(plain: tuple[ChatTTSEngine, Any]) -> No
 @pytest.mark.parametrize(
     ("device", "hidden", "env", "expected"),
     [
-        pytest.param("cpu", 768, {}, tuning.Tuning("float32", "int8"), id="cpu-full-size-int8"),
+        pytest.param("cpu", 768, {}, tuning.Tuning("float32", "int4-weight"), id="cpu-full-size-int4-weight"),
+        pytest.param("cpu", 768, {"TTS_QUANTIZE": "int8"}, tuning.Tuning("float32", "int8"), id="cpu-int8-asked"),
         pytest.param("cpu", 64, {}, tuning.Tuning(), id="cpu-tiny-plain"),
         pytest.param("cpu", 768, {"TTS_QUANTIZE": "none"}, tuning.Tuning(), id="cpu-int8-off"),
         pytest.param("cpu", 768, {"TTS_DTYPE": "bfloat16"}, tuning.Tuning("bfloat16"), id="cpu-bf16-asked"),
@@ -85,6 +86,8 @@ def test_defaults_follow_the_device_and_the_model_size(
     device: str, hidden: int, env: dict[str, str], expected: tuning.Tuning, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    # A host where engines/q4step.c builds (tests/test_q4step.py: auto where it does not).
+    monkeypatch.setattr(q4step, "library", lambda: object())
     assert tuning.resolve(from_env(env), torch.device(device), hidden) == expected
 
 

@@ -1,0 +1,249 @@
+"""engines/q4step.c: the int4-weight decode step in C against the float model of the very same 4-bit weights,
+its layout, its independence of batch mates, and the torch kernels where it does not build."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from cache import Spec
+from common.model import decode_all
+from common.settings import Settings
+from engines import fused, kvcache, q4step, tuning, weightonly
+from engines.chattts import ChatTTSEngine
+from engines.leanstep import HEADROOM, LeanStep
+from engines.rowmodel import RowModel
+
+INT4 = tuning.Tuning("float32", "int4-weight")
+# Each row's real positions, right-aligned as the decode loop pads them; the first row is the widest.
+LENGTHS = (20, 13, 7, 17)
+
+
+@pytest.fixture(scope="module")
+def lib() -> Any:
+    """The library as the worker builds it; a host that cannot build it skips, except under CI (it must there)."""
+    built = q4step.library()
+    if built is None:
+        if os.environ.get("CI"):
+            pytest.fail("engines/q4step.c did not build: the log says why")
+        pytest.skip("engines/q4step.c does not build on this host: int4-weight steps run torch's kernels")
+    return built
+
+
+@pytest.fixture(scope="module")
+def int4(engine: tuple[ChatTTSEngine, Any], lib: Any) -> tuple[Any, Any]:
+    """The tiny GPT's LlamaModel under TTS_QUANTIZE=int4-weight (with words), and a float32 copy whose weights are
+    the dequantized 4-bit ones."""
+    chat = engine[0].chat
+    gpt, _ = tuning.variant(chat.gpt.gpt, chat.decoder, INT4)
+    llama = gpt.inner
+    reference = copy.deepcopy(llama)
+    for parent in list(reference.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, weightonly.Int4WeightLinear):
+                linear = torch.nn.Linear(child.in_features, child.out_features, bias=False)
+                linear.weight.data = _dequantized(child)
+                setattr(parent, name, linear)
+    return llama, reference
+
+
+def _nibbles(layer: weightonly.Int4WeightLinear) -> torch.Tensor:
+    """q (rows, width) read back from `layer.words` by the layout q4step.c documents, word by word."""
+    words = layer.words.to(torch.int32) & 0xFFFF
+    q = torch.empty(layer.out_features, layer.in_features, dtype=torch.int32)
+    for block in range(layer.in_features // 64):
+        for j in range(16):
+            for r in range(4):
+                q[:, block * 64 + (j // 8) * 32 + r * 8 + j % 8] = (words[:, block * 16 + j] >> (4 * r)) & 15
+    return q
+
+
+def _dequantized(layer: weightonly.Int4WeightLinear) -> torch.Tensor:
+    """The float32 weights (q - 8) * scale + zero that the C step multiplies by."""
+    rows, width = layer.out_features, layer.in_features
+    q = _nibbles(layer).float().reshape(rows, width // 32, 32)
+    return ((q - 8) * layer.scales.float()[..., None] + layer.zeros.float()[..., None]).reshape(rows, width)
+
+
+def test_words_hold_the_layers_4_bit_weights_in_the_c_layout() -> None:
+    """Read back nibble by nibble, the words give weights within half a quantization step (and bfloat16's
+    rounding of scale and zero) of the float layer's and of what torch's int4 kernel multiplies by."""
+    torch.manual_seed(5)
+    linear = torch.nn.Linear(128, 48, bias=False)
+    layer = weightonly.Int4WeightLinear(linear, words=True)
+    assert layer.words.dtype == torch.int16 and layer.words.shape == (48, 32)
+    weight = _dequantized(layer)
+    groups = linear.weight.detach().reshape(48, -1, 32)
+    step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(32, dim=1)
+    largest = groups.abs().amax(-1).repeat_interleave(32, dim=1)
+    assert ((weight - linear.weight.detach()).abs() <= step / 2 + largest / 64).all()
+    with torch.inference_mode():
+        theirs = (layer(torch.eye(128)) - layer(torch.zeros(1, 128))).T
+    assert ((weight - theirs).abs() <= largest / 64).all(), "the same q, scales and zeros as torch's layout"
+    assert weightonly.Int4WeightLinear(linear).words is None, "words only where asked for"
+    assert weightonly.Int4WeightLinear(torch.nn.Linear(96, 16), words=True).words is None, "widths of 64s only"
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _run(steps: list[Any], lengths: tuple[int, ...], count: int, reference: Any) -> list[list[float]]:
+    """`count` steps of each LeanStep in `steps` from one prefill of left-padded rows of `lengths`: for each,
+    the largest relative error of its hidden states and of its keys and values against the float reference's."""
+    generator = torch.Generator().manual_seed(sum(lengths))
+    width = max(lengths)
+    mask = torch.arange(width).unsqueeze(0) >= (width - torch.tensor(lengths)).unsqueeze(1)
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 1)
+    worst = [[0.0, 0.0] for _ in steps]
+    with torch.inference_mode():
+        prompt = torch.randn(len(lengths), width, reference.config.hidden_size, generator=generator)
+        out = reference(inputs_embeds=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        caches = [kvcache.select(kvcache.shallow(out.past_key_values), range(len(lengths))) for _ in steps]
+        want_cache = kvcache.select(kvcache.shallow(out.past_key_values), range(len(lengths)))
+        float_step = LeanStep(reference)
+        for step in range(count):
+            mask = torch.cat([mask, torch.ones(len(lengths), 1, dtype=torch.bool)], 1)
+            given = None if bool(mask.all()) else mask[:, None, None, :]
+            at = (torch.tensor(lengths) + step).unsqueeze(1)
+            emb = torch.randn(len(lengths), 1, reference.config.hidden_size, generator=generator)
+            want = float_step(emb, at, given, want_cache)
+            for errors, lean, cache in zip(worst, steps, caches):
+                got = lean(emb, at, given, cache)
+                errors[0] = max(errors[0], _relative(got, want))
+                for mine, theirs in zip(cache.layers, want_cache.layers):
+                    errors[1] = max(errors[1], _relative(mine.keys, theirs.keys), _relative(mine.values, theirs.values))
+    return worst
+
+
+@pytest.mark.parametrize(
+    "lengths", [LENGTHS[:1], LENGTHS, (9,) * 11], ids=["one row", "left-padded rows", "eleven rows, two calls"]
+)
+def test_the_c_step_follows_the_float_model_of_its_weights(int4: tuple[Any, Any], lengths: tuple[int, ...]) -> None:
+    """Step after step, past the buffers' first spare columns: hidden states, keys and values within 1e-4 of the
+    float32 model with the dequantized weights (an int16 input per group of 32), and at least ten times closer
+    to it than torch's int4 kernel on bfloat16 activations gets."""
+    llama, reference = int4
+    native = q4step.for_llama(llama)
+    assert native is not None
+    (c_step, c_kv), (torch_step, _) = _run([LeanStep(llama, native), LeanStep(llama)], lengths, HEADROOM + 3, reference)
+    assert c_step < 1e-4 and c_kv < 1e-4, (c_step, c_kv)
+    assert c_step * 10 < torch_step, (c_step, torch_step)
+
+
+def test_the_build_without_vnni_steps_alike(int4: tuple[Any, Any]) -> None:
+    """The AVX2 products that hosts without AVX-512 VNNI run: the same rule (one build, whatever this host has)."""
+    llama, reference = int4
+    native = q4step.for_llama(llama, q4step.build(("-mno-avx512vnni",)))
+    assert native is not None
+    [(c_step, c_kv)] = _run([LeanStep(llama, native)], LENGTHS, 5, reference)
+    assert c_step < 1e-4 and c_kv < 1e-4, (c_step, c_kv)
+
+
+def test_a_rows_numbers_never_depend_on_its_batch_mates(int4: tuple[Any, Any]) -> None:
+    """A row stepped alone and the same row in a left-padded batch of four: the very same hidden states."""
+    llama, _ = int4
+    native = q4step.for_llama(llama)
+    generator = torch.Generator().manual_seed(11)
+    hidden = llama.config.hidden_size
+    with torch.inference_mode():
+        prompt = torch.randn(1, 7, hidden, generator=generator)
+        out = llama(inputs_embeds=prompt, use_cache=True)
+        others = llama(inputs_embeds=torch.randn(3, 12, hidden, generator=generator), use_cache=True)
+        alone, crowd = kvcache.shallow(out.past_key_values), kvcache.row_of(out.past_key_values, 0, 7)
+        kvcache.merge(crowd, kvcache.shallow(others.past_key_values))
+        lean_alone, lean_crowd = LeanStep(llama, native), LeanStep(llama, native)
+        mask = torch.cat([torch.arange(12).unsqueeze(0) >= 5, torch.ones(3, 12, dtype=torch.bool)])
+        for step in range(5):
+            mask = torch.cat([mask, torch.ones(4, 1, dtype=torch.bool)], 1)
+            emb = torch.randn(4, 1, hidden, generator=generator)
+            at = torch.tensor([[7 + step], [12 + step], [12 + step], [12 + step]])
+            one = lean_alone(emb[:1], at[:1], None, alone)
+            four = lean_crowd(emb, at, mask[:, None, None, :], crowd)
+            assert torch.equal(one[0], four[0]), f"step {step}"
+
+
+def test_where_the_c_step_does_not_build_int4_weight_runs_torchs_kernels(
+    engine: tuple[ChatTTSEngine, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No compiler: the reason logged once, no words kept, the lean step on torch's kernels, and TTS_QUANTIZE=auto
+    resolves to int8 for a full-size GPT on the CPU."""
+    chat = engine[0].chat
+    q4step.library.cache_clear()
+    monkeypatch.setenv("CC", "false")
+    try:
+        with caplog.at_level(logging.WARNING, logger="engines.q4step"):
+            assert q4step.library() is None and q4step.library() is None
+        assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+        assert "building engines/q4step.c with false failed" in caplog.records[0].message
+        gpt, decoder = tuning.variant(chat.gpt.gpt, chat.decoder, INT4)
+        assert gpt.inner.layers[0].mlp.down_proj.words is None
+        assert q4step.for_llama(gpt.inner) is None
+        model = RowModel(chat, engine[0]._speaker, engine[0].max_new_token)
+        original = (chat.gpt.gpt, chat.decoder)
+        chat.gpt.gpt, chat.decoder = gpt, decoder
+        try:
+            lean = model.lean_step()
+            assert lean is not None and lean.native is None
+        finally:
+            chat.gpt.gpt, chat.decoder = original
+        assert tuning.resolve(Settings(), torch.device("cpu"), 768).quantize == "int8"
+    finally:
+        monkeypatch.undo()
+        q4step.library.cache_clear()
+
+
+def test_for_llama_takes_only_fused_int4_weight_layers_with_words(engine: tuple[ChatTTSEngine, Any], lib: Any) -> None:
+    gpt = engine[0].chat.gpt.gpt
+    llama = getattr(gpt, "inner", gpt)
+    assert q4step.for_llama(llama) is None, "float32 layers"
+
+    def quantized(fuse: bool, words: bool) -> Any:
+        made = copy.deepcopy(llama)
+        if fuse:
+            fused.fuse(made)
+        weightonly.quantize(made, words=words)
+        return made
+
+    assert q4step.for_llama(quantized(True, False)) is None, "int4 layers without words"
+    assert q4step.for_llama(quantized(False, True)) is None, "separate Q, K, V, gate and up"
+    assert isinstance(q4step.for_llama(quantized(True, True)), q4step.Q4Step)
+
+
+def test_the_decode_loop_runs_int4_weight_through_the_c_step(
+    engine: tuple[ChatTTSEngine, Any], lib: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's loop on the tiny checkpoint under int4-weight: the steps of three rows of different prompts go
+    through the C step, and each row ends with finite audio."""
+    eng, info = engine
+    chat = eng.chat
+    calls: list[int] = []
+    step = q4step.Q4Step.__call__
+
+    def counted(self: q4step.Q4Step, emb: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(emb.shape[0])
+        return step(self, emb, *args)
+
+    monkeypatch.setattr(q4step.Q4Step, "__call__", counted)
+    original = (chat.gpt.gpt, chat.decoder)
+    chat.gpt.gpt, chat.decoder = tuning.variant(*original, INT4)
+    try:
+        loop = eng.loop(3, 8)
+        rows = [
+            (str(i), Spec(chunks=(text,), model=info.id, seed=i + 1))
+            for i, text in enumerate(["One sentence here.", "Another one, a little longer.", "A third."])
+        ]
+        with torch.inference_mode():
+            made = decode_all(loop, rows)
+    finally:
+        chat.gpt.gpt, chat.decoder = original
+    assert calls and max(calls) == 3, calls
+    for key, _ in rows:
+        audio = np.concatenate([piece.samples for piece in made[key]])
+        assert audio.size > 0 and np.isfinite(audio).all(), key
