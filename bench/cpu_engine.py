@@ -28,7 +28,8 @@ from scenarios.realtime import speech_round
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
 HTTP_HEAD = ["worker's TTS_QUANTIZE (other settings default)", "requests", "first audio (s)", "RTF via HTTP"]
-TUNINGS = "float32,float32+int8,loop:float32+int8,loop-transformers:float32+int8,float32+int4-weight,upstream"
+TUNINGS = "float32,float32+int8,loop:float32+int8,loop-transformers:float32+int8,float32+int4-weight,"
+TUNINGS += "loop-torch:float32+int4-weight,loop:float32+int4-weight,upstream"
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it writes
 
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", default="2,1", help="torch thread counts; the first runs every tuning")
     parser.add_argument("--waits", default="PASSIVE", help="OMP_WAIT_POLICY values to run besides the default")
-    parser.add_argument("--http", default="auto,int4-weight", help="TTS_QUANTIZE values through HTTP ('' for none)")
+    parser.add_argument("--http", default="auto,int8", help="TTS_QUANTIZE values through HTTP ('' for none)")
     parser.add_argument("--http-rounds", type=int, default=5, help="one-sentence requests per worker through HTTP")
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the tables")
     args = parser.parse_args(argv)

@@ -2,7 +2,8 @@
 
 Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
 worker's continuous decode loop on float32, `loop:TUNING` on that tuning, each batch joined at once and stepped to
-its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' forward, not engines/leanstep.py)
+its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' forward, not engines/leanstep.py;
+`loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c's C step)
 is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch)
 runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
 tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
@@ -25,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Texts
 
 UPSTREAM = "upstream"
-LOOP, LOOP_HF = "loop", "loop-transformers"
-PLAIN = (UPSTREAM, LOOP, LOOP_HF)  # labels on the float32 modules as loaded
+LOOP, LOOP_HF, LOOP_TORCH = "loop", "loop-transformers", "loop-torch"
+PLAIN = (UPSTREAM, LOOP, LOOP_HF, LOOP_TORCH)  # labels on the float32 modules as loaded
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
@@ -105,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                     spk_emb=chat.sample_random_speaker(), manual_seed=seed, max_new_token=cap, show_tqdm=False
                 )
                 wavs = [w.reshape(-1) for w in chat.infer(batch, params_infer_code=params, **UPSTREAM_PLAIN)]
-            elif label.split(":")[0] in (LOOP, LOOP_HF):
+            elif label.split(":")[0] in PLAIN[1:]:
                 rows = [(str(i), dataclasses.replace(spec, chunks=(text,))) for i, text in enumerate(batch)]
                 loop = loops.setdefault(size, engine.decoder(size, settings.stream_tokens, True))
-                loop.inner.model.lean = label.split(":")[0] == LOOP  # the ChatTTSLoop inside its inference guard
+                model = loop.inner.model  # the ChatTTSLoop inside its inference guard
+                model.lean, model.native = label.split(":")[0] != LOOP_HF, label.split(":")[0] == LOOP
                 made = decode_all(loop, rows)
                 wavs = [np.concatenate([piece.samples for piece in made[key]]) for key, _ in rows]
             else:
@@ -120,11 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # A tuning's first call pays for weight repacking, allocator growth and compilation, untimed; for +compile,
     # what it cost beyond a second, warm call is kept.
-    first_call = {}
-    for label in labels:
-        first = run(label, 1, 1)[0]
-        if "compile" in label:
-            first_call[label] = first - run(label, 1, 1)[0]
+    firsts = {label: run(label, 1, 1)[0] for label in labels}
+    first_call = {label: firsts[label] - run(label, 1, 1)[0] for label in labels if "compile" in label}
     configs = [(label, size) for label in labels for size in sizes]
     for label, size in configs if args.warmup else []:
         run(label, size, args.chunks)
