@@ -175,9 +175,10 @@ def test_a_chunk_keyed_for_another_model_fails_with_model_mismatch(loop: DecodeL
 
 
 def test_a_canceled_row_leaves_the_loop_before_its_end_and_its_lease_is_given_up(redis: Redis, redis_url: str) -> None:
-    """A token a step: the row would last hundreds of steps, far past the next look at its lease."""
+    """A token a step: the row would last thousands of steps (hundreds of milliseconds of the tone engine's
+    steps, each storing a piece), far past the next look at its lease (LOOK_EVERY)."""
     loop = _loop(redis, _settings(redis_url, TTS_STREAM_TOKENS="1"))
-    spec = Spec(chunks=(" ".join(TEXTS),), model=MODEL, seed=10)
+    spec = Spec(chunks=(" ".join(TEXTS * 20),), model=MODEL, seed=10)
     (cid,) = _offer(loop, spec)
     tally = Tally()
     loop.advance(tally)
