@@ -6,7 +6,7 @@
    groups) is 16 words of four nibbles, nibble r of word j holding input r*8 + j of the block's first group
    (j < 8) or 32 + r*8 + (j-8) of its second (j >= 8). The input is quantized to int16 per group of 32
    (a scale each), so a block's 64 products are four multiply-adds of 16-bit lanes; the int16 input keeps
-   about four more digits than the bfloat16 of torch's int4 kernel. Every row's products read each weight
+   seven more bits than the bfloat16 of torch's int4 kernel. Every row's products read each weight
    once. Norms, rotation, attention and the KV cache are float32. */
 #include <immintrin.h>
 #include <math.h>
@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
-#error "q4step needs AVX2, FMA and F16C"
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "q4step needs AVX2 and FMA"
 #endif
 
 #define MAX_ROWS 8

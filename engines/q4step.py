@@ -13,7 +13,7 @@ the same 4-bit weights than torch's bfloat16 one, tests/test_q4step.py), so
 it serves TTS_QUANTIZE=int4-weight only.
 
 The source is compiled at first use with the host's C compiler (`CC`,
-default `cc`; OpenMP, AVX2, FMA and F16C: x86-64 from about 2015 on) into
+default `cc`; OpenMP, AVX2 and FMA: x86-64 from about 2015 on) into
 a temporary file that is loaded and removed; where that fails the steps run
 torch's kernels and the reason is logged once. Imports torch: the worker's
 engine side, benches and tests only.
@@ -150,9 +150,9 @@ class Q4Step:
         width = cache.layers[0].keys.shape[2]
         full = [buffers.reserve(index, layer) for index, layer in enumerate(cache.layers)]
         rooms = (ctypes.c_int * count)(*(k.shape[2] for k, _ in full))
-        emb = emb.contiguous()
+        emb = emb.to(torch.float32).contiguous()
         where = positions[:, -1].to(torch.long).contiguous()
-        seen = None if mask is None else mask.reshape(rows, width + 1).contiguous()
+        seen = None if mask is None else mask.reshape(rows, width + 1).to(torch.bool).contiguous()
         out = torch.empty_like(emb)
         for start in range(0, rows, MAX_ROWS):
             part = slice(start, min(rows, start + MAX_ROWS))

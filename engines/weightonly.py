@@ -35,6 +35,11 @@ class Int4WeightLinear(torch.nn.Module):
     `group` (`supports` says beforehand).
     """
 
+    # Buffers in engines/q4step.c's layout, None without words.
+    words: torch.Tensor | None
+    scales: torch.Tensor | None
+    zeros: torch.Tensor | None
+
     def __init__(self, linear: torch.nn.Linear, group: int = GROUP, words: bool = False) -> None:
         super().__init__()
         if not supports(linear, group):

@@ -55,6 +55,7 @@ def int4(engine: tuple[ChatTTSEngine, Any], lib: Any) -> tuple[Any, Any]:
 
 def _nibbles(layer: weightonly.Int4WeightLinear) -> torch.Tensor:
     """q (rows, width) read back from `layer.words` by the layout q4step.c documents, word by word."""
+    assert layer.words is not None
     words = layer.words.to(torch.int32) & 0xFFFF
     q = torch.empty(layer.out_features, layer.in_features, dtype=torch.int32)
     for block in range(layer.in_features // 64):
@@ -68,6 +69,7 @@ def _dequantized(layer: weightonly.Int4WeightLinear) -> torch.Tensor:
     """The float32 weights (q - 8) * scale + zero that the C step multiplies by."""
     rows, width = layer.out_features, layer.in_features
     q = _nibbles(layer).float().reshape(rows, width // 32, 32)
+    assert layer.scales is not None and layer.zeros is not None
     return ((q - 8) * layer.scales.float()[..., None] + layer.zeros.float()[..., None]).reshape(rows, width)
 
 
@@ -77,7 +79,7 @@ def test_words_hold_the_layers_4_bit_weights_in_the_c_layout() -> None:
     torch.manual_seed(5)
     linear = torch.nn.Linear(128, 48, bias=False)
     layer = weightonly.Int4WeightLinear(linear, words=True)
-    assert layer.words.dtype == torch.int16 and layer.words.shape == (48, 32)
+    assert layer.words is not None and layer.words.dtype == torch.int16 and layer.words.shape == (48, 32)
     weight = _dequantized(layer)
     groups = linear.weight.detach().reshape(48, -1, 32)
     step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(32, dim=1)
