@@ -88,7 +88,7 @@ def library() -> ctypes.CDLL | None:
         logger.info("int4 steps run torch's kernels: the C step is for x86-64, this is %s", platform.machine())
         return None
     try:
-        return build()
+        lib = build()
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", b"") or b""
         logger.warning(
@@ -98,6 +98,8 @@ def library() -> ctypes.CDLL | None:
             detail.decode(errors="replace")[-400:],
         )
         return None
+    logger.info("engines/q4step.c built with %s: int4-weight decode steps run in C", os.environ.get("CC") or "cc")
+    return lib
 
 
 def _q4(linear: Any, keep: list[torch.Tensor]) -> _Q4 | None:
@@ -169,8 +171,10 @@ class Q4Step:
                 torch.get_num_threads(),
                 out[part].data_ptr(),
             )
+            if code == -1:  # worded as torch's, so the loop treats it as memory (rowfaults.is_out_of_memory)
+                raise RuntimeError("the int4 C step ran out of memory for its working buffers")
             if code != 0:
-                raise MemoryError("the int4 C step could not allocate its working memory")
+                raise RuntimeError(f"the int4 C step refused {part.stop - part.start} rows (code {code})")
         return out
 
 

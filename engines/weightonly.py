@@ -8,8 +8,9 @@ product: at one row a decode step reads each weight once, and a 4-bit weight
 is half the bytes of an int8 one. The kernel's fast path takes bfloat16
 activations, so each layer casts its input to bfloat16 and its output back
 to the input's dtype; everything between the layers (norms, attention, the
-KV cache) keeps the model's dtype. Imports torch: the worker's engine side,
-benches and tests only.
+KV cache) keeps the model's dtype. Where engines/q4step.c builds, the
+decode loop's steps read the same 4-bit weights there instead. Imports
+torch: the worker's engine side, benches and tests only.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Int4WeightLinear(torch.nn.Module):
     `aten._weight_int4pack_mm_for_cpu`); each group's minimum and maximum
     are represented exactly. With `words` (and groups of 32 in a width that
     is a multiple of 64) the layer also keeps the same q, scales and zeros in
-    engines/q4step.c's layout (`words`, `scales`, `zeros`), for its batch-1
+    engines/q4step.c's layout (`words`, `scales`, `zeros`), for its decode
     steps. Raises ValueError when the input width is not a multiple of
     `group` (`supports` says beforehand).
     """

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from cache import Spec
 from common.model import decode_all
 from common.settings import Settings
-from engines import fused, kvcache, q4step, tuning, weightonly
+from engines import fused, kvcache, q4step, rowfaults, tuning, weightonly
 from engines.chattts import ChatTTSEngine
 from engines.leanstep import HEADROOM, LeanStep
 from engines.rowmodel import RowModel
@@ -249,3 +250,18 @@ def test_the_decode_loop_runs_int4_weight_through_the_c_step(
     for key, _ in rows:
         audio = np.concatenate([piece.samples for piece in made[key]])
         assert audio.size > 0 and np.isfinite(audio).all(), key
+
+
+def test_the_c_steps_failures_read_as_the_loop_expects(int4: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of memory (-1) reads as memory to the loop (engines/rowfaults.py), so it retries and fails no row for
+    it; any other code is an error of the rows."""
+    llama, _ = int4
+    native = q4step.for_llama(llama)
+    assert native is not None
+    with torch.inference_mode():
+        cache = llama(inputs_embeds=torch.randn(1, 3, llama.config.hidden_size), use_cache=True).past_key_values
+        for code, memory in ((-1, True), (-2, False)):
+            monkeypatch.setattr(native, "lib", SimpleNamespace(q4_step=lambda *args, code=code: code))
+            with pytest.raises(RuntimeError) as caught:
+                LeanStep(llama, native)(torch.randn(1, 1, llama.config.hidden_size), torch.tensor([[3]]), None, cache)
+            assert rowfaults.is_out_of_memory(caught.value) is memory, caught.value
