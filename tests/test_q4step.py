@@ -4,14 +4,20 @@ its layout, its independence of batch mates, and the torch kernels where it does
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
+import soundfile
 import torch
+from conftest import Stack
 
 from cache import Spec
 from common.model import decode_all
@@ -265,3 +271,22 @@ def test_the_c_steps_failures_read_as_the_loop_expects(int4: tuple[Any, Any], mo
             with pytest.raises(RuntimeError) as caught:
                 LeanStep(llama, native)(torch.randn(1, 1, llama.config.hidden_size), torch.tensor([[3]]), None, cache)
             assert rowfaults.is_out_of_memory(caught.value) is memory, caught.value
+
+
+def test_a_worker_on_int4_weight_serves_speech_through_http_with_the_c_step(
+    stack_factory: Callable[..., Stack], tiny_model: Path, lib: Any
+) -> None:
+    """The Procfile's processes, TTS_QUANTIZE=int4-weight on the tiny checkpoint: the worker builds the C step,
+    says so and what runs, and a request through HTTP comes back as audio."""
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_QUANTIZE="int4-weight", TTS_BATCH_SIZE="2")
+    stack.start_web()
+    worker = stack.start_worker()
+    stack.wait_ready(timeout=180)
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Four bits a weight. The steps run in C.", "seed": 5})
+    assert r.status_code == 202, r.text
+    audio = httpx.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
+    assert audio.status_code == 200, audio.text
+    data, rate = soundfile.read(io.BytesIO(audio.content), dtype="int16")
+    assert rate == 24000 and data.size > 0
+    log = worker.output()
+    assert "int4-weight decode steps run in C" in log and "float32+int4-weight" in log, log[-3000:]
