@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 import unicodedata
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from common.keys import chunk_key, request_key
+from common.keys import RETAINED_KEY, chunk_key, request_key
 from splitter import pause_after
 from work import scripts
 
@@ -187,8 +188,9 @@ class Spec:
 def manifest(spec: Spec) -> dict[str, Any]:
     """What is stored under `request_key`: the chunk ids in order, the
     silence (ms) after each when joined (none after the last), each
-    chunk's normalized text (for captions), and the owning tenant when the
-    Spec has one.
+    chunk's normalized text (for captions), the rest of the Spec (voice and
+    settings, so that audio evicted can be made again: `spec_of_manifest`),
+    and the owning tenant when the Spec has one.
 
     The pauses follow from the chunk texts, which the request id hashes, so
     an id's audio never changes (bump KEY_VERSION if the pause rules do).
@@ -196,18 +198,37 @@ def manifest(spec: Spec) -> dict[str, Any]:
     pauses = [pause_after(chunk) for chunk in spec.chunks]
     if pauses:
         pauses[-1] = 0
-    layout: dict[str, Any] = {"chunks": spec.chunk_ids(), "pauses": pauses, "texts": list(spec.chunks)}
+    settings = {k: v for k, v in spec.to_json().items() if k != "chunks"}
+    layout: dict[str, Any] = {
+        "chunks": spec.chunk_ids(),
+        "pauses": pauses,
+        "texts": list(spec.chunks),
+        "spec": settings,
+    }
     if spec.tenant:  # isolated tenancy: only this tenant may see it (web/manifests.manifest_of)
         layout["tenant"] = spec.tenant
     return layout
 
 
+def spec_of_manifest(layout: Mapping[str, Any]) -> Spec | None:
+    """The Spec a manifest (`manifest`) was made from; None for one without its settings or whose ids differ."""
+    settings = layout.get("spec")
+    if not isinstance(settings, dict):
+        return None
+    try:
+        spec = Spec.from_json({**settings, "chunks": layout.get("texts", ())})
+    except (TypeError, ValueError):
+        return None
+    return spec if spec.chunk_ids() == list(layout.get("chunks", ())) else None
+
+
 class AudioCache:
     """Reads and writes chunk audio and request manifests in Redis.
 
-    `redis` is a `redis.asyncio.Redis` (web side). Every value has a TTL of
-    `ttl` seconds; `remember`, which every submission runs (at most once a
-    second per body and web process: tts.SubmitRoute), renews a request's.
+    `redis` is a `redis.asyncio.Redis` (web side). Chunk audio has a TTL of
+    `ttl` seconds and a request's record is kept as long (work/lifetime.py);
+    `remember`, which every submission runs (at most once a second per body
+    and web process: tts.SubmitRoute), renews both.
     """
 
     def __init__(self, redis: Any, ttl: int) -> None:
@@ -226,17 +247,24 @@ class AudioCache:
         return [i for i, hit in enumerate(found) if not hit]
 
     async def remember(self, request_id: str, spec: Spec) -> list[int]:
-        """Store the request's manifest and renew the TTLs of its stored chunks, in one command.
+        """Store the request's manifest, keep its record a TTL from now and renew the TTLs of its stored chunks,
+        in one command.
 
         Returns the indexes of the chunks whose audio is not stored (as `missing`).
         """
-        keys = [*map(chunk_key, spec.chunk_ids()), request_key(request_id)]
-        found = await self._remember(keys=keys, args=[self.ttl, json.dumps(manifest(spec))])
+        keys = [*map(chunk_key, spec.chunk_ids()), request_key(request_id), RETAINED_KEY]
+        found = await self._remember(keys=keys, args=[self.ttl, json.dumps(manifest(spec)), request_id, time.time()])
         return [i for i, hit in enumerate(found) if not hit]
 
     async def manifest(self, request_id: str) -> dict[str, Any] | None:
-        raw = await self.redis.get(request_key(request_id))
-        return None if raw is None else json.loads(raw)
+        """The request's manifest, or None when there is none or its retention is over (not yet swept)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(request_key(request_id))
+            pipe.zscore(RETAINED_KEY, request_id)
+            raw, until = await pipe.execute()
+        if raw is None or (until is not None and until < time.time()):
+            return None
+        return json.loads(raw)
 
     async def sizes(self, chunk_ids: Sequence[str]) -> list[int | None]:
         """The byte length of each chunk's stored audio (0 for a silent chunk), None where it is not stored."""

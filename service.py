@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket
 from common import logs, metrics
 from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
-from web import captions, heap, ops, routes, session, speech, tts, voices
+from web import captions, heap, ops, retention, routes, session, speech, tts, voices
 from web.context import Context
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
@@ -63,7 +63,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Ends after uvicorn's graceful shutdown has let in-flight requests finish.
-        async with metrics.flushing(ctx.metrics, ctx.redis), heap.trimming():
+        async with (
+            metrics.flushing(ctx.metrics, ctx.redis),
+            heap.trimming(),
+            retention.sweeping(ctx.sync_redis, min(retention.SWEEP_EVERY, settings.result_ttl)),
+        ):
             yield
         await ctx.close()
 

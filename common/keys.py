@@ -16,6 +16,8 @@ Layout (prefix `tts`):
   `tts:voices:T` those of tenant T (with named API keys);
 - `tts:events:R`: the channel a request's progress is announced on;
 - `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
+- `tts:retained`: the requests kept, scored by when each one's record expires (work/lifetime.py);
+  `tts:ended:R`: why request R failed for good, kept with its record;
 - `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/scheduler.py),
   `tts:pool:Q:T` tenant T's lane of it and `tts:turns:Q` whose turn it is;
 - `tts:tenants:R`: the tenants that want request R; `tts:dropped:R`: those that withdrew (work/interest.py);
@@ -33,6 +35,8 @@ PREFIX = "tts"
 MODEL_KEY = f"{PREFIX}:model"
 VOICES_KEY = f"{PREFIX}:voices"
 METRICS_KEY = f"{PREFIX}:metrics"
+# A sorted set: request id -> when its record expires (unix seconds; +inf while its job is active).
+RETAINED_KEY = f"{PREFIX}:retained"
 # The kinds of per-chunk key the pool keeps for each queue (pool_entry_key).
 POOL_KINDS = ("task", "waiters", "claim", "failed")
 
@@ -117,6 +121,30 @@ def events_channel(request_id: str) -> str:
 def cancel_key(request_id: str) -> str:
     """Set while `request_id` is canceled; a running job checks it between batches."""
     return f"{PREFIX}:cancel:{request_id}"
+
+
+def ended_key(request_id: str) -> str:
+    """Why `request_id` failed for good (safe words), kept with its record once its job is over."""
+    return f"{PREFIX}:ended:{request_id}"
+
+
+def record_keys(request_id: str) -> list[str]:
+    """The keys of a request's record: what is kept, without a TTL, for as long as RETAINED_KEY says.
+
+    Its manifest, the tenants that want it and those that withdrew, its cancel
+    mark, why it failed, its callback URLs and their deliveries. The chunk
+    audio is not part of it: it has a TTL of its own, and a record whose
+    audio was evicted is made again when asked for (work/lifetime.py).
+    """
+    return [
+        request_key(request_id),
+        tenants_key(request_id),
+        dropped_key(request_id),
+        cancel_key(request_id),
+        ended_key(request_id),
+        hooks_key(request_id),
+        deliveries_key(request_id),
+    ]
 
 
 def lock_key(job_id: str) -> str:

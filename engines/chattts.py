@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from cache import Spec
+from common import spoken
 from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
 from common.settings import Settings
-from engines import homophones, spoken
+from engines import homophones
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads
 from engines.decoders import StaticDecoder
 from engines.refine import refine

@@ -17,8 +17,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cache import Spec
+from common import spoken
 from common.model import SAMPLES_PER_TOKEN, Place
-from engines import kvcache, q4step, spoken
+from engines import kvcache, q4step
 from engines.leanstep import LeanStep, supports
 from engines.refine import refine
 from engines.rowfaults import check_finite, is_out_of_memory

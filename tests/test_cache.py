@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from redis import Redis
 
 from cache import AudioCache, Spec, is_well_formed_id, manifest, normalize
-from common.keys import chunk_key, request_key
+from common.keys import RETAINED_KEY, chunk_key, request_key
 
 
 @pytest.mark.parametrize(
@@ -177,6 +178,8 @@ def test_remember_renews_the_stored_chunks_and_writes_the_manifest_in_one_comman
     assert redis.ttl(chunk_key(ids[0])) > 5 and redis.ttl(chunk_key(ids[2])) > 5
     assert not redis.exists(chunk_key(ids[1]))  # a missing chunk is not made up
     assert json.loads(redis.get(request_key(spec.request_id()))) == manifest(spec)
-    assert 595 < redis.ttl(request_key(spec.request_id())) <= 600
+    # Kept, not expiring: the ledger says until when (work/lifetime.py), and no volatile-* eviction takes it.
+    assert redis.ttl(request_key(spec.request_id())) == -1
+    assert 595 < redis.zscore(RETAINED_KEY, spec.request_id()) - time.time() <= 600
     redis.script_flush()  # what a Redis restart does to loaded scripts
     assert asyncio.run(remember()) == [1]

@@ -33,10 +33,13 @@ from redis import Redis
 
 from cache import normalize
 from common.speakers import decode_speaker, encode_speaker
+from common.spoken import spoken_length
+from splitter import split
 from web.decoding import MAX_DEPTH
 
 # The defaults the stack runs with (docs/operating.md, Settings).
 MAX_CHARS = 5000
+CHUNK_CHARS = 180
 MAX_BODY = 65536
 FORMATS = ("wav", "flac", "mp3", "ogg")
 FIELDS = (
@@ -122,9 +125,15 @@ def _is_int(value: Any) -> bool:
     return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
 
 
+def _text_ok(text: str) -> bool:
+    """What the service takes: some text once normalized, at most MAX_CHARS of it, typed and read out."""
+    normal = normalize(text)
+    return 0 < len(normal) <= MAX_CHARS and spoken_length(split(normal, CHUNK_CHARS)) <= MAX_CHARS
+
+
 def _field_ok(name: str, value: Any, body: dict[str, Any]) -> bool:
     if name == "text":
-        return isinstance(value, str) and 0 < len(normalize(value)) <= MAX_CHARS
+        return isinstance(value, str) and _text_ok(value)
     if name in INT_RANGES:
         low, high = INT_RANGES[name]
         in_range = _is_int(value) and low <= value <= high
@@ -355,7 +364,7 @@ right_values = {
 # Values the contract accepts, so that bodies with several fields still get through sometimes.
 valid_values = {
     **right_values,
-    "text": text_value.filter(lambda t: 0 < len(normalize(t)) <= MAX_CHARS),
+    "text": text_value.filter(_text_ok),
     "seed": st.integers(0, 2**32 - 1),
     "speaker": speaker_strings.filter(lambda s: _field_ok("speaker", s, {})),
     "speed": st.integers(1, 9),

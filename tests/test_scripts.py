@@ -8,6 +8,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Callable
@@ -17,12 +18,13 @@ from conftest import ROOT
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ResponseError
+from rq import Queue
 from rq.job import Job
 
 from cache import AudioCache, Spec
-from common.keys import POOL_KINDS, PREFIX, chunk_key, voices_key
+from common.keys import POOL_KINDS, PREFIX, RETAINED_KEY, chunk_key, hooks_key, voices_key
 from web import callbacks
-from work import interest, lifetime, scripts
+from work import interest, lifetime, queueing, scripts
 from work.scheduler import Look, Pool
 from work.status import ACTIVE, OVER
 
@@ -90,12 +92,15 @@ def test_no_script_spells_a_key_or_an_rq_status(name: str) -> None:
 
 
 @pytest.mark.parametrize("status", sorted(ACTIVE | OVER))
-def test_hold_persists_only_while_the_job_is_active(redis: Redis, status: str) -> None:
-    """hold.lua is handed work/status.ACTIVE: each active status holds the request's keys, an over one not."""
+def test_hold_keeps_the_record_only_while_the_job_is_active(redis: Redis, status: str) -> None:
+    """hold.lua is handed work/status.ACTIVE: each active status holds the request's record, an over one not."""
     redis.hset(Job.key_for("r"), "status", status)
-    redis.set("tts:req:r", "{}", ex=600)
+    redis.hset(hooks_key("r"), "https://example.com/hook", "wav")
+    redis.expire(hooks_key("r"), 600)
+    redis.zadd(RETAINED_KEY, {"r": 1000.0})
     assert lifetime.hold(redis, "r") == (status in ACTIVE)
-    assert (redis.ttl("tts:req:r") == -1) == (status in ACTIVE)
+    assert (redis.ttl(hooks_key("r")) == -1) == (status in ACTIVE)
+    assert redis.zscore(RETAINED_KEY, "r") == (float("inf") if status in ACTIVE else 1000.0)
 
 
 @pytest.mark.slow
@@ -145,7 +150,7 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     assert pool.look("r1", ids, "w", ids) == Look(False, [True, False, False], {ids[1]: "no"}, [False, False, True])
     pool.release("w", [ids[2]])
     pool.withdraw("r2", second.chunk_ids())
-    interest.withdraw(redis, "r1", "alice", 600)
+    interest.withdraw(redis, "r1", "alice")
     redis.hset(Job.key_for("r1"), "status", "queued")
     assert lifetime.hold(redis, "r1")
 
@@ -158,6 +163,11 @@ def _every_script(redis: Redis, redis_url: str) -> None:
         await conn.aclose()
 
     asyncio.run(remember())
+    with pytest.raises(queueing.QueueFull):
+        queueing.admit(Queue("q", connection=redis), "alice", 1, 1)
+    assert lifetime.sweep(redis, now=time.time() + 10**6) == 0  # r1 is held while its job is active
+    lifetime.release(redis, "r1", first.chunk_ids(), 600)
+    assert lifetime.sweep(redis, now=time.time() + 10**6) == 1  # its record, past its retention
 
 
 def _script_runs(redis: Redis, action: Callable[[], object]) -> list[tuple[str, list[str], list[str], list[list[str]]]]:

@@ -16,7 +16,11 @@ from conftest import Stack, wait_for
 from redis import Redis
 from starlette.testclient import TestClient
 
+from cache import normalize
 from common import keys
+from common.settings import Settings
+from common.spoken import spoken_length
+from splitter import split
 
 TEXT = "Hello from the tone engine. This is the second sentence."
 
@@ -176,6 +180,8 @@ def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stac
         pytest.param({"text": 5}, 422, "text", id="text-not-string"),
         pytest.param({"text": " \u200b\n"}, 422, "text", id="blank-text"),
         pytest.param({"text": "x" * 5001}, 422, "text", id="text-too-long"),
+        pytest.param({"text": "9" * 4999 + "."}, 422, "text", id="number-too-long-read-out"),
+        pytest.param({"text": "[" + "9" * 4998 + "]"}, 422, "text", id="bracket-too-long-read-out"),
         pytest.param({"text": "hi", "voice": 1}, 422, "voice", id="unknown-field"),
         pytest.param({"text": "hi", "seed": -1}, 422, "seed", id="seed-negative"),
         pytest.param({"text": "hi", "seed": "1"}, 422, "seed", id="seed-string"),
@@ -201,6 +207,22 @@ def test_bad_input_is_a_clear_4xx(
     assert answer["detail"]
     assert answer.get("field") == field
     assert redis.llen("rq:queue:tts") == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("9" * 4999 + ".", id="a-number-of-4999-digits"),
+        pytest.param("[" + "9" * 4998 + "]", id="5000-characters-in-one-bracket"),
+    ],
+)
+def test_the_limit_counts_the_text_as_it_will_be_spoken(web_client: Callable[..., TestClient], text: str) -> None:
+    """5,000 characters typed, tens of thousands read out: refused at submission, naming the spoken length."""
+    r = web_client().post("/v1/tts", json={"text": text})
+    assert r.status_code == 422 and r.json()["field"] == "text", r.text
+    said = spoken_length(split(normalize(text), Settings().chunk_chars))
+    assert said > 20_000 and f"is {said} characters once its numbers and symbols are read out" in r.json()["detail"]
+    assert web_client().post("/v1/tts", json={"text": "9" * 700 + "."}).status_code == 202  # 4,200 read out
 
 
 def test_oversized_body_is_413(web_client: Callable[..., TestClient]) -> None:
@@ -312,7 +334,7 @@ def test_audio_of_an_expired_id_is_404_again_within_a_second(shared_tone_stack: 
     assert first.status_code == 200
     assert httpx.get(stack.url + body["audio_url"]).content == first.content  # from the process's cache
     with Redis.from_url(stack.env["REDIS_URL"]) as redis:
-        redis.delete(keys.request_key(body["id"]))  # what expiry or eviction does
+        redis.delete(keys.request_key(body["id"]))  # what the sweep past its retention does
     wait_for(
         lambda: httpx.get(stack.url + body["audio_url"]).status_code == 404,
         3,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines import spoken
+from common import spoken
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,34 @@ def test_speak_reads_numbers_of_any_length(text: str) -> None:
 def test_a_comma_group_of_more_than_three_digits_leaves_no_digit_behind(text: str) -> None:
     out = spoken.speak(text)
     assert not re.search(r"[0-9]", out), (text, out)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        pytest.param("20°c outside", "twenty degrees Celsius outside", id="lower-case-celsius"),
+        pytest.param("١٢ apples", "twelve apples", id="arabic-indic-digits"),
+        pytest.param("１ and ２", "one and two", id="full-width-digits-unnormalized"),
+    ],
+)
+def test_speak_reads_case_and_digits_of_any_script(text: str, said: str) -> None:
+    assert spoken.speak(text) == said
+
+
+_ANY = st.sampled_from(list("0123456789١１ ,.:-%$€£¥￥年月日号你好abcXYZ&+=@°×℃ｱＡ\u3000") + ["°c", "°F", "3rd", "in "])
+
+
+@given(st.lists(_ANY, max_size=50).map("".join))
+def test_speak_never_raises(text: str) -> None:
+    spoken.speak(text)
+
+
+def test_a_long_text_of_numbers_and_no_letters_is_read_number_by_number() -> None:
+    # Each number's language comes from its nearest letters, of which this text has none.
+    text = " ".join(str(n % 10) for n in range(3000))
+    assert spoken.speak(text).split() == [spoken.speak(str(n % 10)) for n in range(3000)]
+
+
+def test_spoken_length_counts_what_the_model_is_given() -> None:
+    assert spoken.spoken_length(["9" * 4999 + "."]) == len(spoken.speak("9" * 4999 + "."))
+    assert spoken.spoken_length(["Hi.", "It is 5."]) == len("Hi.") + len("It is five.")

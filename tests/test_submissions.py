@@ -107,14 +107,15 @@ def test_a_repeat_is_answered_from_memory_with_the_same_bytes_counted_and_logged
         *[("POST", "/v1/tts", 200)] * 21,
     ]
 
-    # TTLs are still renewed, within about a second.
+    # TTLs are still renewed, and the record's retention, within about a second.
     for cid in chunk_ids:
         redis.expire(chunk_key(cid), 100)
-    redis.expire(request_key(request_id), 100)
+    redis.zadd(keys.RETAINED_KEY, {request_id: time.time() + 100})
 
     def renewed() -> bool:
         assert client.post("/v1/tts", content=BODY).content == full.content
-        return all(redis.ttl(chunk_key(cid)) > 100 for cid in chunk_ids) and redis.ttl(request_key(request_id)) > 100
+        kept = redis.zscore(keys.RETAINED_KEY, request_id) - time.time()
+        return all(redis.ttl(chunk_key(cid)) > 100 for cid in chunk_ids) and kept > 100
 
     wait_for(renewed, 3, "a repeat to renew the TTLs", interval=0.05)
     assert calls and set(calls) == {request_id}

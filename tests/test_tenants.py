@@ -141,12 +141,12 @@ def test_a_withdrawing_tenant_leaves_only_its_lane(redis: Redis) -> None:
     pool = Pool(redis, "q", ttl=600)
     _want(redis, pool, "shared", "alice", "Both want this.")
     _want(redis, pool, "shared", "bob", "Both want this.")
-    assert not interest.withdraw(redis, "shared", "alice", 600)  # bob still wants it
+    assert not interest.withdraw(redis, "shared", "alice")  # bob still wants it
     pool.leave("shared", "alice", Spec(chunks=("Both want this.",), model="m0").chunk_ids())
     assert redis.zcard(keys.lane_key("q", "alice")) == 0 and redis.zcard(keys.lane_key("q", "bob")) == 1
     claimed, _ = pool.claim("w", 2, 10_000, cross=True)
     assert [c.row.chunks[0] for c in claimed] == ["Both want this."]
-    assert interest.withdraw(redis, "shared", "bob", 600)  # nobody now: canceled for everyone
+    assert interest.withdraw(redis, "shared", "bob")  # nobody now: canceled for everyone
     assert redis.exists(keys.cancel_key("shared"))
 
 

@@ -9,7 +9,8 @@ from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 
 from cache import Spec
-from common import connect, metrics
+from common import connect, metrics, spoken
+from common.errors import invalid
 from splitter import split
 from web import validation, voices
 from web.bodies import TtsRequest
@@ -32,8 +33,10 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
         seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
     elif speaker is not None:
         validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
+    chunks = tuple(split(text, ctx.settings.chunk_chars))
+    await _check_spoken(chunks, named.get("text", "text"), ctx.settings.max_chars)
     return Spec(
-        chunks=tuple(split(text, ctx.settings.chunk_chars)),
+        chunks=chunks,
         model=model.id,
         seed=None if speaker is not None else (ctx.settings.default_seed if seed is None else seed),
         speaker=speaker,
@@ -49,11 +52,30 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
     )
 
 
-async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tuple[list[int], Job | None]:
+async def _check_spoken(chunks: tuple[str, ...], field: str, max_chars: int) -> None:
+    """422 naming `field` when the text read out (numbers and symbols as words) is over `max_chars`: what a
+    request's work is bounded by (a 5,000-digit number is 5,000 characters typed, about 30,000 spoken)."""
+    if all(spoken.as_written(chunk) for chunk in chunks):
+        return  # as long spoken as written, which was checked
+    # A text of a thousand numbers takes num2words a good part of a second: not on the event loop.
+    length = await run_in_threadpool(spoken.spoken_length, chunks)
+    if length > max_chars:
+        raise invalid(
+            field,
+            f"is {length} characters once its numbers and symbols are read out (as the model will speak it); "
+            f"the limit is {max_chars}",
+        )
+
+
+async def ensure(
+    ctx: Context, spec: Spec, request_id: str, tenant: str, admit: bool = True
+) -> tuple[list[int], Job | None]:
     """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
 
     Returns the indexes of chunks not stored yet, and the job making them
-    (None when everything is stored: the queue is not touched). Raises
+    (None when everything is stored: the queue is not touched). New work is
+    admitted against the tenant's share of the queue (QueueFull past it),
+    unless `admit` is False (work accepted before). Raises
     NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
     time: it stays queued on the primary, and the same request asked again
     joins it (the job id is the request id).
@@ -62,7 +84,8 @@ async def ensure(ctx: Context, spec: Spec, request_id: str, tenant: str) -> tupl
     metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
     if not missing:
         return missing, None
-    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant)
+    work = len(missing) if admit else None
+    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant, work)
     if job.get_status(refresh=False) == "finished":
         return [], None  # its job ended between the look and the submission: all stored now
     # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),

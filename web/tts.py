@@ -13,10 +13,12 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET
+from rq.job import Job
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cache import Spec, spec_of_manifest
 from common import audio, keys, metrics
 from common.errors import ApiError
 from common.settings import Settings
@@ -32,7 +34,7 @@ from web.specs import ensure, spec_of
 from web.streams import AudioStream, encoded, start, wait_stored, whole_clip
 from web.submissions import Submission
 from work import events, queueing
-from work.status import State, failure, outcome, state_of
+from work.status import ACTIVE, FAILURES, State, failure, outcome, state_of
 
 logger = logging.getLogger("service")
 
@@ -149,7 +151,12 @@ def _json(data: bytes) -> Response:
 
 
 async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> TtsStatus:
-    """The request's state as `tenant` sees it: canceled once it withdrew, though others still want it."""
+    """The request's state as `tenant` sees it: canceled once it withdrew, though others still want it.
+
+    A request kept (work/lifetime.py) whose audio went (evicted, or expired
+    before its record) and that no job is making is queued again here, as
+    it was asked: it reads queued, never unknown.
+    """
     chunk_ids = layout["chunks"]
     missing = await ctx.cache.missing(chunk_ids)
     total = len(chunk_ids)
@@ -158,15 +165,23 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenan
     if ended is not None:
         return TtsStatus(id=request_id, status=ended, progress=progress)
     job = await run_in_threadpool(queueing.fetch, ctx.sync_redis, request_id)
-    if job is None:
-        raise not_found(request_id)
-    status = state_of(job.get_status(refresh=False))
-    if status == "finished":
-        if not await ctx.cache.missing(chunk_ids):
-            # It finished between the look at the audio and the look at the job.
-            return TtsStatus(id=request_id, status="finished", progress=Progress(chunks_done=total, chunks_total=total))
-        # The job ran, but some of its audio has since expired or been evicted.
-        raise not_found(request_id)
+    status = None if job is None else state_of(job.get_status(refresh=False))
+    if status is None or status == "finished":
+        error = await ctx.redis.get(keys.ended_key(request_id))
+        if error is not None:  # it failed for good, and RQ has forgotten its job since
+            words = error.decode() if isinstance(error, bytes) else str(error)
+            return TtsStatus(id=request_id, status="failed", progress=progress, error=words)
+        spec = spec_of_manifest(layout)
+        if spec is None:  # a manifest without its settings: it cannot be made again
+            raise not_found(request_id)
+        model = await ctx.model()
+        if model is not None and model.id != spec.model:
+            return TtsStatus(id=request_id, status="failed", progress=progress, error=FAILURES["ModelMismatch"])
+        job, progress = await _make_again(ctx, request_id, spec, tenant)
+        if job is None:  # all stored by now (it finished between the two looks)
+            return TtsStatus(id=request_id, status="finished", progress=progress)
+        status = state_of(job.get_status(refresh=False))
+    assert job is not None
     answer = TtsStatus(id=request_id, status=status, progress=progress)
     if status == "queued":
         position = await run_in_threadpool(job.get_position)
@@ -175,6 +190,25 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenan
     elif status == "failed":
         answer.error = failure(job)
     return answer
+
+
+async def _make_again(ctx: Context, request_id: str, spec: Spec, tenant: str) -> tuple[Job | None, Progress]:
+    """Queue again a kept request whose audio is missing: the job making it (None: all stored) and the progress."""
+    # Accepted once already: made again whatever the queue's depth (it is not new work).
+    missing, job = await ensure(ctx, spec, request_id, tenant, admit=False)
+    if job is not None:
+        logger.info("the audio of %s was gone (evicted or expired): made again", request_id)
+    total = len(spec.chunks)
+    return job, Progress(chunks_done=total - len(missing), chunks_total=total)
+
+
+async def on_its_way(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> None:
+    """Before waiting for a request's audio: return while a job makes it (made again if it was lost); raise 500
+    (failed) or 409 (canceled for `tenant`) when nothing will come."""
+    state = await ctx.redis.hget(Job.key_for(request_id), "status")
+    if isinstance(state, bytes) and state.decode() in ACTIVE:
+        return
+    _raise_if_over(await status_of(ctx, request_id, layout, tenant))
 
 
 async def _canceled_for(ctx: Context, request_id: str, tenant: str) -> bool:
@@ -189,12 +223,16 @@ async def _canceled_for(ctx: Context, request_id: str, tenant: str) -> bool:
 async def not_ready(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> Response:
     """202 with the status while the audio is being made; raises 500 (failed) or 409 (canceled for `tenant`)."""
     status = await status_of(ctx, request_id, layout, tenant)
+    _raise_if_over(status)
+    retry = max(1, len(layout["chunks"]) - status.progress.chunks_done)
+    return reply(status, status=202, headers={"Retry-After": str(min(retry, 30))})
+
+
+def _raise_if_over(status: TtsStatus) -> None:
     if status.status == "failed":
         raise ApiError(500, f"synthesis failed: {status.error}")
     if status.status == "canceled":
         raise ApiError(409, "this request was canceled; submit it again to synthesize it")
-    retry = max(1, len(layout["chunks"]) - status.progress.chunks_done)
-    return reply(status, status=202, headers={"Retry-After": str(min(retry, 30))})
 
 
 async def status_or_cancel(ctx: Context, request: Request) -> Response:
@@ -265,6 +303,8 @@ class AudioRoute:
         if data is None:
             assert layout is not None  # not recent, so the manifest was read above
             pcm = await whole_clip(ctx, layout)
+            if pcm is None and (stream or wait > 0):
+                await on_its_way(ctx, request_id, layout, tenant)
             if pcm is None and stream:
                 return await _stream(ctx, request_id, layout, fmt, wait, tenant)
             if pcm is None and wait > 0:

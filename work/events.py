@@ -83,7 +83,7 @@ def request_over(
     when Redis refuses; the URLs not yet queued stay registered, so calling
     it again queues them.
     """
-    lifetime.release(redis, request_id, chunk_ids, settings.result_ttl)
+    lifetime.release(redis, request_id, chunk_ids, settings.result_ttl, error)
     # The client does not decode responses (and is synchronous): a dict of bytes.
     hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
     for field, fmt in hooks.items():

@@ -10,34 +10,37 @@ others' goes on. Without named API keys the one tenant is "", and a DELETE
 cancels as it always did.
 
 Redis: `keys.tenants_key(R)` (set of tenant names), `keys.dropped_key(R)`
-(set), both with the request's TTL; the tenants set is held persistent with
-the request's other keys while its job is active (work/lifetime.py).
+(set): both part of the request's record, kept as long as it is
+(work/lifetime.py).
 Imports no web framework, RQ worker or torch: both sides use it.
 """
 
 from __future__ import annotations
 
+import time
+
 from redis import Redis
 
-from common.keys import cancel_key, dropped_key, tenants_key
+from common.keys import RETAINED_KEY, cancel_key, dropped_key, ended_key, tenants_key
 from work import scripts
 
 
 def want(redis: Redis, request_id: str, tenant: str, ttl: int) -> None:
-    """`tenant` asks for `request_id`: it wants it, and no earlier withdrawal or cancel holds.
+    """`tenant` asks for `request_id`: it wants it, and no earlier withdrawal, cancel or failure holds.
 
     Called before the request's chunks enter the pool, which puts them in the
-    lanes of the tenants that want it (work/scheduler.py).
+    lanes of the tenants that want it (work/scheduler.py). Its record is kept
+    at least `ttl` s from now.
     """
     with redis.pipeline(transaction=True) as pipe:
         pipe.sadd(tenants_key(request_id), tenant)
-        pipe.expire(tenants_key(request_id), ttl)
         pipe.srem(dropped_key(request_id), tenant)
-        pipe.delete(cancel_key(request_id))
+        pipe.delete(cancel_key(request_id), ended_key(request_id))
+        pipe.zadd(RETAINED_KEY, {request_id: time.time() + ttl}, gt=True)
         pipe.execute()
 
 
-def withdraw(redis: Redis, request_id: str, tenant: str, ttl: int) -> bool:
+def withdraw(redis: Redis, request_id: str, tenant: str) -> bool:
     """`tenant` no longer wants `request_id`; True when no tenant does now (it is canceled for everyone).
 
     Atomic, so that of two tenants withdrawing at once exactly one sees the
@@ -46,4 +49,4 @@ def withdraw(redis: Redis, request_id: str, tenant: str, ttl: int) -> bool:
     """
     keys = [tenants_key(request_id), dropped_key(request_id), cancel_key(request_id)]
     drop = scripts.register(redis, "drop_interest.lua")
-    return bool(drop(keys=keys, args=[tenant, ttl]))
+    return bool(drop(keys=keys, args=[tenant]))

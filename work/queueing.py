@@ -22,9 +22,9 @@ from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
 from cache import Spec, manifest, stored
-from common.keys import lock_key, request_key
+from common.keys import lane_prefix, lock_key, pool_key, request_key, turns_key
 from common.settings import Settings
-from work import interest, lifetime
+from work import interest, lifetime, scripts
 from work.scheduler import Pool
 from work.status import ACTIVE, WAITING
 
@@ -54,23 +54,25 @@ def fetch(redis: Redis, request_id: str) -> Job | None:
         return None
 
 
-def submit(q: Queue, spec: Spec, settings: Settings, tenant: str = "") -> Job:
+def submit(q: Queue, spec: Spec, settings: Settings, tenant: str = "", work: int | None = None) -> Job:
     """Enqueue the request's job, or return the job already doing it (or that just did it: finished).
 
     The job id is the request id, so identical requests in flight share one
     job (see `_enqueue_once`); `tenant` is recorded as one that wants it
     (work/interest.py), and its chunks wait in that tenant's lane. The request's missing chunks go into the
     queue's pool at once, so that a busy worker batches them with the work in
-    hand before this job is even taken. Raises QueueFull past
-    `settings.max_queue`.
+    hand before this job is even taken. `work`: the chunks it adds to the
+    pool, admitted against the tenant's share of `settings.max_queue`
+    (`admit`: QueueFull past it); None admits it whatever waits (a request
+    accepted before, whose lost audio is made again).
     """
     request_id = spec.request_id()
     # Asking again is asking for the audio: an earlier cancel or withdrawal no longer holds.
     interest.want(q.connection, request_id, tenant, settings.result_ttl)
 
     def enqueue() -> Job:
-        if q.count >= settings.max_queue:
-            raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
+        if work is not None:
+            admit(q, tenant, work, settings.max_queue)
         return q.enqueue(
             SYNTHESIZE,
             spec.to_json(),
@@ -89,16 +91,37 @@ def submit(q: Queue, spec: Spec, settings: Settings, tenant: str = "") -> Job:
     job = _enqueue_once(q.connection, request_id, enqueue, done=lambda: all(stored(q.connection, spec.chunk_ids())))
     if job.get_status(refresh=False) != JobStatus.FINISHED:
         Pool(q.connection, q.name, settings.result_ttl).register(request_id, spec)
-        # Its manifest and callback URLs now live as long as the job does.
+        # Its record now lives as long as the job does.
         lifetime.hold(q.connection, request_id)
     return job
+
+
+def admit(q: Queue, tenant: str, work: int, limit: int) -> None:
+    """Raise QueueFull unless `tenant` may add `work` chunks to the pool of `q`.
+
+    The limit counts chunks waiting to be made, shared by the tenants that
+    wait: a tenant is refused once its own chunks would pass its share
+    (the limit over the tenants waiting, itself included) and all of them
+    the limit; so one tenant's backlog never refuses another's request.
+    """
+    check = scripts.register(q.connection, "admit.lua")
+    admitted, mine, share, total = check(
+        keys=[pool_key(q.name), turns_key(q.name)], args=[lane_prefix(q.name), tenant, work, limit]
+    )
+    if not admitted:
+        if mine + work > share and share < limit:
+            raise QueueFull(
+                f"this key's tenant has {mine} chunks waiting; its share of the queue is {share} "
+                f"while other tenants wait (TTS_MAX_QUEUE {limit})"
+            )
+        raise QueueFull(f"{total} chunks are waiting; the limit is {limit}")
 
 
 def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any] | None:
     """The manifest of a request whose manifest is gone but whose RQ job is still there (active, failed or
     canceled); None without such a job.
 
-    It is written back (persistent while the job is active, else with `ttl`),
+    It is written back (held while the job is active, else kept `ttl` s),
     unless Redis refuses writes: the answer does not depend on it.
     """
     job = fetch(redis, request_id)
@@ -108,25 +131,26 @@ def manifest_from_job(redis: Redis, request_id: str, ttl: int) -> dict[str, Any]
         return None
     layout = manifest(spec)
     try:
-        redis.set(request_key(request_id), json.dumps(layout), ex=ttl, nx=True)
+        redis.set(request_key(request_id), json.dumps(layout), nx=True)
+        lifetime.retain(redis, request_id, ttl)
         lifetime.hold(redis, request_id)
     except RedisError as exc:
         logger.warning("the manifest of %s could not be written back: %s", request_id, exc)
     return layout
 
 
-def request_voice(q: Queue, model_id: str, seed: int, settings: Settings) -> Job:
+def request_voice(q: Queue, model_id: str, seed: int, settings: Settings, tenant: str = "") -> Job:
     """Enqueue (at the front: it takes milliseconds) the job that exports `seed`'s voice, or join it.
 
-    Admitted like a synthesis: QueueFull past `settings.max_queue` (joining
-    an export in flight is always allowed). The speaker string it stores is
-    what later lookups of the seed read (web/voices.seed_speaker).
+    Admitted like a synthesis of one chunk of `tenant` (`admit`: QueueFull
+    past its share; joining an export in flight is always allowed). The
+    speaker string it stores is what later lookups of the seed read
+    (web/voices.seed_speaker).
     """
     job_id = voice_job_id(model_id, seed)
 
     def enqueue() -> Job:
-        if q.count >= settings.max_queue:
-            raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
+        admit(q, tenant, 1, settings.max_queue)
         return q.enqueue(
             VOICE,
             seed,
@@ -191,7 +215,7 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int, tenant
     """
     redis = q.connection
     pool = Pool(redis, q.name, ttl)
-    if not interest.withdraw(redis, request_id, tenant, ttl):
+    if not interest.withdraw(redis, request_id, tenant):
         pool.leave(request_id, tenant, chunk_ids)
         return False
     pool.withdraw(request_id, chunk_ids)

@@ -2,7 +2,8 @@
 
 ChatTTS without a registered normalizer deletes every digit and most symbols
 ("in 1999" becomes "in"). The worker runs `speak` on each chunk before the
-model sees it. Each number is read in the language around it: Chinese
+model sees it; the web process measures what it will say (`spoken_length`),
+which the limits on a request count. Each number is read in the language around it: Chinese
 (via cn2an) when the nearest letter beside it is a CJK character, otherwise
 English (via num2words). Pure: text in, text out; `IDENTITY` names this
 module's revision and the two libraries' versions, and is part of the model
@@ -11,10 +12,12 @@ identity, so changing any of them changes every cache key.
 
 from __future__ import annotations
 
+import bisect
 import re
+import unicodedata
 from decimal import Decimal, InvalidOperation
 from importlib.metadata import version
-from typing import Callable
+from typing import Callable, Iterable
 
 import cn2an
 from num2words import num2words
@@ -79,6 +82,11 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("number", re.compile(rf"(?<![A-Za-z0-9_.])(-?)({_NUM})")),
     ("symbol", re.compile(r"°C|°F|℃|[&+=@°×]")),
 ]
+# Every pattern needs a digit or one of the symbols: text with neither is spoken as written.
+_TRIGGER = re.compile(r"[\d&+=@°×℃]")
+_LETTER_OR_CJK = re.compile(f"{_LETTER.pattern}|{_CJK.pattern}")
+# Characters a year's cue word (_YEAR_CUE) and its space take at most.
+_YEAR_CUE_REACH = 16
 _COMBINED = re.compile("|".join(f"(?P<{name}>{p.pattern})" for name, p in _PATTERNS), re.IGNORECASE)
 
 
@@ -89,12 +97,15 @@ def speak(text: str) -> str:
     longer than the readers read exactly is read digit by digit. Never raises
     on any input string.
     """
+    if not _TRIGGER.search(text):
+        return _SPACES.sub(" ", text)
     out: list[str] = []
     last = 0
+    letters = _Letters(text)
     for match in _COMBINED.finditer(text):
         kind = match.lastgroup or ""
-        chinese = _is_chinese(text, match.start(), match.end())
-        words = _read(kind, match.group(), chinese, text[: match.start()])
+        chinese = letters.is_chinese(match.start(), match.end(), match.group())
+        words = _read(kind, match.group(), chinese, _before(text, match.start()))
         out.append(text[last : match.start()])
         out.append(_spaced(words, text, match.start(), match.end(), chinese))
         last = match.end()
@@ -104,7 +115,26 @@ def speak(text: str) -> str:
     return _SPACES.sub(" ", "".join(out))
 
 
-_PATTERNS_BY_NAME = dict(_PATTERNS)
+def as_written(text: str) -> bool:
+    """Whether `speak` gives `text` back as it is (no digit, no symbol it reads, no double space): a quick look."""
+    return not _TRIGGER.search(text) and "  " not in text
+
+
+def spoken_length(chunks: Iterable[str]) -> int:
+    """Characters the model will be given for `chunks`, numbers and symbols read out: what a request's work is
+    bounded by (a number of 5,000 digits is 5,000 characters typed, about 30,000 spoken)."""
+    return sum(len(speak(chunk)) for chunk in chunks)
+
+
+def _before(text: str, start: int) -> str:
+    """The text before `start` as far as a reader looks back (a year's cue word): from a word's start at least
+    YEAR_CUE_REACH characters back, so that looking back costs the same at any place in a long text."""
+    reach = start - _YEAR_CUE_REACH
+    return text[text.rfind(" ", 0, reach) + 1 if reach > 0 else 0 : start]
+
+
+# Case-insensitive as the combined pattern is, so that what it matched, its kind's pattern matches too.
+_PATTERNS_BY_NAME = {name: re.compile(p.pattern, re.IGNORECASE) for name, p in _PATTERNS}
 _SPACES = re.compile(r"  +")
 
 
@@ -114,7 +144,7 @@ def _read(kind: str, found: str, chinese: bool, before: str) -> str:
     assert parts is not None  # the combined pattern matched this kind's alternative
     try:
         return _READERS[kind](parts, chinese, before)
-    except (ValueError, ArithmeticError):
+    except (ValueError, ArithmeticError, KeyError):
         return _digit_by_digit(found, chinese)
 
 
@@ -122,18 +152,30 @@ def _digit_by_digit(found: str, chinese: bool) -> str:
     """Every digit of `found` as its word, the rest as written."""
     if chinese:
         return "".join(_ZH_DIGITS.get(c, c) for c in found)
-    return re.sub(r"\d", lambda d: f" {_EN_DIGITS[d.group()]} ", found).strip()
+    return re.sub(r"\d", lambda d: f" {_EN_DIGITS[_ascii(d.group())]} ", found).strip()
 
 
-def _is_chinese(text: str, start: int, end: int) -> bool:
-    """Whether the nearest letter on either side of text[start:end] is CJK (the following one wins ties)."""
-    after = next((c for c in text[end:] if _LETTER.match(c) or _CJK.match(c)), "")
-    before = next((c for c in reversed(text[:start]) if _LETTER.match(c) or _CJK.match(c)), "")
-    if after and _CJK.match(after):
-        return True
-    if before and _CJK.match(before):
-        return not after or not _LETTER.match(after) or bool(_CJK.match(after))
-    return bool("年" in text[start:end] or "月" in text[start:end])
+class _Letters:
+    """Where the letters of a text are, and which are CJK: found once, so that each number's look at its
+    neighbours is a binary search (a text of many numbers and few letters costs n log n, not n squared)."""
+
+    def __init__(self, text: str) -> None:
+        found = [(m.start(), bool(_CJK.match(m.group()))) for m in _LETTER_OR_CJK.finditer(text)]
+        self.at = [at for at, _ in found]
+        self.cjk = [cjk for _, cjk in found]
+
+    def is_chinese(self, start: int, end: int, found: str) -> bool:
+        """Whether the nearest letter on either side of `found` at [start, end) is CJK (the following one wins
+        ties); with none, whether `found` is a Chinese date (it holds 年 or 月)."""
+        i = bisect.bisect_left(self.at, end)
+        j = bisect.bisect_left(self.at, start) - 1
+        after = self.cjk[i] if i < len(self.at) else None
+        before = self.cjk[j] if j >= 0 else None
+        if after:
+            return True
+        if before:
+            return after is None
+        return "年" in found or "月" in found
 
 
 def _spaced(words: str, text: str, start: int, end: int, chinese: bool) -> str:
@@ -179,15 +221,20 @@ def _cardinal(raw: str, chinese: bool) -> str:
     return words
 
 
+def _ascii(digit: str) -> str:
+    """A decimal digit of any script (\\d matches them all) as its ASCII digit."""
+    return str(unicodedata.digit(digit))
+
+
 def _digitwise_zh(digits: str) -> str:
-    return "".join(_ZH_DIGITS[d] for d in digits)
+    return "".join(_ZH_DIGITS[_ascii(d)] for d in digits)
 
 
 _EN_DIGITS = {d: num2words(int(d)) for d in "0123456789"}
 
 
 def _digitwise_en(digits: str) -> str:
-    return " ".join(_EN_DIGITS[d] for d in digits)
+    return " ".join(_EN_DIGITS[_ascii(d)] for d in digits)
 
 
 def _past_reader(whole: str, decimals: str, chinese: bool) -> bool:
@@ -290,7 +337,9 @@ def _number(m: re.Match[str], chinese: bool, before: str) -> str:
 
 def _symbol(m: re.Match[str], chinese: bool, before: str) -> str:
     table = _SYMBOLS_ZH if chinese else _SYMBOLS_EN
-    return table[m.group()] if chinese else table[m.group()].strip()
+    found = m.group()
+    words = table[found if found in table else found.upper()]
+    return words if chinese else words.strip()
 
 
 _READERS: dict[str, Callable[[re.Match[str], bool, str], str]] = {
