@@ -28,6 +28,7 @@ from soak_phases import BUSY, NEVER, PHASES, QUEUE, QUIET, RESTARTING, Check, us
 from soak_report import by_slot
 from traffic import MIX, Answer, Client, Record
 
+from common.metrics_render import pool_lanes
 from work.status import ACTIVE
 
 # Restarts per worker on --max-jobs over the run, when --max-jobs is not given.
@@ -146,13 +147,14 @@ class Soak:
         row["restarting"] = {k for k in row["workers"] if time.monotonic() - self.workers[k].started < RESTARTING}
         try:
             row["redis"] = used_memory(self.redis()) / MIB
+            row["waiting"] = sum(pool_lanes(self.redis(), QUEUE).values())
         except RedisError:
-            row["redis"] = float("nan")  # down: the restart phase
+            row["redis"], row["waiting"] = float("nan"), None  # down: the restart phase
         self.samples.append(row)
         if not label:
             done = sum(1 for a in self.record.answers if a.status is not None)
             memory = f"web {row['web']:.0f}, workers {by_slot(row)}, Redis {row['redis']:.1f}"
-            say(f"  {t:4.0f} s: {done} answered; MiB: {memory}")
+            say(f"  {t:4.0f} s: {done} answered; {row['waiting']} chunks waiting; MiB: {memory}")
 
     def track_lives(self) -> None:
         """Note each warm worker process's RSS: the first look once it is warm, and the latest."""

@@ -16,11 +16,13 @@ from conftest import Stack, wait_for
 from redis import Redis
 from starlette.testclient import TestClient
 
-from cache import normalize
+from cache import Spec, normalize
 from common import keys
+from common.model import ModelInfo
 from common.settings import Settings
 from common.spoken import spoken_length
 from splitter import split
+from work import queueing
 
 TEXT = "Hello from the tone engine. This is the second sentence."
 
@@ -298,6 +300,31 @@ def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[
     assert redis.llen("rq:queue:tts") == 1
     assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202  # joins its job
     assert httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).status_code == 200
+
+
+def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_drains(
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
+    """TTS_MAX_QUEUE counts chunks waiting: a worker taking the first of them makes room at once."""
+    stack = stack_factory(TTS_ENGINE="tone")  # the default limit: 1000 chunks
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; then no worker while the backlog builds
+    limit = Settings().max_queue
+
+    def submit(i: int) -> int:
+        return httpx.post(stack.url + "/v1/tts", json={"text": f"Backlog {i}."}, timeout=60).status_code
+
+    # The backlog as the web process queues it (work/queueing.submit), without a thousand HTTP round trips.
+    model = ModelInfo.from_json(redis.get(keys.MODEL_KEY) or b"").id
+    q = queueing.queue(redis, Settings())
+    for i in range(limit):
+        queueing.submit(q, Spec(chunks=(f"Backlog {i}.",), model=model), Settings(), work=1)
+    assert redis.llen("rq:queue:tts") == limit
+    assert submit(limit) == 429
+    stack.start_worker()
+    wait_for(lambda: submit(limit + 1) == 202, 60, "new work accepted again")
+    # Accepted while most of the backlog still waits: within the drain time, not after it.
+    assert redis.llen("rq:queue:tts") > limit / 2
 
 
 @pytest.mark.parametrize(

@@ -137,6 +137,70 @@ def test_a_full_loop_takes_only_first_chunks_from_the_lanes_each_with_its_place(
     assert fourth[0].place == Place(1, arrival) and fourth[1].place.first
 
 
+# -- the queue's limit, shared --------------------------------------------------------------
+
+
+def _backlog(redis: Redis, pool: Pool, tenant: str, chunks: int) -> None:
+    for i in range(chunks):
+        _want(redis, pool, f"{tenant}{i}", tenant, f"{tenant} {i}.")
+
+
+@pytest.mark.parametrize(
+    ("waiting", "tenant", "adding", "admitted"),
+    [
+        pytest.param({}, "alice", 10, True, id="an-empty-queue-takes-any-request"),
+        pytest.param({"alice": 9}, "alice", 1, True, id="alone-up-to-the-limit"),
+        pytest.param({"alice": 10}, "alice", 1, False, id="alone-past-the-limit"),
+        pytest.param({"alice": 10}, "bob", 5, True, id="a-newcomer-gets-its-share-of-a-full-queue"),
+        pytest.param({"alice": 10}, "bob", 6, False, id="but-no-more-than-its-share"),
+        pytest.param({"alice": 10, "bob": 5}, "alice", 1, False, id="past-its-share-while-another-waits"),
+        pytest.param({"alice": 2, "bob": 2}, "alice", 6, True, id="past-its-share-while-room-is-left"),
+        pytest.param({"alice": 10, "bob": 5}, "carol", 4, True, id="three-tenants-share-in-thirds"),
+        pytest.param({"alice": 10, "bob": 5}, "carol", 5, False, id="a-third-rounded-up-is-four"),
+        pytest.param({"": 10}, "", 1, False, id="one-tenant-without-names"),
+    ],
+)
+def test_the_queue_limit_counts_chunks_shared_by_the_tenants_that_wait(
+    redis: Redis, waiting: dict[str, int], tenant: str, adding: int, admitted: bool
+) -> None:
+    """TTS_MAX_QUEUE 10: a tenant may use what the others leave, but never another's share."""
+    from rq import Queue
+
+    from work import queueing
+
+    pool = Pool(redis, "q", ttl=600)
+    for name, chunks in waiting.items():
+        _backlog(redis, pool, name, chunks)
+    q = Queue("q", connection=redis)
+    if admitted:
+        queueing.admit(q, tenant, adding, 10)
+    else:
+        with pytest.raises(queueing.QueueFull):
+            queueing.admit(q, tenant, adding, 10)
+
+
+def test_one_tenants_backlog_never_refuses_anothers_request(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEYS, TTS_MAX_QUEUE="20")
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker runs while the backlog builds
+    refused = []
+    for i in range(40):
+        r = httpx.post(stack.url + "/v1/tts", json={"text": f"Alice floods, number {i}."}, headers=_auth(ALICE))
+        if r.status_code == 429:
+            refused.append(r)
+    assert len(refused) == 20, "alice alone fills the queue to its limit, then is refused"
+    assert "20 chunks are waiting" in refused[0].json()["detail"] and refused[0].headers["Retry-After"]
+    for i in range(10):  # bob's share while alice waits: half the limit
+        r = httpx.post(stack.url + "/v1/tts", json={"text": f"Bob, number {i}."}, headers=_auth(BOB))
+        assert r.status_code == 202, r.text
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Bob once too often."}, headers=_auth(BOB))
+    assert r.status_code == 429 and "its share of the queue is 10" in r.json()["detail"]
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Alice again."}, headers=_auth(ALICE))
+    assert r.status_code == 429
+    # Bob's status and voices answer whatever alice queued.
+    assert httpx.get(stack.url + "/v1/voices", headers=_auth(BOB)).status_code == 200
+
+
 def test_a_withdrawing_tenant_leaves_only_its_lane(redis: Redis) -> None:
     pool = Pool(redis, "q", ttl=600)
     _want(redis, pool, "shared", "alice", "Both want this.")
