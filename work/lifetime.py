@@ -86,7 +86,7 @@ def retain(redis: Redis, request_id: str, ttl: int) -> None:
 def sweep(redis: Redis, now: float | None = None) -> int:
     """Forget the records whose retention ended before `now` (default: this host's clock), at most SWEEP_LIMIT
     of them; returns how many it forgot."""
-    sweep_script = scripts.register(redis, "sweep.lua")
+    sweep_script = scripts.register(redis, "retire.lua")
     when = time.time() if now is None else now
     return int(sweep_script(keys=[RETAINED_KEY], args=[when, SWEEP_LIMIT, *record_keys("")]))
 

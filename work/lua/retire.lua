@@ -1,4 +1,4 @@
--- sweep.lua: forget the records whose retention is over (work/lifetime.py sweep).
+-- retire.lua: forget the records whose retention is over (work/lifetime.py sweep).
 -- KEYS: 1 the ledger of kept records (keys.RETAINED_KEY).
 -- ARGV: 1 now (unix seconds), 2 how many records at most, 3... the prefixes of a record's keys
 --       (keys.record_keys("")): a record's keys are met only as the script runs, so it is handed their prefixes.
