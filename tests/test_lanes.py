@@ -108,3 +108,21 @@ def test_a_claim_is_refused_at_its_share_and_lapses_with_its_process(redis: Redi
     wait_for(lambda: one.take(alice[2]), 5, "w3's claim to lapse", interval=0.1)
     assert len(redis.zrange(webhook_busy_key(settings.webhook_queue), 0, -1)) == 2  # w1's and w2's
     assert one.next_order()[0].tenant == ""  # served least recently: never
+
+
+def test_a_try_taken_and_not_claimed_goes_back_to_the_front_of_its_lane(redis: Redis) -> None:
+    """RQ moves a try it takes from a lone queue to its intermediate queue; put back, it is in neither twice."""
+    from rq import Queue
+    from rq.intermediate_queue import IntermediateQueue
+
+    from work import delivery
+
+    lane = Queue("tts-webhooks:2", connection=redis, serializer=delivery.SERIALIZER)
+    for n in range(2):
+        lane.enqueue(delivery.deliver, f"e{n}", job_id=f"webhook-e{n}")
+    taken = Queue.dequeue_any([lane], None, connection=redis, serializer=delivery.SERIALIZER)
+    assert taken is not None and taken[0].id == "webhook-e0"
+    intermediate = IntermediateQueue(lane.key, redis)
+    assert intermediate.get_job_ids() == ["webhook-e0"]
+    lanes._put_back(lane, "webhook-e0")
+    assert lane.job_ids == ["webhook-e0", "webhook-e1"] and intermediate.get_job_ids() == []

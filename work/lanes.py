@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from redis import Redis
 from rq import Queue, Worker
+from rq.intermediate_queue import IntermediateQueue
 
 from common.keys import webhook_busy_key, webhook_turns_key
 from common.settings import Settings
@@ -228,7 +229,16 @@ class TakesTurns:
                 job, queue = result
                 if turns.take(turns.by_name[queue.name]) or timeout is None:
                     return result
-                queue.push_job_id(job.id, at_front=True)
+                _put_back(queue, job.id)
                 continue
             if timeout is None or (max_idle_time is not None and time.monotonic() - began >= max_idle_time):
                 return None
+
+
+def _put_back(queue: Queue, job_id: str) -> None:
+    """A try taken and not claimed goes back to the front of its lane, and out of RQ's intermediate queue: RQ moves
+    a try it takes from a lone queue there, and its upkeep would fail one it found there that is not running."""
+    with queue.connection.pipeline(transaction=True) as pipe:
+        pipe.lrem(IntermediateQueue.get_intermediate_queue_key(queue.key), 1, job_id)
+        pipe.lpush(queue.key, job_id)
+        pipe.execute()
