@@ -53,8 +53,8 @@ async def check(url: str, settings: Settings, lookups: Lookups, tenant: str = ""
     if not settings.webhook_keys_of(tenant):
         raise invalid(
             FIELD,
-            "this service has no webhook secret (TTS_WEBHOOK_SECRET), so it cannot sign "
-            "events; ask its operator to set one",
+            "this service has no webhook secret for this API key's tenant (TTS_WEBHOOK_SECRET, or the "
+            "tenant's own in TTS_TENANT_WEBHOOK_SECRETS), so it cannot sign events; ask its operator to set one",
         )
     try:
         target = targets.target(url)
@@ -80,8 +80,9 @@ async def register(redis: Any, request_id: str, url: str, fmt: str, settings: Se
     callback_url past that), has at most TTS_MAX_PENDING_EVENTS
     registrations and events pending (429 naming callback_url past that),
     and hears only of its own interest (`withdraw`). The registration lasts
-    TTS_RESULT_TTL s. Returns whether `url` is new for the tenant (else an earlier submission registered it): a submission refused
-    afterwards (`unregister`) takes back only what it added.
+    TTS_RESULT_TTL s. Returns whether `url` is new for the tenant (else an
+    earlier submission registered it): a submission refused afterwards
+    (`unregister`) takes back only what it added.
     """
     field, prefix = hook_field(tenant, url), hook_field(tenant, "")
     script = scripts.register(redis, "register_hook.lua")

@@ -80,7 +80,8 @@ def request_over(
     redis: Redis, request_id: str, chunk_ids: Sequence[str], settings: Settings, error: str | None = None
 ) -> int:
     """The request's job is over: its pieces expire from now (lifetime.release), and each of its callback URLs
-    gets its event, queued for delivery. Returns how many events were queued.
+    gets its event, queued for delivery (none for a callback that had its event for this outcome already).
+    Returns how many callbacks it took.
 
     Call it when the job ends finished or canceled (`error` None), fails for
     good, its retries spent (`error`: safe words for why), or is canceled
@@ -94,7 +95,8 @@ def request_over(
     hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
     for field, fmt in hooks.items():
         # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
-        # registered for the next try rather than lost; at worst it hears its event twice.
+        # registered for the next try rather than lost; that try queues the same event
+        # (make_event.lua finds it made, not yet queued), or it was queued: at worst it is heard twice.
         enqueue(redis, request_id, {field: fmt}, settings, error)
         redis.hdel(hooks_key(request_id), field)
     return len(hooks)
