@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 
+from redis.exceptions import RedisError
 from rq import Worker
 
 from common import connect
@@ -38,7 +39,11 @@ class DeliveryWorker(lanes.TakesTurns, process.StopAware, Worker):
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
-        gone = delivery.sweep(self.connection, self.turns.settings)
+        try:
+            gone = delivery.sweep(self.connection, self.turns.settings)
+        except RedisError as exc:
+            logger.warning("expired webhook events left for the next upkeep: Redis said %s", exc)
+            return
         if gone:
             logger.warning("%d webhook registration(s) and event(s) expired without their tries", gone)
 
@@ -51,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="N",
-        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds one",
+        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds at most its lane's share",
     )
     args = parser.parse_args(argv)
     settings = process.settings_from_env()
@@ -60,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     processes = settings.webhook_workers if args.processes is None else args.processes
     if processes > 1 and not args.burst:
         one = [sys.executable, os.path.abspath(__file__), "--processes", "1"]
-        # Each child counts its fellows (the shares of work/lanes.py) from the queue's workers, every host's.
         logger.info("delivering webhooks with %d processes", processes)
         return Supervisor("webhook", [Child(one) for _ in range(processes)], RESTART).run()
     if settings.webhook_secret is None and not settings.tenant_webhook_secrets:
