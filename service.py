@@ -107,11 +107,14 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
     handlers = _handlers(settings)
 
     def http(endpoint: routes.Endpoint) -> Route:
-        """The route of a handler that gets the Context, after the API key check unless the route is public."""
+        """The route of a handler that gets the Context, after the API key check unless the route is public
+        (the operators' key check for the operators' routes)."""
         handler = handlers[endpoint]
 
         async def serve(request: Request) -> Response:
-            if not endpoint.public:
+            if endpoint.operator:
+                await ctx.guard_operator(request)
+            elif not endpoint.public:
                 await ctx.guard(request)
             return await handler(ctx, request)
 

@@ -2,12 +2,14 @@
 
     python webhooks.py [--burst] [--processes N]
 
-Each delivery process is a plain forking rq worker on `settings.webhook_queue`
-running work/delivery.py's tries; with more than one (TTS_WEBHOOK_WORKERS),
-this process supervises them (work/supervisor.py), so that a slow receiver
-holds one, not all. Events are made and queued by the synthesis worker and
-the web process (work/events.py); callback URLs are checked and registered
-by the web process (web/callbacks.py). Never imports torch or the web tier.
+Each delivery process is a plain forking rq worker on every lane of
+`settings.webhook_queue` (work/lanes.py), running work/delivery.py's tries
+and taking them from the tenants and receivers in turn; with more than one
+(TTS_WEBHOOK_WORKERS), this process supervises them (work/supervisor.py),
+so that a slow receiver holds its share of them, not all. Events are made
+and queued by the synthesis worker and the web process (work/events.py);
+callback URLs are checked and registered by the web process
+(web/callbacks.py). Never imports torch or the web tier.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import logging
 import os
 import sys
 
+from redis.exceptions import RedisError
 from rq import Worker
 
 from common import connect
-from work import delivery, process
+from work import delivery, lanes, process
 from work.delivery import deliver as deliver  # tries queued under the name `webhooks.deliver` find it here
 from work.supervisor import Child, RestartPolicy, Supervisor
 
@@ -30,8 +33,19 @@ logger = logging.getLogger("webhooks")
 RESTART = RestartPolicy(max_failures=None, first_delay=1.0, max_delay=1.0)
 
 
-class DeliveryWorker(process.StopAware, Worker):
-    """RQ's forking worker, told apart from a crash when it stops on SIGTERM."""
+class DeliveryWorker(lanes.TakesTurns, process.StopAware, Worker):
+    """RQ's forking worker on the webhook lanes, taking them in turn, told apart from a crash when it stops on
+    SIGTERM; its upkeep also gives up the events whose tries were lost (delivery.sweep)."""
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        try:
+            gone = delivery.sweep(self.connection, self.turns.settings)
+        except RedisError as exc:
+            logger.warning("expired webhook events left for the next upkeep: Redis said %s", exc)
+            return
+        if gone:
+            logger.warning("%d webhook registration(s) and event(s) expired without their tries", gone)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="N",
-        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds one",
+        help="delivery processes to run (default TTS_WEBHOOK_WORKERS): a slow receiver holds at most its lane's share",
     )
     args = parser.parse_args(argv)
     settings = process.settings_from_env()
@@ -53,14 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         one = [sys.executable, os.path.abspath(__file__), "--processes", "1"]
         logger.info("delivering webhooks with %d processes", processes)
         return Supervisor("webhook", [Child(one) for _ in range(processes)], RESTART).run()
-    if settings.webhook_secret is None:
+    if settings.webhook_secret is None and not settings.tenant_webhook_secrets:
         logger.warning("TTS_WEBHOOK_SECRET is not set: the web process refuses callback_url, so no event comes")
     redis = connect.sync_client(settings, health_check_interval=10)
     delivery.bind(settings, redis)
 
     def make(generation: int) -> DeliveryWorker:
-        q = delivery.queue(redis, settings)
-        return DeliveryWorker([q], connection=redis, serializer=delivery.SERIALIZER, log_job_description=False)
+        queues = delivery.lane_queues(redis, settings)
+        worker = DeliveryWorker(queues, connection=redis, serializer=delivery.SERIALIZER, log_job_description=False)
+        worker.turns = lanes.Turns(redis, settings, worker.name, delivery.TRY_LIMIT + lanes.CLAIM_SLACK)
+        return worker
 
     # The scheduler puts retries back on the queue once their delay is over.
     return process.serve(

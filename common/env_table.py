@@ -126,4 +126,22 @@ VARIABLES = (
     Variable("TTS_REDIS_FULL_WAIT", "redis_full_wait", v.int_in(0, 3600), "seconds, 0-3600"),
     Variable("TTS_MAX_CALLBACK_URLS", "max_callback_urls", v.int_in(1, 1000), "a whole number 1-1000"),
     Variable("TTS_WEBHOOK_WORKERS", "webhook_workers", v.int_in(1, 64), "a whole number 1-64"),
+    # Tenants kept apart: their webhook secrets and pending events, callback hosts, the operators' metrics.
+    Variable(
+        "TTS_TENANT_WEBHOOK_SECRETS",
+        "tenant_webhook_secrets",
+        v.tenant_webhook_secrets,
+        "comma-separated name=secrets entries, one a tenant of TTS_API_KEYS, each with one or more "
+        "whsec_ secrets separated by spaces (as TTS_WEBHOOK_SECRET)",
+        secret=True,
+    ),
+    Variable("TTS_MAX_PENDING_EVENTS", "max_pending_events", v.int_in(1, 10_000_000), POSITIVE),
+    Variable("TTS_CALLBACK_PORTS", "callback_ports", v.ports, "comma-separated TCP ports 1-65535"),
+    Variable(
+        "TTS_CALLBACK_NAMESERVERS",
+        "callback_nameservers",
+        v.nameservers,
+        "comma-separated IP addresses of DNS servers, each optionally with :port ([v6]:port)",
+    ),
+    Variable("TTS_METRICS_KEY", "metrics_key", v.operator_key, "a key of 16+ printable characters", secret=True),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import ipaddress
 import os
 import re
 from typing import Callable, Mapping, TypeVar
@@ -226,3 +227,57 @@ def webhook_secrets(raw: str) -> str:
     for secret in secrets:
         webhook_key(secret)
     return " ".join(secrets)
+
+
+def tenant_webhook_secrets(raw: str) -> tuple[tuple[str, str], ...]:
+    """`name=secret[ secret…]` entries separated by commas: each tenant's secrets, checked as `webhook_secrets`.
+
+    A name may appear once; which names exist is checked against
+    TTS_API_KEYS by Settings' `from_env`.
+    """
+    out: list[tuple[str, str]] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if not entry:
+            continue
+        tenant, sep, secrets = entry.partition("=")
+        if not sep or not _TENANT_NAME.fullmatch(tenant.strip()):
+            raise ValueError("entry")
+        out.append((tenant.strip(), webhook_secrets(secrets)))
+    if not out or len({t for t, _ in out}) != len(out):
+        raise ValueError("tenants")
+    return tuple(out)
+
+
+def ports(raw: str) -> tuple[int, ...]:
+    """Comma-separated TCP ports 1-65535, in the order given, without repeats."""
+    found = tuple(dict.fromkeys(int(p) for p in raw.split(",") if p.strip()))
+    if not found or not all(1 <= p <= 65535 for p in found):
+        raise ValueError(raw)
+    return found
+
+
+def nameservers(raw: str) -> tuple[tuple[str, int], ...]:
+    """Comma-separated DNS servers by address (an IP, optionally `:port`; an IPv6 one in brackets with a port)."""
+    out = []
+    for item in (i.strip() for i in raw.split(",")):
+        host, port = item, 53
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else 53 if not rest else -1
+        elif item.count(":") == 1:
+            host, _, text = item.partition(":")
+            port = int(text)
+        ipaddress.ip_address(host)  # ValueError unless an address: a name would need a resolver of its own
+        if not 1 <= port <= 65535:
+            raise ValueError(item)
+        out.append((host, port))
+    if not out:
+        raise ValueError(raw)
+    return tuple(out)
+
+
+def operator_key(raw: str) -> str:
+    """A bearer key of at least 16 printable characters without spaces (TTS_METRICS_KEY)."""
+    if len(raw) < 16 or not raw.isprintable() or " " in raw:
+        raise ValueError("key")
+    return raw

@@ -24,6 +24,9 @@ Layout (prefix `tts`):
 - `tts:assist:Q`: set while an assist job of Q waits;
 - `tts:wanted:R`: the WebSocket sentences of request R not yet spoken (web/wanted.py);
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
+  `tts:hooks-pending` and `tts:hooks-pending:T`: the pending webhook events of each tenant;
+  `tts:webhook-turns:Q` and `tts:webhook-busy:Q`: when each lane of webhook queue Q was last served, and the
+  tries its processes hold now (work/lanes.py);
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
 - `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
 - `tts:probe:replicated`: a tiny key written before WAIT, which counts replicas up to that write.
@@ -175,6 +178,23 @@ def event_key(event_id: str) -> str:
 def deliveries_key(request_id: str) -> str:
     """The webhook events made for a request's callback URLs (hash: url -> event id), for its status."""
     return f"{PREFIX}:deliveries:{request_id}"
+
+
+def pending_events_key(tenant: str) -> str:
+    """A sorted set: the webhook events of `tenant` not yet delivered nor given up, and its registrations waiting for
+    their request's end, each scored by when it expires (work/events.py); "" (no named keys) has the bare prefix."""
+    return f"{PREFIX}:hooks-pending" + (f":{tenant}" if tenant else "")
+
+
+def webhook_turns_key(queue: str) -> str:
+    """A hash: each lane of webhook queue `queue` -> the unix time a delivery process last took a try from it."""
+    return f"{PREFIX}:webhook-turns:{queue}"
+
+
+def webhook_busy_key(queue: str) -> str:
+    """A sorted set: `<worker>|<lane>` for each try a delivery process of `queue` holds, scored by when the claim
+    lapses (a process that died holds nothing once its claim has lapsed)."""
+    return f"{PREFIX}:webhook-busy:{queue}"
 
 
 def gone_key(url_digest: str) -> str:

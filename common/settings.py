@@ -143,6 +143,18 @@ class Settings:
     # WAIT), waiting at most redis_wait_timeout_ms; 0: once it is on the primary.
     redis_wait_replicas: int = 0
     redis_wait_timeout_ms: int = 1000
+    # Each tenant's own webhook secrets ((name, secrets) pairs, secrets as in
+    # `webhook_secret`); a tenant without its own signs with `webhook_secret`.
+    tenant_webhook_secrets: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # Webhook events one tenant may have pending (registered, or not yet
+    # delivered nor given up); past it a submission with callback_url is 429.
+    max_pending_events: int = 1000
+    # Ports a callback URL may name beside 80 and 443 (any, with webhook_allow_private).
+    callback_ports: tuple[int, ...] = ()
+    # The DNS servers (address, port) callback hosts are resolved with; empty: /etc/resolv.conf's.
+    callback_nameservers: tuple[tuple[str, int], ...] = ()
+    # The operators' key: with it set, only it reads /metrics and /metrics/process.
+    metrics_key: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         # Logged and printed in tracebacks: credentials never shown (the API
@@ -154,8 +166,10 @@ class Settings:
                 text = repr(safe_url(value))
             elif f.name == "api_keys":
                 text = f"<{len(value)} key(s)>"
-            elif f.name in ("webhook_secret", "redis_sentinel_password"):
+            elif f.name in ("webhook_secret", "redis_sentinel_password", "metrics_key"):
                 text = "None" if value is None else "<set>"
+            elif f.name == "tenant_webhook_secrets":
+                text = f"<secrets of {[name for name, _ in value]}>"
             else:
                 text = repr(value)
             parts.append(f"{f.name}={text}")
@@ -172,6 +186,18 @@ class Settings:
         if self.webhook_secret is None:
             return ()
         return tuple(webhook_key(s) for s in self.webhook_secret.split())
+
+    def webhook_keys_of(self, tenant: str) -> tuple[bytes, ...]:
+        """The HMAC keys that sign `tenant`'s events: its own secrets' when it has some, else `webhook_keys`."""
+        for name, secrets in self.tenant_webhook_secrets:
+            if name == tenant:
+                return tuple(webhook_key(s) for s in secrets.split())
+        return self.webhook_keys
+
+    @property
+    def tenant_names(self) -> tuple[str, ...]:
+        """Every tenant's name, each once, in the order of `api_keys`; empty without keys (one tenant, "")."""
+        return tuple(dict.fromkeys(self.tenant_of(i) for i in range(len(self.api_keys))))
 
     def tenant_of(self, index: int) -> str:
         """The tenant name of `api_keys[index]`: its given name, else `key-` and 8 hex digits of its SHA-256."""
@@ -227,8 +253,24 @@ def _check_together(given: Mapping[str, Any], redis_scheme: str) -> None:
             "TTS_REDIS_CA_FILE is set with TTS_REDIS_TLS_VERIFY=false: expected one of them (a CA file is only "
             "used to verify the certificate)"
         )
+    _check_tenants(given)
     if "TTS_REDIS_SENTINELS" in given and redis_scheme == "unix":
         raise SettingsError(
             "TTS_REDIS_SENTINELS is set but REDIS_URL is a unix:// URL: expected a redis:// or rediss:// URL, "
             "whose database, credentials and TLS the primary the sentinels name is reached with"
         )
+
+
+def _check_tenants(given: Mapping[str, Any]) -> None:
+    """Raise SettingsError when TTS_TENANT_WEBHOOK_SECRETS names a tenant TTS_API_KEYS does not have, or when
+    TTS_METRICS_KEY is also a tenant's key (names and keys only: never shown)."""
+    named: tuple[tuple[str, str], ...] = given.get("TTS_API_KEYS", ())
+    tenants = {name or bare_key_name(key) for name, key in named}
+    unknown = [name for name, _ in given.get("TTS_TENANT_WEBHOOK_SECRETS", ()) if name not in tenants]
+    if unknown:
+        raise SettingsError(
+            f"TTS_TENANT_WEBHOOK_SECRETS names {', '.join(map(repr, unknown))}, which TTS_API_KEYS does not: "
+            "expected the names of TTS_API_KEYS' tenants (a bare key's name is key- and 8 hex digits)"
+        )
+    if given.get("TTS_METRICS_KEY") in {key for _, key in named}:
+        raise SettingsError("TTS_METRICS_KEY is also a key of TTS_API_KEYS: expected a key of its own")

@@ -2,7 +2,8 @@
 
 A callback is never called at a loopback, private, link-local, multicast,
 reserved or cloud-metadata address, nor at an IPv6 address that wraps one
-(NAT64, 6to4, Teredo, IPv4-mapped or -compatible). Logs and messages name a
+(NAT64, 6to4, Teredo, IPv4-mapped or -compatible), nor on a port other than
+80, 443 and those the operator adds (`check_port`). Logs and messages name a
 target by scheme, host and port only (`Target.shown`).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 from urllib.parse import SplitResult, urlsplit
 
 # Addresses that is_global does not catch but that answer cloud metadata requests.
@@ -42,6 +43,20 @@ def target(url: str) -> Target:
     except ValueError:
         raise ValueError("has a port that is not a number from 0 to 65535") from None
     return Target(parts, parts.hostname, port)
+
+
+# The ports a callback may name without the operator's leave (TTS_CALLBACK_PORTS adds to them).
+WEB_PORTS = (80, 443)
+
+
+def check_port(found: Target, added: Sequence[int]) -> None:
+    """ValueError, with words for the client, unless `found`'s port is 80, 443 or one of `added`."""
+    allowed = sorted({*WEB_PORTS, *added})
+    if found.port not in allowed:
+        raise ValueError(
+            f"names port {found.port}, which the service does not call: callbacks go to ports "
+            f"{', '.join(map(str, allowed))} (its operator may add ports with TTS_CALLBACK_PORTS)"
+        )
 
 
 def shown(url: str) -> str:
@@ -119,14 +134,14 @@ def _refused_ip(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return not ip.is_global or ip.is_multicast or ip in _METADATA
 
 
-def check_addresses(infos: Sequence[Any]) -> list[str]:
-    """The addresses of getaddrinfo's answer; ValueError when there are none or any is refused."""
-    addresses = list(dict.fromkeys(info[4][0] for info in infos))
-    if not addresses:
+def check_addresses(addresses: Sequence[str]) -> list[str]:
+    """`addresses` (a host's, as resolved), each once; ValueError when there are none or any is refused."""
+    found = list(dict.fromkeys(addresses))
+    if not found:
         raise ValueError("has a host that does not resolve")
-    if any(refused(a) for a in addresses):
+    if any(refused(a) for a in found):
         raise ValueError(
             "points at a loopback, private, link-local, multicast or cloud-metadata address; "
             "the service does not call those"
         )
-    return addresses
+    return found

@@ -12,10 +12,11 @@ from starlette.testclient import TestClient
 from test_webhooks import SECRET
 
 from cache import Spec
+from common import targets
 from common.keys import hooks_key
 from common.settings import Settings
 from web import captions
-from work import queueing
+from work import lanes, queueing
 
 HOOK = "http://127.0.0.1:9/hook"
 
@@ -56,7 +57,7 @@ def test_request_over_keeps_the_callbacks_when_redis_refuses_their_events(redis:
     request_id = "a" * 32
     redis.hset(hooks_key(request_id), HOOK, "wav")
     # Redis refuses the event's enqueueing (a key of the wrong type stands for any error between the two).
-    queue_key = Queue(settings.webhook_queue, connection=redis).key
+    queue_key = Queue(lanes.lane_of(settings, "", targets.shown(HOOK)), connection=redis).key
     redis.set(queue_key, "in the way")
     with pytest.raises(ResponseError, match="WRONGTYPE"):
         events.request_over(redis, request_id, [], settings, "synthesis failed")

@@ -30,6 +30,7 @@ from cache import stored
 from common import connect, keys, metrics
 from common.keys import chunk_key, events_channel, request_key
 from common.settings import Settings, SettingsError, from_env
+from work import lanes
 from work.queueing import SERIALIZER
 
 KEY = "ops-test-key-0123456789"
@@ -484,7 +485,8 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
             return sorted(w["queues"] for w in workers)
 
         # The webhooks process starts its delivery processes (TTS_WEBHOOK_WORKERS) after it is up.
-        expected = [["tts"], *[["tts-webhooks"]] * Settings().webhook_workers]
+        hooks = [lane.name for lane in lanes.lanes(Settings())]  # tts-webhooks and its other lanes (work/lanes.py)
+        expected = [["tts"], *[hooks] * Settings().webhook_workers]
         wait_for(lambda: worker_queues() == expected, 60, "the worker and the webhooks processes", interval=0.3)
         listing = httpx.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)
         assert listing.status_code == 200, listing.text
@@ -650,7 +652,8 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
             return sorted(w["queues"] for w in workers.json()["workers"])
 
         # The webhooks process is registered too: it reached Redis the same way.
-        wait_for(lambda: worker_queues() == [["tts"], ["tts-webhooks"]], 30, "the webhooks process", interval=0.3)
+        hooks = [lane.name for lane in lanes.lanes(Settings())]
+        wait_for(lambda: worker_queues() == [["tts"], hooks], 30, "the webhooks process", interval=0.3)
     finally:
         stack.stop()
 

@@ -22,9 +22,10 @@ from rq import Queue
 from rq.job import Job
 
 from cache import AudioCache, Spec
-from common.keys import POOL_KINDS, PREFIX, RETAINED_KEY, chunk_key, hooks_key, voices_key
+from common.keys import POOL_KINDS, PREFIX, RETAINED_KEY, chunk_key, hooks_key, pending_events_key, voices_key
+from common.settings import Settings
 from web import callbacks
-from work import interest, lifetime, queueing, scripts
+from work import delivery, events, interest, lanes, lifetime, queueing, scripts
 from work.scheduler import Look, Pool
 from work.status import ACTIVE, OVER
 
@@ -45,7 +46,7 @@ _ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 def test_there_are_scripts_and_libraries() -> None:
-    assert "claim.lua" in ENTRIES and LIBRARIES == ["forget.lua"]
+    assert "claim.lua" in ENTRIES and LIBRARIES == ["forget.lua", "sweep.lua"]
 
 
 @pytest.mark.parametrize("name", LUA)
@@ -157,7 +158,8 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     async def remember() -> None:
         conn = AsyncRedis.from_url(redis_url)
         await AudioCache(conn, 600).remember("r1", first)
-        assert await callbacks.register(conn, "r1", "https://example.com/hook", "json", 600, 4, tenant="alice")
+        settings = Settings(result_ttl=600, max_callback_urls=4, webhook_retry_delays=(1,))
+        assert await callbacks.register(conn, "r1", "https://example.com/hook", "json", settings, tenant="alice")
         save = scripts.register(conn, "save_voice.lua")
         assert (await save(keys=[voices_key("alice")], args=["calm", '{"created": 1}', 8]))[0] == 0
         await conn.aclose()
@@ -168,6 +170,15 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     assert lifetime.sweep(redis, now=time.time() + 10**6) == 0  # r1 is held while its job is active
     lifetime.release(redis, "r1", first.chunk_ids(), 600)
     assert lifetime.sweep(redis, now=time.time() + 10**6) == 1  # its record, past its retention
+    # The webhook events: made, made again (a repeat), swept once their window has passed; a try's turn taken.
+    settings = Settings(result_ttl=600)
+    hooks = {b"https://example.com/hook": b"json"}
+    events.enqueue(redis, "r1", hooks, settings, None)
+    events.enqueue(redis, "r1", hooks, settings, None)
+    redis.zadd(pending_events_key(""), {"e:gone": 1.0})  # expired long ago
+    assert delivery.sweep(redis, settings) == 1
+    turns = lanes.Turns(redis, settings, "w", 60.0)
+    assert turns.take(turns.every[0])
 
 
 def _script_runs(redis: Redis, action: Callable[[], object]) -> list[tuple[str, list[str], list[str], list[list[str]]]]:

@@ -1,4 +1,5 @@
-"""Webhook delivery isolated per receiver: a slow one delays only its own events; a request's URLs are bounded."""
+"""Webhook delivery isolated per receiver and per tenant: a slow receiver delays only its own events, never another
+tenant's beyond what a free process takes; a request's URLs are bounded."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from conftest import Stack, wait_for
 from test_webhooks import Receiver, _stack, _submit
 
-from work import posting
+from common import targets
+from common.settings import from_env
+from work import lanes, posting
 
 
 @pytest.fixture
@@ -24,12 +27,16 @@ def receiver() -> Iterator[Receiver]:
 
 
 class DripReceiver:
-    """Accepts a POST, then answers one byte every second and never finishes (a slowloris receiver)."""
+    """Accepts a POST, then answers one byte every second and never finishes (a slowloris receiver).
+
+    `connections` counts the calls so far, `open` those it holds now and `most` the most it held at once.
+    """
 
     def __init__(self) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
-        self.connections = 0
+        self.connections = self.open = self.most = 0
+        self.lock = threading.Lock()
         self.stopped = threading.Event()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -39,7 +46,10 @@ class DripReceiver:
                 conn, _ = self.server.accept()
             except OSError:
                 return
-            self.connections += 1
+            with self.lock:
+                self.connections += 1
+                self.open += 1
+                self.most = max(self.most, self.open)
             threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
     def _drip(self, conn: socket.socket) -> None:
@@ -52,6 +62,8 @@ class DripReceiver:
             pass
         finally:
             conn.close()
+            with self.lock:
+                self.open -= 1
 
     def stop(self) -> None:
         self.stopped.set()
@@ -102,3 +114,42 @@ def test_a_request_takes_a_bounded_number_of_callback_urls(
     assert "TTS_MAX_CALLBACK_URLS" in r.json()["detail"]
     _submit(stack, text, f"{receiver.url}/hook1", status=202)  # one it has already is no new URL
     _submit(stack, "Another request has its own.", f"{receiver.url}/hook3", status=202)
+
+
+ALICE, BOB = "alice-hooks-key-0123456789", "bob-hooks-key-0123456789ab"
+TENANTS = f"alice={ALICE},bob={BOB}"
+
+
+def test_a_slow_receiver_of_one_tenant_holds_only_its_share(
+    stack_factory: Callable[..., Stack], drip: DripReceiver
+) -> None:
+    """Alice's receiver drips: her ten events hold at most her lane's share of the four delivery processes (2),
+    while her other receiver and Bob's get theirs at once, not a try (15 s) later."""
+    settings = from_env({"TTS_API_KEYS": TENANTS})
+    made = [Receiver() for _ in range(8)]
+    slow_lane = lanes.lane_of(settings, "alice", targets.shown(drip.url))
+    # Alice's other receiver waits in another lane of hers (receivers are spread over lanes by a hash).
+    other = next(r for r in made if lanes.lane_of(settings, "alice", targets.shown(r.url)) != slow_lane)
+    stack = _stack(stack_factory, TTS_API_KEYS=TENANTS)
+    try:
+        for n in range(10):
+            _send(stack, ALICE, f"Slow {n}.", drip.url + f"/drip{n}")
+        wait_for(lambda: drip.open >= 2, 30, "alice's slow receiver to hold her lane's share")
+        sent = time.time()
+        _send(stack, BOB, "Bob's, beside the slow receiver.", made[0].url + "/bob")
+        _send(stack, ALICE, "Alice's other receiver.", other.url + "/alice")
+        bob = made[0].wait("/bob", 1, timeout=60)[0]["at"] - sent
+        alice = other.wait("/alice", 1, timeout=60)[0]["at"] - sent
+        print(f"beside a dripping receiver: bob's event {bob:.2f} s, alice's other {alice:.2f} s after submission")
+        assert bob < 5 and alice < 5, (bob, alice)  # a try is 15 s: neither waited for one to end
+        assert drip.most == 2 and drip.connections == 2, (drip.most, drip.connections)
+    finally:
+        for r in made:
+            r.stop()
+
+
+def _send(stack: Stack, key: str, text: str, callback: str) -> None:
+    r = httpx.post(
+        stack.url + "/v1/tts", json={"text": text, "callback_url": callback}, headers={"Authorization": f"Bearer {key}"}
+    )
+    assert r.status_code in (200, 202), r.text

@@ -9,6 +9,7 @@ import threading
 import time
 import wave
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -217,21 +218,27 @@ def test_sign_matches_the_reference_implementation() -> None:
     assert header == " ".join(standardwebhooks.Webhook(k).sign("evt_1", at, body.decode()) for k in keys)
 
 
-def test_each_repeat_with_a_callback_url_gets_its_event(
-    stack_factory: Callable[..., Stack], receiver: Receiver
+def test_thirty_cached_repeats_with_one_callback_url_make_one_event(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
 ) -> None:
-    """The web process answers repeats of a stored body from memory; a callback_url still registers and fires."""
+    """A cached request submitted 30 times (10 at once) with one callback_url: one event, one delivery (API 1.4)."""
     stack = _stack(stack_factory)
     text = "Repeated, then called back."
     first = _submit(stack, text, None, 202)
     assert httpx.get(f"{stack.url}/v1/tts/{first['id']}/audio", params={"wait": 30}, timeout=40).status_code == 200
-    for _ in range(3):
-        assert _submit(stack, text, None, 200)["id"] == first["id"]  # the last ones from memory
-    for n in (1, 2):  # the same body twice: an event each time
-        again = _submit(stack, text, receiver.url + "/each", 200)
-        assert again["id"] == first["id"] and again["cached"] is True
-        event = _verify(receiver.wait("/each", n)[n - 1])
-        assert event["id"] == first["id"] and event["status"] == "finished"
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: _submit(stack, text, receiver.url + "/each", 200), range(30)))
+    assert {a["id"] for a in answers} == {first["id"]} and all(a["cached"] for a in answers)
+    # Every event a submission makes is made before it is answered: all there are, are there now.
+    assert len(redis.keys(keys.event_key("*"))) == 1 and len(redis.keys("rq:job:webhook-*")) == 1
+    assert wait_for(lambda: _state_is(stack, first["id"], "delivered"), 20, "the delivery") == [
+        {"url": receiver.url + "/each", "state": "delivered", "attempts": 1, "last_status": 200}
+    ]
+    assert len(receiver.at("/each")) == 1 and _verify(receiver.at("/each")[0])["status"] == "finished"
+    assert _scrape(stack, "tts_webhook_pending_events", tenant="") == 0  # delivered: no longer pending
+    # Another URL for the same request is another callback: its own event.
+    _submit(stack, text, receiver.url + "/other", 200)
+    assert _verify(receiver.wait("/other", 1)[0])["id"] == first["id"]
 
 
 def test_one_event_per_distinct_callback_url(

@@ -2,26 +2,27 @@
 
 The events themselves are made and queued by work/events.py and delivered
 by the webhooks process (work/delivery.py); GET /v1/tts/{id} shows how
-each of a tenant's callbacks is doing (`deliveries`).
+each of a tenant's callbacks is doing (`deliveries`). A tenant has at most
+TTS_MAX_PENDING_EVENTS registrations and events pending (429 past it).
 """
 
 from __future__ import annotations
 
-import asyncio
-import socket
+import time
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 from redis import Redis
 
-from common import targets
-from common.errors import invalid
-from common.keys import deliveries_key, event_key, hooks_key
+from common import dns, targets
+from common.errors import ApiError, invalid
+from common.keys import deliveries_key, event_key, hooks_key, pending_events_key
 from common.settings import Settings
-from work import events, scripts
+from web.lookups import Lookups
+from work import delivery, events, scripts
 from work.delivery import DeliveryState
-from work.events import hook_field, hook_of
+from work.events import hook_field, hook_of, registration_member
 
 FIELD = "callback_url"
 
@@ -41,58 +42,92 @@ class WebhookDelivery(msgspec.Struct, kw_only=True):
     last_status: Annotated[int, Meta(description="The HTTP status of the last try; null: none, or no answer.")] | None
 
 
-async def check(url: str, settings: Settings) -> str:
-    """`url` when the service can call it back; 422 naming callback_url otherwise.
+async def check(url: str, settings: Settings, lookups: Lookups, tenant: str = "") -> str:
+    """`url` when the service can call it back for `tenant`; 422 naming callback_url otherwise.
 
-    Its host is resolved here (and again at each delivery, which connects only
-    to the addresses it checked), unless TTS_WEBHOOK_ALLOW_PRIVATE is set.
+    Its port must be 80, 443 or one of TTS_CALLBACK_PORTS, and its host is
+    resolved here (`lookups`: the tenant's share of this process's lookups,
+    5 s at most) and again at each delivery, which connects only to the
+    addresses it checked; TTS_WEBHOOK_ALLOW_PRIVATE lifts both.
     """
-    if settings.webhook_secret is None:
+    if not settings.webhook_keys_of(tenant):
         raise invalid(
             FIELD,
-            "this service has no webhook secret (TTS_WEBHOOK_SECRET), so it cannot sign "
-            "events; ask its operator to set one",
+            "this service has no webhook secret for this API key's tenant (TTS_WEBHOOK_SECRET, or the "
+            "tenant's own in TTS_TENANT_WEBHOOK_SECRETS), so it cannot sign events; ask its operator to set one",
         )
     try:
         target = targets.target(url)
         if not settings.webhook_allow_private:
-            loop = asyncio.get_running_loop()
+            targets.check_port(target, settings.callback_ports)
             try:
-                infos = await asyncio.wait_for(
-                    loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), timeout=5
-                )
-            except (TimeoutError, OSError, UnicodeError):
+                addresses = await lookups.resolve(target.host, tenant)
+            except TimeoutError:
+                raise ValueError(f"has a host that did not resolve within {lookups.timeout:g} s") from None
+            except (dns.NotFound, OSError):
                 raise ValueError("has a host that does not resolve") from None
-            targets.check_addresses(infos)
+            targets.check_addresses(addresses)
     except ValueError as exc:
         raise invalid(FIELD, str(exc)) from None
     return url
 
 
-async def register(redis: Any, request_id: str, url: str, fmt: str, ttl: int, limit: int, tenant: str = "") -> bool:
+async def register(redis: Any, request_id: str, url: str, fmt: str, settings: Settings, tenant: str = "") -> bool:
     """Keep `url` for `tenant`'s event of `request_id` (async client). Call before the request's job is ensured.
 
-    Callbacks belong to their tenant: a tenant takes at most `limit` distinct
-    URLs on a request (422 naming callback_url past that), and hears only of
-    its own interest (`withdraw`). Returns whether `url` is new for the tenant
-    (else an earlier submission registered it): a submission refused
-    afterwards (`unregister`) takes back only what it added.
+    Callbacks belong to their tenant: a tenant takes at most
+    TTS_MAX_CALLBACK_URLS distinct URLs on a request (422 naming
+    callback_url past that), has at most TTS_MAX_PENDING_EVENTS
+    registrations and events pending (429 naming callback_url past that),
+    and hears only of its own interest (`withdraw`). The registration lasts
+    TTS_RESULT_TTL s. Returns whether `url` is new for the tenant (else an
+    earlier submission registered it): a submission refused afterwards
+    (`unregister`) takes back only what it added.
     """
     field, prefix = hook_field(tenant, url), hook_field(tenant, "")
     script = scripts.register(redis, "register_hook.lua")
-    found = await script(keys=[hooks_key(request_id)], args=[field, fmt, limit, ttl, prefix])
-    if not found:
+    limit, most = settings.max_callback_urls, settings.max_pending_events
+    found = int(
+        await script(
+            keys=[hooks_key(request_id), pending_events_key(tenant)],
+            args=[
+                field,
+                fmt,
+                limit,
+                settings.result_ttl,
+                prefix,
+                time.time(),
+                most,
+                registration_member(request_id, field),
+                event_key(""),
+                *delivery.sweep_args(settings),
+            ],
+        )
+    )
+    if found == 0:
         raise invalid(
             FIELD,
             f"this request already has {limit} callback URLs waiting for its event, the most "
             "it takes (TTS_MAX_CALLBACK_URLS); reuse one of them",
         )
-    return int(found) == 2
+    if found < 0:
+        raise ApiError(
+            429,
+            f"{FIELD}: {most} webhook events of this API key's tenant are waiting for delivery, the most it may "
+            "have (TTS_MAX_PENDING_EVENTS); submit without callback_url, or once some are delivered",
+            field=FIELD,
+            headers={"Retry-After": "60"},
+        )
+    return found == 2
 
 
 async def unregister(redis: Any, request_id: str, url: str, tenant: str = "") -> None:
     """Take back `tenant`'s `url`, registered by a submission that was then refused (429, 503): no event for it."""
-    await redis.hdel(hooks_key(request_id), hook_field(tenant, url))
+    field = hook_field(tenant, url)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hdel(hooks_key(request_id), field)
+        pipe.zrem(pending_events_key(tenant), registration_member(request_id, field))
+        await pipe.execute()
 
 
 def fire_now(redis: Redis, request_id: str, url: str, settings: Settings, tenant: str = "") -> bool:

@@ -12,11 +12,12 @@ from rq.job import Job
 from starlette.requests import HTTPConnection
 
 from cache import AudioCache
-from common import connect, metrics
+from common import connect, dns, metrics
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
 from common.settings import Settings
+from web.lookups import Lookups
 from work import queueing
 from work.status import OVER
 
@@ -53,6 +54,8 @@ class Context:
         self.openapi_json: bytes | None = None
         # WebSocket sessions this process holds open now (tts_websocket_sessions).
         self.open_sockets = 0
+        # Callback host lookups, a share per tenant (web/callbacks.py check).
+        self.lookups = Lookups(dns.config(settings))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -88,19 +91,10 @@ class Context:
         connection's scope (`tenant_of`), for the handlers, the log line and
         the metrics.
         """
-        keys = self.settings.api_keys
-        if not keys:
+        if not self.settings.api_keys:
             return b""
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if query and not scheme and "api_key" in request.query_params:
-            scheme, given = "bearer", request.query_params["api_key"]
-        given_bytes = given.strip().encode()
-        matched = False
-        tenant = ""
-        for index, key in enumerate(keys):
-            if hmac.compare_digest(given_bytes, key.encode()):
-                matched, tenant = True, self.settings.tenant_of(index)
-        if scheme.lower() != "bearer" or not matched:
+        given_bytes, tenant = self._tenant_of_key(request, query)
+        if tenant is None:
             raise ApiError(
                 401,
                 "missing or wrong API key: send Authorization: Bearer <key>",
@@ -110,6 +104,47 @@ class Context:
         self.metrics.inc("tts_tenant_requests_total", tenant=tenant)
         await self.count(given_bytes)
         return given_bytes
+
+    def _tenant_of_key(self, request: HTTPConnection, query: bool = False) -> tuple[bytes, str | None]:
+        """The bearer key given, and its tenant (None: no key of TTS_API_KEYS), compared in constant time with each."""
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if query and not scheme and "api_key" in request.query_params:
+            scheme, given = "bearer", request.query_params["api_key"]
+        given_bytes = given.strip().encode()
+        tenant = None
+        for index, key in enumerate(self.settings.api_keys):
+            if hmac.compare_digest(given_bytes, key.encode()):
+                tenant = self.settings.tenant_of(index)
+        return given_bytes, tenant if scheme.lower() == "bearer" else None
+
+    async def guard_operator(self, request: HTTPConnection) -> None:
+        """The operators' routes (the metrics, which show every tenant's activity).
+
+        With TTS_METRICS_KEY set only that key passes: 403 with a tenant's key,
+        401 with none or another. Without it, as `guard`, and then 403 to
+        every tenant under TTS_TENANCY=isolated, where no tenant may learn of
+        another's work.
+        """
+        operator = self.settings.metrics_key
+        if operator is None:
+            await self.guard(request)
+            if self.settings.tenancy == "isolated" and self.settings.api_keys:
+                raise ApiError(
+                    403,
+                    "the metrics show every tenant's activity: with isolated tenants they answer only the "
+                    "operators' key (TTS_METRICS_KEY), which this service has not set",
+                )
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), operator.encode()):
+            return
+        if self._tenant_of_key(request)[1] is not None:
+            raise ApiError(403, "the metrics answer only the operators' key (TTS_METRICS_KEY), not a tenant's")
+        raise ApiError(
+            401,
+            "missing or wrong key: the metrics need Authorization: Bearer <the operators' key, TTS_METRICS_KEY>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     async def count(self, key: bytes) -> None:
         """Count one request of API key `key` (b"": no keys configured); 429 past the rate limit."""

@@ -121,11 +121,15 @@ def schema(settings: Settings) -> dict[str, Any]:
         "webhooks": {"requestOver": {"post": openapi_tts.event_operation()}},
         "components": {"schemas": components(settings), "headers": headers()},
     }
-    if settings.api_keys:
+    if settings.api_keys or settings.metrics_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    if settings.api_keys:
         for endpoint in http:
             if not endpoint.public:
                 _guarded(paths[endpoint.path], settings)
+    for endpoint in http:
+        if endpoint.operator and (settings.metrics_key or (settings.api_keys and settings.tenancy == "isolated")):
+            _operators_only(paths[endpoint.path], settings)
     for endpoint in http:
         if endpoint.openai:
             _openai_errors(paths[endpoint.path])
@@ -143,6 +147,23 @@ def _guarded(item: dict[str, Any], settings: Settings) -> None:
             operation["responses"].setdefault(
                 "429", error(f"Over {settings.rate_limit} requests a minute for this key.", "Retry-After")
             )
+
+
+def _operators_only(item: dict[str, Any], settings: Settings) -> None:
+    """A path item's operations made to answer only the operators' key (TTS_METRICS_KEY), or nobody's."""
+    for method, operation in item.items():
+        if method == "parameters":
+            continue
+        operation["security"] = [{"bearer": []}]
+        operation["responses"]["401"] = error("Missing or wrong key.", "WWW-Authenticate")
+        operation["responses"]["403"] = error(
+            "A tenant's key: only the operators' key reads the metrics."
+            if settings.metrics_key
+            else "The metrics show every tenant's activity: with isolated tenants and no operators' key "
+            "(TTS_METRICS_KEY) they answer nobody."
+        )
+        if settings.metrics_key:
+            operation["responses"].pop("429", None)  # the operators' key is not rate limited
 
 
 def _openai_errors(item: dict[str, Any]) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import msgspec
 from prometheus_client.core import GaugeMetricFamily
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
@@ -17,7 +17,7 @@ from common import connect, keys, metrics
 from web import openapi
 from web.context import Context
 from web.replies import Health, Ready, ReadyModel, reply
-from work import queueing
+from work import delivery, lanes, queueing
 
 PAGE = Path(__file__).parent.parent / "static" / "index.html"
 
@@ -80,11 +80,13 @@ async def prometheus(ctx: Context, request: Request) -> Response:
     """Prometheus text format: the figures of every web process and worker, which add up in Redis."""
     await ctx.metrics.aflush(ctx.redis)
     stored = await ctx.redis.hgetall(keys.METRICS_KEY)
-    hooks = Queue(ctx.settings.webhook_queue, connection=ctx.sync_redis, serializer=queueing.SERIALIZER)
+    settings = ctx.settings
 
     def gauges() -> list[GaugeMetricFamily]:
-        live = {q.name: queueing.census(q.connection, q.name).live for q in (ctx.queue, hooks)}
-        return metrics.queue_gauges(live, ctx.queue, hooks)
+        # The webhook queue's lanes, added up under its name (work/lanes.py).
+        hooks = lanes.totals(delivery.lane_queues(ctx.sync_redis, settings), settings.webhook_queue)
+        live = {name: queueing.census(ctx.sync_redis, name).live for name in (ctx.queue.name, hooks.name)}
+        return [*metrics.queue_gauges(live, ctx.queue, hooks), _pending_events(ctx)]
 
     found = [*await run_in_threadpool(gauges), await _build_info(ctx)]
     return Response(metrics.render(stored, found), media_type=metrics.CONTENT_TYPE)
@@ -92,9 +94,32 @@ async def prometheus(ctx: Context, request: Request) -> Response:
 
 async def process_prometheus(ctx: Context, request: Request) -> Response:
     """Prometheus text format: this web process's own figures since it started, `process_*`, its open
-    WebSocket sessions and the build: one scrape target per process, so sums over the replicas are right."""
-    gauges = [await _build_info(ctx), metrics.websocket_gauge(ctx.open_sockets)]
+    WebSocket sessions, its callback host lookups and the build: one scrape target per process, so sums over
+    the replicas are right."""
+    lookups = GaugeMetricFamily(
+        "tts_callback_lookups", "Callback host lookups this process runs now, by tenant.", labels=["tenant"]
+    )
+    for tenant, running in sorted(ctx.lookups.running.items()):
+        lookups.add_metric([tenant], running)
+    gauges = [await _build_info(ctx), metrics.websocket_gauge(ctx.open_sockets), lookups]
     return Response(metrics.render_process(ctx.metrics, gauges), media_type=metrics.CONTENT_TYPE)
+
+
+def _pending_events(ctx: Context) -> GaugeMetricFamily:
+    """`tts_webhook_pending_events{tenant}`: each tenant's webhook events (and callbacks waiting for their request)
+    not yet delivered nor given up, as TTS_MAX_PENDING_EVENTS counts them."""
+    gauge = GaugeMetricFamily(
+        "tts_webhook_pending_events",
+        "Webhook events of each tenant registered or not yet delivered nor given up, now.",
+        labels=["tenant"],
+    )
+    tenants = ("", *ctx.settings.tenant_names)
+    with ctx.sync_redis.pipeline(transaction=False) as pipe:
+        for tenant in tenants:
+            pipe.zcount(keys.pending_events_key(tenant), time.time(), "+inf")
+        for tenant, count in zip(tenants, pipe.execute()):
+            gauge.add_metric([tenant], count)
+    return gauge
 
 
 async def _build_info(ctx: Context) -> GaugeMetricFamily:

@@ -26,6 +26,8 @@ class Endpoint:
     OpenAI's shape ({"error": {message, type, param, code}}), so OpenAI
     clients show them; every other route answers {detail, field}. A `socket`
     is a WebSocket (no `methods`; OpenAPI describes it under x-websockets).
+    An `operator` route shows every tenant's activity: it answers only the
+    operators' key when TTS_METRICS_KEY is set (web/context.py guard_operator).
     """
 
     name: str
@@ -34,14 +36,15 @@ class Endpoint:
     public: bool = False
     openai: bool = False
     socket: bool = False
+    operator: bool = False
 
 
 PAGE = Endpoint("page", "/", public=True)
 OPENAPI = Endpoint("openapi", "/openapi.json", public=True)
 HEALTHZ = Endpoint("healthz", "/healthz", public=True)
 READYZ = Endpoint("readyz", "/readyz", public=True)
-METRICS = Endpoint("metrics", "/metrics")
-PROCESS_METRICS = Endpoint("process_metrics", "/metrics/process")
+METRICS = Endpoint("metrics", "/metrics", operator=True)
+PROCESS_METRICS = Endpoint("process_metrics", "/metrics/process", operator=True)
 SUBMIT = Endpoint("submit", "/v1/tts", ("POST",))
 # One route for both methods: with two, a 405 would name only the first's in Allow.
 STATUS = Endpoint("status", "/v1/tts/{id}", ("GET", "DELETE"))

@@ -89,15 +89,7 @@ class SubmitRoute:
         added = False
         if callback is not None:
             # Before the job is ensured: a job that ends meanwhile then finds it.
-            added = await callbacks.register(
-                ctx.redis,
-                request_id,
-                callback,
-                known.fmt,
-                ctx.settings.result_ttl,
-                ctx.settings.max_callback_urls,
-                tenant,
-            )
+            added = await callbacks.register(ctx.redis, request_id, callback, known.fmt, ctx.settings, tenant)
         # Taken before Redis renews the TTLs: the audio lives at least a TTL past it.
         looked = time.monotonic()
         try:
@@ -120,7 +112,11 @@ async def _work_out(ctx: Context, raw: bytes, tenant: str, links: Links) -> tupl
     """What a POST /v1/tts body of `tenant` comes to, and its checked callback URL (None without one)."""
     body = decoding.decode(raw, TtsRequest)
     fmt = validation.audio_format(body.format)
-    callback = None if body.callback_url is UNSET else await callbacks.check(body.callback_url, ctx.settings)
+    callback = (
+        None
+        if body.callback_url is UNSET
+        else await callbacks.check(body.callback_url, ctx.settings, ctx.lookups, tenant)
+    )
     spec = await spec_of(ctx, body, tenant=tenant)
     request_id = spec.request_id()
     total = len(spec.chunks)

@@ -6,7 +6,9 @@ itself (`retry_delay`: exponential backoff with jitter, or the fixed
 Retry-After) until `settings.webhook_retry_hours` have passed since the
 event was made; then the event is given up. A `410 Gone` stops it at once,
 and every later event to that URL (`gone_key`). The event's hash keeps its
-delivery state, which `GET /v1/tts/{id}` shows.
+delivery state, which `GET /v1/tts/{id}` shows; an event that is over
+leaves its tenant's pending set. Each try waits on its event's lane
+(work/lanes.py), signed with its tenant's secrets.
 
 Runs in the webhooks process (`bind` gives it its settings and Redis); the
 synthesis worker and the web process only queue tries (`enqueue_try`).
@@ -31,8 +33,9 @@ from rq import Queue, Retry, get_current_job
 from rq.serializers import JSONSerializer
 
 from common import metrics, targets
-from common.keys import event_key, gone_key
+from common.keys import event_key, gone_key, pending_events_key
 from common.settings import Settings
+from work import lanes, scripts
 from work.posting import TIMEOUT, DeliveryFailed, Refused, post_event, reason
 
 logger = logging.getLogger("webhooks")
@@ -45,22 +48,65 @@ MAX_GAP = 3600.0
 UNEXPECTED_RETRIES = (5, 30, 120)
 # The webhook queue's jobs carry only an event id: JSON suffices, and rq-dashboard shows it plainly.
 SERIALIZER = JSONSerializer
+# Seconds one try may take in all: posting.TIMEOUT for the receiver, plus name resolution and the fork.
+TRY_LIMIT = int(TIMEOUT) + 20
+# Seconds past its retry window before an event whose tries were lost is given up (sweep.lua).
+EXPIRY_SLACK = 600
 
 
 def queue(redis: Redis, settings: Settings) -> Queue:
-    """The webhook queue (`settings.webhook_queue`), as every process that queues or works tries builds it."""
+    """The webhook queue (`settings.webhook_queue`): tenant ""'s first lane, whose workers /metrics counts."""
     return Queue(settings.webhook_queue, connection=redis, serializer=SERIALIZER)
 
 
+def lane_queues(redis: Redis, settings: Settings) -> list[Queue]:
+    """Every lane of the webhook queue (work/lanes.py), as the delivery processes listen on them."""
+    return [Queue(lane.name, connection=redis, serializer=SERIALIZER) for lane in lanes.lanes(settings)]
+
+
+def window(settings: Settings) -> float:
+    """Seconds from an event's making until it is over however its tries went: its retry window, the last try and
+    EXPIRY_SLACK. Its tenant's pending set counts it at most this long."""
+    return settings.webhook_retry_hours * 3600 + TRY_LIMIT + EXPIRY_SLACK
+
+
+def pending_member(event_id: str) -> str:
+    """An event as its tenant's pending set names it."""
+    return f"e:{event_id}"
+
+
+def sweep_args(settings: Settings) -> tuple[str, str, int]:
+    """The last ARGV of the scripts that sweep a pending set (sweep.lua): the state of a pending event, that of
+    one given up, and the TTL of an event that is over."""
+    return "pending", "failed", settings.result_ttl
+
+
+def sweep(redis: Redis, settings: Settings) -> int:
+    """Give up every tenant's events whose window has passed while they were still pending (their tries were
+    lost), and drop expired registrations from the pending sets (sweep_events.lua). Returns how many went."""
+    script = scripts.register(redis, "sweep_events.lua")
+    gone = 0
+    for tenant in ("", *settings.tenant_names):
+        gone += int(script(keys=[pending_events_key(tenant)], args=[time.time(), event_key(""), *sweep_args(settings)]))
+    return gone
+
+
 def enqueue_try(
-    q: Queue, event_id: str, attempt: int, description: str, settings: Settings, delay: float | None
+    redis: Redis,
+    settings: Settings,
+    lane: str,
+    event_id: str,
+    attempt: int,
+    description: str,
+    delay: float | None = None,
 ) -> None:
-    """Queue try number `attempt` of event `event_id`: now, or after `delay` s (the webhooks process's scheduler)."""
+    """Queue try number `attempt` of event `event_id` on `lane`: now, or after `delay` s (the webhooks process's
+    scheduler)."""
+    q = Queue(lane, connection=redis, serializer=SERIALIZER)
     options: dict[str, Any] = {
         "job_id": f"webhook-{event_id}" if attempt == 1 else f"webhook-{event_id}-{attempt}",
         "retry": Retry(max=len(UNEXPECTED_RETRIES), interval=list(UNEXPECTED_RETRIES)),
-        # A try is bounded by TIMEOUT in all (posting._post), plus name resolution.
-        "job_timeout": int(TIMEOUT) + 20,
+        "job_timeout": TRY_LIMIT,
         "result_ttl": 24 * 3600,
         "failure_ttl": settings.result_ttl,
         "description": description,
@@ -153,6 +199,7 @@ class _Try:
         self.settings, self.redis, self.event_id = settings, redis, event_id
         self.url = stored[b"url"].decode()
         self.data = stored[b"body"]
+        self.tenant = (stored.get(b"tenant") or b"").decode()
         self.attempts = int(stored.get(b"attempts") or 0) + 1
         self.created = float(stored.get(b"created") or time.time())
         self.target = targets.target(self.url)
@@ -166,7 +213,8 @@ class _Try:
             if self.redis.exists(gone_key(_url_digest(self.url))):
                 self._settle("gone", self.attempts - 1, None)
                 return {"delivered": False, "gone": True}
-            status, retry_after = post_event(self.settings, self.target, self.event_id, self.data)
+            keys = self.settings.webhook_keys_of(self.tenant)
+            status, retry_after = post_event(self.settings, self.target, self.event_id, self.data, keys)
             if 200 <= status < 300:
                 self._settle("delivered", self.attempts, status)
                 return {"delivered": True, "status": status}
@@ -199,9 +247,8 @@ class _Try:
         self.redis.hset(event_key(self.event_id), mapping={"attempts": self.attempts, "last_status": status or ""})
         job = get_current_job()
         description = job.description if job is not None and job.description else f"webhook {self.event_id}"
-        enqueue_try(
-            queue(self.redis, self.settings), self.event_id, self.attempts + 1, description, self.settings, delay
-        )
+        lane = lanes.lane_of(self.settings, self.tenant, self.target.shown)
+        enqueue_try(self.redis, self.settings, lane, self.event_id, self.attempts + 1, description, delay)
         return {"delivered": False, "status": status, "next_try_in": round(delay, 3)}
 
     def _settle(self, state: DeliveryState, attempts: int, status: int | None) -> None:
@@ -213,6 +260,7 @@ class _Try:
             pipe.hset(key, mapping={"state": state, "attempts": attempts, "last_status": status or ""})
             pipe.hdel(key, "body")
             pipe.expire(key, self.settings.result_ttl)
+            pipe.zrem(pending_events_key(self.tenant), pending_member(self.event_id))
             pipe.execute()
 
     def record(self, seconds: float) -> None:

@@ -1,17 +1,23 @@
-"""A request's webhook events: made and queued when the request is over, one per callback URL.
+"""A request's webhook events: made and queued when the request is over, one per callback and outcome.
 
 A request's callback URLs are kept in a Redis hash (its tenant and URL ->
 audio format: `hook_field`) until its job is over, or until their tenant
 withdraws from it (web/callbacks.withdraw: they hear "canceled" at once);
-`request_over` then takes them all at once, so each distinct URL gets
-exactly one event, and queues one delivery try per URL on the webhook queue
-(work/delivery.py). The event's URL and body wait in a hash of their own
-(`event_key`), so the job, which rq-dashboard shows, names only the event.
+`request_over` then takes them all at once and makes each its event
+(make_event.lua), unless that callback has had its event for the same
+outcome already: a request submitted again and again with one callback URL
+(a cached request answers at once) makes one event. Each event waits in a
+hash of its own (`event_key`: URL, body, tenant, state), so the delivery
+try queued on its lane (work/lanes.py), which rq-dashboard shows, names
+only the event. A registration and an event count in their tenant's
+pending set (`pending_events_key`) until the event is delivered or given
+up, or its retry window has passed (work/delivery.py `window`).
 Only Redis is touched here: the webhooks process does the HTTP.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -24,10 +30,10 @@ from redis import Redis
 
 from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio, urls
-from common.keys import chunk_key, deliveries_key, event_key, hooks_key, request_key
+from common.keys import chunk_key, deliveries_key, event_key, hooks_key, pending_events_key, request_key
 from common.settings import Settings
 from common.targets import shown
-from work import delivery, lifetime
+from work import delivery, lanes, lifetime, scripts
 from work.status import Outcome, outcome
 
 logger = logging.getLogger("webhooks")
@@ -74,7 +80,8 @@ def request_over(
     redis: Redis, request_id: str, chunk_ids: Sequence[str], settings: Settings, error: str | None = None
 ) -> int:
     """The request's job is over: its pieces expire from now (lifetime.release), and each of its callback URLs
-    gets its event, queued for delivery. Returns how many events were queued.
+    gets its event, queued for delivery (none for a callback that had its event for this outcome already).
+    Returns how many callbacks it took.
 
     Call it when the job ends finished or canceled (`error` None), fails for
     good, its retries spent (`error`: safe words for why), or is canceled
@@ -88,21 +95,28 @@ def request_over(
     hooks: dict[bytes, bytes] = redis.hgetall(hooks_key(request_id))  # type: ignore[assignment]
     for field, fmt in hooks.items():
         # Queued, then forgotten: a Redis error between them (full, gone) leaves the URL
-        # registered for the next try rather than lost; at worst it hears its event twice.
+        # registered for the next try rather than lost; that try queues the same event
+        # (make_event.lua finds it made, not yet queued), or it was queued: at worst it is heard twice.
         enqueue(redis, request_id, {field: fmt}, settings, error)
         redis.hdel(hooks_key(request_id), field)
     return len(hooks)
 
 
+def registration_member(request_id: str, field: str) -> str:
+    """A callback's registration as its tenant's pending set names it: the request and a digest, never the URL."""
+    return f"r:{request_id}:{hashlib.sha256(field.encode()).hexdigest()[:32]}"
+
+
 def enqueue(redis: Redis, request_id: str, hooks: dict[bytes, bytes], settings: Settings, error: str | None) -> None:
     """Make the event of `request_id` for each of `hooks` (field -> audio format), taken from its hash, and queue its
-    first try. `error`: why the job failed for good; None when it did not."""
+    first try; a callback that had its event for this outcome already gets none. `error`: why the job failed for
+    good; None when it did not."""
     status, chunks_total, seconds = _ended(redis, request_id, error)
     base = settings.public_url or ""
-    q = delivery.queue(redis, settings)
     made = datetime.now(UTC)
     for raw_field, raw_fmt in hooks.items():
-        (tenant, url), fmt = hook_of(raw_field.decode()), (raw_fmt or b"wav").decode()
+        field, fmt = raw_field.decode(), (raw_fmt or b"wav").decode()
+        tenant, url = hook_of(field)
         event = WebhookEvent(
             type=EVENT_TYPES[status],
             timestamp=made.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -114,46 +128,56 @@ def enqueue(redis: Redis, request_id: str, hooks: dict[bytes, bytes], settings: 
             audio_seconds=seconds,
             **({"error": error or "synthesis failed"} if status == "failed" else {}),
         )
-        event_id = uuid.uuid4().hex
-        _store(redis, request_id, raw_field, event_id, url, msgspec.json.encode(event), made, settings)
-        description = f"webhook {status} of {request_id} to {shown(url)}"
-        delivery.enqueue_try(q, event_id, 1, description, settings, None)
+        event_id, fresh = _make(redis, request_id, field, status, msgspec.json.encode(event), made, settings)
         fields = {"id": request_id, "event_id": event_id, "status": status, "target": shown(url)}
-        logger.info(
-            "webhook %s of %s queued for %s",
-            status,
-            request_id,
-            shown(url),
-            extra={
-                "event": {"event": "webhook", **fields, "outcome": "queued", **({"tenant": tenant} if tenant else {})}
-            },
-        )
+        extra = {"event": {"event": "webhook", **fields, **({"tenant": tenant} if tenant else {})}}
+        if not fresh:
+            extra["event"]["outcome"] = "repeat"
+            logger.info("webhook %s of %s for %s made already", status, request_id, shown(url), extra=extra)
+            continue
+        lane = lanes.lane_of(settings, tenant, shown(url))
+        delivery.enqueue_try(redis, settings, lane, event_id, 1, f"webhook {status} of {request_id} to {shown(url)}")
+        redis.hset(event_key(event_id), "enqueued", 1)
+        extra["event"]["outcome"] = "queued"
+        logger.info("webhook %s of %s queued for %s", status, request_id, shown(url), extra=extra)
 
 
-def _store(
-    redis: Redis,
-    request_id: str,
-    field: bytes,
-    event_id: str,
-    url: str,
-    body: bytes,
-    made: datetime,
-    settings: Settings,
-) -> None:
-    """Keep an event's URL and body for its delivery, and name it among the request's deliveries.
+def _make(
+    redis: Redis, request_id: str, field: str, status: Outcome, body: bytes, made: datetime, settings: Settings
+) -> tuple[str, bool]:
+    """The event of callback `field` for `status` (make_event.lua): a new one, or the callback's earlier one of
+    that outcome; and whether it is to be queued (new, or its queueing never finished).
 
-    The URL (which may hold credentials or tokens) stays out of the job's
-    arguments, which rq-dashboard shows: the job names the event only. No TTL
-    while it is being delivered (no `volatile-*` eviction takes it between
-    tries): its final state gets the TTL (work/delivery.py).
+    The event's URL (which may hold credentials or tokens) stays out of the
+    job's arguments, which rq-dashboard shows: the job names the event only.
+    No TTL while it is being delivered (no `volatile-*` eviction takes it
+    between tries): its final state gets the TTL (work/delivery.py), and
+    one whose tries were lost is given up once its window has passed.
     """
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(
-            event_key(event_id), mapping={"url": url, "body": body, "created": made.timestamp(), "state": "pending"}
-        )
-        pipe.hset(deliveries_key(request_id), field, event_id)
-        pipe.expire(deliveries_key(request_id), settings.result_ttl)
-        pipe.execute()
+    tenant, url = hook_of(field)
+    created = made.timestamp()
+    script = scripts.register(redis, "make_event.lua")
+    new_id = uuid.uuid4().hex
+    event_id, fresh = script(
+        keys=[deliveries_key(request_id), event_key(new_id), pending_events_key(tenant)],
+        args=[
+            field,
+            new_id,
+            status,
+            event_key(""),
+            url,
+            body,
+            created,
+            tenant,
+            settings.result_ttl,
+            registration_member(request_id, field),
+            delivery.pending_member(new_id),
+            created + delivery.window(settings),
+            created,
+            *delivery.sweep_args(settings),
+        ],
+    )
+    return (event_id.decode() if isinstance(event_id, bytes) else str(event_id)), bool(fresh)
 
 
 def _ended(redis: Redis, request_id: str, error: str | None) -> tuple[Outcome, int, float]:

@@ -1,10 +1,11 @@
-"""One try at a webhook event: its host resolved and judged again, the event signed and POSTed, cut off at TIMEOUT.
+"""One try at a webhook event: its port and host judged again, the event signed and POSTed, cut off at TIMEOUT.
 
 Never logs a callback URL beyond its scheme and host, nor a signature.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import email.utils
 import hashlib
@@ -18,8 +19,9 @@ import time
 from typing import Sequence
 from urllib.parse import unquote
 
+from common import dns
 from common.settings import Settings
-from common.targets import Target, check_addresses
+from common.targets import Target, check_addresses, check_port
 
 logger = logging.getLogger("webhooks")
 
@@ -28,6 +30,8 @@ logger = logging.getLogger("webhooks")
 # time is cut off here (`_post`), not at the job's time limit.
 TIMEOUT = 15.0
 USER_AGENT = "chattts-service-webhooks/1"
+# Seconds the receiver's host may take to resolve, before the TIMEOUT of the call itself.
+RESOLVE_TIMEOUT = 5.0
 
 
 class DeliveryFailed(RuntimeError):
@@ -55,23 +59,30 @@ def sign(keys: Sequence[bytes], event_id: str, timestamp: str, body: bytes) -> s
     return " ".join("v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode() for key in keys)
 
 
-def post_event(settings: Settings, target: Target, event_id: str, data: bytes) -> tuple[int, float | None]:
-    """POST the signed event to `target` once; its status and Retry-After (seconds).
+def post_event(
+    settings: Settings, target: Target, event_id: str, data: bytes, keys: Sequence[bytes]
+) -> tuple[int, float | None]:
+    """POST the event, signed with `keys` (its tenant's secrets), to `target` once; its status and Retry-After (s).
 
-    Raises Refused when the host now resolves to a refused address (unless
-    TTS_WEBHOOK_ALLOW_PRIVATE), DeliveryFailed when it does not resolve or
-    nothing can sign, OSError or HTTPException when the call fails.
+    Raises Refused when the port is not one callbacks may name or the host
+    now resolves to a refused address (unless TTS_WEBHOOK_ALLOW_PRIVATE),
+    DeliveryFailed when it does not resolve or nothing can sign, OSError or
+    HTTPException when the call fails.
     """
-    if settings.webhook_secret is None:
-        raise DeliveryFailed("TTS_WEBHOOK_SECRET is not set in the webhooks process: events cannot be signed")
+    if not keys:
+        raise DeliveryFailed(
+            "no webhook secret signs this tenant's events in the webhooks process: set TTS_WEBHOOK_SECRET"
+        )
     addresses: list[str] | None = None
     if not settings.webhook_allow_private:
         try:
-            addresses = check_addresses(socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM))
+            check_port(target, settings.callback_ports)
+            found = asyncio.run(dns.resolve(target.host, dns.config(settings), RESOLVE_TIMEOUT))
+            addresses = check_addresses(found)
         except ValueError as exc:
-            logger.warning("webhook to %s given up: its host %s", target.shown, exc)
+            logger.warning("webhook to %s given up: it %s", target.shown, exc)
             raise Refused() from None
-        except (OSError, UnicodeError) as exc:
+        except (OSError, UnicodeError) as exc:  # dns.NotFound and TimeoutError among them
             raise DeliveryFailed(f"{target.shown}: the host does not resolve ({type(exc).__name__})") from None
     timestamp = str(int(time.time()))
     headers = {
@@ -79,7 +90,7 @@ def post_event(settings: Settings, target: Target, event_id: str, data: bytes) -
         "User-Agent": USER_AGENT,
         "webhook-id": event_id,
         "webhook-timestamp": timestamp,
-        "webhook-signature": sign(settings.webhook_keys, event_id, timestamp, data),
+        "webhook-signature": sign(keys, event_id, timestamp, data),
     }
     if target.parts.username is not None:
         pair = f"{unquote(target.parts.username)}:{unquote(target.parts.password or '')}"
