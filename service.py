@@ -31,6 +31,7 @@ from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
 from web import captions, heap, ops, retention, routes, session, speech, tts, voices
 from web.context import Context
+from web.openai_socket import OpenAISocket
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
 
@@ -124,7 +125,7 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
         # It checks the API key itself: a refused key is told why, then closed with 1008.
         ctx.open_sockets += 1
         try:
-            await session.serve(ctx, websocket, failure)
+            await session.serve(ctx, websocket, OpenAISocket(), failure)
         finally:
             ctx.open_sockets -= 1
 

@@ -87,8 +87,11 @@ VARIABLES = (
     Variable("TTS_MAX_QUEUE", "max_queue", v.int_in(1), POSITIVE),
     Variable("TTS_SPEECH_WAIT", "speech_wait", v.int_in(1, 3600), "seconds, 1-3600"),
     Variable("TTS_WS_IDLE_SECONDS", "ws_idle_seconds", v.int_in(1, 86400), "seconds, 1-86400"),
+    Variable("TTS_WS_MAX_CONTEXTS", "ws_max_contexts", v.int_in(1, 1024), "a whole number 1-1024"),
+    Variable("TTS_WS_PER_TENANT", "ws_per_tenant", v.int_in(1), POSITIVE),
+    Variable("TTS_WS_MAX_SECONDS", "ws_max_seconds", v.int_in(1, 7 * 86400), "seconds, 1-604800"),
     Variable("TTS_TENANCY", "tenancy", v.choice("shared", "isolated"), "shared or isolated"),
-    Variable("TTS_RATE_LIMIT", "rate_limit", v.int_in(0), "requests per minute per key, 0 for none"),
+    Variable("TTS_RATE_LIMIT", "rate_limit", v.int_in(0), "requests per minute per tenant, 0 for none"),
     Variable(
         "TTS_TORCH_THREADS",
         "torch_threads",

@@ -22,12 +22,13 @@ Layout (prefix `tts`):
   `tts:pool:Q:T` tenant T's lane of it and `tts:turns:Q` whose turn it is;
 - `tts:tenants:R`: the tenants that want request R; `tts:dropped:R`: those that withdrew (work/interest.py);
 - `tts:assist:Q`: set while an assist job of Q waits;
-- `tts:wanted:R`: the WebSocket sentences of request R not yet spoken (web/wanted.py);
+- `tts:wanted:R`: the socket sentences of request R not yet spoken (web/wanted.py); `tts:sockets:T`: tenant T's
+  open sockets (web/sockets.py);
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
   `tts:hooks-pending` and `tts:hooks-pending:T`: the pending webhook events of each tenant;
   `tts:webhook-turns:Q` and `tts:webhook-busy:Q`: when each lane of webhook queue Q was last served, and the
   tries its processes hold now (work/lanes.py);
-- `tts:metrics`: every process's summed figures; `tts:rate:T:W`: a key's requests in window W;
+- `tts:metrics`: every process's summed figures; `tts:rate:T:W`: tenant T's requests in window W;
 - `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
 - `tts:probe:replicated`: a tiny key written before WAIT, which counts replicas up to that write.
 """
@@ -165,6 +166,11 @@ def wanted_key(request_id: str) -> str:
     return f"{PREFIX}:wanted:{request_id}"
 
 
+def sockets_key(tenant: str) -> str:
+    """A sorted set: the open sockets of `tenant`, each scored by when its lease lapses (web/sockets.py)."""
+    return f"{PREFIX}:sockets:{tenant}"
+
+
 def hooks_key(request_id: str) -> str:
     """The callback URLs registered for a request (hash: url -> format)."""
     return f"{PREFIX}:hooks:{request_id}"
@@ -202,9 +208,9 @@ def gone_key(url_digest: str) -> str:
     return f"{PREFIX}:webhook-gone:{url_digest}"
 
 
-def rate_key(token_digest: str, window: int) -> str:
-    """Requests made with one API key (by digest) in rate-limit window `window`."""
-    return f"{PREFIX}:rate:{token_digest}:{window}"
+def rate_key(tenant: str, window: int) -> str:
+    """Requests (and socket messages) of one tenant, whichever of its keys it used, in rate-limit window `window`."""
+    return f"{PREFIX}:rate:{tenant}:{window}"
 
 
 def redis_full_probe() -> str:

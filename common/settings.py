@@ -72,6 +72,11 @@ class Settings:
     speech_wait: int = 25
     # Seconds a WebSocket session may go without a client message (and no audio to come) before it is closed.
     ws_idle_seconds: int = 120
+    # Limits of every socket protocol: contexts live at once in one socket, open sockets of one tenant (with
+    # TTS_API_KEYS), and the seconds a socket may stay open whatever it does.
+    ws_max_contexts: int = 16
+    ws_per_tenant: int = 32
+    ws_max_seconds: int = 3600
     # Bearer keys; empty: no authentication. Never logged or echoed (see __repr__).
     api_keys: tuple[str, ...] = ()
     # The tenant of each key of `api_keys`, in the same order (TTS_API_KEYS's
@@ -80,7 +85,7 @@ class Settings:
     # "shared": identical requests of different tenants share one job and its
     # audio; "isolated": the tenant is part of a request's identity.
     tenancy: str = "shared"
-    # Requests per minute per API key; 0: unlimited.
+    # Requests (and socket messages) per minute per tenant; 0: unlimited.
     rate_limit: int = 0
     # Torch CPU threads per worker; 0: the host's cores divided by `workers_on_host`.
     torch_threads: int = 0

@@ -193,7 +193,9 @@ def test_api_keys_by_header_or_query_and_1008_without(stack_factory: Callable[..
 
 def test_rate_limit_and_a_full_queue_are_error_events(stack_factory: Callable[..., Stack]) -> None:
     # No worker: the first piece waits in the queue, the second finds it full.
-    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEY, TTS_RATE_LIMIT="3", TTS_MAX_QUEUE="1")
+    # The tenant's count: the handshake, each message and each sentence spoken (its request): 1 + 2 + 2 of 6 before
+    # the third message, which is the 6th, and its sentence the 7th: refused.
+    stack = stack_factory(TTS_ENGINE="tone", TTS_API_KEYS=KEY, TTS_RATE_LIMIT="6", TTS_MAX_QUEUE="1")
     stack.start_web()
     stack.run_worker_burst()  # publishes the model, then leaves the queue alone
     with connect(_ws_url(stack, f"?api_key={KEY}")) as ws:  # the handshake counts one request
@@ -204,8 +206,10 @@ def test_rate_limit_and_a_full_queue_are_error_events(stack_factory: Callable[..
         codes = [_next(ws)["error"]["code"] for _ in range(2)]
         assert codes == ["queue_full", "rate_limit_exceeded"]
         _send(ws, type="session.update", session={"speed": 1.5})
-        # The session goes on (the queued piece keeps the generation open).
-        assert _next(ws)["error"]["param"] == "session"
+        # Messages count too: this one is past the limit, refused, and the session goes on.
+        assert _next(ws)["error"]["code"] == "rate_limit_exceeded"
+        _send(ws, type="input_text.flush")
+        assert _next(ws)["error"]["code"] == "rate_limit_exceeded"
 
 
 def test_a_repeat_is_answered_from_the_store(tone_stack: Stack, redis: Redis) -> None:

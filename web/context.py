@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import time
 from typing import Any, Awaitable, Callable, TypeVar
@@ -24,6 +23,28 @@ from work.status import OVER
 T = TypeVar("T")
 # Where `Context.guard` puts the caller's tenant in a connection's scope.
 TENANT = metrics.TENANT_SCOPE
+
+
+# Headers that carry an API key: ours (a bearer token), and those the ElevenLabs and Cartesia clients send.
+KEY_HEADERS = ("xi-api-key", "x-api-key")
+# Query parameters that carry one on a socket (a browser's WebSocket cannot set headers): ours and theirs.
+KEY_PARAMS = ("api_key", "xi_api_key")
+
+
+def key_of(request: HTTPConnection, query: bool = False) -> str | None:
+    """The API key a request carries: `Authorization: Bearer <key>`, else `xi-api-key` or `X-API-Key`, else (with
+    `query`) `?api_key=` or `?xi_api_key=`; None without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return token
+    for name in KEY_HEADERS:
+        if name in request.headers:
+            return request.headers[name]
+    if query:
+        for name in KEY_PARAMS:
+            if name in request.query_params:
+                return request.query_params[name]
+    return None
 
 
 def tenant_of(request: HTTPConnection) -> str:
@@ -81,19 +102,18 @@ class Context:
             )
         return model
 
-    async def guard(self, request: HTTPConnection, query: bool = False) -> bytes:
-        """401 without a configured API key; 429 past the key's rate limit. Returns the key given.
+    async def guard(self, request: HTTPConnection, query: bool = False, given: str | None = None) -> bytes:
+        """401 without a configured API key; 429 past the tenant's rate limit. Returns the key given.
 
-        The key is read from `Authorization: Bearer <key>`, or, with `query`
-        (WebSockets, whose browser API cannot set headers), from `?api_key=`.
-        Keys are compared in constant time against every configured key, and
-        only their hash reaches Redis. The key's tenant is put in the
+        The key is `given`, or read from the request (`key_of`; with `query`,
+        from its query string too). Keys are compared in constant time against
+        every configured key, and never reach Redis or a log. The key's tenant is put in the
         connection's scope (`tenant_of`), for the handlers, the log line and
         the metrics.
         """
         if not self.settings.api_keys:
             return b""
-        given_bytes, tenant = self._tenant_of_key(request, query)
+        given_bytes, tenant = self._tenant_of_key(key_of(request, query) if given is None else given)
         if tenant is None:
             raise ApiError(
                 401,
@@ -102,20 +122,17 @@ class Context:
             )
         request.scope[TENANT] = tenant
         self.metrics.inc("tts_tenant_requests_total", tenant=tenant)
-        await self.count(given_bytes)
+        await self.count(given_bytes, tenant)
         return given_bytes
 
-    def _tenant_of_key(self, request: HTTPConnection, query: bool = False) -> tuple[bytes, str | None]:
-        """The bearer key given, and its tenant (None: no key of TTS_API_KEYS), compared in constant time with each."""
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if query and not scheme and "api_key" in request.query_params:
-            scheme, given = "bearer", request.query_params["api_key"]
-        given_bytes = given.strip().encode()
+    def _tenant_of_key(self, given: str | None) -> tuple[bytes, str | None]:
+        """The key given, and its tenant (None: no key of TTS_API_KEYS), compared in constant time with each."""
+        given_bytes = (given or "").strip().encode()
         tenant = None
         for index, key in enumerate(self.settings.api_keys):
             if hmac.compare_digest(given_bytes, key.encode()):
                 tenant = self.settings.tenant_of(index)
-        return given_bytes, tenant if scheme.lower() == "bearer" else None
+        return given_bytes, tenant if given is not None else None
 
     async def guard_operator(self, request: HTTPConnection) -> None:
         """The operators' routes (the metrics, which show every tenant's activity).
@@ -138,7 +155,7 @@ class Context:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), operator.encode()):
             return
-        if self._tenant_of_key(request)[1] is not None:
+        if self._tenant_of_key(key_of(request))[1] is not None:
             raise ApiError(403, "the metrics answer only the operators' key (TTS_METRICS_KEY), not a tenant's")
         raise ApiError(
             401,
@@ -146,12 +163,13 @@ class Context:
             headers={"WWW-Authenticate": "Bearer"},
         )
 
-    async def count(self, key: bytes) -> None:
-        """Count one request of API key `key` (b"": no keys configured); 429 past the rate limit."""
+    async def count(self, key: bytes, tenant: str) -> None:
+        """Count one request (or socket message) of `tenant`, whose key is `key` (b"": no keys configured); 429 past
+        the rate limit, which is the tenant's whichever of its keys it uses."""
         limit = self.settings.rate_limit
         if limit and key:
             window = int(time.time()) // 60
-            name = rate_key(hashlib.sha256(key).hexdigest()[:16], window)
+            name = rate_key(tenant, window)
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.incr(name)
                 pipe.expire(name, 61)
@@ -160,7 +178,7 @@ class Context:
                 retry = 60 - int(time.time()) % 60
                 raise ApiError(
                     429,
-                    f"rate limit of {limit} requests a minute reached for this key",
+                    f"rate limit of {limit} requests a minute reached for this key's tenant",
                     headers={"Retry-After": str(max(1, retry))},
                 )
 

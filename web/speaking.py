@@ -1,69 +1,70 @@
-"""One context of a WebSocket session (API.md v1.3): its unspoken text, its sentences in flight, their audio.
+"""One context of a socket session, whatever its protocol: its unspoken text, its sentences in flight, their audio.
 
 Text passes three stages, each in order:
 
 1. `append` and `flush` (the receiving side; they never wait): the text is
    cut at sentence ends as they arrive, at the chunk size when none comes
-   (splitter.clause_cut), or once it has waited the session's
+   (splitter.clause_cut), or once it has waited the context's
    `max_buffer_delay_ms` with no new text; each cut sentence is queued.
 2. The submitter (a task) makes each sentence an ordinary request
    (specs.spec_of, specs.ensure: keyed, stored, shared), held in wanted.py
    from before it is ensured until it is spoken.
 3. The speaker (a task) relays each sentence's audio in order (relay.py)
-   through one encoder per generation: speech.segment.start, the deltas,
-   speech.segment.done; speech.audio.done where the generation was flushed.
+   and tells it as news (news.py): `Began`, `Audio`, `Ended`; `Finished`
+   where the generation was flushed. The session's codec words it.
 
-`clear` (barge-in) moves the context to a new epoch. Every event a speaker
-sends is checked against its epoch under the session's send lock, so no
-event of earlier text follows the clear, whatever the old speaker is doing
+`clear` (barge-in) moves the context to a new epoch. Every news a speaker
+tells is checked against its epoch under the session's send lock, so no
+news of earlier text follows the clear, whatever the old speaker is doing
 when it is stopped; a new speaker takes the new epoch's sentences.
 Unspoken text and queued sentences are dropped; the sentences already
 submitted are withdrawn once the old speaker has stopped, and one being
 submitted withdraws itself once it sees the epoch moved. A context with nothing left
 to do retires (the session forgets it); a new message for it starts it
 afresh.
+
+Bounded: the text not yet spoken (the text not cut yet, the sentences
+queued, submitted or being spoken) is at most TTS_MAX_CHARS; past it,
+`append` refuses the text (InputTooLong) and takes none of it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import time
 from contextlib import aclosing
 from typing import Any, Callable, Coroutine, Protocol
 
-import msgspec
-from starlette.concurrency import run_in_threadpool
-
 from cache import SAMPLE_WIDTH, manifest
 from common import audio
 from common.errors import ApiError
-from common.pcm import samples_at
 from splitter import clause_cut, complete_until, pause_after, sentences
 from web import routes, speech, tts, wanted
 from web.bodies import Session
 from web.context import Context
 from web.links import Links
+from web.news import Audio, Began, Ended, Failed, Finished, News
 from web.relay import Cut, Relay
-from web.replies import Delta, Done, Failure, SegmentDone, SegmentStart, Usage
+from web.replies import Failure
 from web.specs import ensure, spec_of
 from web.stages import End, Generation, Piece, Sentence
 from web.tasks import stop
 
-# This route names our fields by its own: the text of input_text.append, the session's voice.
+# A socket names our fields by its own: the text appended, the session's voice.
 NAMES = {"text": "text", "voice": "session.voice", "speaker": "session.voice", "seed": "session.voice"}
 
 
 class InputTooLong(ApiError):
-    """input_text.append would make a context's unspoken text longer than TTS_MAX_CHARS (the text is refused)."""
+    """`append` would make a context's text not yet spoken longer than TTS_MAX_CHARS (the text is refused)."""
 
     code = "input_too_long"
 
     def __init__(self, limit: int) -> None:
         super().__init__(
             422,
-            f"text: the text not yet spoken would be over {limit} characters; end a sentence or send input_text.flush",
+            f"text: this context's text not yet spoken (its sentences waiting for their audio included) would be "
+            f"over {limit} characters; wait for its audio, or end a sentence",
             field="text",
         )
 
@@ -75,19 +76,18 @@ class Host(Protocol):
     links: Links
     key: bytes
     tenant: str
-    session: Session
     failure: Callable[[Exception], Failure]
 
-    async def send(self, event: msgspec.Struct, current: Callable[[], bool] | None = None) -> None:
-        """Send `event`, unless `current()` is false when its turn to be sent comes."""
+    async def tell(self, news: News, current: Callable[[], bool] | None = None) -> None:
+        """Word `news` for the client, unless `current()` is false when its turn to be sent comes."""
         ...
-
-    async def error(
-        self, told: Failure, context_id: str | None = None, current: Callable[[], bool] | None = None
-    ) -> None: ...
 
     def segment(self) -> tuple[int, str]:
         """The next segment id of the session, and its holder name for wanted.py."""
+        ...
+
+    def generation(self) -> int:
+        """A new generation's number, unique in the session."""
         ...
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
@@ -98,18 +98,20 @@ class Host(Protocol):
 
 
 class SpeechContext:
-    """One context: its own generation, speaking beside the session's other contexts."""
+    """One context: its own generation, speaking beside the session's other contexts, with its own settings."""
 
-    def __init__(self, host: Host, context_id: str) -> None:
+    def __init__(self, host: Host, context_id: str, settings: Session) -> None:
         self.host = host
         self.ctx = host.ctx
         self.id = context_id
+        self.settings = settings  # what its next sentences are spoken with
         self.text = ""  # appended, not yet cut
         self.open = False  # sentences cut since the last flush: a generation in progress
         self.epoch = 0
         self.retired = False
         self.gone = asyncio.Event()  # set once retired
         self.current: Piece | None = None  # the sentence being relayed
+        self._held = 0  # characters of this epoch's sentences cut and not yet spoken
         self._texts: asyncio.Queue[Sentence | End] = asyncio.Queue()
         self._submitting = False
         self._timer: asyncio.TimerHandle | None = None
@@ -128,12 +130,17 @@ class SpeechContext:
             or self._timer is not None
         )
 
+    @property
+    def unspoken(self) -> int:
+        """Characters of text not yet spoken: not cut yet, or in sentences waiting for their audio."""
+        return len(self.text) + self._held
+
     # -- receiving ------------------------------------------------------------------
 
     def append(self, delta: str) -> None:
-        """More text; raises InputTooLong (and takes none of it) past TTS_MAX_CHARS unspoken."""
+        """More text; raises InputTooLong (and takes none of it) past TTS_MAX_CHARS not yet spoken."""
         limit = self.ctx.settings.max_chars
-        if len(self.text) + len(delta) > limit:
+        if self.unspoken + len(delta) > limit:
             self._settle()  # a context made for this text alone has nothing to do
             raise InputTooLong(limit)
         self.text += delta
@@ -149,7 +156,7 @@ class SpeechContext:
         self._settle()
 
     def flush(self) -> None:
-        """Speak what is left and end the generation: done follows its audio, even if some of it is refused."""
+        """Speak what is left and end the generation: Finished follows its audio, even if some of it is refused."""
         self._disarm()
         rest, self.text = self.text, ""
         self._take(rest)
@@ -159,10 +166,11 @@ class SpeechContext:
     def clear(self) -> None:
         """Barge-in: drop what is not spoken, and withdraw (in the background) the sentences submitted.
 
-        From its return on, no event of the text before it is sent (the old
-        speaker's sends are refused by epoch while it is being stopped).
+        From its return on, no news of the text before it is told (the old
+        speaker's are refused by epoch while it is being stopped).
         """
         self.epoch += 1
+        self._held = 0
         self._disarm()
         self.text = ""
         self.open = False
@@ -174,15 +182,15 @@ class SpeechContext:
         self.host.spawn(self._withdraw(speaker, dropped))
         self._settle()
 
-    async def aclose(self) -> None:
-        """The session is over: stop, and let go of every sentence held (their requests finish for others)."""
+    async def aclose(self) -> list[Piece]:
+        """The session is over: stop; the sentences held (the session lets go of them at once, in one round trip:
+        their requests finish for whoever else asks)."""
         self.epoch += 1
         self._disarm()
         speaker, held = self._speaker, self._take_pieces()
         await asyncio.gather(stop(self._submitter), stop(speaker))
-        for piece in held:
-            self.host.spawn(wanted.let_go(self.ctx, piece.request_id, piece.member))
         self.gone.set()
+        return held
 
     def _take_pieces(self) -> list[Piece]:
         """The sentences the speaker had: the one playing, then those queued."""
@@ -212,12 +220,18 @@ class SpeechContext:
         text = text.strip()
         if text:
             self.open = True
-            self._texts.put_nowait(Sentence(text, self.epoch, self.host.session, time.monotonic()))
+            self._held += len(text)
+            self._texts.put_nowait(Sentence(text, self.epoch, self.settings, time.monotonic()))
+
+    def _spoken(self, text: str, epoch: int) -> None:
+        """A sentence of `epoch` no longer waits (spoken, or refused): its characters leave the count."""
+        if epoch == self.epoch:
+            self._held = max(0, self._held - len(text))
 
     def _arm(self) -> None:
         """(Re)start the wait after which unpunctuated text is spoken anyway."""
         self._disarm()
-        delay = self.host.session.max_buffer_delay_ms
+        delay = self.settings.max_buffer_delay_ms
         if delay and self.text.strip():
             self._timer = asyncio.get_running_loop().call_later(delay / 1000, self._due)
 
@@ -258,7 +272,9 @@ class SpeechContext:
                 piece = await self._submit(item)
             except Exception as exc:  # refused or failed: said, and the generation goes on
                 piece = None
-                await self.host.error(self.host.failure(exc), self.id, functools.partial(self._in, item.epoch))
+                self._spoken(item.text, item.epoch)
+                current = functools.partial(self._in, item.epoch)
+                await self.host.tell(Failed(self.host.failure(exc), self.id), current)
             finally:
                 self._submitting = False
             if piece is not None and item.epoch != self.epoch:
@@ -271,9 +287,9 @@ class SpeechContext:
                 return
 
     async def _submit(self, item: Sentence) -> Piece:
-        """`item` as an ordinary request, counted against the key's rate limit, held until spoken."""
+        """`item` as an ordinary request, counted against the tenant's rate limit, held until spoken."""
         segment_id, member = self.host.segment()
-        await self.ctx.count(self.host.key)
+        await self.ctx.count(self.host.key, self.host.tenant)
         s = item.settings
         body = speech.to_tts(item.text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         spec = await spec_of(self.ctx, body, NAMES, tenant=self.host.tenant)
@@ -283,7 +299,7 @@ class SpeechContext:
         try:
             await ensure(self.ctx, spec, request_id, self.host.tenant)
         except BaseException:
-            self.host.spawn(wanted.let_go(self.ctx, request_id, member))
+            await wanted.let_go(self.ctx, [(request_id, member)])
             raise
         return Piece(segment_id, member, item.text, spec, manifest(spec), s, item.arrived)
 
@@ -291,33 +307,32 @@ class SpeechContext:
 
     async def _speak(self, epoch: int, pieces: asyncio.Queue[Piece | End]) -> None:
         """Speak epoch `epoch`'s sentences from `pieces`, in order, until the context moves on or retires."""
-        generation = Generation()
+        generation = Generation(self.host.generation())
         while True:
             item = await pieces.get()
             if self.epoch != epoch:
                 return
             if isinstance(item, End):
                 await self._done(generation, epoch)
-                generation = Generation()
+                generation = Generation(self.host.generation())
             else:
                 self.current = item
                 await self._relay(item, generation, epoch)
                 if self.epoch != epoch:
                     return  # cleared: the sentence is withdrawn by whoever cleared it
                 self.current = None
-                self.host.spawn(wanted.let_go(self.ctx, item.request_id, item.member))
+                self._spoken(item.text, epoch)
+                await wanted.let_go(self.ctx, [(item.request_id, item.member)])
             self._settle()
             if self.retired:
                 return
 
     async def _relay(self, piece: Piece, generation: Generation, epoch: int) -> None:
-        """One sentence's audio, framed by its segment events; an error event when it cannot be had."""
+        """One sentence's audio, framed by its Began and Ended; Failed when it cannot be had."""
         current = functools.partial(self._in, epoch)
-        if generation.encoder is None:
-            fmt = piece.settings.response_format
-            generation.encoder, generation.rate = audio.StreamEncoder(fmt), audio.rate_of(fmt)
         relay = Relay(self.ctx, piece.request_id, piece.layout, routes.SPEECH_SOCKET.path, piece.arrived)
         gap = audio.silence(pause_after(generation.previous)) if generation.previous is not None else b""
+        offset = generation.samples + len(gap) // SAMPLE_WIDTH
         started = False
         try:
             async with aclosing(relay.pieces(self.ctx.settings.speech_wait)) as pieces:
@@ -326,34 +341,28 @@ class SpeechContext:
                         return
                     if not started:
                         started = True
-                        offset = samples_at(generation.rate, generation.samples + len(gap) // SAMPLE_WIDTH)
-                        start = SegmentStart(
-                            context_id=self.id,
-                            segment_id=piece.segment_id,
-                            text=piece.text,
-                            request_id=piece.request_id,
-                            sample_offset=offset,
+                        began = Began(
+                            self.id, generation.number, piece.segment_id, piece.text, piece.request_id, offset
                         )
-                        await self.host.send(start, current)
+                        await self.host.tell(began, current)
                     data, gap = gap + pcm, b""
                     generation.samples += len(data) // SAMPLE_WIDTH
-                    await self._delta(await run_in_threadpool(generation.encoder.feed, data), current)
+                    await self.host.tell(Audio(self.id, generation.number, piece.segment_id, data), current)
         except Cut:
-            await self.host.error(self.host.failure(await self._why(piece)), self.id, current)
+            await self.host.tell(Failed(self.host.failure(await self._why(piece)), self.id), current)
         else:
             generation.previous = piece.spec.chunks[-1]
             generation.text_tokens += speech.input_tokens(piece.spec.chunks)
         generation.audio_tokens += relay.audio_tokens
         if started:
-            await self.host.send(SegmentDone(context_id=self.id, segment_id=piece.segment_id), current)
+            samples = generation.samples - offset
+            ended = Ended(self.id, generation.number, piece.segment_id, piece.text, offset, samples)
+            await self.host.tell(ended, current)
 
     async def _done(self, generation: Generation, epoch: int) -> None:
         current = functools.partial(self._in, epoch)
-        if generation.encoder is not None:
-            await self._delta(await run_in_threadpool(generation.encoder.close), current)
-        n, m = generation.text_tokens, generation.audio_tokens
-        usage = Usage(input_tokens=n, output_tokens=m, total_tokens=n + m)
-        await self.host.send(Done(usage=usage, context_id=self.id), current)
+        finished = Finished(self.id, generation.number, generation.text_tokens, generation.audio_tokens)
+        await self.host.tell(finished, current)
 
     async def _why(self, piece: Piece) -> Exception:
         """Why a sentence's relay was cut: its job failed or was canceled, or it is late."""
@@ -366,7 +375,3 @@ class SpeechContext:
             f"the audio of {piece.request_id} was not ready within {self.ctx.settings.speech_wait} s; "
             f"it goes on: GET {self.host.links.audio(piece.request_id)}",
         )
-
-    async def _delta(self, data: bytes, current: Callable[[], bool]) -> None:
-        if data:
-            await self.host.send(Delta(audio=base64.b64encode(data).decode(), context_id=self.id), current)

@@ -1,4 +1,4 @@
-"""What passes between the stages of a WebSocket context (speaking.py): sentences cut, submitted, spoken."""
+"""What passes between the stages of a socket's context (speaking.py): sentences cut, submitted, spoken."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache import Spec
-from common import audio
 from web.bodies import Session
 
 
@@ -46,9 +45,8 @@ class End:
 class Generation:
     """What the speaker keeps between a generation's sentences."""
 
-    encoder: audio.StreamEncoder | None = None
-    rate: int = 0
+    number: int  # unique in the session (news.py)
     previous: str | None = None  # the last sentence's last chunk: the pause after it follows from it
-    samples: int = 0  # of audio sent so far, at the model's rate
+    samples: int = 0  # of audio told so far, at the model's rate
     text_tokens: int = 0
     audio_tokens: int = 0

@@ -18,6 +18,7 @@ being canceled (it runs to its end); its set expires with the audio.
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 from common.keys import events_channel, hooks_key, wanted_key
 from web import tts
@@ -34,9 +35,15 @@ async def hold(ctx: Context, request_id: str, member: str) -> None:
         await pipe.execute()
 
 
-async def let_go(ctx: Context, request_id: str, member: str) -> None:
-    """Sentence `member` no longer wants `request_id`'s audio (it was spoken, or its session went away)."""
-    await ctx.redis.srem(wanted_key(request_id), member)
+async def let_go(ctx: Context, held: Sequence[tuple[str, str]]) -> None:
+    """Each (request id, member) of `held`: sentence `member` no longer wants that request's audio (it was spoken,
+    or its session went away). One round trip however many."""
+    if not held:
+        return
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for request_id, member in held:
+            pipe.srem(wanted_key(request_id), member)
+        await pipe.execute()
 
 
 async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: str, tenant: str) -> bool:
@@ -48,7 +55,7 @@ async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: 
     a round trip of its own before the count, so Redis has read that close
     by the time it counts the channel's subscribers.
     """
-    await let_go(ctx, request_id, member)
+    await let_go(ctx, [(request_id, member)])
     async with ctx.redis.pipeline(transaction=False) as pipe:
         pipe.scard(wanted_key(request_id))
         pipe.pubsub_numsub(events_channel(request_id))
