@@ -5,8 +5,8 @@ it, time is shared out in proportion to a nominal length per piece of text:
 
 - a syllable is 200 (a word's syllables: its vowel groups, a e i o u y with
   accents ignored, plus Greek and Cyrillic vowels, less a silent final "e" as
-  in "make"; a word in capitals with no vowel, "TTS", is spelled, one a
-  letter; other words with no vowel, one per two letters; a Chinese or
+  in "make"; a run of two to four capitals is spelled, one a letter, as in
+  "GPU" or "ChatTTS"; a word with no vowel, one per two letters; a Chinese or
   Japanese character, or a Hangul block, is one);
 - a digit is 300 (one and a half syllables: "24" is "twen-ty-four");
 - punctuation carries the pause the splitter puts after it (splitter.
@@ -153,20 +153,27 @@ def _spoken(core: str) -> int:
     """The nominal length of a word's core (from its first letter or digit to its last)."""
     digits = sum(c.isdecimal() for c in core)
     numbers = sum(unicodedata.category(c)[0] == "N" for c in core) - digits
-    letters = [c for c in core if c.isalpha()]
-    syllables = _syllables(core)
-    if not syllables and letters:
-        cased = [c for c in letters if c.lower() != c.upper()]
-        spelled = cased and all(c.isupper() for c in cased) and len(cased) == len(letters)
-        syllables = len(letters) if spelled else -(-len(letters) // 2)
+    letters = sum(c.isalpha() for c in core)
+    syllables = _syllables(core) or -(-letters // 2)
     return max(SYLLABLE, SYLLABLE * (syllables + numbers) + DIGIT * digits)
 
 
 def _syllables(core: str) -> int:
-    """Vowel groups and Hangul blocks in `core`, less a silent final e."""
+    """Vowel groups, Hangul blocks and the letters of spelled capitals in `core`, less a silent final e."""
     count = 0
     previous = False  # was the last letter a vowel
-    for c in core:
+    k = 0
+    while k < len(core):
+        c = core[k]
+        capitals = k
+        while capitals < len(core) and core[capitals].isupper():
+            capitals += 1
+        if 2 <= capitals - k <= 4 and not (k and core[k - 1].isupper()):
+            count += capitals - k
+            previous = False
+            k = capitals
+            continue
+        k += 1
         if unicodedata.category(c)[0] == "M":
             continue  # a combining accent belongs to the letter before it
         if _HANGUL[0] <= ord(c) <= _HANGUL[1]:
