@@ -106,6 +106,7 @@ def words(times: CharTimes) -> list[Word]:
 def _pieces(text: str) -> list[tuple[int, int, int]]:
     """The text cut into (start, end, nominal length) pieces that tile it; every length is positive."""
     tags = {m.start(): m for m in CONTROL_TAG.finditer(text)}
+    spoken_end = len(text.rstrip())
     pieces: list[tuple[int, int, int]] = []
     i = 0
     while i < len(text):
@@ -128,24 +129,23 @@ def _pieces(text: str) -> list[tuple[int, int, int]]:
             like = [k for k in range(i, j) if _wordlike(text[k])]
             if like:
                 first, last = like[0], like[-1] + 1
-                pieces += _marks(text, i, first)
+                pieces += _marks(text, i, first, spoken_end)
                 pieces.append((first, last, _spoken(text[first:last])))
-                pieces += _marks(text, last, j)
+                pieces += _marks(text, last, j, spoken_end)
             else:
-                pieces += _marks(text, i, j)
+                pieces += _marks(text, i, j, spoken_end)
             i = j
     return pieces
 
 
-def _marks(text: str, begin: int, end: int) -> list[tuple[int, int, int]]:
-    """One piece a mark for the run text[begin:end]: its first strongest mark carries the pause."""
-    if begin == end:
-        return []
+def _marks(text: str, begin: int, end: int, spoken_end: int) -> list[tuple[int, int, int]]:
+    """One piece a mark for the run text[begin:end]: its first strongest mark carries the pause, unless the run
+    ends the text's last non-space characters (`spoken_end`)."""
     out = [(k, k + 1, MARK) for k in range(begin, end)]
-    if text[end:].strip():
+    if out and end < spoken_end:
         pauses = [pause_after(text[k]) for k in range(begin, end)]
         strongest = pauses.index(max(pauses))
-        out[strongest] = (begin + strongest, begin + strongest + 1, max(pauses, default=MARK))
+        out[strongest] = (begin + strongest, begin + strongest + 1, pauses[strongest])
     return out
 
 
