@@ -120,6 +120,55 @@ def test_each_cue_holds_its_chunk_audio_and_no_other(stack_factory: Callable[...
     assert "immutable" in vtt.headers["cache-control"]
 
 
+def test_word_cues_lie_inside_their_chunks_cues(stack_factory: Callable[..., Stack]) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", TTS_CHUNK_CHARS="40")
+    stack.start_web()
+    stack.start_worker()
+    stack.wait_ready()
+    text = TEXT + " 你好，世界。“词”的时间，按规则分配。"
+    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+    url = stack.url + body["captions_url"]
+    doc = httpx.get(url + "?format=json&words=false").json()
+    by_word = httpx.get(url + "?format=json&words=true")
+    assert by_word.status_code == 200 and by_word.headers["content-type"] == "application/json"
+    words = by_word.json()
+    assert words["id"] == doc["id"] and words["duration"] == doc["duration"]
+    assert [w["index"] for w in words["cues"]] == list(range(1, len(words["cues"]) + 1))
+    samples = [(round(w["start"] * RATE), round(w["end"] * RATE), w["text"]) for w in words["cues"]]
+    assert all(start <= end for start, end, _ in samples)
+    assert all(a[1] <= b[0] for a, b in zip(samples, samples[1:])), "word cues do not rise"
+
+    at = 0
+    for chunk in doc["cues"]:
+        start, end = round(chunk["start"] * RATE), round(chunk["end"] * RATE)
+        mine = []
+        while at < len(samples) and samples[at][1] <= end:
+            assert samples[at][0] >= start, f"{samples[at]} starts before its chunk {chunk}"
+            mine.append(samples[at])
+            at += 1
+        assert mine and mine[0][0] == start and mine[-1][1] == end, "a chunk's edges are its words' edges"
+        texts = [t for _, _, t in mine]
+        assert "".join(texts) == chunk["text"].replace(" ", "")
+        han = [sum("\u4e00" <= c <= "\u9fff" for c in t) for t in texts]
+        if any(han):
+            assert max(han) == 1 and len(texts) >= sum(han), texts  # each Chinese character a word
+        else:
+            assert " ".join(texts) == chunk["text"]
+    assert at == len(samples)
+    assert len(doc["cues"]) >= 4 and "时" in [t for _, _, t in samples]
+
+    for fmt, separator in (("vtt", "."), ("srt", ",")):
+        shown = httpx.get(f"{url}?format={fmt}&words=1")
+        assert shown.status_code == 200 and shown.headers["content-type"] == captions.MEDIA[fmt]
+        stamps = re.findall(rf"(\d\d:\d\d:\d\d\{separator}\d\d\d) --> (\d\d:\d\d:\d\d\{separator}\d\d\d)", shown.text)
+        assert len(stamps) == len(samples)
+        for (start, end, word), (shown_start, shown_end) in zip(samples, stamps):
+            assert start - RATE / 1000 < _stamp_samples(shown_start) <= start, word
+            assert end <= _stamp_samples(shown_end) < end + RATE / 1000, word
+        assert ("\n&lt;Tags&gt;\n" if fmt == "vtt" else "\n<Tags>\n") in shown.text  # a word, escaped as cues are
+
+
 def test_captions_answer_like_the_audio_route(stack_factory: Callable[..., Stack], redis: Redis) -> None:
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
@@ -129,6 +178,8 @@ def test_captions_answer_like_the_audio_route(stack_factory: Callable[..., Stack
     assert r.status_code == 202 and r.json()["status"] == "queued" and int(r.headers["retry-after"]) >= 1
     bad = httpx.get(stack.url + queued["captions_url"] + "?format=ass")
     assert bad.status_code == 422 and bad.json()["field"] == "format"
+    bad = httpx.get(stack.url + queued["captions_url"] + "?words=maybe")
+    assert bad.status_code == 422 and bad.json()["field"] == "words"
     assert httpx.get(f"{stack.url}/v1/tts/{'0' * 32}/captions").status_code == 404
     assert httpx.get(f"{stack.url}/v1/tts/not-an-id/captions").status_code == 404
 

@@ -3,6 +3,8 @@
 The WAV is the chunks' PCM16 in order, each followed by its pause
 (audio.join); so chunk i starts after the samples of every chunk and pause
 before it, and its cue ends where its own audio ends, before its pause.
+With `words=true`, one cue per word instead, timed inside its chunk's span
+by common/timing.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from cache import SAMPLE_RATE, SAMPLE_WIDTH
-from common import audio
+from common import audio, timing
 from common.errors import ApiError
 from web import headers, tts, validation
 from web.context import Context, tenant_of
@@ -45,6 +47,15 @@ def spans(texts: Sequence[str], sizes: Sequence[int], pauses_ms: Sequence[int]) 
         # audio.silence: the same whole number of samples for the pause.
         at = end + audio.samples_of_ms(pauses_ms[i] if i < len(pauses_ms) else 0)
     return out
+
+
+def word_spans(chunks: Sequence[Span]) -> list[Span]:
+    """One span per word of each chunk, inside its chunk's span (timing.words); a chunk's last word ends with it."""
+    return [
+        Span(chunk.start + word.start, chunk.start + word.end, word.text)
+        for chunk in chunks
+        for word in timing.words(timing.chars(chunk.text, chunk.end - chunk.start))
+    ]
 
 
 def _stamp(samples: int, up: bool, separator: str) -> str:
@@ -93,9 +104,10 @@ def as_json(request_id: str, cues: Sequence[Span], total_samples: int) -> bytes:
 
 
 async def captions(ctx: Context, request: Request) -> Response:
-    """GET /v1/tts/{id}/captions?format=vtt|srt|json; not finished: 202, 500 or 409 as the audio route."""
+    """GET /v1/tts/{id}/captions?format=vtt|srt|json&words=false|true; not finished: 202, 500 or 409 as /audio."""
     request_id = request.path_params["id"]
     fmt = validation.choice(request.query_params.get("format", "vtt"), FORMATS, "format")
+    by_word = validation.flag(request.query_params.get("words"), "words")
     tenant = tenant_of(request)
     layout = await manifest_of(ctx, request_id, tenant)
     if "texts" not in layout:
@@ -106,6 +118,8 @@ async def captions(ctx: Context, request: Request) -> Response:
     pauses = layout.get("pauses") or []
     cues = spans(layout["texts"], [s or 0 for s in sizes], pauses)
     total = cues[-1].end + audio.samples_of_ms(pauses[-1] if pauses else 0)
+    if by_word:
+        cues = word_spans(cues)
     if fmt == "json":
         body = as_json(request_id, cues, total)
     else:

@@ -87,6 +87,26 @@ NAME_PARAM = {
 IMMUTABLE = header_refs("ETag", "Cache-Control", "Content-Disposition")
 
 
+def flag_param(name: str, description: str) -> dict[str, Any]:
+    """A boolean query parameter as validation.flag reads it: true or false, or their other spellings."""
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": f"{description} Also 1, yes, on (or empty) and 0, no, off, in any case.",
+        "schema": {
+            "anyOf": [
+                {"type": "boolean"},
+                {
+                    "type": "string",
+                    "pattern": fields.any_case(("", "1", "true", "yes", "on", "0", "false", "no", "off")),
+                },
+            ],
+            "default": False,
+        },
+    }
+
+
 def redis_down() -> dict[str, Any]:
     """What every endpoint that reads Redis can answer besides its own statuses."""
     return {"503": error("Redis is unreachable; try again.", "Retry-After")}

@@ -6,7 +6,7 @@ from typing import Any
 
 from common import audio
 from common.settings import Settings
-from web import captions, fields, routes
+from web import captions, routes
 from web.openapi_parts import (
     ID_PARAM,
     IMMUTABLE,
@@ -14,6 +14,7 @@ from web.openapi_parts import (
     binary,
     body_errors,
     error,
+    flag_param,
     json_answer,
     not_ready,
     redis_down,
@@ -107,26 +108,12 @@ def operations(settings: Settings) -> dict[str, Any]:
                             "default": 0,
                         },
                     },
-                    {
-                        "name": "stream",
-                        "in": "query",
-                        "required": False,
-                        "description": "true: a chunked 200 that starts with the first stored chunk and ends with "
-                        "the last (no ETag; a streamed WAV's header cannot know the length). Served whole once "
-                        "everything is stored. Also 1, yes, on (or empty) and 0, no, off, in any case.",
-                        "schema": {
-                            "anyOf": [
-                                {"type": "boolean"},
-                                {
-                                    "type": "string",
-                                    "pattern": fields.any_case(
-                                        ("", "1", "true", "yes", "on", "0", "false", "no", "off")
-                                    ),
-                                },
-                            ],
-                            "default": False,
-                        },
-                    },
+                    flag_param(
+                        "stream",
+                        "true: a chunked 200 that starts with the first stored chunk and ends with the last (no "
+                        "ETag; a streamed WAV's header cannot know the length). Served whole once everything is "
+                        "stored.",
+                    ),
                     {
                         "name": "If-None-Match",
                         "in": "header",
@@ -159,6 +146,11 @@ def operations(settings: Settings) -> dict[str, Any]:
                         "required": False,
                         "schema": {"type": "string", "enum": list(captions.FORMATS), "default": "vtt"},
                     },
+                    flag_param(
+                        "words",
+                        "true: one cue per word instead of one per chunk, each timed inside its chunk's exact "
+                        "span by the rule of docs/usage.md (Captions).",
+                    ),
                 ],
                 "responses": {
                     "200": {
@@ -171,7 +163,7 @@ def operations(settings: Settings) -> dict[str, Any]:
                         },
                     },
                     **not_ready(),
-                    "422": error("format is not vtt, srt or json."),
+                    "422": error("format is not vtt, srt or json, or words is not true or false; `field` names it."),
                     **redis_down(),
                 },
             },

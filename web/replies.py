@@ -265,7 +265,7 @@ class Cue(Reply):
 
 
 class Captions(Reply):
-    """One cue per chunk, at the exact sample offsets of its audio in the WAV."""
+    """One cue per chunk, at the exact sample offsets of its audio in the WAV; or per word (words=true), inside them."""
 
     id: RequestId
     duration: Annotated[float, Meta(ge=0)]
