@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import AsyncIterator, Awaitable, Callable
 
-from msgspec import UNSET
+from msgspec import UNSET, Struct
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ExecAbortError, MaxConnectionsError, OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,8 +30,10 @@ from starlette.websockets import WebSocket
 from common import logs, metrics
 from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
-from web import captions, heap, ops, retention, routes, session, speech, tts, voices
+from web import captions, cartesia, elevenlabs, heap, ops, retention, routes, session, speech, tts, voices
+from web.cartesia_socket import CartesiaSocket
 from web.context import Context
+from web.elevenlabs_socket import ElevenLabsSocket
 from web.openai_socket import OpenAISocket
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
@@ -100,6 +103,29 @@ def _handlers(settings: Settings) -> dict[routes.Endpoint, Handler]:
         routes.AUDIO_VOICES: voices.audio_voices,
         routes.VOICES: voices.listing,
         routes.VOICE: voices.one,
+        routes.ELEVENLABS_TTS: elevenlabs.Speech(routes.ELEVENLABS_TTS, streamed=False, timed=False),
+        routes.ELEVENLABS_STREAM: elevenlabs.Speech(routes.ELEVENLABS_STREAM, streamed=True, timed=False),
+        routes.ELEVENLABS_TIMED: elevenlabs.Speech(routes.ELEVENLABS_TIMED, streamed=False, timed=True),
+        routes.ELEVENLABS_STREAM_TIMED: elevenlabs.Speech(routes.ELEVENLABS_STREAM_TIMED, streamed=True, timed=True),
+        routes.ELEVENLABS_VOICES: elevenlabs.voice_list,
+        routes.ELEVENLABS_VOICE: elevenlabs.voice,
+        routes.ELEVENLABS_VOICES_V2: elevenlabs.voice_page,
+        routes.ELEVENLABS_MODELS: elevenlabs.models,
+        routes.CARTESIA_BYTES: cartesia.tts_bytes,
+        routes.CARTESIA_SSE: cartesia.tts_sse,
+        routes.CARTESIA_VOICES: cartesia.voice_list,
+        routes.CARTESIA_VOICE: cartesia.voice,
+    }
+
+
+def _codecs() -> dict[routes.Endpoint, Callable[[WebSocket], session.Codec]]:
+    """The protocol of each socket route: a codec made for each connection from its path and query (an ApiError
+    refuses the connection before its handshake)."""
+    return {
+        routes.SPEECH_SOCKET: lambda websocket: OpenAISocket(),
+        routes.ELEVENLABS_SOCKET: lambda websocket: ElevenLabsSocket(websocket, multi=False),
+        routes.ELEVENLABS_MULTI: lambda websocket: ElevenLabsSocket(websocket, multi=True),
+        routes.CARTESIA_SOCKET: lambda websocket: CartesiaSocket(),
     }
 
 
@@ -121,20 +147,29 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
 
         return Route(endpoint.path, serve, methods=list(endpoint.methods), name=endpoint.name)
 
-    async def speech_socket(websocket: WebSocket) -> None:
-        # It checks the API key itself: a refused key is told why, then closed with 1008.
-        ctx.open_sockets += 1
-        try:
-            await session.serve(ctx, websocket, OpenAISocket(), failure)
-        finally:
-            ctx.open_sockets -= 1
+    def socket(endpoint: routes.Endpoint) -> WebSocketRoute:
+        """A socket route: its codec on the one session engine, which checks the API key itself (a refused key is
+        told why, then closed with 1008)."""
+        make = codecs[endpoint]
 
-    sockets = {routes.SPEECH_SOCKET: speech_socket}
-    assert set(handlers) | set(sockets) == set(routes.ALL), "a route without a handler, or the reverse"
-    return [
-        WebSocketRoute(endpoint.path, sockets[endpoint], name=endpoint.name) if endpoint.socket else http(endpoint)
-        for endpoint in routes.ALL
-    ]
+        async def serve(websocket: WebSocket) -> None:
+            try:
+                codec = make(websocket)
+            except ApiError as exc:  # its path or query cannot serve: refused before the handshake
+                told = failure(exc)
+                await websocket.send_denial_response(reply(_shaped(endpoint, told), told.status, told.headers))
+                return
+            ctx.open_sockets += 1
+            try:
+                await session.serve(ctx, websocket, codec, failure)
+            finally:
+                ctx.open_sockets -= 1
+
+        return WebSocketRoute(endpoint.path, serve, name=endpoint.name)
+
+    codecs = _codecs()
+    assert set(handlers) | set(codecs) == set(routes.ALL), "a route without a handler, or the reverse"
+    return [socket(endpoint) if endpoint.socket else http(endpoint) for endpoint in routes.ALL]
 
 
 # -- errors: mapped to HTTP here and nowhere else ----------------------------
@@ -184,14 +219,24 @@ def failure(exc: Exception, method: str = "", where: str = "") -> Failure:
 
 
 async def _error(request: Request, exc: Exception) -> Response:
-    """An error answer in the shape of the route asked (routes.Endpoint.openai)."""
+    """An error answer in the shape of the route asked (routes.Endpoint.shape)."""
     known = failure(exc, request.method, f"{request.method} {request.url.path}")
     if isinstance(exc, OutOfMemoryError):
         request.app.state.context.metrics.inc("tts_redis_full_total", process="web")
     endpoint = routes.at(request.url.path)
-    if endpoint is not None and endpoint.openai:
+    if endpoint is not None and endpoint.shape == "openai" and known.status == 422:
         # OpenAI answers 400 for every request it refuses, so its SDK raises BadRequestError.
-        status = 400 if known.status == 422 else known.status
-        return reply(openai_error(status, known.detail, known.field, known.code), status, known.headers)
-    body = Error(detail=known.detail, field=UNSET if known.field is None else known.field)
-    return reply(body, known.status, known.headers)
+        known = replace(known, status=400)
+    return reply(_shaped(endpoint, known), known.status, known.headers)
+
+
+def _shaped(endpoint: routes.Endpoint | None, known: Failure) -> Struct:
+    """`known` as the body of an error of `endpoint`'s shape (ours when no route matched)."""
+    shape = endpoint.shape if endpoint is not None else "ours"
+    if shape == "openai":
+        return openai_error(known.status, known.detail, known.field, known.code)
+    if shape == "elevenlabs":
+        return elevenlabs.error_body(known)
+    if shape == "cartesia":
+        return cartesia.error_body(known)
+    return Error(detail=known.detail, field=UNSET if known.field is None else known.field)

@@ -21,9 +21,9 @@ from common.errors import ApiError
 from common.pcm import samples_at
 from web import bodies, decoding, fields
 from web.bodies import SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
-from web.news import Audio, Began, Ended, Finished, News
+from web.news import Audio, Began, Cleared, Ended, Finished, News
+from web.replies import Cleared as ClearedEvent
 from web.replies import (
-    Cleared,
     Delta,
     Done,
     ErrorEvent,
@@ -77,7 +77,6 @@ class OpenAISocket:
                     session.context(body.context_id).flush()
                 else:
                     await session.clear(body.context_id)
-                    await session.send(_frame(Cleared(context_id=body.context_id)))
             except ApiError as exc:
                 await session.refuse(exc, body.context_id)
         return True
@@ -98,6 +97,8 @@ class OpenAISocket:
             return _delta(await run_in_threadpool(encoder.feed, news.pcm), news.context)
         if isinstance(news, Ended):
             return [_frame(SegmentDone(context_id=news.context, segment_id=news.segment))]
+        if isinstance(news, Cleared):
+            return [_frame(ClearedEvent(context_id=news.context))]
         if isinstance(news, Finished):
             frames: list[Frame] = []
             started = self._encoders.pop(news.generation, None)

@@ -20,7 +20,19 @@ import msgspec
 import msgspec.inspect as mi
 
 from common.settings import Settings
-from web import bodies, fields, openapi_ops, openapi_speech, openapi_tts, openapi_voices, replies, routes
+from web import (
+    bodies,
+    compat_bodies,
+    compat_replies,
+    fields,
+    openapi_compat,
+    openapi_ops,
+    openapi_speech,
+    openapi_tts,
+    openapi_voices,
+    replies,
+    routes,
+)
 from web.openapi_parts import JSON, error, headers, ref
 from work import events
 
@@ -52,6 +64,15 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     replies.ErrorEvent,
     replies.ModelList,
     replies.AudioVoiceList,
+    compat_bodies.ElevenLabsSpeech,
+    compat_bodies.CartesiaSpeech,
+    compat_replies.ElevenLabsError,
+    compat_replies.ElevenLabsVoices,
+    compat_replies.ElevenLabsVoicesPage,
+    compat_replies.ElevenLabsModel,
+    compat_replies.TimedAudio,
+    compat_replies.CartesiaError,
+    compat_replies.CartesiaVoices,
 )
 # OpenAPI has no WebSockets: they are described under this extension, their messages in the components.
 WEBSOCKETS = "x-websockets"
@@ -100,6 +121,7 @@ def schema(settings: Settings) -> dict[str, Any]:
         **openapi_speech.operations(settings),
         **openapi_voices.operations(settings),
         **openapi_ops.operations(),
+        **openapi_compat.operations(settings),
     }
     http = [endpoint for endpoint in routes.ALL if not endpoint.socket]
     assert set(operations) == {endpoint.name for endpoint in http}, "a route without operations, or the reverse"
@@ -114,10 +136,11 @@ def schema(settings: Settings) -> dict[str, Any]:
             "voices; be called back when done; speak text as it is written over the WebSocket "
             f"{socket} (described under {WEBSOCKETS}). Errors are JSON "
             '{"detail": str, "field": str?}, except on the OpenAI-compatible routes, which answer OpenAI\'s '
-            '{"error": {message, type, param, code}}.',
+            '{"error": {message, type, param, code}}, and the ElevenLabs- and Cartesia-compatible ones (under '
+            "/elevenlabs and /cartesia), which answer in their vendors' shapes.",
         },
         "paths": paths,
-        WEBSOCKETS: {socket: openapi_speech.speech_socket()},
+        WEBSOCKETS: {socket: openapi_speech.speech_socket(), **openapi_compat.sockets()},
         "webhooks": {"requestOver": {"post": openapi_tts.event_operation()}},
         "components": {"schemas": components(settings), "headers": headers()},
     }
@@ -131,8 +154,8 @@ def schema(settings: Settings) -> dict[str, Any]:
         if endpoint.operator and (settings.metrics_key or (settings.api_keys and settings.tenancy == "isolated")):
             _operators_only(paths[endpoint.path], settings)
     for endpoint in http:
-        if endpoint.openai:
-            _openai_errors(paths[endpoint.path])
+        if endpoint.shape != "ours":
+            _shaped_errors(paths[endpoint.path], _ERROR_SHAPES[endpoint.shape])
     return doc
 
 
@@ -166,8 +189,12 @@ def _operators_only(item: dict[str, Any], settings: Settings) -> None:
             operation["responses"].pop("429", None)  # the operators' key is not rate limited
 
 
-def _openai_errors(item: dict[str, Any]) -> None:
-    """A path item's error answers in OpenAI's shape."""
+# The schema of each error shape but ours (routes.Endpoint.shape).
+_ERROR_SHAPES = {"openai": "OpenAIError", "elevenlabs": "ElevenLabsError", "cartesia": "CartesiaError"}
+
+
+def _shaped_errors(item: dict[str, Any], schema: str) -> None:
+    """A path item's error answers in the shape of `schema`."""
     for method, operation in item.items():
         if method == "parameters":
             continue
@@ -176,4 +203,4 @@ def _openai_errors(item: dict[str, Any]) -> None:
             content = answer.get("content", {}).get(JSON)
             if content is not None and content["schema"] == ref("Error"):
                 # A copy: the same answers are shared with the other routes.
-                responses[status] = {**answer, "content": {JSON: {"schema": ref("OpenAIError")}}}
+                responses[status] = {**answer, "content": {JSON: {"schema": ref(schema)}}}

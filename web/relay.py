@@ -59,6 +59,10 @@ class Relay:
         self.first_audio: float | None = None  # seconds from `started` to the first piece
         self.worst_gap = 0.0
         self.samples = 0  # of model audio relayed (pauses not counted)
+        # Where each chunk relayed whole lies in what was relayed (pauses counted): [start, end) in samples, its
+        # pause after it not included. Its text is the manifest's. Timings are exact at these edges.
+        self.spans: list[tuple[int, int]] = []
+        self._position = 0
         self._played_until = 0.0  # monotonic time at which the audio relayed so far ends playing
 
     @property
@@ -81,17 +85,21 @@ class Relay:
             for index, chunk_id in enumerate(self.chunk_ids):
                 deadline = time.monotonic() + (first_wait if index == 0 else idle)
                 got = False
+                start = self._position
                 async for pcm in _chunk_pieces(self.ctx, listener, chunk_id, deadline):
                     got = True
                     if pcm:
                         self.samples += len(pcm) // SAMPLE_WIDTH
+                        self._position += len(pcm) // SAMPLE_WIDTH
                         self._arrived(len(pcm))
                         yield pcm
                 if not got:
                     logger.info("relay of %s cut short: the job stopped before chunk %d", self.request_id, index)
                     raise Cut(self.request_id, index)
+                self.spans.append((start, self._position))
                 pause = audio.silence(self.pauses[index])
                 if pause:
+                    self._position += len(pause) // SAMPLE_WIDTH
                     self._arrived(len(pause))
                     yield pause
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Literal, Mapping, Sequence
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -300,6 +300,8 @@ class Health(Reply):
     status: Literal["ok"]
 
 
-def reply(body: msgspec.Struct, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    """A JSON answer of `body`."""
+def reply(
+    body: msgspec.Struct | Sequence[msgspec.Struct], status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A JSON answer of `body` (a Struct, or a bare array of them where a vendor's API answers one)."""
     return Response(msgspec.json.encode(body), status_code=status, headers=headers, media_type="application/json")

@@ -42,7 +42,7 @@ from web import sockets, wanted
 from web.bodies import Session as Settings
 from web.context import Context, key_of, tenant_of
 from web.links import Links
-from web.news import Failed, News
+from web.news import Cleared, Failed, News
 from web.replies import Failure
 from web.speaking import SpeechContext
 
@@ -249,14 +249,17 @@ class Session:
         return self.settings
 
     async def clear(self, context_id: str) -> None:
-        """Barge-in on `context_id`: its audio stops at once and its unspoken sentences are withdrawn."""
+        """Barge-in on `context_id`: its audio stops at once and its unspoken sentences are withdrawn; then the
+        codec is told (Cleared), after which no news of its earlier text comes."""
         context = self.contexts.get(context_id)
         if context is not None:
             context.clear()
+        await self.tell(Cleared(context_id))
 
-    async def end(self) -> None:
-        """Flush every context (the default one when there is none), then close with 1000 after the last audio."""
-        contexts = list(self.contexts.values()) or [self.context("default")]
+    async def end(self, default: str | None = "default") -> None:
+        """Flush every context (context `default` when there is none, if one is named), then close with 1000 after
+        the last audio."""
+        contexts = list(self.contexts.values()) or ([self.context(default)] if default is not None else [])
         for context in contexts:
             context.flush()
         waits = [asyncio.ensure_future(c.gone.wait()) for c in contexts]

@@ -155,6 +155,13 @@ class SpeechContext:
         self._arm()
         self._settle()
 
+    def cut(self) -> None:
+        """Speak what is buffered now, ended or not (a protocol's "generate now"); the generation goes on."""
+        self._disarm()
+        rest, self.text = self.text, ""
+        self._take(rest)
+        self._settle()
+
     def flush(self) -> None:
         """Speak what is left and end the generation: Finished follows its audio, even if some of it is refused."""
         self._disarm()
@@ -242,8 +249,7 @@ class SpeechContext:
 
     def _due(self) -> None:
         self._timer = None
-        rest, self.text = self.text, ""
-        self._take(rest)
+        self.cut()
 
     def _settle(self) -> None:
         """Retire once nothing is left to do: no text, no sentence on its way, no generation open."""

@@ -266,7 +266,12 @@ async def _delete(ctx: Context, request: Request) -> Response:
 
 async def _summaries(ctx: Context, request: Request) -> list[VoiceSummary]:
     """The caller's saved voices (without their speaker strings), sorted by name."""
-    saved = await ctx.redis.hgetall(voices_key(tenant_of(request)))
+    return await saved_summaries(ctx, tenant_of(request))
+
+
+async def saved_summaries(ctx: Context, tenant: str) -> list[VoiceSummary]:
+    """`tenant`'s saved voices (without their speaker strings), sorted by name."""
+    saved = await ctx.redis.hgetall(voices_key(tenant))
     voices = []
     for raw_name, raw in sorted(saved.items()):
         record = json.loads(raw)
