@@ -31,9 +31,9 @@ MEDIA_TYPES = {"raw": "application/octet-stream", "wav": "audio/wav", "mp3": "au
 # libsndfile's MP3 encoder takes a compression level from 0 (its highest bit rate) to 1 (its lowest); the bit
 # rates between which it moves depend on the MPEG version the sample rate belongs to (kbit/s).
 _MP3_RANGE = (
-    {rate: (32, 320) for rate in (32000, 44100, 48000)}
-    | {rate: (8, 160) for rate in (16000, 22050, 24000)}
-    | {rate: (8, 64) for rate in (8000,)}
+    dict.fromkeys((32000, 44100, 48000), (32, 320))
+    | dict.fromkeys((16000, 22050, 24000), (8, 160))
+    | dict.fromkeys((8000,), (8, 64))
 )
 # The bit rates (kbit/s, mono) between which libsndfile's Opus encoder moves with its compression level.
 _OPUS_RANGE = (6, 256)
