@@ -1,4 +1,5 @@
-"""API keys are in no log line of any process, however they were given (?api_key= over HTTP and WebSocket, Bearer)."""
+"""API keys are in no log line of any process, however they were given (?api_key= over HTTP and WebSocket, Bearer,
+the ElevenLabs and Cartesia clients' headers, query parameters and first messages)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,33 @@ def test_api_keys_are_in_no_log_line(stack_factory: Callable[..., Stack]) -> Non
                 pass
     with connect(ws_url + f"?api_key={WRONG}") as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "error"
+    # The compatible sockets: ElevenLabs' key as its header, its query parameter or in its first message; Cartesia's.
+    eleven = (
+        stack.url.replace("http://", "ws://")
+        + "/elevenlabs/v1/text-to-speech/alloy/stream-input?output_format=pcm_16000"
+    )
+    for url, headers, first in (
+        (eleven, {"xi-api-key": KEY}, {}),
+        (eleven + f"&xi_api_key={KEY}", {}, {}),
+        (eleven, {}, {"xi_api_key": KEY}),
+    ):
+        with connect(url, additional_headers=headers) as ws:
+            ws.send(json.dumps({"text": " ", **first}))
+            ws.send(json.dumps({"text": "Over ElevenLabs' socket."}))
+            ws.send(json.dumps({"text": ""}))
+            while not json.loads(ws.recv(timeout=60)).get("isFinal"):
+                pass
+    with connect(eleven, additional_headers={"xi-api-key": WRONG}) as ws:
+        assert "error" in json.loads(ws.recv(timeout=30))
+    cartesia = stack.url.replace("http://", "ws://") + "/cartesia/tts/websocket"
+    raw = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+    for url, headers in ((cartesia + f"?api_key={KEY}", {}), (cartesia, {"X-API-Key": KEY})):
+        with connect(url, additional_headers=headers) as ws:
+            ws.send(
+                json.dumps({"context_id": "c", "transcript": "Cartesia's.", "voice": "alloy", "output_format": raw})
+            )
+            while json.loads(ws.recv(timeout=60))["type"] != "done":
+                pass
     web = stack.web
     assert web is not None
     wait_for(lambda: "WebSocket" in web.output(), 10, "uvicorn's WebSocket lines")
@@ -56,6 +84,7 @@ def test_api_keys_are_in_no_log_line(stack_factory: Callable[..., Stack]) -> Non
         for secret in (KEY, WRONG, KEY[:16], WRONG[:16]):
             assert secret not in out, (proc.log.name, [line for line in out.splitlines() if secret in line][:3])
     assert "api_key=***" in web.output()  # the parameter is shown, its value is not
+    assert "xi_api_key=***" in web.output()
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,11 @@ def test_each_sentence_has_its_segment_events_request_and_sample_offset(
         offset = len(pcm24) // 2 + (PAUSE // 2 if n else 0)
         pcm24 += (bytes(PAUSE) if n else b"") + sentence
         assert events[start]["sample_offset"] == -(-offset * audio.rate_of(fmt) // 24000)
+        # Its words, timed by the captions' rule: exact at the sentence's edges, rising inside.
+        words = events[end]["words"]
+        assert " ".join(w["word"] for w in words) == texts[n]
+        assert words[0]["start"] == offset / 24000 and words[-1]["end"] == (offset + len(sentence) // 2) / 24000
+        assert all(a["end"] <= b["start"] for a, b in zip(words, words[1:]))
         heard = _audio(events[start:end], "c")
         if fmt == "pcm":
             assert heard == pcm24[-len(sentence) - (PAUSE if n else 0) :]

@@ -16,10 +16,11 @@ from typing import Any, MutableMapping, Sequence
 import msgspec
 from starlette.concurrency import run_in_threadpool
 
+from cache import SAMPLE_RATE
 from common import audio
 from common.errors import ApiError
 from common.pcm import samples_at
-from web import bodies, decoding, fields
+from web import bodies, compat, decoding, fields
 from web.bodies import SessionUpdate, TextAppend, TextClear, TextEnd, TextFlush
 from web.news import Audio, Began, Cleared, Ended, Finished, News
 from web.replies import Cleared as ClearedEvent
@@ -32,6 +33,7 @@ from web.replies import (
     SegmentStart,
     SessionCreated,
     SessionUpdated,
+    TimedWord,
     Usage,
     openai_error,
 )
@@ -96,7 +98,9 @@ class OpenAISocket:
             encoder, _ = self._encoders[news.generation]
             return _delta(await run_in_threadpool(encoder.feed, news.pcm), news.context)
         if isinstance(news, Ended):
-            return [_frame(SegmentDone(context_id=news.context, segment_id=news.segment))]
+            found = compat.words(news.text, news.offset, news.offset + news.samples)
+            words = [TimedWord(word=w.text, start=w.start / SAMPLE_RATE, end=w.end / SAMPLE_RATE) for w in found]
+            return [_frame(SegmentDone(context_id=news.context, segment_id=news.segment, words=words))]
         if isinstance(news, Cleared):
             return [_frame(ClearedEvent(context_id=news.context))]
         if isinstance(news, Finished):

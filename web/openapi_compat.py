@@ -12,7 +12,7 @@ from typing import Any
 from common import wire
 from common.settings import Settings
 from web import fields, routes, voices
-from web.openapi_parts import JSON, binary, error, header_refs, json_answer, ref
+from web.openapi_parts import JSON, binary, error, header_refs, json_answer, redis_down, ref
 
 _AUDIO = ["audio/mpeg", "audio/pcm", "audio/wav", "audio/ogg", "audio/PCMU", "audio/PCMA"]
 _VOICE_ID = {
@@ -47,6 +47,7 @@ def _refusals(settings: Settings) -> dict[str, Any]:
         "400": error("The body is not JSON (or not UTF-8)."),
         "413": error(f"The body is over {settings.max_body} bytes."),
         "422": error("A field is not valid, or the voice is none here (the message names it)."),
+        "409": error("Canceled meanwhile (every client that wanted it withdrew): ask again."),
         "429": error("Past the caller's share of the queue.", "Retry-After"),
         "500": error("The synthesis failed."),
         "503": error("No worker has published a model yet, or Redis is unreachable.", "Retry-After"),
@@ -67,7 +68,8 @@ def _speech(name: str, summary: str, body: str, answer: dict[str, Any], settings
 
 
 def _get(name: str, summary: str, answer: dict[str, Any], *params: dict[str, Any]) -> dict[str, Any]:
-    return {"get": {"operationId": name, "summary": summary, "parameters": list(params), "responses": answer}}
+    responses = {**answer, **redis_down()}
+    return {"get": {"operationId": name, "summary": summary, "parameters": list(params), "responses": responses}}
 
 
 def operations(settings: Settings) -> dict[str, Any]:

@@ -134,11 +134,26 @@ class SegmentStart(Reply, tag_field="type", tag="speech.segment.start"):
     ]
 
 
+class TimedWord(Reply):
+    """A word of a sentence (with the punctuation it touches) and where it lies in the generation's audio."""
+
+    word: str
+    start: Annotated[float, Meta(ge=0, description="Seconds from the generation's start.")]
+    end: Annotated[float, Meta(ge=0, description="Seconds from the generation's start.")]
+
+
 class SegmentDone(Reply, tag_field="type", tag="speech.segment.done"):
-    """WebSocket: a sentence's audio is all sent (after its last delta)."""
+    """WebSocket: a sentence's audio is all sent (after its last delta), with each word's time."""
 
     context_id: str
     segment_id: Annotated[int, Meta(ge=1)]
+    words: Annotated[
+        list[TimedWord],
+        Meta(
+            description="The sentence's words in order: the first starts and the last ends exactly at the sentence's "
+            "audio edges; inside, time is shared out by the rule of docs/usage.md (Captions by word)."
+        ),
+    ] = []
 
 
 class Cleared(Reply, tag_field="type", tag="speech.audio.cleared"):
