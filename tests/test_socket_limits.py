@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import httpx
@@ -26,7 +27,7 @@ PATH = "/v1/audio/speech/websocket"
 
 def rss_bytes(pid: int) -> int:
     """A process's resident memory (Linux's /proc)."""
-    for line in open(f"/proc/{pid}/status"):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
@@ -121,7 +122,7 @@ def test_a_flood_on_one_tenants_socket_leaves_another_tenant_alone(
     def other_tenant() -> None:
         """Bob polls his voices and his requests, and submits new ones now and then (20 in all: within his share)."""
         with httpx.Client(headers={"Authorization": f"Bearer {BOB}"}, timeout=30) as client:
-            n, ids = 0, []
+            n, ids = 0, list[str]()
             while flooding.is_set():
                 n += 1
                 bob.append(client.get(stack.url + "/v1/voices").status_code)
