@@ -62,6 +62,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
     if settings is None:
         settings = from_env()
         logs.configure_logging(settings.log_level, settings.log_format)
+    tenants = settings.tenant_names()
+    if settings.tenancy == "shared" and len(tenants) > 1:
+        logger.warning(
+            "TTS_TENANCY=shared with %d tenants: a request's id is a hash of its text and settings, so a tenant "
+            "who guesses another's text can fetch that audio by its id; set TTS_TENANCY=isolated to keep tenants "
+            "apart (docs/tenants.md)",
+            len(tenants),
+        )
     ctx = Context(settings)
 
     @asynccontextmanager

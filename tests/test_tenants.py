@@ -199,6 +199,8 @@ def test_one_tenants_backlog_never_refuses_anothers_request(stack_factory: Calla
     assert r.status_code == 429
     # Bob's status and voices answer whatever alice queued.
     assert httpx.get(stack.url + "/v1/voices", headers=_auth(BOB)).status_code == 200
+    # Shared tenancy with several tenants is said at start: their ids are guessable content hashes.
+    assert stack.web is not None and "TTS_TENANCY=shared with 3 tenants" in stack.web.output()
 
 
 def test_a_withdrawing_tenant_leaves_only_its_lane(redis: Redis) -> None:
