@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     if settings is None:
         settings = from_env()
         logs.configure_logging(settings.log_level, settings.log_format)
-    tenants = settings.tenant_names()
+    tenants = settings.tenant_names
     if settings.tenancy == "shared" and len(tenants) > 1:
         logger.warning(
             "TTS_TENANCY=shared with %d tenants: a request's id is a hash of its text and settings, so a tenant "
