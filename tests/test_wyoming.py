@@ -16,7 +16,7 @@ from redis import Redis
 from wyoming.audio import AudioChunk, AudioStart
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event, async_read_event
+from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
@@ -292,6 +292,38 @@ def test_bad_input_is_an_error_naming_what_is_wrong_then_the_connection_closes(
 
     error = asyncio.run(send())
     assert error.code == code and words in error.text, error
+
+
+@pytest.mark.parametrize(
+    ("asked", "last"),
+    [
+        pytest.param([Synthesize(text="Half closed, and still answered.")], "audio-stop", id="synthesize"),
+        pytest.param(
+            [SynthesizeStart(), SynthesizeChunk(text="Half closed. Still streamed"), SynthesizeStop()],
+            "synthesize-stopped",
+            id="stream",
+        ),
+    ],
+)
+def test_a_client_that_ends_its_side_once_it_has_asked_still_gets_its_answer(
+    wyoming: Stack, asked: list[Synthesize | SynthesizeStart | SynthesizeChunk | SynthesizeStop], last: str
+) -> None:
+    """As `nc -N` does: everything sent, then the sending side shut."""
+
+    async def ask() -> list[Event]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", wyoming.wyoming_port)
+        try:
+            for message in asked:
+                await async_write_event(message.event(), writer)
+            writer.write_eof()
+            events = await _until(lambda: async_read_event(reader), lambda e: e.type == last)
+            assert await asyncio.wait_for(async_read_event(reader), WAIT) is None  # then the server closes
+            return events
+        finally:
+            writer.close()
+
+    events = asyncio.run(ask())
+    assert _answers(events) and all(pcm for pcm in _answers(events))
 
 
 def test_a_client_gone_mid_stream_leaves_no_sentence_held(stack_factory: Callable[..., Stack]) -> None:

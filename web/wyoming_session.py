@@ -5,10 +5,9 @@ Home Assistant opens a connection per request: `describe` (answered with
 PCM16 mono at 24 kHz in every event of an answer (Home Assistant writes its
 WAV header from the first).
 
-- A plain `synthesize` is one ordinary request (specs.spec_of and
-  specs.ensure, as POST /v1/audio/speech makes it), relayed as it is made
-  (relay.py): one `audio-start`, `audio-chunk`s, one `audio-stop`. The PCM
-  sent is the request's stored audio, byte for byte.
+- A plain `synthesize` is one ordinary request, relayed as it is made
+  (wyoming_whole.py): one `audio-start`, `audio-chunk`s, one `audio-stop`.
+  The PCM sent is the request's stored audio, byte for byte.
 - A stream (`synthesize-start`, `synthesize-chunk`s, `synthesize-stop`) is
   one context of the socket engine (speaking.SpeechContext), this
   connection its Host: the text is cut at sentence ends as it arrives, each
@@ -29,7 +28,9 @@ WAV header from the first).
 - Wyoming has no keys: every connection speaks as tenant "" (the tenant of
   a service without TTS_API_KEYS), unlimited by TTS_RATE_LIMIT.
 - A client that goes away stops every relay; the sentences it held are let
-  go (wanted.py) and their requests finish for whoever asks next.
+  go (wanted.py) and their requests finish for whoever asks next. One that
+  only ends its side once it has asked (synthesize, or synthesize-stop)
+  still gets the answer, while it can be written to.
 """
 
 from __future__ import annotations
@@ -49,26 +50,20 @@ from wyoming.event import Event
 from wyoming.ping import Pong
 from wyoming.tts import SynthesizeStopped
 
-from cache import SAMPLE_WIDTH, manifest
+from cache import SAMPLE_WIDTH
 from common.errors import ApiError, invalid
-from web import fields, speech, tts, voices, wanted, wyoming_events, wyoming_info
+from web import fields, voices, wanted, wyoming_events, wyoming_info, wyoming_whole
 from web.bodies import Session
 from web.context import Context
 from web.links import Links
 from web.news import Audio, Began, Ended, Failed, Finished, News
-from web.relay import Cut, Relay
 from web.replies import Failure
 from web.speaking import SpeechContext
-from web.specs import ensure, spec_of
 from web.tasks import stop
 
 logger = logging.getLogger("service")
 
 TENANT = ""
-# A request's fields as Wyoming names them, in refusals.
-NAMES = {"text": "text", "voice": "voice.name", "speaker": "voice.name", "seed": "voice.name"}
-# The metrics' route label of a plain synthesize's relay (a stream's sentences count as the socket's).
-ROUTE = "wyoming"
 # Short codes of `error` events, by the status the service would answer.
 CODES = {
     400: "bad_request",
@@ -109,6 +104,7 @@ class Connection:
         self._work: set[asyncio.Task[Any]] = set()
         self._send_lock = asyncio.Lock()
         self._closed = False  # closed by us, or the client cannot be written to
+        self._settled = asyncio.Event()  # set when the answer in progress ends, or the connection does
         self._opened = self._active = time.monotonic()  # _active: the last client event, or event sent
         self._stream: Session | None = None  # between synthesize-start and synthesize-stopped: its settings
         self._streamed = False  # the stream has had text of its own
@@ -133,6 +129,7 @@ class Connection:
                 try:
                     event = await wyoming_events.read(self._reader)
                     if event is None:
+                        await self._finish()
                         return
                     if self._closed:
                         break  # ended meanwhile: not acted on
@@ -144,6 +141,13 @@ class Connection:
         finally:
             await stop(watchdog)
             await self.release()
+
+    async def _finish(self) -> None:
+        """The client's side has ended: let the answer being made end first (a client may half-close once it has
+        asked), unless the client cannot be written to any more. A stream not stopped has no end to wait for."""
+        while not self._closed and (self._stopping or (self._plain is not None and not self._plain.done())):
+            self._settled.clear()
+            await self._settled.wait()
 
     async def release(self) -> None:
         """Stop every relay, let go of every sentence held (one round trip), wait for the work spawned
@@ -160,6 +164,7 @@ class Connection:
             await asyncio.gather(*self._work, return_exceptions=True)
         async with self._send_lock:
             self._closed = True
+            self._settled.set()
             self._writer.close()
         try:
             await self._writer.wait_closed()
@@ -172,6 +177,7 @@ class Connection:
         async with self._send_lock:
             if not self._closed:
                 self._closed = True
+                self._settled.set()
                 wyoming_events.end(self._writer)
 
     # -- the client's events --------------------------------------------------------------
@@ -201,6 +207,7 @@ class Connection:
             if data.get("text_format") == "ssml":
                 text = _TAG.sub(" ", text)  # ChatTTS speaks no SSML: its words, without its tags
             self._plain = asyncio.create_task(self._speak_whole(settings, text))
+            self._plain.add_done_callback(lambda _: self._settled.set())
         elif kind == "synthesize-stop":
             if self._stream is None or self._stopping:
                 raise ApiError(400, "synthesize-stop: no stream is open (send synthesize-start first)")
@@ -251,46 +258,20 @@ class Connection:
     # -- a plain synthesize: one request ----------------------------------------------------
 
     async def _speak_whole(self, settings: Session, text: str) -> None:
-        """One ordinary request of `text`, its audio relayed as one answer; an error (then the close) when it
-        cannot be had."""
-        started = time.monotonic()
+        """`text` as one answer (wyoming_whole); an error, then the close, when it cannot be had."""
+        self._samples, started = 0, False
         try:
-            body = speech.to_tts(
-                text,
-                settings.voice,
-                settings.speed,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-            )
-            spec = await spec_of(self.ctx, body, NAMES, tenant=self.tenant)
-            request_id = spec.request_id()
-            await ensure(self.ctx, spec, request_id, self.tenant)
-            layout = manifest(spec)
-            self._samples = 0
-            await self._send([wyoming_events.audio_start(0)])
-            relay = Relay(self.ctx, request_id, layout, ROUTE, started)
-            try:
-                async with aclosing(relay.pieces(self.ctx.settings.speech_wait)) as pieces:
-                    async for pcm in pieces:
-                        await self._send(self._audio(pcm))
-            except Cut:
-                raise await self._why(request_id, layout) from None
+            async with aclosing(wyoming_whole.spoken(self.ctx, self.links, self.tenant, settings, text)) as pieces:
+                async for pcm in pieces:
+                    if not started:
+                        started = True
+                        await self._send([wyoming_events.audio_start(0)])
+                    await self._send(self._audio(pcm))
+            if not started:  # a request with no audio (a silent chunk) is still an answer
+                await self._send([wyoming_events.audio_start(0)])
             await self._send([wyoming_events.audio_stop(self._samples)])
         except Exception as exc:
             await self._refuse(exc)
-
-    async def _why(self, request_id: str, layout: dict[str, Any]) -> Exception:
-        """Why a relay was cut: its job failed or was canceled, or it is late."""
-        try:
-            await tts.not_ready(self.ctx, request_id, layout, self.tenant)
-        except Exception as exc:
-            return exc
-        return ApiError(
-            504,
-            f"the audio of {request_id} was not ready within {self.ctx.settings.speech_wait} s; "
-            f"it goes on: GET {self.links.audio(request_id)}",
-        )
 
     # -- what the stream's context calls (speaking.Host) ------------------------------------
 
@@ -308,6 +289,7 @@ class Connection:
         elif isinstance(news, Finished) and self._stopping:
             await self._send([SynthesizeStopped().event()], current)
             self._stream, self._stopping, self._samples = None, False, 0
+            self._settled.set()
 
     def segment(self) -> tuple[int, str]:
         segment_id = next(self._segments)
@@ -348,6 +330,7 @@ class Connection:
                     await wyoming_events.write(self._writer, event)
                 except (OSError, RuntimeError):
                     self._closed = True
+                    self._settled.set()
                     return
                 self._active = time.monotonic()
 
