@@ -19,6 +19,7 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.info import Describe, Info
+from wyoming.ping import Ping
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
 
 import service
@@ -141,17 +142,21 @@ def test_describe_answers_within_a_second_with_the_program_and_voices_home_assis
 ) -> None:
     store.hset(keys.voices_key(""), "grandma", json.dumps({"speaker": "unused", "description": "a saved voice"}))
 
-    async def describe() -> tuple[Event, float]:
-        started = time.monotonic()
+    async def describe() -> tuple[list[Event], float]:
         async with _client(wyoming) as client:
+            await client.write_event(Ping(text="there?").event())
+            await client.write_event(Event(type="select-program", data={"name": "chattts"}))  # dropped, as Wyoming says
+            started = time.monotonic()
             await client.write_event(Describe().event())
-            event = await _until(client, lambda e: e.type == "info")
-        return event[-1], time.monotonic() - started
+            events = await _until(client, lambda e: e.type == "info")
+        return events, time.monotonic() - started
 
     try:
-        event, seconds = asyncio.run(describe())
+        events, seconds = asyncio.run(describe())
     finally:
         store.hdel(keys.voices_key(""), "grandma")
+    assert [e.type for e in events] == ["pong", "info"] and events[0].data["text"] == "there?"
+    event = events[-1]
     assert seconds < 1.0  # Home Assistant's timeout
     info = Info.from_event(event)  # what Home Assistant parses
     assert info.satellite is None and not info.asr and not info.wake
@@ -222,6 +227,20 @@ def test_a_stream_is_spoken_sentence_by_sentence_then_stopped_and_its_repeated_w
         pause = audio.silence(pause_after(sentences[index - 1])) if index else b""
         assert pcm == pause + own, f"sentence {index}"
     assert " ".join(sentences) not in _texts(store)  # the repeated whole text was not spoken again
+
+
+def test_a_stream_without_text_of_its_own_speaks_the_whole_text_it_repeated(wyoming: Stack, store: Redis) -> None:
+    text = "Only the whole text came."
+
+    async def stream() -> list[Event]:
+        async with _client(wyoming) as client:
+            await client.write_event(SynthesizeStart().event())
+            await client.write_event(Synthesize(text=text).event())
+            await client.write_event(SynthesizeStop().event())
+            return await _until(client, lambda e: e.type == "synthesize-stopped")
+
+    (pcm,) = _answers(asyncio.run(stream()))
+    assert pcm == _stored(store, text)
 
 
 @pytest.mark.parametrize(
