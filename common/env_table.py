@@ -147,4 +147,6 @@ VARIABLES = (
         "comma-separated IP addresses of DNS servers, each optionally with :port ([v6]:port)",
     ),
     Variable("TTS_METRICS_KEY", "metrics_key", v.operator_key, "a key of 16+ printable characters", secret=True),
+    Variable("TTS_WYOMING_HOST", "wyoming_host", v.bind_host, "an IP address or a host name to listen on"),
+    Variable("TTS_WYOMING_PORT", "wyoming_port", v.int_in(1, 65535), "a TCP port 1-65535"),
 )

@@ -281,3 +281,18 @@ def operator_key(raw: str) -> str:
     if len(raw) < 16 or not raw.isprintable() or " " in raw:
         raise ValueError("key")
     return raw
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def bind_host(raw: str) -> str:
+    """An address to listen on: an IP address (0.0.0.0: every interface), or a host name such as localhost."""
+    try:
+        ipaddress.ip_address(raw)
+        return raw
+    except ValueError:
+        pass
+    if len(raw) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in raw.removesuffix(".").split(".")):
+        raise ValueError(raw)
+    return raw

@@ -160,6 +160,10 @@ class Settings:
     callback_nameservers: tuple[tuple[str, int], ...] = ()
     # The operators' key: with it set, only it reads /metrics and /metrics/process.
     metrics_key: str | None = field(default=None, repr=False)
+    # The Procfile's `wyoming` process (Home Assistant's protocol): where it listens. Wyoming has no
+    # authentication, so whoever reaches this address speaks through the service (docs/home-assistant.md).
+    wyoming_host: str = "0.0.0.0"
+    wyoming_port: int = 10200
 
     def __repr__(self) -> str:
         # Logged and printed in tracebacks: credentials never shown (the API

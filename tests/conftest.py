@@ -374,6 +374,23 @@ class Stack:
         """The Procfile's `webhooks` process: the rq worker that delivers webhook events."""
         return self._spawn("webhooks", ["webhooks.py"])
 
+    def start_wyoming(self) -> Proc:
+        """The Procfile's `wyoming` process (Home Assistant's protocol) on 127.0.0.1:`wyoming_port`, listening."""
+        self.wyoming_port = _free_port()
+        self.env.update(TTS_WYOMING_HOST="127.0.0.1", TTS_WYOMING_PORT=str(self.wyoming_port))
+        proc = self._spawn("wyoming", ["wyoming_service.py"])
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.wyoming_port), timeout=1).close()
+                return True
+            except OSError:
+                assert proc.popen.poll() is None, proc.output()[-3000:]
+                return False
+
+        wait_for(listening, 30, "the wyoming process to listen")
+        return proc
+
     def run_worker_burst(self, timeout: float = 120) -> str:
         """Run one `worker.py --burst` to completion; its output."""
         proc = self._spawn("burst", ["worker.py", "--burst"])

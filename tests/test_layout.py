@@ -13,7 +13,7 @@ from conftest import ROOT
 
 PACKAGES = ("web", "engines", "work", "common")
 # The design card's modules and the Procfile's entry points: nothing else at the top.
-TOP = {"service", "jobs", "worker", "cache", "splitter", "webhooks"}
+TOP = {"service", "jobs", "worker", "cache", "splitter", "webhooks", "wyoming_service"}
 
 
 def _modules() -> dict[str, Path]:
@@ -52,12 +52,19 @@ def test_top_level_holds_only_the_card_and_entry_points() -> None:
     assert {p.stem for p in ROOT.glob("*.py")} == TOP
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        pytest.param("import service; import web.openapi; service.create_app", id="web"),
+        pytest.param("import wyoming_service", id="wyoming"),
+    ],
+)
 @pytest.mark.slow
 @pytest.mark.every_python
-def test_web_process_never_loads_the_worker_side() -> None:
-    loaded = _loaded_after("import service; import web.openapi; service.create_app")
+def test_web_tier_processes_never_load_the_worker_side(statement: str) -> None:
+    loaded = _loaded_after(statement)
     worker_side = {"jobs", "worker", "engines", "torch", "ChatTTS", "transformers"} & _roots(loaded)
-    assert not worker_side, f"the web process imported {sorted(worker_side)}"
+    assert not worker_side, f"{statement!r} imported {sorted(worker_side)}"
 
 
 @pytest.mark.parametrize("entry", ["worker", "jobs", "webhooks"])
@@ -73,7 +80,16 @@ def test_web_and_shared_modules_never_name_the_worker_side() -> None:
     modules = _modules()
     known = set(modules)
     for name, path in modules.items():
-        if name.split(".")[0] in ("web", "common", "work", "service", "cache", "splitter", "webhooks"):
+        if name.split(".")[0] in (
+            "web",
+            "common",
+            "work",
+            "service",
+            "cache",
+            "splitter",
+            "webhooks",
+            "wyoming_service",
+        ):
             bad = {m for m in _imports(path, known) if m.split(".")[0] in ("jobs", "worker", "engines")}
             assert not bad, f"{name} imports {sorted(bad)}"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,9 +27,12 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq import Queue
 from rq.job import Job
+from wyoming.audio import AudioChunk
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import Synthesize
 
 from cache import stored
-from common import connect, keys, metrics
+from common import audio, connect, keys, metrics
 from common.keys import chunk_key, events_channel, request_key
 from common.settings import Settings, SettingsError, from_env
 from work import lanes
@@ -439,13 +444,15 @@ def test_gpus_list_and_no_gpu(stack_factory: Callable[..., Stack], tmp_path: Pat
 
 @pytest.mark.slow
 def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, redis: Redis, tmp_path: Path) -> None:
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard, wyoming = _free_port(), _free_port(), _free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "REDIS_URL": redis_url,
         "PORT": str(port),
         "DASHBOARD_PORT": str(dashboard),
+        "TTS_WYOMING_HOST": "127.0.0.1",
+        "TTS_WYOMING_PORT": str(wyoming),
         "WEB_CONCURRENCY": "2",
         "TTS_ENGINE": "tone",
         "RQ_DASHBOARD_USERNAME": "ops",
@@ -493,14 +500,40 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
         job = next(j for j in listing.json()["jobs"] if j["id"] == body["id"])
         assert re.match(r"tts \d+ chunk\(s\): 'Purple elephants juggle", job["description"]), job["description"]
         assert "synthesize(" not in job["description"]
+        # The wyoming process answers Home Assistant's synthesize from the stored request.
+        wait_for(lambda: _listens(wyoming), 30, "the wyoming process to listen", interval=0.2)
+        pcm = asyncio.run(_wyoming_pcm(wyoming, TEXT))
+        # Its request: the text in the default voice of a socket session, alloy (seed 1001).
+        (layout,) = [m for k in redis.keys(request_key("*")) if (m := json.loads(redis.get(k)))["spec"]["seed"] == 1001]
+        assert pcm == audio.join(redis.mget([chunk_key(c) for c in layout["chunks"]]), layout["pauses"])
     finally:
         honcho.stop()
     # honcho stopped everything on SIGTERM, and says so the shell's way (128 + 15).
     assert honcho.popen.returncode == 128 + signal.SIGTERM, honcho.output()[-3000:]
     out = honcho.output()
-    for name in ("web.1", "worker.1", "webhooks.1", "dashboard.1"):
+    for name in ("web.1", "worker.1", "webhooks.1", "dashboard.1", "wyoming.1"):
         assert name in out
     assert "dashboard-secret" not in out
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+async def _wyoming_pcm(port: int, text: str) -> bytes:
+    """The PCM of one Wyoming synthesize of `text` on 127.0.0.1:`port`, as Home Assistant asks for it."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Synthesize(text=text).event())
+        pcm = b""
+        while (event := await asyncio.wait_for(client.read_event(), 60)) is not None and event.type != "audio-stop":
+            if event.type == "audio-chunk":
+                pcm += AudioChunk.from_event(event).audio
+        assert event is not None, "closed before audio-stop"
+    return pcm
 
 
 # -- REDIS_URL forms: rediss:// (unverified, or with a CA file), unix:// -------------------------

@@ -169,6 +169,36 @@ def test_websocket_idle_seconds_is_read_and_checked() -> None:
         assert "TTS_WS_IDLE_SECONDS" in str(info.value) and "expected seconds, 1-86400" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({}, ("0.0.0.0", 10200), id="defaults"),
+        pytest.param({"TTS_WYOMING_PORT": "10300", "TTS_WYOMING_HOST": "127.0.0.1"}, ("127.0.0.1", 10300), id="ipv4"),
+        pytest.param({"TTS_WYOMING_HOST": "::"}, ("::", 10200), id="ipv6"),
+        pytest.param({"TTS_WYOMING_HOST": "tts-box.local"}, ("tts-box.local", 10200), id="name"),
+    ],
+)
+def test_the_wyoming_address_is_read(env: dict[str, str], expected: tuple[str, int]) -> None:
+    settings = from_env(env)
+    assert (settings.wyoming_host, settings.wyoming_port) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "accepts"),
+    [
+        pytest.param("TTS_WYOMING_PORT", "0", "a TCP port 1-65535", id="port-0"),
+        pytest.param("TTS_WYOMING_PORT", "65536", "a TCP port 1-65535", id="port-too-big"),
+        pytest.param("TTS_WYOMING_PORT", "http", "a TCP port 1-65535", id="port-word"),
+        pytest.param("TTS_WYOMING_HOST", "http://box", "an IP address or a host name", id="host-url"),
+        pytest.param("TTS_WYOMING_HOST", "box:10200", "an IP address or a host name", id="host-with-port"),
+        pytest.param("TTS_WYOMING_HOST", "-box", "an IP address or a host name", id="host-label"),
+    ],
+)
+def test_a_bad_wyoming_address_names_the_variable(name: str, bad: str, accepts: str) -> None:
+    with pytest.raises(SettingsError, match=f"^{name}={bad!r} is not valid: expected {accepts}"):
+        from_env({name: bad})
+
+
 # -- managed and replicated Redis: TLS files, Sentinel, WAIT ---------------------------------
 
 
