@@ -169,7 +169,7 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
                 return
             ctx.open_sockets += 1
             try:
-                await session.serve(ctx, websocket, codec, failure)
+                await session.serve(ctx, websocket, codec, failure, endpoint.path)
             finally:
                 ctx.open_sockets -= 1
 

@@ -266,7 +266,7 @@ def test_a_client_that_goes_away_leaves_the_request_to_finish(
     # Gone: the relay lets go at once; the request is still queued, and a worker finishes it for the store.
     wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 0, 10, "the relay to let go")
     stack.start_worker()
-    done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30")
+    done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30", timeout=40)
     assert done.status_code == 200 and len(done.content) > 44
 
 

@@ -88,9 +88,11 @@ class Codec(Protocol):
         ...
 
 
-async def serve(ctx: Context, websocket: WebSocket, codec: Codec, failure: Callable[[Exception], Failure]) -> None:
+async def serve(
+    ctx: Context, websocket: WebSocket, codec: Codec, failure: Callable[[Exception], Failure], route: str
+) -> None:
     """Run one session of `codec` on `websocket`; `failure` maps an exception to what the client is told
-    (service.py)."""
+    (service.py); `route` labels its metrics."""
     lease: sockets.Lease | None = None
     key = b""
     given = key_of(websocket, codec.query_keys)
@@ -113,7 +115,7 @@ async def serve(ctx: Context, websocket: WebSocket, codec: Codec, failure: Calla
             await _refuse(websocket, codec, failure(exc))
             return
     await websocket.accept()
-    session = Session(ctx, websocket, codec, failure, key, lease)
+    session = Session(ctx, websocket, codec, failure, key, lease, route)
     try:
         await session.run()
     finally:
@@ -142,8 +144,10 @@ class Session:
         failure: Callable[[Exception], Failure],
         key: bytes,
         lease: sockets.Lease | None,
+        route: str,
     ) -> None:
         self.ctx = ctx
+        self.route = route
         self.ws = websocket
         self.codec = codec
         self.links = Links(websocket.app)

@@ -40,7 +40,7 @@ from cache import SAMPLE_WIDTH, manifest
 from common import audio
 from common.errors import ApiError
 from splitter import clause_cut, complete_until, pause_after, sentences
-from web import routes, speech, tts, wanted
+from web import speech, tts, wanted
 from web.bodies import Session
 from web.context import Context
 from web.links import Links
@@ -77,6 +77,7 @@ class Host(Protocol):
     key: bytes
     tenant: str
     failure: Callable[[Exception], Failure]
+    route: str  # the metrics' label of its audio (a route's path, or a protocol's name)
 
     async def tell(self, news: News, current: Callable[[], bool] | None = None) -> None:
         """Word `news` for the client, unless `current()` is false when its turn to be sent comes."""
@@ -336,7 +337,7 @@ class SpeechContext:
     async def _relay(self, piece: Piece, generation: Generation, epoch: int) -> None:
         """One sentence's audio, framed by its Began and Ended; Failed when it cannot be had."""
         current = functools.partial(self._in, epoch)
-        relay = Relay(self.ctx, piece.request_id, piece.layout, routes.SPEECH_SOCKET.path, piece.arrived)
+        relay = Relay(self.ctx, piece.request_id, piece.layout, self.host.route, piece.arrived)
         gap = audio.silence(pause_after(generation.previous)) if generation.previous is not None else b""
         offset = generation.samples + len(gap) // SAMPLE_WIDTH
         started = False

@@ -64,6 +64,8 @@ from web.tasks import stop
 logger = logging.getLogger("service")
 
 TENANT = ""
+# Its audio's label in the metrics (the socket routes are labelled by their paths).
+ROUTE = "wyoming"
 # Short codes of `error` events, by the status the service would answer.
 CODES = {
     400: "bad_request",
@@ -96,6 +98,7 @@ class Connection:
         self.key = b""  # no keys: TTS_RATE_LIMIT counts keys, and a connection has none
         self.tenant = TENANT
         self.failure = failure
+        self.route = ROUTE
         self._reader = reader
         self._writer = writer
         self._name = uuid.uuid4().hex  # this connection's holders in wanted.py are named after it
