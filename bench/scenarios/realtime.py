@@ -15,6 +15,7 @@ import httpx
 import loadgen
 from figures import exactly, most, percentile
 from harness import Bench, Reading, Texts
+from socket_clients import PROTOCOLS
 from websockets.sync.client import ClientConnection, connect
 
 from scenarios.serving import MIXED_CONNECTIONS, mixed_requests, seed_pool
@@ -82,6 +83,26 @@ def realtime(b: Bench) -> None:
             other.join(600)
         return [statistics.median(waits), percentile(waits, 95)]
 
+    def protocols(_: str, round_: int) -> list[Reading]:
+        """Each socket protocol's first audio and barge-in, interleaved pass by pass (each its own new texts), while
+        scenario 3's open loop runs: the compatible codecs against ours."""
+        firsts: dict[str, list[float]] = {p.name: [] for p in PROTOCOLS}
+        barges: dict[str, list[float]] = {p.name: [] for p in PROTOCOLS}
+
+        def one_pass() -> None:
+            for protocol in PROTOCOLS:
+                firsts[protocol.name].append(protocol.first_audio(url, texts.sentence()))
+                answer = [texts.sentence() for _ in range(BARGE_SENTENCES)]
+                barges[protocol.name].append(protocol.barge(url, answer, texts.sentence()))
+
+        loaded(round_, 4000, one_pass)
+        ours = PROTOCOLS[0].name
+        out: list[Reading] = [statistics.median(firsts[ours]), percentile(barges[ours], 95)]
+        for other in PROTOCOLS[1:]:
+            out.append((statistics.median(firsts[other.name]), statistics.median(firsts[ours])))
+            out.append((percentile(barges[other.name], 95), percentile(barges[ours], 95)))
+        return out
+
     def barge_in(_: str, round_: int) -> list[Reading]:
         got = loaded(round_, 3000, lambda: barge_round(url, [texts.sentence() for _ in range(BARGE_SENTENCES)]))
         last, cleared, steps, trips = zip(*got)
@@ -100,6 +121,16 @@ def realtime(b: Bench) -> None:
     figures = [b.figure(f"{name}: total playback gaps", "s"), b.figure("... its worst gap", "s")]
     llm = lambda _, __: list(llm_round(url, texts, b.size("llm_seconds")))  # noqa: E731
     b.compare([*figures, b.figure("... audio deltas received", "")], llm)
+    name = f"the three socket protocols under scenario 3's mixed load ({rate:.1f} req/s), each pass all three in turn"
+    figures = [b.figure(f"{name}: ours, a new sentence to its first audio, p50", "s")]
+    figures += [b.figure("... ours, a barge-in on a playing answer to the next turn's first audio, p95", "s")]
+    for other in PROTOCOLS[1:]:
+        codec = "max 1.05x: the codec costs at most 5 %"
+        figures += [b.figure(f"... {other.name}'s, first audio p50 (vs ours)", "s", target=most(1.05, codec))]
+        figures += [
+            b.figure(f"... {other.name}'s, barge-in to last audio p95 (vs ours)", "s", target=most(1.05, codec))
+        ]
+    b.compare(figures, protocols)
     name = f"WebSocket barge-in under scenario 3's mixed load ({rate:.1f} req/s): input_text.clear to the "
     name += "context's last audio delta, p95 (vs one decode step + one socket round trip)"
     figures = [b.figure(name, "s", target=most(1, "p95 <= 1x"))]
