@@ -1,45 +1,32 @@
 """The soak's phases (`PHASES`, each with its line for the report and the rows it is judged by): the hostile ones,
-one tenant's flood beside another's requests and poison requests beside the load, with their data and judges; and
-the faults. Also what the soak's modules share."""
+one tenant's flood beside another's requests and poison requests beside the load, with their data and judges (a
+socket's flood and a slow webhook receiver are soak_hostile.py's); and the faults."""
 
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
 import processes
+import soak_hostile
 from figures import percentile
 from processes import MIB
-from redis import Redis
+from soak_common import BUSY, PROBE_EVERY, QUEUE, QUIET, WIDE_CHUNKS, Check, after, listing, until, used_memory
+from soak_run import Soak
 from traffic import Answer, Client, Record
 
-if TYPE_CHECKING:
-    from soak import Soak
-
-T = TypeVar("T")
-QUEUE = "tts"
-NEVER = (float("inf"), float("inf"))
-# A worker process younger than this may still be loading its model: its RSS is marked, not compared.
-RESTARTING = 20.0
 # While Redis is full: the most lines about it one log may hold; how soon after it has room both workers are back.
 FULL_LINES = 30
 FULL_BACK = 60.0
 POISON_GAP = 0.15  # seconds between two poison requests
 
-# The soak's two keys: BUSY sends the mixed load, the poison and the flood; QUIET a short request every PROBE_EVERY s.
-BUSY, QUIET = "busy", "quiet"
-PROBE_EVERY = 1.0
 # QUIET's p95 during the flood may be at most this multiple of its p95 before: tenants take rows in turn (docs/
 # tenants.md), but in a full loop QUIET waits for a free row and steps with full rows, about twice its usual time.
 FLOOD_BOUND = 3.0
-# TTS_CHUNK_CHARS of the second web process the poison goes to (its highest): long numbers reach the model whole.
-WIDE_CHUNKS = 1000
 
 TEXTS: dict[str, Any] = {
     "Chinese number of 17 integer digits (cn2an refuses more than 16)": "价格是12345678901234567.5元。",
@@ -80,16 +67,6 @@ SETTINGS: dict[str, dict[str, Any]] = {f"{k} {v}": {k: v} for k, values in EDGES
 RAW = {"temperature NaN (not JSON)": '"temperature": NaN', "temperature 1e309 (infinite)": '"temperature": 1e309'}
 
 
-def keys() -> dict[str, str]:
-    """A fresh key per tenant for one run (never written anywhere but the processes' environment)."""
-    return {tenant: secrets.token_hex(24) for tenant in (BUSY, QUIET)}
-
-
-def api_keys(named: dict[str, str]) -> str:
-    """TTS_API_KEYS for `named` (tenant -> key)."""
-    return ",".join(f"{name}={key}" for name, key in named.items())
-
-
 def poison() -> list[tuple[str, dict[str, Any] | bytes]]:
     """(what it is, the POST /v1/tts body): a dict is sent as JSON, bytes as they are."""
     plain = (f"A plain sentence with a setting at the edge of its range, number {n}." for n in range(1, 1000))
@@ -100,18 +77,6 @@ def poison() -> list[tuple[str, dict[str, Any] | bytes]]:
         ("a JSON list", b"[1, 2, 3]"),
         ("not JSON", b'{"text": '),
     ]
-
-
-class Check:
-    """One row of the soak's report: the figure (with its target, if any), its value, and the message of each
-    rule (failed, message) whose condition holds: why it fails (none: passed)."""
-
-    def __init__(self, figure: str, value: str, *rules: tuple[bool, str]) -> None:
-        self.figure, self.value, self.failures = figure, value, [why for failed, why in rules if failed]
-
-
-def listing(counts: Counter) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)) or "none"
 
 
 def judge_poison(
@@ -183,23 +148,6 @@ def judge_flood(lives: Iterable[Answer], t0: float, flood: tuple[float, float], 
             f"tenant {QUIET}'s p95 latency during the flood was {ratio:.2f}x its usual (bound {FLOOD_BOUND:g}x)",
         ),
     )
-
-
-async def until(probe: Callable[[], T], timeout: float, every: float) -> T | None:
-    """What `probe` (run in a thread) returns once truthy, polled every `every` s; None after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not (found := await asyncio.to_thread(probe)) and time.monotonic() < deadline:
-        await asyncio.sleep(every)
-    return found or None
-
-
-async def after(delay: float, work: Awaitable[T]) -> T:
-    await asyncio.sleep(delay)
-    return await work
-
-
-def used_memory(redis: Redis) -> int:
-    return int(redis.info("memory")["used_memory"])
 
 
 def full_lines(path: Path) -> int:
@@ -321,7 +269,9 @@ PHASES = [
     Phase(
         "poison", 0.15, send_poison, lambda s: judge_poison(s.poison, s.record, s.windows["poison"], s.excused), False
     ),
+    Phase("socket flood", 0.19, soak_hostile.socket_flood, soak_hostile.judge_flood, False),
     Phase("worker killed", 0.25, kill_a_busy_worker),
+    Phase("slow receiver", 0.31, soak_hostile.slow_receiver, soak_hostile.judge_receivers, False),
     Phase("Redis down", 0.40, restart_redis),
     Phase("evicting", 0.55, evict),
     Phase("Redis full", 0.68, fill_up, lambda s: s.full),

@@ -4,35 +4,26 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import TYPE_CHECKING, Any
 
 import figures
 from figures import percentile
 from processes import MIB, say
 from redis import Redis
-from soak_phases import NEVER, PHASES, QUEUE, RESTARTING, Check, listing, used_memory
+from soak_common import NEVER, QUEUE, RESTARTING, Check, by_slot, listing, used_memory
+from soak_run import Soak
 from traffic import MIX
 
 from common import keys
 from common.settings import Settings
 from work import queueing
 
-if TYPE_CHECKING:
-    from soak import Soak
-
 # The web process's highest RSS in the run's second half may exceed the first half's by this factor: its bounded
 # memories (encoded audio, submissions) fill in the first half and glibc hands free pages back, so more is growth.
 WEB_FLAT = 1.10
 
 
-def by_slot(sample: dict[str, Any]) -> str:
-    """A sample's worker RSS by slot (MiB), each process still loading its model marked."""
-    marks = {k: " (starting)" if k in sample["restarting"] else "" for k in sample["workers"]}
-    return ", ".join(f"{v:.0f}{marks[k]}" for k, v in sorted(sample["workers"].items()))
-
-
 def judge(s: Soak) -> list[Check]:
-    """Every row of the report, the PHASES' own last (each one's last row names the faults it overlapped)."""
+    """Every row of the report, the phases' own last (each one's last row names the faults it overlapped)."""
     evicted_from, full_from = s.windows.get("evicting", NEVER)[0], s.windows.get("Redis full", NEVER)[0]
     outage = s.windows.get("Redis down", NEVER)
     allowed: Counter = Counter()
@@ -142,7 +133,7 @@ def judge(s: Soak) -> list[Check]:
             (late > WEB_FLAT * early, f"the web RSS grew in the run's second half: {early:.1f} -> {late:.1f} MiB"),
         ),
     ]
-    for phase in PHASES:
+    for phase in s.phases:
         if phase.judge is not None:
             rows += phase.judge(s)
             rows[-1].figure += s.overlaps(phase.name)

@@ -11,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
+import soak_common  # noqa: E402
 import soak_phases  # noqa: E402
 from traffic import Answer, Record  # noqa: E402
 
@@ -75,9 +76,9 @@ def test_victims_are_the_requests_in_flight_beside_the_poison_and_an_outage_excu
 
 def _quiet(during: float) -> list[Answer]:
     """20 QUIET requests of 1 s before a flood at 130 s, 20 of `during` s in it, and two that do not count."""
-    lives = [_life(f"new ({soak_phases.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
-    lives += [_life(f"new ({soak_phases.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
-    return lives + [_life(f"new ({soak_phases.QUIET})", "late", 125, 185, 202), _life("new", "busy", 130, 190, 200)]
+    lives = [_life(f"new ({soak_common.QUIET})", str(i), 100 + i, 101 + i, 200) for i in range(20)]
+    lives += [_life(f"new ({soak_common.QUIET})", f"d{i}", 130 + i, 130 + during + i, 200) for i in range(20)]
+    return lives + [_life(f"new ({soak_common.QUIET})", "late", 125, 185, 202), _life("new", "busy", 130, 190, 200)]
 
 
 def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_requests() -> None:
@@ -87,10 +88,10 @@ def test_quiet_latency_splits_at_the_flood_and_counts_only_answered_quiet_reques
     assert row.value.endswith("p95 ratio 3.00x") and row.failures == []
     slow = soak_phases.judge_flood(_quiet(3.5), t0=100.0, flood=(130.0, 160.0), size=300)
     assert slow.failures == [
-        f"tenant {soak_phases.QUIET}'s p95 latency during the flood was 3.50x its usual (bound 3x)"
+        f"tenant {soak_common.QUIET}'s p95 latency during the flood was 3.50x its usual (bound 3x)"
     ]
     none = soak_phases.judge_flood(_quiet(3.0), t0=100.0, flood=(90.0, 95.0), size=300)
-    assert none.failures == [f"too few {soak_phases.QUIET} requests to compare: 0 / 0"]
+    assert none.failures == [f"too few {soak_common.QUIET} requests to compare: 0 / 0"]
 
 
 def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> None:
@@ -106,8 +107,8 @@ def test_the_poison_holds_the_inputs_that_broke_the_loop_each_body_once() -> Non
 
 
 def test_tenant_keys_are_fresh_named_and_long_enough() -> None:
-    first, second = soak_phases.keys(), soak_phases.keys()
-    assert set(first) == {soak_phases.BUSY, soak_phases.QUIET}
-    assert first[soak_phases.BUSY] != second[soak_phases.BUSY] and first[soak_phases.BUSY] != first[soak_phases.QUIET]
+    first, second = soak_common.keys(), soak_common.keys()
+    assert set(first) == {soak_common.BUSY, soak_common.QUIET, soak_common.FLOOD}
+    assert first[soak_common.BUSY] != second[soak_common.BUSY] and first[soak_common.BUSY] != first[soak_common.QUIET]
     assert all(len(key) >= 16 for key in first.values())
-    assert soak_phases.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']}"
+    assert soak_common.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']},flood={first['flood']}"
