@@ -16,11 +16,10 @@ the contexts' news (news.py) into frames. Everything else is here, once:
   not yet spoken is bounded (speaking.py); a session lives at most
   TTS_WS_MAX_SECONDS, and one with no client message for its idle time
   and no audio to come is closed with 1000, reason "idle".
-- A refused message or a sentence that cannot be spoken is an error frame
-  and the session goes on.
-- A client that goes away stops every relay; the sentences it held are let
-  go in one round trip, and their requests finish for whoever else wants
-  them.
+- A refused message or a sentence that cannot be spoken is an error frame;
+  the session goes on. A client that goes away stops every relay; the
+  sentences it held are let go in one round trip, and their requests finish
+  for whoever else wants them.
 """
 
 from __future__ import annotations
@@ -299,7 +298,7 @@ class Session:
                     self._lost.set()
 
     async def refuse(self, exc: Exception, context_id: str | None = None) -> None:
-        """An error frame for `exc`; the session goes on."""
+        """An error frame for `exc` (about `context_id`, if one is at fault); the session goes on."""
         await self.tell(Failed(self._failure(exc), context_id))
 
     # -- what contexts call (speaking.Host) -----------------------------------------------------
