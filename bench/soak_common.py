@@ -4,6 +4,7 @@ and small waits. Imports none of them."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import secrets
 import time
 from collections import Counter
@@ -27,7 +28,8 @@ WIDE_CHUNKS = 1000
 
 def webhook_env() -> dict[str, str]:
     """What the web and webhooks processes need for the slow-receiver phase: a secret, and receivers on loopback."""
-    return {"TTS_WEBHOOK_SECRET": "whsec_" + secrets.token_urlsafe(32), "TTS_WEBHOOK_ALLOW_PRIVATE": "true"}
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    return {"TTS_WEBHOOK_SECRET": secret, "TTS_WEBHOOK_ALLOW_PRIVATE": "true"}
 
 
 def keys() -> dict[str, str]:
