@@ -47,12 +47,16 @@ def test_the_websocket_is_described_with_its_messages() -> None:
     app = create_app(Settings())
     sockets = {route.path for route in app.routes if isinstance(route, WebSocketRoute)}
     doc = openapi.schema(Settings())
-    assert set(doc[openapi.WEBSOCKETS]) == sockets == {
-        "/v1/audio/speech/websocket",
-        "/elevenlabs/v1/text-to-speech/{voice_id}/stream-input",
-        "/elevenlabs/v1/text-to-speech/{voice_id}/multi-stream-input",
-        "/cartesia/tts/websocket",
-    }
+    assert (
+        set(doc[openapi.WEBSOCKETS])
+        == sockets
+        == {
+            "/v1/audio/speech/websocket",
+            "/elevenlabs/v1/text-to-speech/{voice_id}/stream-input",
+            "/elevenlabs/v1/text-to-speech/{voice_id}/multi-stream-input",
+            "/cartesia/tts/websocket",
+        }
+    )
     described = doc[openapi.WEBSOCKETS]["/v1/audio/speech/websocket"]
     schemas = doc["components"]["schemas"]
     names = [ref["$ref"].rsplit("/", 1)[-1] for side in ("client", "server") for ref in described[side]["oneOf"]]

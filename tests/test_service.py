@@ -306,10 +306,10 @@ def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_
     stack_factory: Callable[..., Stack], redis: Redis
 ) -> None:
     """TTS_MAX_QUEUE counts chunks waiting: a worker taking the first of them makes room at once."""
-    stack = stack_factory(TTS_ENGINE="tone")  # the default limit: 1000 chunks
+    limit = 1000
+    stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE=str(limit))
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; then no worker while the backlog builds
-    limit = Settings().max_queue
 
     def submit(i: int) -> int:
         return httpx.post(stack.url + "/v1/tts", json={"text": f"Backlog {i}."}, timeout=60).status_code
@@ -318,7 +318,7 @@ def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_
     model = ModelInfo.from_json(redis.get(keys.MODEL_KEY) or b"").id
     q = queueing.queue(redis, Settings())
     for i in range(limit):
-        queueing.submit(q, Spec(chunks=(f"Backlog {i}.",), model=model), Settings(), work=1)
+        queueing.submit(q, Spec(chunks=(f"Backlog {i}.",), model=model), Settings(max_queue=limit), work=1)
     assert redis.llen("rq:queue:tts") == limit
     assert submit(limit) == 429
     stack.start_worker()

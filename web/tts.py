@@ -146,12 +146,15 @@ def _json(data: bytes) -> Response:
 # -- a request's state --------------------------------------------------------------------
 
 
-async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenant: str) -> TtsStatus:
+async def status_of(
+    ctx: Context, request_id: str, layout: dict[str, Any], tenant: str, remake: bool = True
+) -> TtsStatus:
     """The request's state as `tenant` sees it: canceled once it withdrew, though others still want it.
 
     A request kept (work/lifetime.py) whose audio went (evicted, or expired
-    before its record) and that no job is making is queued again here, as
-    it was asked: it reads queued, never unknown.
+    before its record) and that no job is making reads finished (its
+    record says so), or, with `remake` (a route that wants its audio), is
+    queued again here and reads queued: never unknown.
     """
     chunk_ids = layout["chunks"]
     missing = await ctx.cache.missing(chunk_ids)
@@ -167,6 +170,8 @@ async def status_of(ctx: Context, request_id: str, layout: dict[str, Any], tenan
         if error is not None:  # it failed for good, and RQ has forgotten its job since
             words = error.decode() if isinstance(error, bytes) else str(error)
             return TtsStatus(id=request_id, status="failed", progress=progress, error=words)
+        if not remake:
+            return TtsStatus(id=request_id, status="finished", progress=Progress(chunks_done=total, chunks_total=total))
         spec = spec_of_manifest(layout)
         if spec is None:  # a manifest without its settings: it cannot be made again
             raise not_found(request_id)
@@ -237,7 +242,7 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     tenant = tenant_of(request)
     layout = await manifest_of(ctx, request_id, tenant)
     if request.method == "GET":
-        status = await status_of(ctx, request_id, layout, tenant)
+        status = await status_of(ctx, request_id, layout, tenant, remake=False)
         hooks = await callbacks.deliveries(ctx.redis, request_id, tenant)
         if hooks:
             status.webhooks = hooks

@@ -100,16 +100,16 @@ def admit(q: Queue, tenant: str, work: int, limit: int) -> None:
     """Raise QueueFull unless `tenant` may add `work` chunks to the pool of `q`.
 
     The limit counts chunks waiting to be made, shared by the tenants that
-    wait: a tenant is refused once its own chunks would pass its share
-    (the limit over the tenants waiting, itself included) and all of them
-    the limit; so one tenant's backlog never refuses another's request.
+    wait: a tenant is refused once its own chunks would pass its share (the
+    limit over the tenants waiting, itself included; alone, the whole
+    limit); so one tenant's backlog never refuses another's request.
     """
     check = scripts.register(q.connection, "admit.lua")
     admitted, mine, share, total = check(
         keys=[pool_key(q.name), turns_key(q.name)], args=[lane_prefix(q.name), tenant, work, limit]
     )
     if not admitted:
-        if mine + work > share and share < limit:
+        if share < limit:
             raise QueueFull(
                 f"this key's tenant has {mine} chunks waiting; its share of the queue is {share} "
                 f"while other tenants wait (TTS_MAX_QUEUE {limit})"
