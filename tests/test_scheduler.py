@@ -39,7 +39,7 @@ def texts(claimed: list) -> list[str]:
 def store(redis: Redis, pool: Pool, token: str, claimed: list) -> list[tuple[str, float]]:
     for c in claimed:
         redis.set(chunk_key(c.chunk_id), b"\0\0")
-    return pool.complete(token, [c.chunk_id for c in claimed])
+    return pool.complete(token, [c.chunk_id for c in claimed]).firsts
 
 
 @pytest.fixture

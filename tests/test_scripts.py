@@ -22,7 +22,16 @@ from rq import Queue
 from rq.job import Job
 
 from cache import AudioCache, Spec
-from common.keys import POOL_KINDS, PREFIX, RETAINED_KEY, chunk_key, hooks_key, pending_events_key, voices_key
+from common.keys import (
+    POOL_KINDS,
+    PREFIX,
+    RETAINED_KEY,
+    chunk_key,
+    hooks_key,
+    pending_events_key,
+    sockets_key,
+    voices_key,
+)
 from common.settings import Settings
 from web import callbacks
 from work import delivery, events, interest, lanes, lifetime, queueing, scripts
@@ -146,7 +155,9 @@ def _every_script(redis: Redis, redis_url: str) -> None:
     assert pool.piece("w", ids[0], 0, b"\0\0") == 0
     assert pool.live("w", ids) == [True] * 3 and pool.live("other", ids) == [False] * 3
     pool.store({ids[0]: b"\0\0"})
-    pool.complete("w", [ids[0]])
+    redis.hset(hooks_key("r1"), "https://example.com/early", "wav")
+    assert pool.complete("w", [ids[0]]).hooked == ["r1"]  # r1 waited on it and has a callback
+    redis.delete(hooks_key("r1"))
     pool.fail("w", [ids[1]], "no")
     assert pool.look("r1", ids, "w", ids) == Look(False, [True, False, False], {ids[1]: "no"}, [False, False, True])
     pool.release("w", [ids[2]])
@@ -162,6 +173,9 @@ def _every_script(redis: Redis, redis_url: str) -> None:
         assert await callbacks.register(conn, "r1", "https://example.com/hook", "json", settings, tenant="alice")
         save = scripts.register(conn, "save_voice.lua")
         assert (await save(keys=[voices_key("alice")], args=["calm", '{"created": 1}', 8]))[0] == 0
+        open_socket = scripts.register(conn, "open_socket.lua")
+        assert await open_socket(keys=[sockets_key("alice")], args=["s1", int(time.time() * 1000), 60_000, 1]) == 1
+        assert await open_socket(keys=[sockets_key("alice")], args=["s2", int(time.time() * 1000), 60_000, 1]) == 0
         await conn.aclose()
 
     asyncio.run(remember())

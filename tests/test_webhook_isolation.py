@@ -7,12 +7,14 @@ import json
 import socket
 import threading
 import time
+from datetime import datetime
 from typing import Callable, Iterator
 
 import httpx
 import pytest
 from conftest import Stack, wait_for
-from test_webhooks import Receiver, _stack, _submit
+from redis import Redis
+from test_webhooks import Receiver, _stack, _submit, _verify
 
 from common import targets
 from common.settings import from_env
@@ -153,3 +155,32 @@ def _send(stack: Stack, key: str, text: str, callback: str) -> None:
         stack.url + "/v1/tts", json={"text": text, "callback_url": callback}, headers={"Authorization": f"Bearer {key}"}
     )
     assert r.status_code in (200, 202), r.text
+
+
+def test_an_event_comes_once_its_audio_is_whole_not_after_the_jobs_queued_ahead_of_its_own(
+    stack_factory: Callable[..., Stack], receiver: Receiver, redis: Redis
+) -> None:
+    """Bob's long request is queued first; Alice's one sentence beside it is made in Bob's job (the pool takes
+    every request's first chunk in turn), and her callback hears "finished" then, before her own job has
+    started; her job's end makes no second event."""
+    stack = _stack(stack_factory, worker=False, TTS_API_KEYS=TENANTS)
+    long_text = " ".join(
+        f"Sentence number {n} of Bob's long request, which keeps the worker busy a while." for n in range(40)
+    )
+    r = httpx.post(stack.url + "/v1/tts", json={"text": long_text}, headers={"Authorization": f"Bearer {BOB}"})
+    assert r.status_code == 202 and r.json()["progress"]["chunks_total"] >= 20, r.text
+    alice = httpx.post(
+        stack.url + "/v1/tts",
+        json={"text": "Alice's short one.", "callback_url": receiver.url + "/alice"},
+        headers={"Authorization": f"Bearer {ALICE}"},
+    )
+    assert alice.status_code == 202, alice.text
+    alice_id = alice.json()["id"]
+    stack.run_worker_burst()
+    event = _verify(receiver.wait("/alice", 1)[0])
+    assert event["status"] == "finished" and event["id"] == alice_id
+    started = datetime.fromisoformat(redis.hget(f"rq:job:{alice_id}", "started_at").decode())  # type: ignore[union-attr]
+    made = datetime.fromisoformat(event["timestamp"])
+    assert made < started.replace(tzinfo=made.tzinfo), (made, started)
+    wait_for(lambda: redis.hget(f"rq:job:{alice_id}", "status") == b"finished", 30, "alice's job to end")
+    assert len(receiver.at("/alice")) == 1

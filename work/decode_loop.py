@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, TypeVar
 
 from redis import Redis
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import OutOfMemoryError, RedisError
 from rq import Queue
 from rq.timeouts import JobTimeoutException
 
@@ -32,6 +32,7 @@ from common import audio, logs, metrics
 from common.errors import RedisFull
 from common.model import Decoder, Engine, Piece, decoder_for
 from common.settings import Settings
+from work import events
 from work.assist import CENSUS_EVERY, Helpers
 from work.queueing import queue
 from work.scheduler import Claimed, Look, Pool
@@ -331,10 +332,23 @@ class DecodeLoop:
             tally.tokens[piece.key] = piece.tokens
         self._while_full(lambda: self.pool.store(whole))
         tally.audio_seconds += made
-        for _, waited in self.pool.complete(self.token, list(whole)):
+        done = self.pool.complete(self.token, list(whole))
+        for _, waited in done.firsts:
             self.figures.observe("tts_time_to_first_chunk_seconds", waited)
+        for request_id in done.hooked:
+            self._announce(request_id)
         self.figures.inc("tts_chunks_synthesized_total", len(ended))
         self.finished += len(ended)
+
+    def _announce(self, request_id: str) -> None:
+        """Queue the webhook events of a request whose audio may now be whole, whether or not its job has run.
+
+        Best effort: its job queues them when it ends if this could not.
+        """
+        try:
+            events.if_all_stored(self.redis, request_id, self.settings)
+        except RedisError:
+            logger.warning("the webhook events of %s wait for its job's end", request_id, exc_info=True)
 
     def _while_full(self, write: Callable[[], T]) -> T:
         """`write()`, tried again with backoff while Redis is full (OOM under noeviction) for up to

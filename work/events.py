@@ -102,6 +102,21 @@ def request_over(
     return len(hooks)
 
 
+def if_all_stored(redis: Redis, request_id: str, settings: Settings) -> int:
+    """`request_over` for a request whose every chunk's audio is stored, before its job has run or ended: its
+    callbacks hear "finished" as soon as its audio is whole, not after the jobs queued ahead of its own. Returns
+    how many callbacks it took (0 when a chunk is still missing or the manifest is gone).
+
+    The job, when it ends, calls `request_over` again: its callbacks had
+    their events already, and the record's time starts afresh.
+    """
+    raw = redis.get(request_key(request_id))
+    chunk_ids: list[str] = json.loads(raw)["chunks"] if raw is not None else []
+    if not chunk_ids or redis.exists(*(chunk_key(cid) for cid in dict.fromkeys(chunk_ids))) < len(set(chunk_ids)):
+        return 0
+    return request_over(redis, request_id, chunk_ids, settings)
+
+
 def registration_member(request_id: str, field: str) -> str:
     """A callback's registration as its tenant's pending set names it: the request and a digest, never the URL."""
     return f"r:{request_id}:{hashlib.sha256(field.encode()).hexdigest()[:32]}"

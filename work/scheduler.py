@@ -50,6 +50,7 @@ from common.keys import (
     cancel_key,
     chunk_key,
     events_channel,
+    hooks_key,
     lane_key,
     lane_prefix,
     pieces_key,
@@ -78,6 +79,15 @@ class Look:
     stored: list[bool]
     failed: dict[str, str]
     live: list[bool]
+
+
+@dataclass(frozen=True)
+class Completed:
+    """What `Pool.complete` did: (request id, seconds since it arrived) for each request whose first chunk it
+    stored, and the requests it woke that have callback URLs registered (their events may be due)."""
+
+    firsts: list[tuple[str, float]]
+    hooked: list[str]
 
 
 @dataclass(frozen=True)
@@ -232,22 +242,23 @@ class Pool:
         script_keys = [k for cid in audio for k in (chunk_key(cid), self._key("task", cid), pieces_key(cid))]
         self._store(keys=script_keys, args=[self.ttl, *audio.values()])
 
-    def complete(self, token: str, chunk_ids: Sequence[str]) -> list[tuple[str, float]]:
+    def complete(self, token: str, chunk_ids: Sequence[str]) -> Completed:
         """Take chunks whose audio is now stored out of the pool and wake their requests.
 
-        Returns (request id, seconds since it arrived) for each request whose
-        first chunk this was: its time to first chunk.
+        Returns each request's time to first chunk (those whose first chunk
+        this was) and the requests woken that have callbacks registered.
         """
         if not chunk_ids:
-            return []
-        flat = [
-            x.decode() if isinstance(x, bytes) else x
-            for x in self._complete(
-                keys=self._keys(chunk_ids, "waiters", "task", "claim"),
-                args=[token, SLOT, events_channel(""), self._lane_prefix, *chunk_ids],
-            )
-        ]
-        return [(flat[i], float(flat[i + 1]) / 1000) for i in range(0, len(flat), 2)]
+            return Completed([], [])
+        raw_firsts, raw_hooked = self._complete(
+            keys=self._keys(chunk_ids, "waiters", "task", "claim"),
+            args=[token, SLOT, events_channel(""), self._lane_prefix, hooks_key(""), *chunk_ids],
+        )
+        firsts = [_text(x) for x in raw_firsts]
+        return Completed(
+            [(firsts[i], float(firsts[i + 1]) / 1000) for i in range(0, len(firsts), 2)],
+            [_text(x) for x in raw_hooked],
+        )
 
     def fail(self, token: str, chunk_ids: Sequence[str], reason: str, ttl: int = 600) -> None:
         """Mark chunks that the model could not make: their requests fail (and may retry)."""
@@ -337,3 +348,8 @@ class Pool:
 
     def _key(self, kind: str, chunk_id: str) -> str:
         return pool_entry_key(kind, self.queue, chunk_id)
+
+
+def _text(value: bytes | str) -> str:
+    """A script's reply item as text (the sync client does not decode)."""
+    return value.decode() if isinstance(value, bytes) else value
