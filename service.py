@@ -94,7 +94,7 @@ def _handlers(settings: Settings) -> dict[routes.Endpoint, Handler]:
         routes.MODELS: speech.models,
         routes.AUDIO_VOICES: voices.audio_voices,
         routes.VOICES: voices.listing,
-        routes.VOICE: voices.one,
+        routes.VOICE: voices.VoiceRoute(),
     }
 
 
