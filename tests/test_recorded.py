@@ -9,6 +9,7 @@ import http.client
 import io
 import json
 import socket
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
@@ -21,7 +22,7 @@ from test_recordings import recording, speech_like
 from test_webhooks import SECRET, Receiver
 from websockets.sync.client import connect
 
-from common import keys
+from common import keys, speakers
 from common.model import ModelInfo
 from web.bodies import SAMPLE_MAX_BYTES
 
@@ -168,6 +169,26 @@ def test_a_recorded_voice_made_on_another_model_is_refused_as_saved_voices_are(
     # Made again from the recording on the loaded model, it speaks.
     assert put_recording(stack, "reader", recording("flac", seconds=2.0)).status_code == 200
     assert _submit(stack, voice="reader")["id"]
+
+
+def test_a_voice_from_a_recording_on_the_tiny_chattts_worker(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
+    """The real path: ChatTTS's DVAE encoder in worker.py makes the prompt, its decode loop speaks with it."""
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model))
+    stack.start_web()
+    stack.start_worker()
+    stack.wait_ready(timeout=180)
+    made = put_recording(stack, "reader", recording("wav", seconds=3.0, rate=24_000, channels=1))
+    assert made.status_code == 201 and made.json()["seconds"] == 3.0, made.text
+    record = json.loads(redis.hget(keys.VOICES_KEY, "reader") or b"{}")
+    codes = speakers.decode_prompt(record["sample"])
+    # 4 codebooks; a token every 512 samples at 24 kHz (the DVAE's mel hop of 256, downsampled by 2).
+    assert codes.shape[0] == 4 and abs(codes.shape[1] - 3 * 24_000 / 512) <= 2, codes.shape
+    submitted = _submit(stack, voice="reader")
+    wav, rate = soundfile.read(io.BytesIO(_audio(stack, submitted["id"])))
+    assert rate == 24_000 and len(wav) > 0 and np.abs(wav).max() > 0.01
+    assert _submit(stack)["id"] != submitted["id"]
 
 
 @pytest.fixture(scope="module")
