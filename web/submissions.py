@@ -38,4 +38,7 @@ class Submission:
             + len(self.stored_answer)
             + _OVERHEAD
             + (len(self.voice[1]) if self.voice else 0)
+            # A recorded voice's speaker prompt and transcript (a few KB), in the Spec.
+            + len(self.spec.sample or "")
+            + len(self.spec.transcript or "")
         )
