@@ -1,6 +1,6 @@
 """Voices from a recording: how long making one takes, and what synthesis with one costs against a seed.
 
-    bench/voices.py [--model DIR] [--rounds N] [--repeats N] [--http]
+    bench/voices.py [--model DIR] [--rounds N] [--repeats N] [--threads N] [--quantize Q] [--http]
 
 Making a voice of a 10 s recording: the web process's check (the form parsed and the recording decoded, for each
 format, as web/recorded.py does), timed in-process; the worker's encode (the model's DVAE encoder,
@@ -8,8 +8,9 @@ format, as web/recorded.py does), timed in-process; the worker's encode (the mod
 `PUT /v1/voices/{name}` through uvicorn and a worker on the tiny checkpoint, on a private Redis.
 
 Synthesis: the worker's decode loop makes the same texts one row at a time with a seed and with the recorded
-voice, the order alternating round by round; each is timed as seconds of synthesis per second of audio (RTF),
-and the recorded voice's RTF is given as a ratio against the seed's of the same round. Without --model the model
+voice, the order alternating round by round; each row's prefill and steps are timed in this process's CPU time
+(one torch thread by default, so that other processes on the cores count for little), as CPU seconds per second
+of audio, and the recorded voice's is given as a ratio against the seed's of the same round. Without --model the model
 is ChatTTS at its full size with random weights (its real cost, no download), whose rows never draw their end
 token and so run to the same cap whatever the voice: the difference is the recording's codes in the prompt
 (about 47 tokens a second of recording), prefilled once a row and attended to at every step.
@@ -23,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -91,14 +93,16 @@ def form(data: bytes, text: str = SAYS) -> tuple[bytes, str]:
     return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def timed(work: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """The median wall-clock seconds of `repeats` calls of `work`, and its last result."""
-    times, result = [], None
+def timed(work: Callable[[], Any], repeats: int) -> tuple[float, float, Any]:
+    """The median CPU seconds of this process, and the median wall-clock seconds, of `repeats` calls of `work`,
+    and its last result."""
+    cpu, wall, result = [], [], None
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, clock = time.process_time(), time.perf_counter()
         result = work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times), result
+        cpu.append(time.process_time() - started)
+        wall.append(time.perf_counter() - clock)
+    return statistics.median(cpu), statistics.median(wall), result
 
 
 def web_check(data: bytes) -> Any:
@@ -110,21 +114,44 @@ def web_check(data: bytes) -> Any:
     return recordings.decode(forms.fields(forms.parts(body, content_type), SampleForm).sample)
 
 
-def rtf(engine: Any, spec_of: Callable[[str], Any]) -> float:
-    """Seconds of synthesis per second of audio for TEXTS, each a row alone in the worker's decode loop."""
+@dataclass
+class Cost:
+    """CPU seconds a voice's rows took: their prefill (the prompt, once a row) and their steps, and the audio made."""
+
+    prefill: float = 0.0
+    steps: float = 0.0
+    audio: float = 0.0
+    rows: int = 0
+
+    def add(self, other: Cost) -> None:
+        self.prefill, self.steps = self.prefill + other.prefill, self.steps + other.steps
+        self.audio, self.rows = self.audio + other.audio, self.rows + other.rows
+
+    @property
+    def rtf(self) -> float:
+        """CPU seconds of synthesis, prefill and steps, per second of audio."""
+        return (self.prefill + self.steps) / self.audio
+
+
+def cost(engine: Any, spec_of: Callable[[str], Any]) -> Cost:
+    """TEXTS, each a row alone in the worker's decode loop: its prefill (the join) and its steps, in this
+    process's CPU time (what other processes on the cores take is not counted)."""
     import torch
 
-    from common.model import decode_all
-
-    spent = audio = 0.0
+    out = Cost()
     for i, text in enumerate(TEXTS):
-        loop = engine.loop(1, 24)
-        started = time.perf_counter()
+        loop, key = engine.loop(1, 24), f"row-{i}"
         with torch.inference_mode():
-            pieces = decode_all(loop, [(f"row-{i}", spec_of(text))])[f"row-{i}"]
-        spent += time.perf_counter() - started
-        audio += sum(len(p.samples) for p in pieces) / 24_000
-    return spent / audio
+            started = time.process_time()
+            loop.join([(key, spec_of(text))])
+            joined = time.process_time()
+            pieces = []
+            while loop.keys():
+                pieces += loop.step()
+            out.add(
+                Cost(joined - started, time.process_time() - joined, sum(len(p.samples) for p in pieces) / 24_000, 1)
+            )
+    return out
 
 
 def http_put(repeats: int, data: bytes) -> float:
@@ -155,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="synthesis rounds (each: seed and recorded, alternating)")
     parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each check and encode")
     parser.add_argument("--http", action="store_true", help="also the whole PUT through uvicorn and a worker")
+    parser.add_argument("--threads", default="1", help="TTS_TORCH_THREADS of the model (0: the worker's default)")
+    parser.add_argument("--quantize", default="auto", help="TTS_QUANTIZE of the model (auto: the worker's default)")
     args = parser.parse_args(argv)
     from cache import Spec
     from common.settings import from_env
@@ -164,17 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     recordings = files()
     say(f"the web process's check of a {SECONDS:.0f} s recording (median of {args.repeats}):")
     for name, data in recordings.items():
-        seconds, _ = timed(partial(web_check, data), args.repeats)
-        say(f"  {name:10} {len(data) / 1024:7.0f} KiB  {1000 * seconds:7.1f} ms")
+        cpu, wall, _ = timed(partial(web_check, data), args.repeats)
+        say(f"  {name:10} {len(data) / 1024:7.0f} KiB  {1000 * cpu:7.1f} ms CPU, {1000 * wall:7.1f} ms wall")
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or str(write_tiny_model(Path(tmp) / "full", FULL_TOKENS, full_size=True))
-        engine, info = load_chattts(from_env({"TTS_MODEL_PATH": path}))
+        settings = {"TTS_MODEL_PATH": path, "TTS_TORCH_THREADS": args.threads, "TTS_QUANTIZE": args.quantize}
+        engine, info = load_chattts(from_env(settings))
     wav = web_check(recordings["WAV"])
-    seconds, prompt = timed(lambda: engine.encode_sample(wav.samples), args.repeats)
+    cpu, wall, prompt = timed(lambda: engine.encode_sample(wav.samples), args.repeats)
     tokens = engine.chat.speaker.decode_prompt(prompt).shape[1]
-    say(f"the worker's encode on {info.name}: {1000 * seconds:.1f} ms, a prompt of {tokens} tokens")
+    say(f"the worker's encode on {info.name}: {1000 * cpu:.1f} ms CPU, {1000 * wall:.1f} ms wall; {tokens} tokens")
     if args.http:
-        say(f"the whole PUT of the WAV (tiny checkpoint): {1000 * http_put(args.repeats, recordings['WAV']):.1f} ms")
+        put = http_put(args.repeats, recordings["WAV"])
+        say(f"the whole PUT of the WAV (tiny checkpoint): {1000 * put:.1f} ms wall")
 
     def seed(text: str) -> Spec:
         return Spec(chunks=(text,), model=info.id, seed=2)
@@ -182,16 +213,29 @@ def main(argv: list[str] | None = None) -> int:
     def recorded(text: str) -> Spec:
         return Spec(chunks=(text,), model=info.id, seed=None, sample=prompt, transcript=SAYS)
 
-    rtf(engine, seed)  # warm-up: first calls pay for allocations and JIT
-    ratios = []
+    cost(engine, seed)  # warm-up: first calls pay for allocations and JIT
+    totals = {"seed": Cost(), "recorded": Cost()}
+    ratios, step_ratios = [], []
     for n in range(args.rounds):
         order = [("seed", seed), ("recorded", recorded)][:: 1 if n % 2 == 0 else -1]
-        got = {name: rtf(engine, spec_of) for name, spec_of in order}
-        ratios.append(got["recorded"] / got["seed"])
-        say(f"round {n + 1}: RTF seed {got['seed']:.3f}, recorded voice {got['recorded']:.3f}: {ratios[-1]:.3f}x")
+        got = {name: cost(engine, spec_of) for name, spec_of in order}
+        for name, one in got.items():
+            totals[name].add(one)
+        ratios.append(got["recorded"].rtf / got["seed"].rtf)
+        step_ratios.append((got["recorded"].steps / got["recorded"].audio) / (got["seed"].steps / got["seed"].audio))
+        say(
+            f"round {n + 1}: CPU RTF seed {got['seed'].rtf:.3f}, recorded voice {got['recorded'].rtf:.3f}: "
+            f"{ratios[-1]:.3f}x (steps alone {step_ratios[-1]:.3f}x)"
+        )
+    for name, total in totals.items():
+        say(
+            f"{name}: prefill {1000 * total.prefill / total.rows:.0f} ms a row, steps {total.steps / total.audio:.3f} "
+            f"CPU s per audio s, {total.audio / total.rows:.2f} s of audio a row"
+        )
     say(
-        f"recorded voice vs seed, per second of audio: {statistics.median(ratios):.3f}x "
-        f"({min(ratios):.3f}-{max(ratios):.3f}) over {args.rounds} rounds"
+        f"recorded voice vs seed, CPU s per audio s: {statistics.median(ratios):.3f}x "
+        f"({min(ratios):.3f}-{max(ratios):.3f}); steps alone {statistics.median(step_ratios):.3f}x "
+        f"({min(step_ratios):.3f}-{max(step_ratios):.3f}); {args.rounds} rounds"
     )
     return 0
 
