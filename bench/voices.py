@@ -1,6 +1,6 @@
 """Voices from a recording: how long making one takes, and what synthesis with one costs against a seed.
 
-    bench/voices.py [--model DIR] [--rounds N] [--repeats N] [--threads N] [--quantize Q] [--http]
+    bench/voices.py [--model DIR | --tokens N] [--rounds N] [--repeats N] [--threads N] [--quantize Q] [--http]
 
 Making a voice of a 10 s recording: the web process's check (the form parsed and the recording decoded, for each
 format, as web/recorded.py does), timed in-process; the worker's encode (the model's DVAE encoder,
@@ -184,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http", action="store_true", help="also the whole PUT through uvicorn and a worker")
     parser.add_argument("--threads", default="1", help="TTS_TORCH_THREADS of the model (0: the worker's default)")
     parser.add_argument("--quantize", default="auto", help="TTS_QUANTIZE of the model (auto: the worker's default)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=FULL_TOKENS,
+        help="tokens a row makes, without --model (a 180-character chunk of real speech is about 540)",
+    )
     args = parser.parse_args(argv)
     from cache import Spec
     from common.settings import from_env
@@ -196,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu, wall, _ = timed(partial(web_check, data), args.repeats)
         say(f"  {name:10} {len(data) / 1024:7.0f} KiB  {1000 * cpu:7.1f} ms CPU, {1000 * wall:7.1f} ms wall")
     with tempfile.TemporaryDirectory() as tmp:
-        path = args.model or str(write_tiny_model(Path(tmp) / "full", FULL_TOKENS, full_size=True))
+        path = args.model or str(write_tiny_model(Path(tmp) / "full", args.tokens, full_size=True))
         settings = {"TTS_MODEL_PATH": path, "TTS_TORCH_THREADS": args.threads, "TTS_QUANTIZE": args.quantize}
         engine, info = load_chattts(from_env(settings))
     wav = web_check(recordings["WAV"])
