@@ -55,6 +55,11 @@ def _normalize_unicode(text: str) -> str:
     return _WHITESPACE.sub(" ", text).strip()
 
 
+def sample_digest(sample: str, transcript: str) -> str:
+    """A recorded voice's identity: the SHA-256 of its speaker prompt and its transcript together."""
+    return hashlib.sha256(f"{sample}\x00{transcript}".encode()).hexdigest()
+
+
 def is_well_formed_id(value: str) -> bool:
     """True when `value` could be a request id (32 lowercase hex digits)."""
     return _ID.fullmatch(value) is not None
@@ -91,7 +96,10 @@ class Spec:
     """Everything that decides the sound of one request, already validated.
 
     `chunks` are normalized text pieces from the splitter. `speaker`, when
-    set, overrides `seed`. `model` is the identity the worker published.
+    set, overrides `seed`; a recorded voice (`sample`, the speaker prompt a
+    worker made of a recording, ChatTTS's `spk_smp`, and `transcript`, what
+    the recording says, its `txt_smp`) overrides both. `model` is the
+    identity the worker published.
     `tenant` is set only under TTS_TENANCY=isolated: then it is part of every
     id, so nothing is shared between tenants; it never changes the sound.
     """
@@ -100,6 +108,8 @@ class Spec:
     model: str
     seed: int | None = 2
     speaker: str | None = None
+    sample: str | None = None
+    transcript: str | None = None
     speed: int = 5
     temperature: float = 0.3
     top_p: float = 0.7
@@ -111,7 +121,10 @@ class Spec:
     tenant: str = ""
 
     def voice(self) -> dict[str, Any]:
-        """The voice part of the identity: a speaker string wins over a seed."""
+        """The voice part of the identity: a recorded voice (its speaker prompt and transcript together) wins
+        over a speaker string, which wins over a seed."""
+        if self.sample is not None:
+            return {"sample": sample_digest(self.sample, self.transcript or "")}
         if self.speaker is not None:
             return {"speaker": hashlib.sha256(self.speaker.encode("utf-8")).hexdigest()}
         return {"seed": self.seed}

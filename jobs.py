@@ -1,4 +1,4 @@
-"""The jobs RQ runs: a request's synthesis, help with the pool (assist), voice export.
+"""The jobs RQ runs: a request's synthesis, help with the pool (assist), voice export, a recording encoded.
 
 A worker process keeps one decode loop (work/decode_loop.DecodeLoop) across
 the RQ jobs it runs; whichever job runs steps it. A request's job returns
@@ -21,11 +21,12 @@ from redis.exceptions import RedisError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from cache import Spec
+from cache import SAMPLE_RATE, Spec
 from common import metrics
 from common.keys import MODEL_KEY, assist_key, events_channel, voice_key
 from common.model import Engine, ModelInfo
 from common.settings import Settings
+from work import samples
 from work.assist import ASSIST_SECONDS
 from work.decode_loop import DecodeLoop, Tally
 from work.queueing import voice_job_id
@@ -174,6 +175,31 @@ def voice(seed: int, model_id: str) -> dict[str, Any]:
     state.redis.publish(events_channel(voice_job_id(model_id, seed)), json.dumps({"event": "finished"}))
     state.loop.hand_over(Tally())
     return {"seed": seed, "model": model_id, "chars": len(speaker)}
+
+
+def encode_sample(upload_id: str, model_id: str) -> dict[str, Any]:
+    """RQ job: the speaker prompt of a recording the web process checked and stored (work/samples.py), made with
+    this worker's model and handed back. A recording already gone (the web process stopped waiting) is skipped.
+
+    Raises ModelMismatch when this worker runs another model, RuntimeError when its engine makes no voices
+    from recordings.
+    """
+    state = _state()
+    if model_id != state.model.id:
+        raise ModelMismatch(f"a recording was checked for model {model_id}, this worker runs {state.model.id}")
+    encoder = state.engine
+    if not hasattr(encoder, "encode_sample"):
+        raise RuntimeError(f"engine {state.model.engine} makes no voices from recordings")
+    audio = samples.take_audio(state.redis, upload_id)
+    if audio is None:
+        return {"upload": upload_id, "model": model_id, "taken": False}
+    started = time.monotonic()
+    prompt = encoder.encode_sample(audio)
+    seconds = time.monotonic() - started
+    samples.deliver(state.redis, upload_id, samples.Encoded(prompt=prompt, model=model_id))
+    logger.info("a recording of %.1f s encoded in %.3f s", len(audio) / SAMPLE_RATE, seconds)
+    state.loop.hand_over(Tally())
+    return {"upload": upload_id, "model": model_id, "taken": True, "seconds": round(seconds, 3)}
 
 
 def _report(state: WorkerState, job_id: str, outcome: str, total: int, cached: int, tally: Tally) -> None:

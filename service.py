@@ -110,7 +110,7 @@ def _handlers(settings: Settings) -> dict[routes.Endpoint, Handler]:
         routes.MODELS: speech.models,
         routes.AUDIO_VOICES: voices.audio_voices,
         routes.VOICES: voices.listing,
-        routes.VOICE: voices.one,
+        routes.VOICE: voices.VoiceRoute(),
         routes.ELEVENLABS_TTS: elevenlabs.Speech(routes.ELEVENLABS_TTS, streamed=False, timed=False),
         routes.ELEVENLABS_STREAM: elevenlabs.Speech(routes.ELEVENLABS_STREAM, streamed=True, timed=False),
         routes.ELEVENLABS_TIMED: elevenlabs.Speech(routes.ELEVENLABS_TIMED, streamed=False, timed=True),

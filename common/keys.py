@@ -14,6 +14,8 @@ Layout (prefix `tts`):
 - `tts:pieces:C`: the PCM16 pieces of chunk C in order, kept while it decodes (a list; gone once C is stored);
 - `tts:voice:M:S`: the speaker string of seed S on model M; `tts:voices`: saved voices (hash),
   `tts:voices:T` those of tenant T (with named API keys);
+- `tts:sample:U`: the decoded audio of recording U, waiting for a worker to encode it; `tts:prompt:U`: the
+  speaker prompt a worker made of it (work/samples.py);
 - `tts:events:R`: the channel a request's progress is announced on;
 - `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
 - `tts:retained`: the requests kept, scored by when each one's record expires (work/lifetime.py);
@@ -71,6 +73,16 @@ def request_key(request_id: str) -> str:
 def voice_key(model_id: str, seed: int) -> str:
     """Where the speaker string of `seed` on model `model_id` is kept."""
     return f"{PREFIX}:voice:{model_id}:{seed}"
+
+
+def sample_key(upload_id: str) -> str:
+    """The decoded audio (float32 little-endian, mono, 24 kHz) of recording `upload_id`, until a worker encodes it."""
+    return f"{PREFIX}:sample:{upload_id}"
+
+
+def prompt_key(upload_id: str) -> str:
+    """The speaker prompt a worker made of recording `upload_id` (JSON), until the web process that asked takes it."""
+    return f"{PREFIX}:prompt:{upload_id}"
 
 
 def pool_key(queue: str) -> str:

@@ -159,6 +159,15 @@ class VoiceBank(Protocol):
         ...
 
 
+class SampleEncoder(Protocol):
+    """What a model offers for voices from a recording (PUT /v1/voices/{name} with a sample)."""
+
+    def encode_sample(self, samples: np.ndarray) -> str:
+        """The speaker prompt (ChatTTS's `spk_smp`, common/speakers.py's format) of a recording: `samples` are
+        float32 mono at 24 kHz, within [-1, 1]."""
+        ...
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What a worker tells the web side about the model it serves."""
@@ -170,6 +179,9 @@ class ModelInfo:
     device: str
     # Length of a decoded speaker string for this model (None: not checked).
     speaker_dim: int | None = None
+    # What turns a recording into this model's speaker prompts (a hash of its DVAE encoder): a voice made from a
+    # recording on a model of another codec does not fit this one. None: it makes no voices from recordings.
+    codec: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
-from cache import Spec
+from cache import Spec, sample_digest
 from common import spoken
 from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
 from common.settings import Settings
@@ -113,6 +113,12 @@ class ChatTTSEngine:
         """The speaker string of `seed`'s voice: the same embedding synthesis uses for the seed."""
         return self.chat.speaker._encode(self._speaker(seed, None))
 
+    @_inference
+    def encode_sample(self, samples: np.ndarray) -> str:
+        """The speaker prompt of a recording (float32 mono, 24 kHz): ChatTTS's own `Chat.sample_audio_speaker`,
+        its DVAE encoder's codes."""
+        return str(self.chat.sample_audio_speaker(np.ascontiguousarray(samples, dtype=np.float32)))
+
     def decoder(self, capacity: int, stream_tokens: int, continuous: bool, reserve: int = 0) -> Decoder:
         """The continuous loop (engines/loop.py, parking up to `reserve` rows), or static calls of `synthesize`;
         both in inference mode."""
@@ -133,14 +139,17 @@ class ChatTTSEngine:
 
     @_inference
     def synthesize(self, rows: Sequence[Spec]) -> list[np.ndarray]:
-        """One model call for `rows` (one-chunk Specs), trimmed to each row's generated length.
+        """One model call for `rows` (one-chunk Specs), trimmed to each row's generated length; one call for
+        each recorded voice among them.
 
         Rows may differ in text, voice and speed: each row's speaker embedding
         goes into its own `[spk_emb]` position (ChatTTS 0.2.5 writes one
         embedding into every row; `_apply_speakers` below gives each its own)
-        and its speed prompt leads its own text. The sampling settings
-        (temperature, top_p, top_k, refine) apply to the whole call, so the
-        rows must share `Spec.batch_key()`; ValueError otherwise.
+        and its speed prompt leads its own text. ChatTTS takes one recorded
+        voice (`spk_smp`, `txt_smp`) a call, so the rows of each recorded
+        voice are a call of their own. The sampling settings (temperature,
+        top_p, top_k, refine) apply to the whole call, so the rows must share
+        `Spec.batch_key()`; ValueError otherwise.
 
         This follows `Chat.infer(split_text=False)` step by step (ChatTTS
         0.2.5, pinned) instead of calling it, because `infer` pads a batch to
@@ -148,29 +157,47 @@ class ChatTTSEngine:
         items keep the decoded padding as a noisy tail. Knowing each item's
         token count T, its audio is exactly the first 512*T - 256 samples.
         """
-        import torch
-
         if not rows:
             return []
         first = rows[0]
         if any(row.batch_key() != first.batch_key() for row in rows):
             raise ValueError("rows of one model call must share their sampling settings (Spec.batch_key)")
+        calls: dict[tuple[str | None, str | None], list[int]] = {}
+        for i, row in enumerate(rows):
+            calls.setdefault((row.sample, row.transcript), []).append(i)
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        for indexes in calls.values():
+            for i, wav in zip(indexes, self._call([rows[i] for i in indexes])):
+                out[i] = wav
+        return out
+
+    def _call(self, rows: Sequence[Spec]) -> list[np.ndarray]:
+        """`synthesize` for rows that share their sampling settings and their recorded voice, if any."""
+        import torch
+
+        from engines.rowmodel import sample_text
+
+        first = rows[0]
         chat = self.chat
         # One seed per call: the random stream a row samples from depends on
         # its batch mates anyway (ChatTTS seeds one generator per call).
         seed = _voice_seed(first)
-        speakers = torch.stack([self._speaker(row.seed, row.speaker) for row in rows])
+        if first.sample is None:
+            voice: dict[str, Any] = {"spk_emb": torch.stack([self._speaker(row.seed, row.speaker) for row in rows])}
+        else:
+            # As Chat.infer takes a recorded voice: its codes and transcript, no speaker embedding.
+            voice = {"spk_smp": first.sample, "txt_smp": sample_text(chat, first.transcript or "")}
         budgets = [token_budget(row.chunks[0], self.max_new_token) for row in rows]
         # Fresh params every call: ChatTTS's defaults are shared mutable objects.
         params = chat.InferCodeParams(
             prompt="",
-            spk_emb=speakers,
             temperature=first.temperature,
             top_P=first.top_p,
             top_K=first.top_k,
             max_new_token=max(budgets),
             manual_seed=seed,
             show_tqdm=False,
+            **voice,
         )
         chat.context.set(False)
         # ChatTTS deletes digits and symbols it has no reading for: spell them out first.
@@ -221,7 +248,10 @@ class _InferenceDecoder:
 
 
 def _voice_seed(row: Spec) -> int:
-    """The sampling seed of a call led by `row`: its seed, or a number drawn from its speaker string."""
+    """The sampling seed of a call led by `row`: its seed, or a number drawn from its speaker string or its
+    recorded voice."""
+    if row.sample is not None:
+        return int(sample_digest(row.sample, row.transcript or "")[:8], 16)
     if row.speaker is None:
         return int(row.seed or 0)
     return int(hashlib.sha256(row.speaker.encode()).hexdigest()[:8], 16)
@@ -339,5 +369,18 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
         engine="chattts",
         device=str(device),
         speaker_dim=int(chat.speaker.std.shape[0]),
+        codec=_codec(chat),
     )
     return ChatTTSEngine(chat, max_new_token), info
+
+
+def _codec(chat: Any) -> str:
+    """What turns a recording into this model's speaker prompts: its DVAE (whose encoder makes the codes) and
+    the codes' shape the GPT reads."""
+    return identity(
+        {
+            "dvae": chat.sha256_map["sha256_asset_DVAE_safetensors"],
+            "num_vq": int(chat.config.gpt.num_vq),
+            "num_audio_tokens": int(chat.config.gpt.num_audio_tokens),
+        }
+    )

@@ -15,7 +15,9 @@ def load_engine(settings: Settings) -> tuple[Engine, ModelInfo]:
     if settings.engine == "tone":
         engine, info = (
             ToneEngine(),
-            ModelInfo(identity({"tone": 1}), "tone", True, "tone", "cpu", speaker_dim=ToneEngine.speaker_dim),
+            ModelInfo(
+                identity({"tone": 1}), "tone", True, "tone", "cpu", speaker_dim=ToneEngine.speaker_dim, codec="tone"
+            ),
         )
     else:
         from engines.chattts import load_chattts

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cache import Spec
+from cache import Spec, sample_digest
 from common import spoken
 from common.model import SAMPLES_PER_TOKEN, Place
 from engines import kvcache, q4step
@@ -31,10 +31,27 @@ from engines.sampler import Prompt, Row, Sampler, marks, restore
 LOOKAHEAD = 8
 
 
+# What ChatTTS's `Speaker.decorate_code_prompts` removes from a text: a transcript may not carry them either.
+_PROMPT_TOKENS = ("[Stts]", "[spk_emb]", "[empty_spk]")
+
+
 def row_seed(spec: Spec, chunk_id: str) -> int:
-    """The seed of a row's generator: its voice (seed or speaker string) and its chunk, nothing else."""
-    voice = str(spec.seed) if spec.speaker is None else spec.speaker
+    """The seed of a row's generator: its voice (seed, speaker string or recorded voice) and its chunk, nothing
+    else."""
+    if spec.sample is not None:
+        voice = "sample:" + sample_digest(spec.sample, spec.transcript or "")
+    else:
+        voice = str(spec.seed) if spec.speaker is None else spec.speaker
     return int(hashlib.sha256(f"{voice}\x00{chunk_id}".encode()).hexdigest()[:8], 16)
+
+
+def sample_text(chat: Any, transcript: str) -> str:
+    """A recorded voice's transcript as its prompt carries it (ChatTTS's `txt_smp`): read by the text front end
+    as a row's text is, without the tokens that mark a prompt's parts."""
+    text = chat.normalizer(spoken.speak(transcript), True, True, None)
+    for token in _PROMPT_TOKENS:
+        text = text.replace(token, "")
+    return text.strip()
 
 
 class RowModel:
@@ -70,10 +87,19 @@ class RowModel:
         text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
         if spec.refine_text:
             text = refine(chat, spec, [text], seed, self.max_new_token)[0]
-        emb_spk = self.speaker(spec.seed, spec.speaker)
-        prompt = chat.speaker.decorate_code_prompts([f"[speed_{spec.speed}]{text}"], "", None, emb_spk)[0]
+        line = f"[speed_{spec.speed}]{text}"
+        if spec.sample is None:
+            emb_spk = self.speaker(spec.seed, spec.speaker)
+            prompt = chat.speaker.decorate_code_prompts([line], "", None, emb_spk)[0]
+            codes = None
+        else:
+            # A recorded voice, as Chat.infer takes spk_smp and txt_smp: no speaker embedding ([empty_spk]), the
+            # transcript before the text, the recording's codes after it.
+            emb_spk = None
+            prompt = chat.speaker.decorate_code_prompts([line], "", sample_text(chat, spec.transcript or ""), None)[0]
+            codes = chat.speaker.decode_prompt(spec.sample)
         processors, warpers = self.sampler.warpers_of(spec.top_p, spec.top_k)
-        return Prompt(key, spec, seed, prompt, emb_spk, processors, warpers, place)
+        return Prompt(key, spec, seed, prompt, emb_spk, processors, warpers, place, codes)
 
     def prefill(self, prompts: Sequence[Prompt]) -> tuple[list[Row], Any]:
         """Prefill rows in one forward and sample their first codes, as GPT.generate's first step does for a
@@ -82,14 +108,11 @@ class RowModel:
         Changes no state of the loop's; raises RowsNotFinite for rows whose output is not finite.
         """
         torch, chat = self.torch, self.chat
-        input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-            [p.prompt for p in prompts], self.num_vq, prompt=None, device=chat.device_gpt
-        )
+        input_ids, attention_mask, text_mask = self._encode(prompts)
         emb = chat.embed(input_ids, text_mask)
-        # One row: a 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does; several: one
-        # embedding a row (engines.chattts extends Speaker.apply to that, as the static path uses it).
-        emb_spk = prompts[0].speaker if len(prompts) == 1 else torch.stack([p.speaker for p in prompts])
-        chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
+        emb_spk = self._speakers(prompts)
+        if emb_spk is not None:
+            chat.speaker.apply(emb, emb_spk, input_ids, chat.tokenizer.spk_emb_ids, chat.gpt.device_gpt)
         width = int(input_ids.shape[1])
         position_ids = attention_mask.long().cumsum(-1) - 1
         position_ids.masked_fill_(attention_mask.eq(0), 1)
@@ -99,6 +122,37 @@ class RowModel:
         joined = [self.sampler.row(p, self.max_new_token, int(n)) for p, n in zip(prompts, lengths)]
         self.sample(joined, hidden)
         return joined, cache
+
+    def _encode(self, prompts: Sequence[Prompt]) -> tuple[Any, Any, Any]:
+        """The rows' input ids, attention mask and text mask, left-padded to the longest, as ChatTTS's tokenizer
+        makes them: for rows without a recorded voice, one `Tokenizer.encode` of them all; with one, each row
+        encoded alone with its recording's codes after its text (as `Chat.infer` does with `spk_smp`), then
+        padded as that call pads."""
+        torch, chat = self.torch, self.chat
+        if all(p.codes is None for p in prompts):
+            return chat.tokenizer.encode([p.prompt for p in prompts], self.num_vq, prompt=None, device=chat.device_gpt)
+        rows = [chat.tokenizer.encode([p.prompt], self.num_vq, prompt=p.codes, device=chat.device_gpt) for p in prompts]
+        width = max(int(ids.shape[1]) for ids, _, _ in rows)
+        pad = torch.nn.functional.pad
+        return (
+            torch.cat([pad(ids, (0, 0, width - ids.shape[1], 0)) for ids, _, _ in rows]),
+            torch.cat([pad(mask, (width - mask.shape[1], 0)) for _, mask, _ in rows]),
+            torch.cat([pad(text, (width - text.shape[1], 0)) for _, _, text in rows]),
+        )
+
+    def _speakers(self, prompts: Sequence[Prompt]) -> Any:
+        """What `Speaker.apply` writes at the rows' `[spk_emb]` tokens, or None where no row has one.
+
+        One row: its 1-D embedding takes ChatTTS's own Speaker.apply path, as Chat.infer does (a recorded
+        voice has none, and Chat.infer applies none). Several: one embedding a row (engines.chattts extends
+        Speaker.apply to that, as the static path uses it); a recorded voice's row has no `[spk_emb]` token,
+        so zeros stand in for it.
+        """
+        speakers = [p.speaker for p in prompts]
+        if len(prompts) == 1 or all(s is None for s in speakers):
+            return speakers[0]
+        shape = next(s for s in speakers if s is not None)
+        return self.torch.stack([self.torch.zeros_like(shape) if s is None else s for s in speakers])
 
     def step(self, rows: list[Row], cache: Any) -> Any:
         """Forward `rows` (whose cache is `cache`) by their last codes and sample their next; the new cache.

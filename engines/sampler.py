@@ -57,7 +57,10 @@ class Row:
 
 @dataclass
 class Prompt:
-    """A joining row's prompt and sampling, made by the text front end before any model call."""
+    """A joining row's prompt and sampling, made by the text front end before any model call.
+
+    `speaker` is the row's speaker embedding, None for a recorded voice (which has codes instead).
+    """
 
     key: str
     spec: Spec
@@ -67,6 +70,8 @@ class Prompt:
     processors: list[Callable[[Any, Any], Any]]
     warpers: list[Callable[[Any, Any], Any]]
     place: Place
+    # A recorded voice's codes (codebooks, tokens), which follow the prompt's text; None for any other voice.
+    codes: Any = None
 
 
 Mark = tuple[int, bool, int, int]

@@ -196,8 +196,9 @@ def _overrides(vocab_size: int, seed: int, full_size: bool) -> dict[str, Any]:
 
 
 def _write_audio_modules(asset: Path, overrides: dict[str, Any]) -> None:
-    """Vocos, the DVAE and the decoder (a DVAE without encoder, sharing its coefficients), as Chat.load reads
-    them: ChatTTS's own classes built from `overrides`' config."""
+    """Vocos, the DVAE (with its encoder and quantizer, as the published DVAE.safetensors holds them: what
+    Chat.sample_audio_speaker runs) and the decoder (a DVAE without encoder, sharing its coefficients), as
+    Chat.load reads them: ChatTTS's own classes built from `overrides`' config."""
     import torch
     from ChatTTS.model import DVAE
     from vocos import Vocos

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,6 +98,36 @@ def test_tiny_checkpoint_is_deterministic(tmp_path: Path, tiny_model: Path) -> N
         "sha256_asset_tokenizer_tokenizer_config_json",
         "sha256_asset_tokenizer_tokenizer_json",
     }
+
+
+def test_the_tiny_dvae_holds_an_encoder_of_the_published_layout(tiny_model: Path) -> None:
+    """The tiny checkpoint's DVAE.safetensors has every tensor of ChatTTS's DVAE at its published sizes, encoder
+    (mel front end, downsampling, encoder, quantizer) and decoder, so Chat.load reads it strictly and
+    Chat.sample_audio_speaker runs the real encoder's code."""
+    from dataclasses import asdict
+
+    from ChatTTS.model import DVAE
+    from safetensors import safe_open
+
+    from engines.config import chattts_config
+
+    published = chattts_config().dvae
+    full = DVAE(
+        decoder_config=asdict(published.decoder),
+        encoder_config=asdict(published.encoder),
+        vq_config=asdict(published.vq),
+        dim=published.decoder.idim,
+    )
+    with safe_open(str(tiny_model / "asset" / "DVAE.safetensors"), "pt") as tiny:
+        names = set(tiny.keys())
+
+    def layout(keys: set[str]) -> set[str]:
+        """Tensor names with the block numbers left out: the tiny DVAE has 1 block where the published has 12."""
+        return {re.sub(r"\.\d+\.", ".N.", key) for key in keys}
+
+    assert layout(names) == layout(set(full.state_dict()))
+    parts = {name.split(".")[0] for name in names}
+    assert {"preprocessor_mel", "downsample_conv", "encoder", "vq_layer", "decoder", "out_conv", "coef"} == parts
 
 
 def test_cancel_stops_a_running_job_between_batches(

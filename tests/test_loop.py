@@ -10,6 +10,7 @@ ChatTTS at its real size with random weights.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import replace
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 from redis import Redis
 
@@ -32,7 +34,7 @@ from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
 from engines.leanstep import LeanStep
 from engines.loop import ChatTTSLoop
 from engines.refine import refine
-from engines.rowmodel import row_seed
+from engines.rowmodel import row_seed, sample_text
 from work import queueing
 from work.decode_loop import LOOK_EVERY, Tally
 from work.scheduler import Pool
@@ -117,11 +119,29 @@ def _lasting(engine: tuple[ChatTTSEngine, Any], spec: Spec, tokens: int) -> Spec
     raise AssertionError(f"no seed under 100 makes every chunk last {tokens} tokens")
 
 
+def _recorded(engine: ChatTTSEngine) -> dict[str, Any]:
+    """A recorded voice: the speaker prompt the model's DVAE encoder makes of 3 s of a generated WAV (a gliding
+    tone with a tremolo, read back as the service reads uploads), and its transcript."""
+    t = np.arange(3 * 24_000) / 24_000
+    tone = 0.4 * np.sin(2 * np.pi * (180 + 40 * t) * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+    wav = io.BytesIO()
+    soundfile.write(wav, tone, 24_000, format="WAV", subtype="PCM_16")
+    samples, _ = soundfile.read(io.BytesIO(wav.getvalue()), dtype="float32")
+    return {"sample": engine.encode_sample(samples), "transcript": "The sample says this, 3 times.", "seed": None}
+
+
+def _upstream_voice(engine: ChatTTSEngine, spec: Spec) -> dict[str, Any]:
+    """InferCodeParams' voice fields for `spec`'s voice, as a caller of Chat.infer gives them."""
+    if spec.sample is not None:
+        return {"spk_smp": spec.sample, "txt_smp": sample_text(engine.chat, spec.transcript or "")}
+    return {"spk_emb": engine._speaker(spec.seed, spec.speaker)}
+
+
 def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
     chat = engine.chat
     return chat.InferCodeParams(
         prompt=f"[speed_{spec.speed}]",
-        spk_emb=engine._speaker(spec.seed, spec.speaker),
+        **_upstream_voice(engine, spec),
         temperature=spec.temperature,
         top_P=spec.top_p,
         top_K=spec.top_k,
@@ -131,13 +151,17 @@ def _upstream_params(engine: ChatTTSEngine, spec: Spec, seed: int) -> Any:
     )
 
 
-@pytest.mark.parametrize("voice", [{"seed": 7}, {"speaker": "from-seed-5"}], ids=["seed", "speaker"])
+@pytest.mark.parametrize(
+    "voice", [{"seed": 7}, {"speaker": "from-seed-5"}, {"sample": "recorded"}], ids=["seed", "speaker", "recorded"]
+)
 def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
     either: tuple[ChatTTSEngine, Any], voice: dict[str, Any]
 ) -> None:
     eng, info = either
     if "speaker" in voice:
         voice = {"speaker": eng.speaker(5), "seed": None}
+    if "sample" in voice:
+        voice = _recorded(eng)
     spec = Spec(chunks=(TEXTS[0],), model=info.id, temperature=0.5, top_k=12, **voice)
     chat = eng.chat
     loop = _loop(eng)
@@ -164,9 +188,12 @@ def test_a_row_alone_in_the_loop_makes_what_chat_infer_makes(
     )
 
 
-def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(either: tuple[ChatTTSEngine, Any]) -> None:
+@pytest.mark.parametrize("voice", ["seed", "recorded"])
+def test_a_row_alone_in_a_static_call_makes_what_chat_infer_makes(
+    either: tuple[ChatTTSEngine, Any], voice: str
+) -> None:
     eng, info = either
-    spec = Spec(chunks=(TEXTS[1],), model=info.id, seed=3)
+    spec = Spec(chunks=(TEXTS[1],), model=info.id, **({"seed": 3} if voice == "seed" else _recorded(eng)))
     chat = eng.chat
     with torch.inference_mode():
         ours = eng.synthesize([spec])[0]
@@ -222,15 +249,17 @@ def test_rows_of_different_temperature_top_k_and_voice_share_one_step(engine: tu
         ("a", Spec(chunks=(TEXTS[2],), model=info.id, seed=1, temperature=0.3, top_k=20)),
         ("b", Spec(chunks=(TEXTS[2],), model=info.id, seed=2, temperature=0.9, top_k=3)),
         ("c", Spec(chunks=(TEXTS[2],), model=info.id, speaker=eng.speaker(4), seed=None, top_p=0.5)),
+        ("d", Spec(chunks=(TEXTS[2],), model=info.id, temperature=0.5, **_recorded(eng))),
     ]
     loop = _loop(eng)
     forwards: list[int] = []
     _spy_forwards(loop, lambda emb, _mask: forwards.append(int(emb.shape[0])))
     with torch.inference_mode():
         decode_all(loop, rows)
-    # One prefill of the three rows together, then forwards of all three.
-    assert forwards[:2] == [3, 3]
-    assert loop.steps[0] == ["a", "b", "c"]
+    # One prefill of the four rows together (the recorded voice's codes make its prompt the longest, the others
+    # left-padded to it), then forwards of all four.
+    assert forwards[:2] == [4, 4]
+    assert loop.steps[0] == ["a", "b", "c", "d"]
     codes = {key: _rec(loop)[key][0] for key, _ in rows}
     assert not torch.equal(codes["a"][:8], codes["b"][:8]), "each row samples with its own settings"
     for key, spec in rows:

@@ -38,8 +38,14 @@ def browser(tone_stack: Stack) -> Iterator[Browser]:
     with sync_api.sync_playwright() as pw:
         chromium = pw.chromium.launch(
             executable_path=CHROMIUM,
-            # Headless Chromium has no user to click "play"; the page calls play() itself.
-            args=["--autoplay-policy=no-user-gesture-required", "--no-sandbox"],
+            # Headless Chromium has no user to click "play"; the page calls play() itself. Its fake microphone
+            # (a beep each second) answers getUserMedia without asking.
+            args=[
+                "--autoplay-policy=no-user-gesture-required",
+                "--no-sandbox",
+                "--use-fake-device-for-media-stream",
+                "--use-fake-ui-for-media-stream",
+            ],
         )
         page = chromium.new_page()
         seen = Browser(page)
@@ -235,3 +241,72 @@ def test_speak_as_i_type_starts_playing_on_the_first_finished_sentence(
     assert state["errors"] == [] and state["until"] > first["until"], state
     assert _state(page)["message"] == ""
     assert not [line for line in browser.console if line.startswith("error")], browser.console
+
+
+SAYS = "One, two, three: this is what the recording says."
+
+
+def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
+    browser: Browser, tone_stack: Stack, tmp_path: Path
+) -> None:
+    from test_recordings import recording
+
+    page = browser.page
+    page.wait_for_function("() => document.querySelectorAll('#builtin-voices option').length > 0")  # type: ignore[attr-defined]
+    # Recorded from the (fake) microphone for about 2 s, then saved with what it says.
+    page.click("#record")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => window.rec.stream && performance.now() - window.rec.started > 2000", timeout=DEADLINE_MS
+    )
+    page.click("#record")  # type: ignore[attr-defined]
+    page.wait_for_function("() => window.rec.wav !== null && !document.getElementById('sample-player').hidden")  # type: ignore[attr-defined]
+    page.fill("#sample-text", SAYS)  # type: ignore[attr-defined]
+    page.fill("#sample-name", "mine")  # type: ignore[attr-defined]
+    # Not without the speaker's consent.
+    page.click("#save-sample")  # type: ignore[attr-defined]
+    page.wait_for_function("() => document.getElementById('error').textContent.startsWith('Tick')")  # type: ignore[attr-defined]
+    assert httpx.get(tone_stack.url + "/v1/voices/mine").status_code == 404
+    page.check("#consent")  # type: ignore[attr-defined]
+    page.click("#save-sample")  # type: ignore[attr-defined]
+    try:
+        page.wait_for_function(  # type: ignore[attr-defined]
+            "() => document.getElementById('voice').value === 'mine'", timeout=DEADLINE_MS
+        )
+    finally:
+        page.screenshot(path=str(tmp_path / "page-recorded.png"), full_page=True)  # type: ignore[attr-defined]
+    assert 'Saved the voice "mine"' in page.text_content("#notice")  # type: ignore[attr-defined]
+    made = httpx.get(tone_stack.url + "/v1/voices/mine").json()
+    assert made["kind"] == "sample" and made["text"] == SAYS and made["seconds"] >= 2.0, made
+
+    # A file instead: picked, saved, then used to generate.
+    wav = tmp_path / "voice.flac"
+    wav.write_bytes(recording("flac", seconds=3.0))
+    page.set_input_files("#sample-file", str(wav))  # type: ignore[attr-defined]
+    page.fill("#sample-name", "from-file")  # type: ignore[attr-defined]
+    page.click("#save-sample")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => document.getElementById('voice').value === 'from-file'", timeout=DEADLINE_MS
+    )
+    assert httpx.get(tone_stack.url + "/v1/voices/from-file").json()["seconds"] == 3.0
+    page.fill("#text", "Spoken in the voice of a file.")  # type: ignore[attr-defined]
+    page.click("#go")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => !document.getElementById('download').hidden", timeout=DEADLINE_MS
+    )
+    expected = httpx.post(
+        tone_stack.url + "/v1/tts", json={"text": "Spoken in the voice of a file.", "voice": "from-file"}
+    ).json()
+    assert _state(page)["download"] == expected["audio_url"], _state(page)
+    assert not [line for line in browser.console if line.startswith(("error", "warning"))], browser.console
+
+    # What the service refuses is shown in its words, and nothing is saved.
+    junk = tmp_path / "notes.mp3"
+    junk.write_bytes(b"these are notes, not audio")
+    page.set_input_files("#sample-file", str(junk))  # type: ignore[attr-defined]
+    page.fill("#sample-name", "junk")  # type: ignore[attr-defined]
+    page.click("#save-sample")  # type: ignore[attr-defined]
+    page.wait_for_function(  # type: ignore[attr-defined]
+        "() => document.getElementById('error').textContent.startsWith('sample:')", timeout=DEADLINE_MS
+    )
+    assert "is not audio" in _state(page)["message"]
+    assert httpx.get(tone_stack.url + "/v1/voices/junk").status_code == 404

@@ -258,3 +258,35 @@ class VoiceRequest(Body):
         | UnsetType
     ) = UNSET
     description: Annotated[str, Meta(max_length=200)] = ""
+
+
+# A recording a voice is made from (PUT /v1/voices/{name} as multipart/form-data): its size, its length once
+# decoded, its transcript's length.
+SAMPLE_MAX_BYTES = 10 * 1024 * 1024
+SAMPLE_MIN_SECONDS = 1
+SAMPLE_MAX_SECONDS = 30
+TRANSCRIPT_MAX = 500
+
+
+class SampleForm(Body):
+    """A voice from a recording (PUT /v1/voices/{name} as multipart/form-data): the recording and what it says."""
+
+    sample: Annotated[
+        bytes,
+        Meta(
+            max_length=SAMPLE_MAX_BYTES,
+            description=f"The recording: WAV, FLAC, MP3, Ogg Vorbis or Opus, or M4A (AAC), at most "
+            f"{SAMPLE_MAX_BYTES} bytes and {SAMPLE_MIN_SECONDS} to {SAMPLE_MAX_SECONDS} s long once decoded; one "
+            "voice speaking, little noise. Not audio (or not one of these): 415; too big: 413; too short, too "
+            "long, silent or NaN: 422.",
+        ),
+    ]
+    text: Annotated[
+        str,
+        Meta(
+            max_length=TRANSCRIPT_MAX,
+            description="What the recording says, word for word (ChatTTS reads it with the recording's sound); "
+            "normalized as a request's text is, and empty after that is 422.",
+        ),
+    ]
+    description: Annotated[str, Meta(max_length=200)] = ""

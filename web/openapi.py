@@ -47,6 +47,7 @@ SCHEMAS: tuple[type[msgspec.Struct], ...] = (
     bodies.VoiceRequest,
     replies.SeedVoice,
     replies.SavedVoice,
+    replies.SampleVoice,
     replies.VoiceList,
     replies.Captions,
     events.WebhookEvent,

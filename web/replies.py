@@ -252,6 +252,7 @@ class SavedVoice(Reply):
     """A saved (or built-in) voice: its speaker string for the model it was made on."""
 
     name: Annotated[str, Meta(pattern=NAME_PATTERN)]
+    kind: Annotated[Literal["speaker"], Meta(description="A voice of a speaker string (a seed's, or a mix).")]
     speaker: Annotated[str, Meta(min_length=1)]
     description: str
     model: str
@@ -260,8 +261,22 @@ class SavedVoice(Reply):
     updated: Annotated[str, Meta(extra_json_schema={"format": "date-time"})] | None
 
 
+class SampleVoice(Reply):
+    """A voice made from a recording: what the recording says and how long it is, for the model it was made on."""
+
+    name: Annotated[str, Meta(pattern=NAME_PATTERN)]
+    kind: Annotated[Literal["sample"], Meta(description="A voice made from a recording.")]
+    seconds: Annotated[float, Meta(ge=0, description="The recording's length once decoded.")]
+    text: Annotated[str, Meta(description="What the recording says (its transcript, normalized).")]
+    description: str
+    model: Annotated[str, Meta(description="The id of the model whose DVAE encoder made the voice.")]
+    created: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+    updated: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
+
+
 class VoiceSummary(Reply):
     name: Annotated[str, Meta(pattern=NAME_PATTERN)]
+    kind: Annotated[Literal["speaker", "sample"], Meta(description="A speaker string's voice, or a recording's.")]
     description: str
     created: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
     updated: Annotated[str, Meta(extra_json_schema={"format": "date-time"})]

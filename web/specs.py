@@ -27,19 +27,23 @@ async def spec_of(ctx: Context, body: TtsRequest, names: Mapping[str, str] | Non
     named = names or {}
     model = await ctx.require_model()
     text = validation.text(body.text, named.get("text", "text"), ctx.settings.max_chars)
-    seed = None if body.seed is UNSET else body.seed
-    speaker = None if body.speaker is UNSET else body.speaker.strip()
+    voice = voices.Voice(
+        seed=None if body.seed is UNSET else body.seed, speaker=None if body.speaker is UNSET else body.speaker.strip()
+    )
     if body.voice is not UNSET:
-        seed, speaker = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
-    elif speaker is not None:
-        validation.check_speaker(speaker, model.speaker_dim, named.get("speaker", "speaker"))
+        voice = await voices.resolve(ctx, body.voice, model, named.get("voice", "voice"), tenant)
+    elif voice.speaker is not None:
+        validation.check_speaker(voice.speaker, model.speaker_dim, named.get("speaker", "speaker"))
+    chosen = voice.speaker is not None or voice.sample is not None
     chunks = tuple(split(text, ctx.settings.chunk_chars))
     await _check_spoken(chunks, named.get("text", "text"), ctx.settings.max_chars)
     return Spec(
         chunks=chunks,
         model=model.id,
-        seed=None if speaker is not None else (ctx.settings.default_seed if seed is None else seed),
-        speaker=speaker,
+        seed=None if chosen else (ctx.settings.default_seed if voice.seed is None else voice.seed),
+        speaker=voice.speaker,
+        sample=voice.sample,
+        transcript=voice.transcript,
         speed=body.speed,
         temperature=body.temperature,
         top_p=body.top_p,

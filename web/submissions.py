@@ -17,9 +17,9 @@ class Submission:
 
     Decoding, checking, normalizing, splitting and hashing are a pure function
     of the body's bytes, the model id and the settings, except for a saved
-    voice, whose speaker string can be replaced: `voice` is then the name and
-    the speaker string it resolved to, to be compared before the Submission
-    is used. Bodies with a callback_url are never remembered (their webhook
+    voice, which can be replaced: `voice` is then the name and what it
+    resolved to (voices.identity: a speaker string, or a recording's digest),
+    to be compared before the Submission is used. Bodies with a callback_url are never remembered (their webhook
     must be registered each time).
     """
 
@@ -38,4 +38,7 @@ class Submission:
             + len(self.stored_answer)
             + _OVERHEAD
             + (len(self.voice[1]) if self.voice else 0)
+            # A recorded voice's speaker prompt and transcript (a few KB), in the Spec.
+            + len(self.spec.sample or "")
+            + len(self.spec.transcript or "")
         )

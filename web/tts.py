@@ -74,7 +74,7 @@ class SubmitRoute:
         if (
             known is not None
             and known.voice is not None
-            and await voices.saved_speaker(ctx, known.voice[0], tenant) != known.voice[1]
+            and await voices.saved_identity(ctx, known.voice[0], tenant) != known.voice[1]
         ):
             known = None  # the saved voice was replaced or deleted: work the body out again
         if known is not None and self.recent.recent((known.spec.model, tenant, raw)):
@@ -123,7 +123,8 @@ async def _work_out(ctx: Context, raw: bytes, tenant: str, links: Links) -> tupl
     stored = _submitted(links, request_id, fmt, total, 0, "finished")
     stored.cached = True
     saved = isinstance(body.voice, str) and body.voice not in voices.BUILTIN
-    voice = (body.voice, spec.speaker) if isinstance(body.voice, str) and saved and spec.speaker is not None else None
+    resolved = voices.identity(spec)
+    voice = (body.voice, resolved) if isinstance(body.voice, str) and saved and resolved is not None else None
     return Submission(request_id, spec, fmt, msgspec.json.encode(stored), voice), callback
 
 

@@ -1,9 +1,12 @@
-"""Voices: the seed export, the saved-voice registry in Redis, mixes, and how a voice name becomes a speaker.
+"""Voices: the seed export, the saved-voice registry in Redis, mixes, and how a voice name becomes a voice.
 
 A saved voice is stored as a speaker string for the model loaded when it
-was saved, so a request made with it is keyed by that string: saving over a
+was saved, or, made from a recording (recorded.py), as the speaker prompt
+the model's DVAE encoder made of it with the recording's transcript; a
+request made with it is keyed by what it is stored as: saving over a
 name changes the identity of new requests made with it, and audio made with
-the old voice is never served for the new one. Saved voices do not expire;
+the old voice is never served for the new one. `resolve` is the one place a
+name becomes a voice, for every route that takes one. Saved voices do not expire;
 `settings.max_voices` bounds their number (per tenant). With named API keys each tenant
 has its own: another tenant's saved voice does not exist for it (404), and
 its PUT saves its own voice under the same name. The OpenAI names are built in:
@@ -15,23 +18,34 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Sequence
 
+import msgspec
 import numpy as np
 from msgspec import UNSET
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from cache import normalize
+from cache import Spec, normalize, sample_digest
 from common.errors import ApiError, invalid
 from common.keys import voice_key, voices_key
 from common.speakers import encode_speaker
-from web import bodies, decoding, fields, validation
+from web import bodies, decoding, fields, forms, recorded, validation
 from web.bodies import MixPart, VoiceRequest
 from web.context import Context, tenant_of
-from web.replies import AudioVoice, AudioVoiceList, SavedVoice, SeedVoice, VoiceList, VoiceSummary, reply
+from web.replies import (
+    AudioVoice,
+    AudioVoiceList,
+    SampleVoice,
+    SavedVoice,
+    SeedVoice,
+    VoiceList,
+    VoiceSummary,
+    reply,
+)
 from work import queueing, scripts
 
 # OpenAI's voice names, each a fixed ChatTTS seed (any seed is a voice; these
@@ -52,6 +66,17 @@ BUILTIN = {
     "cedar": 1013,
 }
 _NAME = re.compile(fields.NAME_PATTERN)
+SAMPLE = "sample"
+
+
+@dataclass(frozen=True)
+class Voice:
+    """What a voice stands for: a seed, a speaker string, or a recording's speaker prompt and its transcript."""
+
+    seed: int | None = None
+    speaker: str | None = None
+    sample: str | None = None
+    transcript: str | None = None
 
 
 def mix(embeddings: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -111,20 +136,44 @@ async def _saved(ctx: Context, name: str, tenant: str) -> dict[str, Any] | None:
     return None if raw is None else json.loads(raw)
 
 
-async def saved_speaker(ctx: Context, name: str, tenant: str) -> str | None:
-    """The speaker string `tenant` has saved as `name` now; None when it has no voice saved under it."""
+def _identity(record: dict[str, Any]) -> str:
+    """What a saved voice is stored as, in one string: its speaker string, or its recording's digest."""
+    if record.get("kind") == SAMPLE:
+        return "sample:" + sample_digest(record["sample"], record["text"])
+    return str(record["speaker"])
+
+
+def identity(spec: Spec) -> str | None:
+    """What a saved voice resolved to in `spec`, as `saved_identity` says it; None for a seed."""
+    if spec.sample is not None:
+        return "sample:" + sample_digest(spec.sample, spec.transcript or "")
+    return spec.speaker
+
+
+async def saved_identity(ctx: Context, name: str, tenant: str) -> str | None:
+    """What `tenant` has saved as `name` now (its speaker string, or its recording's digest); None when it has no
+    voice saved under it. A remembered submission compares it with `identity` of its Spec."""
     record = await _saved(ctx, name, tenant)
-    return None if record is None else record["speaker"]
+    return None if record is None else _identity(record)
 
 
-async def resolve(ctx: Context, name: str, model: Any, field: str, tenant: str) -> tuple[int | None, str | None]:
-    """A voice name as (seed, None) for a built-in voice or (None, speaker) for one `tenant` saved; 422 naming
-    `field`."""
+async def resolve(ctx: Context, name: str, model: Any, field: str, tenant: str) -> Voice:
+    """A voice name as the Voice it stands for: a built-in voice's seed, or what `tenant` saved under it (a
+    speaker string, or a recording's speaker prompt and transcript); 422 naming `field` for an unknown name,
+    or a saved voice that does not fit `model`."""
     if name in BUILTIN:
-        return BUILTIN[name], None
+        return Voice(seed=BUILTIN[name])
     record = await _saved(ctx, name, tenant)
     if record is None:
         raise invalid(field, f"no saved or built-in voice is named {name!r} (GET /v1/voices lists them)")
+    if record.get("kind") == SAMPLE:
+        if record.get("codec") != getattr(model, "codec", None):
+            raise invalid(
+                field,
+                f"the voice {name!r} was made from a recording on another model, whose audio codes do not fit "
+                "the loaded one; make it again from the recording",
+            )
+        return Voice(sample=record["sample"], transcript=record["text"])
     try:
         validation.check_speaker(record["speaker"], model.speaker_dim, field)
     except ApiError:
@@ -133,7 +182,7 @@ async def resolve(ctx: Context, name: str, model: Any, field: str, tenant: str) 
             f"the voice {name!r} was saved for another model, whose speaker embeddings do not "
             "fit the loaded one; save it again",
         ) from None
-    return None, record["speaker"]
+    return Voice(speaker=record["speaker"])
 
 
 def speech_choice(voice: int | str | bodies.VoiceRef) -> dict[str, Any]:
@@ -155,8 +204,10 @@ async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str, ten
         return await seed_speaker(ctx, model, part.voice)
     text = part.voice.strip()
     if _NAME.fullmatch(text):
-        seed, speaker = await resolve(ctx, text, model, field, tenant)
-        return speaker if speaker is not None else await seed_speaker(ctx, model, seed or 0)
+        voice = await resolve(ctx, text, model, field, tenant)
+        if voice.sample is not None:
+            raise invalid(field, f"{text!r} is a voice from a recording: it has no speaker embedding to mix")
+        return voice.speaker if voice.speaker is not None else await seed_speaker(ctx, model, voice.seed or 0)
     validation.check_speaker(text, model.speaker_dim, field)
     return text
 
@@ -180,9 +231,12 @@ async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any, tenant: str)
     return encode_speaker(mixed)
 
 
-def _record(name: str, raw: dict[str, Any]) -> SavedVoice:
+def _record(name: str, raw: dict[str, Any]) -> SavedVoice | SampleVoice:
+    if raw.get("kind") == SAMPLE:
+        return msgspec.convert({**raw, "name": name}, SampleVoice)
     return SavedVoice(
         name=name,
+        kind="speaker",
         speaker=raw["speaker"],
         description=raw["description"],
         model=raw["model"],
@@ -195,10 +249,34 @@ def _record(name: str, raw: dict[str, Any]) -> SavedVoice:
 # -- handlers ---------------------------------------------------------------------------
 
 
-async def one(ctx: Context, request: Request) -> Response:
-    """GET, PUT or DELETE /v1/voices/{name}: one route, so a 405 names every method in Allow."""
-    handler = {"GET": _get, "PUT": _put, "DELETE": _delete}[request.method]
-    return await handler(ctx, request)
+class VoiceRoute:
+    """GET, PUT or DELETE /v1/voices/{name}: one route, so a 405 names every method in Allow; with this
+    process's turn at decoding recordings (recorded.Recorder)."""
+
+    def __init__(self) -> None:
+        self.recorder = recorded.Recorder()
+
+    async def __call__(self, ctx: Context, request: Request) -> Response:
+        if request.method == "PUT" and forms.is_form(request):
+            return await self._put_recording(ctx, request)
+        handler = {"GET": _get, "PUT": _put, "DELETE": _delete}[request.method]
+        return await handler(ctx, request)
+
+    async def _put_recording(self, ctx: Context, request: Request) -> Response:
+        """PUT as multipart/form-data: a voice made from a recording (recorded.py), saved as `_put` saves one."""
+        name = _name(request.path_params["name"])
+        if name in BUILTIN:
+            raise _builtin_refused(name, "saved over")
+        model = await ctx.require_model()
+        tenant = tenant_of(request)
+        # Refused before the recording is read: a full registry would refuse it after a worker's encode.
+        if not await ctx.redis.hexists(voices_key(tenant), name) and (
+            await ctx.redis.hlen(voices_key(tenant)) >= ctx.settings.max_voices
+        ):
+            raise _full(ctx)
+        made = await self.recorder.make(ctx, request, model)
+        now = _now()
+        return await _save(ctx, name, tenant, {"kind": SAMPLE, **made, "created": now, "updated": now})
 
 
 async def _get(ctx: Context, request: Request) -> Response:
@@ -215,6 +293,7 @@ async def _get(ctx: Context, request: Request) -> Response:
         return reply(
             SavedVoice(
                 name=name,
+                kind="speaker",
                 speaker=speaker,
                 description=f"built in: seed {BUILTIN[name]}",
                 model=model.id,
@@ -245,14 +324,24 @@ async def _put(ctx: Context, request: Request) -> Response:
         "created": now,
         "updated": now,
     }
+    return await _save(ctx, name, tenant, record)
+
+
+async def _save(ctx: Context, name: str, tenant: str, record: dict[str, Any]) -> Response:
+    """Save `record` as `tenant`'s voice `name`: 201 when new, 200 when it replaced one (keeping its `created`);
+    422 naming `name` when the registry is full."""
     save = scripts.register(ctx.redis, "save_voice.lua")
     replaced, saved = await save(keys=[voices_key(tenant)], args=[name, json.dumps(record), ctx.settings.max_voices])
     if replaced == -1:
-        raise invalid(
-            "name",
-            f"there are already {ctx.settings.max_voices} saved voices, the most this service keeps; delete one first",
-        )
+        raise _full(ctx)
     return reply(_record(name, json.loads(saved)), status=200 if replaced else 201)
+
+
+def _full(ctx: Context) -> ApiError:
+    return invalid(
+        "name",
+        f"there are already {ctx.settings.max_voices} saved voices, the most this service keeps; delete one first",
+    )
 
 
 async def _delete(ctx: Context, request: Request) -> Response:
@@ -278,6 +367,7 @@ async def saved_summaries(ctx: Context, tenant: str) -> list[VoiceSummary]:
         voices.append(
             VoiceSummary(
                 name=raw_name.decode() if isinstance(raw_name, bytes) else raw_name,
+                kind="sample" if record.get("kind") == SAMPLE else "speaker",
                 description=record["description"],
                 created=record["created"],
                 updated=record["updated"],
@@ -298,7 +388,12 @@ async def audio_voices(ctx: Context, request: Request) -> Response:
         for name, seed in sorted(BUILTIN.items())
     ]
     saved = [
-        AudioVoice(id=v.name, name=v.name, builtin=False, description=v.description)
+        AudioVoice(
+            id=v.name,
+            name=v.name,
+            builtin=False,
+            description=v.description or ("made from a recording" if v.kind == SAMPLE else ""),
+        )
         for v in await _summaries(ctx, request)
     ]
     return reply(AudioVoiceList(voices=builtin + saved))

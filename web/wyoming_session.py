@@ -249,7 +249,7 @@ class Connection:
         return Session(voice=found, max_buffer_delay_ms=0)
 
     async def _saved(self, name: str) -> bool:
-        return await voices.saved_speaker(self.ctx, name, self.tenant) is not None
+        return await voices.saved_identity(self.ctx, name, self.tenant) is not None
 
     def _speaker(self) -> SpeechContext:
         """The stream's context, made afresh when it has retired (it had nothing left to do)."""
