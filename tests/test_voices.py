@@ -232,3 +232,25 @@ def test_seed_lookups_are_admitted_like_syntheses_and_repeats_come_from_the_stor
     again = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
     assert again.status_code == 200 and again.json()["speaker"] == first.json()["speaker"]
     assert not redis.keys("rq:job:voice-*")
+
+
+def test_a_tenants_backlog_refuses_its_own_seed_lookups_not_another_tenants(
+    stack_factory: Callable[..., Stack], redis: Redis
+) -> None:
+    """A seed's export is admitted as one chunk of its caller's tenant: Alice's backlog fills the queue and her
+    lookup is 429 naming her share; Bob's goes through (his share while she waits is half of it)."""
+    alice, bob = "alice-voices-key-0123456789", "bob-voices-key-0123456789ab"
+    stack = stack_factory(
+        TTS_ENGINE="tone", TTS_MAX_QUEUE="2", TTS_SPEECH_WAIT="3", TTS_API_KEYS=f"alice={alice},bob={bob}"
+    )
+    stack.start_web()
+    stack.run_worker_burst()  # publishes the model; no worker takes jobs now
+    two = "The first sentence is the first chunk. " * 4 + "The second sentence makes a chunk of its own. " * 3
+    r = httpx.post(stack.url + "/v1/tts", json={"text": two}, headers={"Authorization": f"Bearer {alice}"})
+    assert r.status_code == 202 and r.json()["progress"]["chunks_total"] == 2, r.text
+    refused = httpx.get(stack.url + "/v1/voices/4242", headers={"Authorization": f"Bearer {alice}"}, timeout=30)
+    assert refused.status_code == 429 and "limit is 2" in refused.json()["detail"], refused.text
+    assert not redis.keys("rq:job:voice-*")
+    waiting = httpx.get(stack.url + "/v1/voices/4243", headers={"Authorization": f"Bearer {bob}"}, timeout=30)
+    assert waiting.status_code == 504, waiting.text  # admitted: queued at the front, but no worker runs
+    assert redis.keys("rq:job:voice-*")

@@ -26,7 +26,7 @@ from common.errors import ApiError, invalid
 from common.model import ModelInfo
 from web import forms, recordings
 from web.bodies import SAMPLE_MAX_BYTES, SampleForm
-from web.context import Context
+from web.context import Context, tenant_of
 from work import samples
 
 # Bytes a form holds beside its recording: boundaries, part headers, the transcript and the description.
@@ -62,7 +62,7 @@ class Recorder:
             )
         checked = await self.check(request)
         return {
-            "sample": await encode(ctx, model, checked.recording),
+            "sample": await encode(ctx, model, checked.recording, tenant_of(request)),
             "text": checked.transcript,
             "seconds": checked.recording.seconds,
             "description": checked.description,
@@ -88,10 +88,10 @@ class Recorder:
         return Checked(recording, transcript, normalize(form.description))
 
 
-async def encode(ctx: Context, model: ModelInfo, recording: recordings.Recording) -> str:
-    """The speaker prompt a worker on `model` makes of `recording`; 429 when the queue is full, 503 when the job
+async def encode(ctx: Context, model: ModelInfo, recording: recordings.Recording, tenant: str) -> str:
+    """The speaker prompt a worker on `model` makes of `recording`; 429 past `tenant`'s share of the queue, 503 when the job
     failed, 504 when no worker made it in time. Whatever of it is in Redis is deleted before this returns."""
-    job = await run_in_threadpool(samples.hand_over, ctx.queue, model.id, recording.samples, ctx.settings)
+    job = await run_in_threadpool(samples.hand_over, ctx.queue, model.id, recording.samples, ctx.settings, tenant)
     upload = samples.upload_of(job)
     wait = ctx.settings.speech_wait
     try:

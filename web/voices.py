@@ -109,8 +109,9 @@ def _builtin_refused(name: str, what: str) -> ApiError:
     )
 
 
-async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
-    """The speaker string of `seed` on `model`, made by a worker on first request (504 when none does)."""
+async def seed_speaker(ctx: Context, model: Any, seed: int, tenant: str) -> str:
+    """The speaker string of `seed` on `model`, made by a worker on first request (504 when none does; 429 when
+    `tenant`'s share of the queue is full, as for a synthesis of one chunk)."""
     key = voice_key(model.id, seed)
 
     async def speaker() -> bytes | None:
@@ -119,7 +120,7 @@ async def seed_speaker(ctx: Context, model: Any, seed: int) -> str:
 
     value = await speaker()
     if value is None:
-        job = await run_in_threadpool(queueing.request_voice, ctx.queue, model.id, seed, ctx.settings)
+        job = await run_in_threadpool(queueing.request_voice, ctx.queue, model.id, seed, ctx.settings, tenant)
         value = await ctx.wait(job.id, speaker, time.monotonic() + ctx.settings.speech_wait)
     if value is None:
         raise ApiError(
@@ -201,13 +202,13 @@ def speech_choice(voice: int | str | bodies.VoiceRef) -> dict[str, Any]:
 
 async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str, tenant: str) -> str:
     if isinstance(part.voice, int):
-        return await seed_speaker(ctx, model, part.voice)
+        return await seed_speaker(ctx, model, part.voice, tenant)
     text = part.voice.strip()
     if _NAME.fullmatch(text):
         voice = await resolve(ctx, text, model, field, tenant)
         if voice.sample is not None:
             raise invalid(field, f"{text!r} is a voice from a recording: it has no speaker embedding to mix")
-        return voice.speaker if voice.speaker is not None else await seed_speaker(ctx, model, voice.seed or 0)
+        return voice.speaker if voice.speaker is not None else await seed_speaker(ctx, model, voice.seed or 0, tenant)
     validation.check_speaker(text, model.speaker_dim, field)
     return text
 
@@ -215,7 +216,7 @@ async def _part_speaker(ctx: Context, model: Any, part: MixPart, field: str, ten
 async def _speaker_of(ctx: Context, body: VoiceRequest, model: Any, tenant: str) -> str:
     """The speaker string a PUT body of `tenant` describes, for `model`."""
     if body.seed is not UNSET:
-        return await seed_speaker(ctx, model, body.seed)
+        return await seed_speaker(ctx, model, body.seed, tenant)
     if body.speaker is not UNSET:
         speaker = body.speaker.strip()
         validation.check_speaker(speaker, model.speaker_dim, "speaker")
@@ -284,12 +285,12 @@ async def _get(ctx: Context, request: Request) -> Response:
     if segment.strip().isascii() and segment.strip().isdigit():
         seed = validation.seed(segment)
         model = await ctx.require_model()
-        speaker = await seed_speaker(ctx, model, seed)
+        speaker = await seed_speaker(ctx, model, seed, tenant_of(request))
         return reply(SeedVoice(seed=seed, speaker=speaker, model=model.id, model_name=model.name))
     name = _name(segment)
     if name in BUILTIN:
         model = await ctx.require_model()
-        speaker = await seed_speaker(ctx, model, BUILTIN[name])
+        speaker = await seed_speaker(ctx, model, BUILTIN[name], tenant_of(request))
         return reply(
             SavedVoice(
                 name=name,

@@ -27,7 +27,7 @@ from rq.job import Job
 
 from common.keys import events_channel, prompt_key, sample_key
 from common.settings import Settings
-from work.queueing import QueueFull
+from work.queueing import admit
 
 # The job function (jobs.py), by the path RQ records for it.
 ENCODE = "jobs.encode_sample"
@@ -50,11 +50,11 @@ def job_id(upload_id: str) -> str:
     return f"sample-{upload_id}"
 
 
-def hand_over(q: Queue, model_id: str, samples: np.ndarray, settings: Settings) -> Job:
+def hand_over(q: Queue, model_id: str, samples: np.ndarray, settings: Settings, tenant: str = "") -> Job:
     """Store `samples` (float32 mono, 24 kHz) and enqueue, at the front, the job that encodes them on model
-    `model_id`. Admitted like a synthesis: QueueFull past `settings.max_queue`, and then nothing is stored."""
-    if q.count >= settings.max_queue:
-        raise QueueFull(f"{q.count} jobs are waiting; the limit is {settings.max_queue}")
+    `model_id`. Admitted like a synthesis of one chunk of `tenant` (queueing.admit: QueueFull past its share of
+    `settings.max_queue`), and then nothing is stored."""
+    admit(q, tenant, 1, settings.max_queue)
     upload = uuid.uuid4().hex
     redis: Redis = q.connection
     redis.set(sample_key(upload), np.asarray(samples, dtype="<f4").tobytes(), ex=HOLD_SECONDS)
