@@ -98,8 +98,11 @@ class Soak:
         return status is None or status.decode() not in ACTIVE
 
     def in_outage(self, a: Answer) -> bool:
-        """Sent or answered while Redis was down or full (both answer 503 + Retry-After), 3 s after included."""
-        down = [self.windows[name] for name in ("Redis down", "Redis full") if name in self.windows]
+        """Sent or answered while Redis was down or full (both answer 503 + Retry-After), 3 s after included; or
+        answered "Redis is full" while volatile-lru evicted (what it cannot evict, records and queued jobs, may
+        fill it: writes are refused then, as under noeviction)."""
+        windows = ("Redis down", "Redis full", *(("evicting",) if "Redis is full" in a.detail else ()))
+        down = [self.windows[name] for name in windows if name in self.windows]
         return any(a.sent <= w[1] + 3.0 and a.done >= w[0] for w in down)
 
     def beside(self, name: str, *work: Awaitable[Any]) -> None:

@@ -99,6 +99,20 @@ def test_the_sdk_gets_audio_timestamps_voices_and_models(stack: Stack) -> None:
     voices = {v.voice_id: v for v in client.voices.get_all().voices}
     assert voices["alloy"].category == "premade" and len(voices) >= 13
     assert "eleven_flash_v2_5" in {m.model_id for m in client.models.list()}
+    # v2's pages, followed by their tokens until the last, hold every voice once; search narrows them.
+    paged, token = [], None
+    while True:
+        page = client.voices.search(page_size=5, next_page_token=token)
+        paged += [v.voice_id for v in page.voices]
+        assert len(page.voices) <= 5 and page.total_count == len(voices)
+        if not page.has_more:
+            assert page.next_page_token is None
+            break
+        token = page.next_page_token
+    assert paged == list(voices)
+    assert [v.voice_id for v in client.voices.search(search="nov").voices] == ["nova"]
+    bad = httpx.get(stack.url + "/elevenlabs/v2/voices?page_size=0")
+    assert bad.status_code == 422 and "page_size" in bad.json()["detail"]["message"], bad.text
 
 
 def test_the_sdk_is_refused_in_elevenlabs_words(stack: Stack) -> None:

@@ -218,6 +218,10 @@ def _alignment(timed: compat.Timed) -> Alignment:
 # -- voices and models ------------------------------------------------------------------------
 
 
+# ElevenLabs' page of voices: its default and largest size.
+PAGE_SIZE, MAX_PAGE_SIZE = 10, 100
+
+
 async def _voices(ctx: Context, request: Request) -> list[ElevenLabsVoice]:
     """The built-in voices, then the caller's saved ones."""
     builtin = [_voice(name, f"built in: seed {seed}", "premade") for name, seed in sorted(voices.BUILTIN.items())]
@@ -246,9 +250,27 @@ async def voice_list(ctx: Context, request: Request) -> Response:
 
 
 async def voice_page(ctx: Context, request: Request) -> Response:
-    """GET /elevenlabs/v2/voices: every voice on one page."""
-    found = await _voices(ctx, request)
-    return reply(ElevenLabsVoicesPage(voices=found, has_more=False, total_count=len(found), next_page_token=None))
+    """GET /elevenlabs/v2/voices: a page of `page_size` voices (10; 1 to 100) from `next_page_token` (the token
+    the page before handed out), those whose name holds `search` only; 422 naming a bad parameter."""
+    query = request.query_params
+    size = _whole(query.get("page_size", str(PAGE_SIZE)), "page_size", 1, MAX_PAGE_SIZE)
+    search = query.get("search", "").strip().lower()
+    found = [v for v in await _voices(ctx, request) if search in v.name]
+    start = _whole(query.get("next_page_token") or "0", "next_page_token", 0, len(found))
+    page, more = found[start : start + size], start + size < len(found)
+    return reply(
+        ElevenLabsVoicesPage(
+            voices=page, has_more=more, total_count=len(found), next_page_token=str(start + size) if more else None
+        )
+    )
+
+
+def _whole(value: str, field: str, least: int, most: int) -> int:
+    """`value` as a whole number from `least` to `most`; 422 naming `field` otherwise."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or not least <= int(text) <= most:
+        raise ApiError(422, f"{field}: a whole number from {least} to {most}, got {value[:40]!r}", field=field)
+    return int(text)
 
 
 async def voice(ctx: Context, request: Request) -> Response:

@@ -117,8 +117,16 @@ def operations(settings: Settings) -> dict[str, Any]:
         ),
         routes.ELEVENLABS_VOICES_V2.name: _get(
             "elevenlabsVoicesV2",
-            "ElevenLabs: the voices, on one page",
-            {"200": json_answer(ref("ElevenLabsVoicesPage"), "The voices.")},
+            "ElevenLabs: a page of voices",
+            {"200": json_answer(ref("ElevenLabsVoicesPage"), "The page."), "422": error("A bad page_size or token.")},
+            *(
+                {"name": name, "in": "query", "required": False, "schema": schema}
+                for name, schema in (
+                    ("page_size", {"type": "integer", "minimum": 1, "maximum": 100, "default": 10}),
+                    ("next_page_token", {"type": "string"}),
+                    ("search", {"type": "string"}),
+                )
+            ),
         ),
         routes.ELEVENLABS_MODELS.name: _get(
             "elevenlabsModels",
