@@ -27,12 +27,23 @@ $(VENV)/.test: requirements-test.txt
 # https://download.pytorch.org/whl/cpu; a mirror may stand in) unless that torch
 # is installed already or a wheel of it lies in a find-links folder.
 define venv_install
+	@$(call supported_python,$$(test -x $(BIN)/python && echo $(BIN)/python || echo $(PYTHON)))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
 	rm -f $(VENV)/lib/python3*/site-packages/torchaudio/lib/*.so
+endef
+
+# The locks serve Python 3.11, 3.12 and 3.13 (pyproject.toml's requires-python): with another, pip would
+# fail on a hash or a resolution far into the install, so make stops first and says which to install.
+define supported_python
+	v=$$($(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || v=; \
+	case $$v in 3.11|3.12|3.13) ;; \
+	  *) echo "make: this project needs Python 3.11, 3.12 or 3.13, and $(1) is $${v:+Python }$${v:-no Python that runs}." \
+	       "Install one of them, then: make PYTHON=python3.12 $(MAKECMDGOALS) (or put it first on PATH)" >&2; exit 1 ;; \
+	esac
 endef
 
 lock: $(VENV)/.test
