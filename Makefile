@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TINY := .cache/tiny-model
 
-.PHONY: install run test test-fast lint lock tiny-model clean
+.PHONY: install run test test-fast lint lock tiny-model clean image-test
 
 # pyproject.toml declares the project and its groups; `make lock` turns it
 # into the requirements*.txt locks (every distribution pinned, with hashes),
@@ -84,6 +84,12 @@ tiny-model: $(VENV)/.run
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# The Dockerfile's images built and run here without an image registry (scripts/image-test says how; root,
+# buildah and debootstrap, which it installs with apt-get): the cpu image serves a request, the gpu image
+# is built. It skips, saying why, where it cannot run.
+image-test: $(VENV)/.run
+	scripts/image-test
 
 # Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
 # a private redis-server, the web process, workers on the tiny checkpoint and
