@@ -197,3 +197,41 @@ def test_the_entry_point_knows_the_projects_procfile(tmp_path: Path) -> None:
     )
     assert run.returncode == 64
     assert f"expected one of {' '.join(procfile())} or all" in run.stderr
+
+
+def image_test(env: dict[str, str], *prefix: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, str(ROOT / "scripts" / "image-test")], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.slow
+def test_image_test_skips_saying_why_without_root(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    if os.geteuid() == 0:  # as another user, as CI without root runs it
+        if shutil.which("setpriv") is None:
+            pytest.skip("no setpriv to drop root with")
+        run = image_test(env, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    else:
+        run = image_test(env)
+    assert run.returncode == 0, run.stderr
+    assert "image-test: SKIPPED, nothing was built or run: debootstrap and buildah's chroot isolation need root" in (
+        run.stderr
+    )
+
+
+@pytest.mark.slow
+def test_image_test_skips_saying_why_without_its_tools_or_apt_get(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("it skips for want of root first (the test above)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname", "id"):  # what it runs before it looks for buildah, debootstrap and apt-get
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    run = image_test({"PATH": str(bin_dir)})
+    assert run.returncode == 0, run.stderr
+    assert (
+        "SKIPPED, nothing was built or run: buildah debootstrap missing, and no apt-get to install them" in run.stderr
+    )
