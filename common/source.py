@@ -51,8 +51,12 @@ def browsable(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
         scheme, host, path = parts.scheme, parts.hostname, parts.path
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
+        try:
+            port = parts.port
+        except ValueError:  # not a number: no address a browser opens
+            return None
+        if port is not None:
+            host = f"{host}:{port}"
     elif parts.scheme in ("ssh", "git", "git+ssh", "ssh+git"):
         scheme, host, path = "https", parts.hostname, parts.path
     elif not parts.scheme and (scp := _SCP.fullmatch(url)):

@@ -27,6 +27,7 @@ from common.settings import Settings, SettingsError, from_env
         pytest.param("../tts", None, id="relative-path"),
         pytest.param("file:///srv/git/tts.git", None, id="file-url"),
         pytest.param("https:///tts", None, id="no-host"),
+        pytest.param("https://git.example.com:port/tts", None, id="bad-port"),
     ],
 )
 def test_a_remote_is_given_as_a_browser_opens_it(remote: str, address: str | None) -> None:
