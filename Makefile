@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TINY := .cache/tiny-model
 
-.PHONY: install run test test-fast lint lock tiny-model clean
+.PHONY: install run test test-fast lint lock tiny-model clean image-test
 
 # pyproject.toml declares the project and its groups; `make lock` turns it
 # into the requirements*.txt locks (every distribution pinned, with hashes),
@@ -27,12 +27,23 @@ $(VENV)/.test: requirements-test.txt
 # https://download.pytorch.org/whl/cpu; a mirror may stand in) unless that torch
 # is installed already or a wheel of it lies in a find-links folder.
 define venv_install
+	@$(call supported_python,$$(test -x $(BIN)/python && echo $(BIN)/python || echo $(PYTHON)))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
 	rm -f $(VENV)/lib/python3*/site-packages/torchaudio/lib/*.so
+endef
+
+# The locks serve Python 3.11, 3.12 and 3.13 (pyproject.toml's requires-python): with another, pip would
+# fail on a hash or a resolution far into the install, so make stops first and says which to install.
+define supported_python
+	v=$$($(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || v=; \
+	case $$v in 3.11|3.12|3.13) ;; \
+	  *) echo "make: this project needs Python 3.11, 3.12 or 3.13, and $(1) is $${v:+Python }$${v:-no Python that runs}." \
+	       "Install one of them, then: make PYTHON=python3.12 $(MAKECMDGOALS) (or put it first on PATH)" >&2; exit 1 ;; \
+	esac
 endef
 
 lock: $(VENV)/.test
@@ -73,6 +84,12 @@ tiny-model: $(VENV)/.run
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# The Dockerfile's images built and run here without an image registry (scripts/image-test says how; root,
+# buildah and debootstrap, which it installs with apt-get): the cpu image serves a request, the gpu image
+# is built. It skips, saying why, where it cannot run.
+image-test: $(VENV)/.run
+	scripts/image-test
 
 # Benchmarks (bench/run.py, BENCHMARKS.md says what each scenario measures):
 # a private redis-server, the web process, workers on the tiny checkpoint and

@@ -11,7 +11,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   trap 'rm -rf "$site"' EXIT
   wheels=(.whl/*.whl)
   if [ "$("$py" -c 'import sys; print(sys.version_info[:2] == (3, 12))')" != True ]; then
-    # The compiled wheels are for the device's CPython 3.12: this Python's own copies of them serve.
+    # The compiled wheels are for the kit's CPython 3.12: this Python's own copies of them serve.
     mapfile -t wheels < <(printf '%s\n' "${wheels[@]}" | grep -v -e '-cp312-')
   fi
   echo "device kit: installing ${#wheels[@]} wheels from .whl/ into $site"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device kit: a wheel of every pin in requirements-gpu.in for CPython 3.12 on manylinux x86-64, into .whl/,
-# which bench/gpu.sh installs on the offline GPU machine. A pin PyPI has only as an sdist is built here, and must
-# build pure-Python (version-independent). Fails past 64 MiB, what the device carries. Needs PyPI.   bench/kit.sh
+# which bench/gpu.sh installs on a GPU host without network. A pin PyPI has only as an sdist is built here, and
+# must build pure-Python (version-independent). Fails past KIT_MAX_MIB (64): the kit holds no torch or CUDA,
+# so a bigger one means a pin brought a heavy package along. Needs PyPI.   bench/kit.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "kit: $*" >&2; exit 1; }
@@ -24,14 +25,15 @@ while [ "${#todo[@]}" -gt 0 ]; do
   "${pip[@]}" wheel --no-deps -w "$kit" "$missing"
   mapfile -t todo < <(printf '%s\n' "${todo[@]}" | grep -vixF -- "$missing")
 done
-# A wheel built here for this machine's Python (neither pure nor manylinux) would not load on the device's.
+# A wheel built here for this Python (neither pure nor manylinux) would not load on the GPU host's.
 if ls "$kit" | grep -v -e '-none-any\.whl$' -e manylinux; then
-  die "the wheels above were built for this machine's Python only: pin versions PyPI has as wheels"
+  die "the wheels above were built for this Python only: pin versions PyPI has as wheels"
 fi
 count=$(ls "$kit" | wc -l)
 [ "$count" -eq "${#pins[@]}" ] || die "$count wheels for ${#pins[@]} pins in requirements-gpu.in"
 kib=$(du -sk "$kit" | cut -f1)
-[ "$kib" -le $((64 * 1024)) ] || die "$((kib / 1024)) MiB, over the 64 MiB the device carries"
+max=${KIT_MAX_MIB:-64}
+[ "$kib" -le $((max * 1024)) ] || die "$((kib / 1024)) MiB, over KIT_MAX_MIB ($max MiB): which pin brought a heavy package?"
 rm -rf .whl
 mv "$kit" .whl
 echo "kit: $count wheels, $((kib / 1024)) MiB in .whl/"

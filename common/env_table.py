@@ -109,6 +109,12 @@ VARIABLES = (
         v.public_url,
         "an absolute http:// or https:// URL without query or fragment",
     ),
+    Variable(
+        "TTS_SOURCE_URL",
+        "source_url",
+        v.public_url,
+        "an absolute http:// or https:// URL without query or fragment",
+    ),
     Variable("TTS_WEBHOOK_SECRET", "webhook_secret", v.webhook_secrets, WEBHOOK_SECRETS_ACCEPTED, secret=True),
     Variable("TTS_WEBHOOK_ALLOW_PRIVATE", "webhook_allow_private", v.boolean, "true or false"),
     Variable("TTS_WORKER_MAX_FAILURES", "worker_max_failures", v.int_in(1, 1000), "a whole number 1-1000"),

@@ -108,6 +108,9 @@ class Settings:
     # Where clients reach the service (https://tts.example.com); webhook
     # events then carry absolute URLs. None: paths.
     public_url: str | None = None
+    # Where the service's source is offered to its users (AGPL-3.0 §13): the page and /openapi.json link to
+    # it. None: the git remote of the checkout the service runs from, where there is one (common/source.py).
+    source_url: str | None = None
     # Standard Webhooks secrets (`whsec_<base64>`, space-separated: each signs,
     # for rotation), as given; None: callback_url is refused. `webhook_keys`
     # has their decoded HMAC keys.

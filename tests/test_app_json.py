@@ -3,6 +3,7 @@ the platform installs comes from where the manifest says."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from typing import Any
@@ -90,3 +91,24 @@ def test_heroku_ci_finds_what_the_test_set_pins_off_pypi() -> None:
         assert test_env["env"]["PIP_EXTRA_INDEX_URL"] == "https://download.pytorch.org/whl/cpu", local
     assert set(test_env.get("env", {})) <= {"PIP_EXTRA_INDEX_URL"}
     assert test_env["addons"] == ["heroku-redis:in-dyno"] and test_env["scripts"]["test"].startswith("python -m pytest")
+
+
+def test_the_webhook_secret_it_describes_is_what_the_service_takes() -> None:
+    described = re.search(r"base64 of (\d+)-(\d+) random bytes", manifest()["env"]["TTS_WEBHOOK_SECRET"]["description"])
+    assert described, "the secret's length is not described"
+    low, high = int(described[1]), int(described[2])
+
+    def secret(size: int) -> dict[str, str]:
+        return {"TTS_WEBHOOK_SECRET": "whsec_" + base64.b64encode(bytes(range(size))).decode()}
+
+    assert from_env(secret(low)).webhook_keys and from_env(secret(high)).webhook_keys
+    for size in (low - 1, high + 1):
+        with pytest.raises(SettingsError, match="^TTS_WEBHOOK_SECRET"):
+            from_env(secret(size))
+
+
+def test_it_asks_for_the_address_of_the_source_the_page_links_to() -> None:
+    # The slug has no .git to read a remote from: the deployer says where the source is (AGPL-3.0 §13).
+    spec = manifest()["env"]["TTS_SOURCE_URL"]
+    assert spec["required"] is True and "§13" in spec["description"]
+    assert from_env({"TTS_SOURCE_URL": "https://git.example.com/tts"}).source_url == "https://git.example.com/tts"

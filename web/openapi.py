@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from common import source
 from common.settings import Settings
 from web import (
     bodies,
@@ -139,12 +140,17 @@ def schema(settings: Settings) -> dict[str, Any]:
             '{"detail": str, "field": str?}, except on the OpenAI-compatible routes, which answer OpenAI\'s '
             '{"error": {message, type, param, code}}, and the ElevenLabs- and Cartesia-compatible ones (under '
             "/elevenlabs and /cartesia), which answer in their vendors' shapes.",
+            "license": {"name": "AGPL-3.0-or-later", "identifier": "AGPL-3.0-or-later"},
         },
         "paths": paths,
         WEBSOCKETS: {socket: openapi_speech.speech_socket(), **openapi_compat.sockets()},
         "webhooks": {"requestOver": {"post": openapi_tts.event_operation()}},
         "components": {"schemas": components(settings), "headers": headers()},
     }
+    url = source.address(settings)
+    if url is not None:  # AGPL-3.0 §13: users of the service are offered its source
+        doc["info"]["x-source-url"] = url
+        doc["info"]["description"] += f" Source code (AGPL-3.0-or-later): {url}"
     if settings.api_keys or settings.metrics_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     if settings.api_keys:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response
 
 from common import connect, keys, metrics
 from web import openapi
@@ -23,7 +24,11 @@ PAGE = Path(__file__).parent.parent / "static" / "index.html"
 
 
 async def page(ctx: Context, request: Request) -> Response:
-    return FileResponse(PAGE, media_type="text/html; charset=utf-8")
+    """static/index.html, with a link to the service's source where its address is known."""
+    if ctx.page_html is None:  # made once per process
+        link = "" if ctx.source_url is None else f': <a id="source" href="{html.escape(ctx.source_url)}">its source</a>'
+        ctx.page_html = PAGE.read_text().replace("<!--source-->", link, 1).encode()
+    return Response(ctx.page_html, media_type="text/html; charset=utf-8")
 
 
 async def openapi_document(ctx: Context, request: Request) -> Response:
