@@ -1,18 +1,16 @@
-"""Request identity (normalization and keys) and the chunk audio kept in Redis."""
+"""Request identity: text normalized, a request's Spec, its ids and its manifest. Pure: no Redis, no service
+module (everything under it may import it)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-import time
 import unicodedata
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from common.keys import RETAINED_KEY, chunk_key, request_key
 from splitter import pause_after
-from work import scripts
 
 # Bump when anything that changes the sound for the same inputs changes
 # (splitting rules, how audio is trimmed or stored): old keys then miss.
@@ -22,6 +20,13 @@ SAMPLE_RATE = 24_000
 # the model emits after clipping, half the size of float32, and joinable by
 # plain concatenation.
 SAMPLE_WIDTH = 2
+
+# A request's defaults, declared here once: the API's bodies (web/bodies.py), the engines and the status texts
+# read them (common/sampling.py holds the ranges).
+DEFAULT_SPEED = 5
+DEFAULT_TEMPERATURE = 0.3
+DEFAULT_TOP_P = 0.7
+DEFAULT_TOP_K = 20
 
 # A request or chunk id: 32 lowercase hex digits (the JSON schemas use the same pattern).
 ID_PATTERN = "^[0-9a-f]{32}$"
@@ -110,10 +115,10 @@ class Spec:
     speaker: str | None = None
     sample: str | None = None
     transcript: str | None = None
-    speed: int = 5
-    temperature: float = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
+    speed: int = DEFAULT_SPEED
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
     refine_text: bool = False
     oral: int | None = None
     laugh: int | None = None
@@ -233,71 +238,3 @@ def spec_of_manifest(layout: Mapping[str, Any]) -> Spec | None:
     except (TypeError, ValueError):
         return None
     return spec if spec.chunk_ids() == list(layout.get("chunks", ())) else None
-
-
-class AudioCache:
-    """Reads and writes chunk audio and request manifests in Redis.
-
-    `redis` is a `redis.asyncio.Redis` (web side). Chunk audio has a TTL of
-    `ttl` seconds and a request's record is kept as long (work/lifetime.py);
-    `remember`, which every submission runs (at most once a second per body
-    and web process: tts.SubmitRoute), renews both.
-    """
-
-    def __init__(self, redis: Any, ttl: int) -> None:
-        self.redis = redis
-        self.ttl = ttl
-        # One EVALSHA (redis-py loads the script again after a Redis restart)
-        # costs the client less than a pipeline of the same commands.
-        self._remember = scripts.register(redis, "remember.lua")
-
-    async def missing(self, chunk_ids: Sequence[str]) -> list[int]:
-        """Indexes of the chunks whose audio is not stored."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for cid in chunk_ids:
-                pipe.exists(chunk_key(cid))
-            found = await pipe.execute()
-        return [i for i, hit in enumerate(found) if not hit]
-
-    async def remember(self, request_id: str, spec: Spec) -> list[int]:
-        """Store the request's manifest, keep its record a TTL from now and renew the TTLs of its stored chunks,
-        in one command.
-
-        Returns the indexes of the chunks whose audio is not stored (as `missing`).
-        """
-        keys = [*map(chunk_key, spec.chunk_ids()), request_key(request_id), RETAINED_KEY]
-        found = await self._remember(keys=keys, args=[self.ttl, json.dumps(manifest(spec)), request_id, time.time()])
-        return [i for i, hit in enumerate(found) if not hit]
-
-    async def manifest(self, request_id: str) -> dict[str, Any] | None:
-        """The request's manifest, or None when there is none or its retention is over (not yet swept)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(request_key(request_id))
-            pipe.zscore(RETAINED_KEY, request_id)
-            raw, until = await pipe.execute()
-        if raw is None or (until is not None and until < time.time()):
-            return None
-        return json.loads(raw)
-
-    async def sizes(self, chunk_ids: Sequence[str]) -> list[int | None]:
-        """The byte length of each chunk's stored audio (0 for a silent chunk), None where it is not stored."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for cid in chunk_ids:
-                pipe.exists(chunk_key(cid))
-                pipe.strlen(chunk_key(cid))
-            found = await pipe.execute()
-        return [int(size) if hit else None for hit, size in zip(found[::2], found[1::2])]
-
-    async def chunks(self, chunk_ids: Sequence[str]) -> list[bytes | None]:
-        """The PCM16 audio of each chunk, None where it is not (or no longer) stored."""
-        if not chunk_ids:
-            return []
-        return list(await self.redis.mget([chunk_key(cid) for cid in chunk_ids]))
-
-
-def stored(redis: Any, chunk_ids: Iterable[str]) -> list[bool]:
-    """Which of `chunk_ids` have audio stored (sync client, worker side)."""
-    pipe = redis.pipeline(transaction=False)
-    for cid in chunk_ids:
-        pipe.exists(chunk_key(cid))
-    return [bool(x) for x in pipe.execute()]

@@ -1,4 +1,5 @@
-"""The ranges of the sampling settings: what the API takes, and what the worker checks a row against again."""
+"""The ranges of a request's settings (what the API takes, what the worker checks a row against again, and what a
+failure says of them) and the speed's prompt; their defaults are the Spec's (cache.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ TOP_K_MIN = 1
 TOP_K_MAX = 100
 SPEED_MIN = 1
 SPEED_MAX = 9
+
+
+def speed_prompt(speed: int) -> str:
+    """ChatTTS's prompt for `speed` (1 to 9), which goes before each text the model speaks."""
+    return f"[speed_{speed}]"
+
+
+def ranges_in_words() -> str:
+    """The ranges, as a failure's words say them ("temperature 0.001-1, ... speed 1-9")."""
+    return (
+        f"temperature {TEMPERATURE_MIN}-{TEMPERATURE_MAX}, top_p 0-{TOP_P_MAX}, top_k {TOP_K_MIN}-{TOP_K_MAX}, "
+        f"speed {SPEED_MIN}-{SPEED_MAX}"
+    )
 
 
 def out_of_range(spec: Spec) -> str | None:

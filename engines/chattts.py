@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 import numpy as np
 
 from cache import Spec, sample_digest
-from common import spoken
+from common import sampling, spoken
 from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
 from common.settings import Settings
 from engines import homophones
@@ -204,7 +204,7 @@ class ChatTTSEngine:
         normed = [chat.normalizer(spoken.speak(row.chunks[0]), True, True, None) for row in rows]
         if first.refine_text:
             normed = refine(chat, first, normed, seed, self.max_new_token)
-        texts = [f"[speed_{row.speed}]{text}" for row, text in zip(rows, normed)]
+        texts = [sampling.speed_prompt(row.speed) + text for row, text in zip(rows, normed)]
         result = next(chat._infer_code(texts, False, chat.device, True, params))
         lengths = [min(int(h.size(0)), budget) for h, budget in zip(result.hiddens, budgets)]
         wavs = chat._decode_to_wavs([h[:n] for h, n in zip(result.hiddens, lengths)], True)

@@ -18,9 +18,17 @@ import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as P
 
+from cache import DEFAULT_SPEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+from common import sampling
+
 MIN_COSINE = 0.99
 # The service's own defaults (cache.Spec): the sampling the users get.
-SAMPLING = {"prompt": "[speed_5]", "temperature": 0.3, "top_P": 0.7, "top_K": 20}
+SAMPLING = {
+    "prompt": sampling.speed_prompt(DEFAULT_SPEED),
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_P": DEFAULT_TOP_P,
+    "top_K": DEFAULT_TOP_K,
+}
 
 
 @dataclass(frozen=True)

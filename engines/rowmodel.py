@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cache import Spec, sample_digest
-from common import spoken
+from common import sampling, spoken
 from common.model import SAMPLES_PER_TOKEN, Place
 from engines import kvcache, q4step
 from engines.leanstep import LeanStep, supports
@@ -87,7 +87,7 @@ class RowModel:
         text = chat.normalizer(spoken.speak(spec.chunks[0]), True, True, None)
         if spec.refine_text:
             text = refine(chat, spec, [text], seed, self.max_new_token)[0]
-        line = f"[speed_{spec.speed}]{text}"
+        line = sampling.speed_prompt(spec.speed) + text
         if spec.sample is None:
             emb_spk = self.speaker(spec.seed, spec.speaker)
             prompt = chat.speaker.decorate_code_prompts([line], "", None, emb_spk)[0]

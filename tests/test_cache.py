@@ -13,8 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis import Redis
 
-from cache import AudioCache, Spec, is_well_formed_id, manifest, normalize
+from cache import Spec, is_well_formed_id, manifest, normalize
 from common.keys import RETAINED_KEY, chunk_key, request_key
+from web.store import AudioCache
 
 
 @pytest.mark.parametrize(

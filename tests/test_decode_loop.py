@@ -13,9 +13,9 @@ from typing import Any, Iterator
 import pytest
 from redis import Redis
 
-from cache import Spec, chunk_key
+from cache import Spec
 from common import audio, metrics
-from common.keys import pool_entry_key
+from common.keys import chunk_key, pool_entry_key
 from common.settings import Settings, from_env
 from engines.tone import ToneEngine
 from work import queueing

@@ -24,9 +24,9 @@ import torch
 from redis import Redis
 
 import jobs
-from cache import Spec, chunk_key
+from cache import Spec
 from common import audio
-from common.keys import pieces_key
+from common.keys import chunk_key, pieces_key
 from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
 from common.settings import from_env
 from engines import kvcache, rowfaults, tiny_checkpoint

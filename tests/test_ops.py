@@ -31,12 +31,11 @@ from wyoming.audio import AudioChunk
 from wyoming.client import AsyncTcpClient
 from wyoming.tts import Synthesize
 
-from cache import stored
 from common import audio, connect, keys, metrics
 from common.keys import chunk_key, events_channel, request_key
 from common.settings import Settings, SettingsError, from_env
 from work import lanes
-from work.queueing import SERIALIZER
+from work.queueing import SERIALIZER, stored
 
 KEY = "ops-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from rq import Queue
 from rq.job import Job
 
-from cache import AudioCache, Spec
+from cache import Spec
 from common.keys import (
     POOL_KINDS,
     PREFIX,
@@ -34,6 +34,7 @@ from common.keys import (
 )
 from common.settings import Settings
 from web import callbacks
+from web.store import AudioCache
 from work import delivery, events, interest, lanes, lifetime, queueing, scripts
 from work.scheduler import Look, Pool
 from work.status import ACTIVE, OVER

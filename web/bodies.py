@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from cache import DEFAULT_SPEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 from common import audio
 from web.fields import (
     RAW_AUDIO,
@@ -45,10 +46,10 @@ class TtsRequest(Body):
     voice: VoiceName | UnsetType = UNSET
     speaker: Speaker | UnsetType = UNSET
     seed: Annotated[Seed, Meta(extra={"from_settings": {"default": "default_seed"}})] | UnsetType = UNSET
-    speed: Speed = 5
-    temperature: Temperature = 0.3
-    top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
-    top_k: TopK = 20
+    speed: Speed = DEFAULT_SPEED
+    temperature: Temperature = DEFAULT_TEMPERATURE
+    top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = DEFAULT_TOP_P
+    top_k: TopK = DEFAULT_TOP_K
     refine_text: Annotated[bool, Meta(description="Run ChatTTS's text refinement first.")] = False
     oral: Annotated[int, Meta(ge=0, le=9, description="Refine prompt; only with refine_text: true.")] | UnsetType = (
         UNSET
@@ -163,9 +164,9 @@ class Session(Body):
     ] = "alloy"
     speed: SpeechSpeed = 1.0
     response_format: Annotated[SessionFormat, Meta(description=RAW_AUDIO)] = "pcm"
-    temperature: Temperature = 0.3
-    top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = 0.7
-    top_k: TopK = 20
+    temperature: Temperature = DEFAULT_TEMPERATURE
+    top_p: Annotated[Unit, Meta(description="Nucleus sampling.")] = DEFAULT_TOP_P
+    top_k: TopK = DEFAULT_TOP_K
     max_buffer_delay_ms: BufferDelay = 1000
 
 

@@ -11,13 +11,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import HTTPConnection
 
-from cache import AudioCache
 from common import connect, dns, metrics, source
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
 from common.settings import Settings
 from web.lookups import Lookups
+from web.store import AudioCache
 from work import queueing
 from work.status import OVER
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -21,8 +21,8 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.worker import WorkerStatus
 
-from cache import Spec, manifest, stored
-from common.keys import lane_prefix, lock_key, pool_key, request_key, turns_key
+from cache import Spec, manifest
+from common.keys import chunk_key, lane_prefix, lock_key, pool_key, request_key, turns_key
 from common.settings import Settings
 from work import interest, lifetime, scripts
 from work.scheduler import Pool
@@ -250,3 +250,11 @@ def census(redis: Redis, queue_name: str) -> Census:
     """Count a queue's workers through RQ's own registry (a dead worker's key expires; RQ forgets it here)."""
     found = Worker.all(queue=Queue(queue_name, connection=redis, serializer=SERIALIZER))
     return Census(live=len(found), idle=sum(1 for w in found if w.get_state() == WorkerStatus.IDLE))
+
+
+def stored(redis: Any, chunk_ids: Iterable[str]) -> list[bool]:
+    """Which of `chunk_ids` have audio stored (sync client, worker side)."""
+    pipe = redis.pipeline(transaction=False)
+    for cid in chunk_ids:
+        pipe.exists(chunk_key(cid))
+    return [bool(x) for x in pipe.execute()]

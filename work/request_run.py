@@ -21,9 +21,10 @@ from redis.client import PubSub
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
-from cache import Spec, stored
+from cache import Spec
 from common.keys import events_channel
 from work.decode_loop import LOOK_EVERY, DecodeLoop, Tally
+from work.queueing import stored
 from work.scheduler import Look
 
 logger = logging.getLogger(__name__)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
+from common import sampling
+
 # A request's state, as every answer and event names it.
 State = Literal["queued", "started", "finished", "failed", "canceled"]
 # The states a request ends in (its webhook event says which).
@@ -57,8 +59,7 @@ FAILURES = {
     "the work in flight; see docs/memory.md); submit it again later",
     "OutOfMemoryError": "Redis is full: it refused a write (its maxmemory is reached); submit it again later",
     # A chunk that failed alone in the decode loop (engines/loop.py names these reasons).
-    "RowSettingsOutOfRange": "a chunk's sampling settings are out of range (temperature 0.001-1, top_p 0-1, "
-    "top_k 1-100, speed 1-9)",
+    "RowSettingsOutOfRange": f"a chunk's sampling settings are out of range ({sampling.ranges_in_words()})",
     "RowInputUnreadable": "the text or voice of a chunk could not be prepared for the model",
     "RowOutputNotFinite": "the model's output for a chunk was not a number (NaN); try another voice or settings",
     "RowFailedAlone": "the model failed on a chunk of this request; other requests were not affected",
