@@ -14,8 +14,16 @@ import figures
 import processes
 import soak_report
 from processes import BenchError
+from soak_common import Check
 from soak_phases import PHASES
 from soak_run import RESTARTS, Soak
+
+
+async def _run_and_judge(s: Soak, drain: float) -> list[Check]:
+    """The run, judged before the event loop ends: a process started from one of its threads (Redis, restarted
+    by a phase) is stopped when that thread exits (processes.py: PR_SET_PDEATHSIG)."""
+    await s.run(drain)
+    return soak_report.judge(s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     s = Soak(processes.Cluster(), args.minutes * 60, args.load, args.max_jobs, args.full_minutes * 60, PHASES)
     rows = None
     try:
-        asyncio.run(s.run(args.drain))
-        rows = soak_report.judge(s)
+        rows = asyncio.run(_run_and_judge(s, args.drain))
     except BenchError as exc:
         print(f"soak: {exc}", file=sys.stderr)
         return 1
