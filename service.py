@@ -2,18 +2,20 @@
 
     uvicorn service:create_app --factory --port $PORT
 
-Every route is declared once, in web/routes.py; each concern's handlers live
-in its own module (tts, speech, session, voices, captions, ops) and take the
-shared Context first. Never imports torch, ChatTTS or the worker: the web
-process stays small and starts fast.
+Every route is declared once, in web/routes.py, with what serves it; each
+concern's handlers live in its own module (tts, speech, session, voices,
+captions, ops, the vendors' APIs) and take the shared Context first. Never
+imports torch, ChatTTS or the worker: the web process stays small and starts
+fast.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from msgspec import UNSET, Struct
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -30,11 +32,8 @@ from starlette.websockets import WebSocket
 from common import logs, metrics
 from common.errors import ApiError, NotReplicated
 from common.settings import Settings, from_env
-from web import captions, cartesia, elevenlabs, heap, ops, retention, routes, session, speech, tts, voices
-from web.cartesia_socket import CartesiaSocket
+from web import cartesia, elevenlabs, heap, retention, routes, session
 from web.context import Context
-from web.elevenlabs_socket import ElevenLabsSocket
-from web.openai_socket import OpenAISocket
 from web.replies import Error, Failure, openai_error, reply
 from work import queueing
 
@@ -93,58 +92,21 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return app
 
 
-def _handlers(settings: Settings) -> dict[routes.Endpoint, Handler]:
-    """The handler of each HTTP route."""
-    return {
-        routes.PAGE: ops.page,
-        routes.OPENAPI: ops.openapi_document,
-        routes.HEALTHZ: ops.healthz,
-        routes.READYZ: ops.readyz,
-        routes.METRICS: ops.prometheus,
-        routes.PROCESS_METRICS: ops.process_prometheus,
-        routes.SUBMIT: tts.SubmitRoute(settings),
-        routes.STATUS: tts.status_or_cancel,
-        routes.AUDIO: tts.AudioRoute(settings),
-        routes.CAPTIONS: captions.captions,
-        routes.SPEECH: speech.speech,
-        routes.MODELS: speech.models,
-        routes.AUDIO_VOICES: voices.audio_voices,
-        routes.VOICES: voices.listing,
-        routes.VOICE: voices.VoiceRoute(),
-        routes.ELEVENLABS_TTS: elevenlabs.Speech(routes.ELEVENLABS_TTS, streamed=False, timed=False),
-        routes.ELEVENLABS_STREAM: elevenlabs.Speech(routes.ELEVENLABS_STREAM, streamed=True, timed=False),
-        routes.ELEVENLABS_TIMED: elevenlabs.Speech(routes.ELEVENLABS_TIMED, streamed=False, timed=True),
-        routes.ELEVENLABS_STREAM_TIMED: elevenlabs.Speech(routes.ELEVENLABS_STREAM_TIMED, streamed=True, timed=True),
-        routes.ELEVENLABS_VOICES: elevenlabs.voice_list,
-        routes.ELEVENLABS_VOICE: elevenlabs.voice,
-        routes.ELEVENLABS_VOICES_V2: elevenlabs.voice_page,
-        routes.ELEVENLABS_MODELS: elevenlabs.models,
-        routes.CARTESIA_BYTES: cartesia.tts_bytes,
-        routes.CARTESIA_SSE: cartesia.tts_sse,
-        routes.CARTESIA_VOICES: cartesia.voice_list,
-        routes.CARTESIA_VOICE: cartesia.voice,
-    }
-
-
-def _codecs() -> dict[routes.Endpoint, Callable[[WebSocket], session.Codec]]:
-    """The protocol of each socket route: a codec made for each connection from its path and query (an ApiError
-    refuses the connection before its handshake)."""
-    return {
-        routes.SPEECH_SOCKET: lambda websocket: OpenAISocket(),
-        routes.ELEVENLABS_SOCKET: lambda websocket: ElevenLabsSocket(websocket, multi=False),
-        routes.ELEVENLABS_MULTI: lambda websocket: ElevenLabsSocket(websocket, multi=True),
-        routes.CARTESIA_SOCKET: lambda websocket: CartesiaSocket(),
-    }
+def _served(endpoint: routes.Endpoint, settings: Settings) -> Any:
+    """What the record names to serve it (routes.Endpoint.serves): a handler, one made for this app from its
+    settings when the record names a class, or a socket's codec maker."""
+    module, _, name = endpoint.serves.partition(":")
+    found = getattr(importlib.import_module(f"web.{module}"), name)
+    return found(settings) if isinstance(found, type) else found
 
 
 def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
-    """The router's routes, one for each record of routes.ALL, in its order."""
-    handlers = _handlers(settings)
+    """The router's routes, one for each record of routes.ALL, in its order, served as each record says."""
 
     def http(endpoint: routes.Endpoint) -> Route:
         """The route of a handler that gets the Context, after the API key check unless the route is public
         (the operators' key check for the operators' routes)."""
-        handler = handlers[endpoint]
+        handler: Handler = _served(endpoint, settings)
 
         async def serve(request: Request) -> Response:
             if endpoint.operator:
@@ -158,7 +120,7 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
     def socket(endpoint: routes.Endpoint) -> WebSocketRoute:
         """A socket route: its codec on the one session engine, which checks the API key itself (a refused key is
         told why, then closed with 1008)."""
-        make = codecs[endpoint]
+        make: Callable[[WebSocket], session.Codec] = _served(endpoint, settings)
 
         async def serve(websocket: WebSocket) -> None:
             try:
@@ -175,8 +137,6 @@ def _routes(ctx: Context, settings: Settings) -> list[BaseRoute]:
 
         return WebSocketRoute(endpoint.path, serve, name=endpoint.name)
 
-    codecs = _codecs()
-    assert set(handlers) | set(codecs) == set(routes.ALL), "a route without a handler, or the reverse"
     return [socket(endpoint) if endpoint.socket else http(endpoint) for endpoint in routes.ALL]
 
 

@@ -31,6 +31,7 @@ from typing import Any, MutableMapping, Sequence
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocket
 
 from common.errors import ApiError
 from common.wire import Wire, WireEncoder
@@ -189,3 +190,8 @@ def _context_id(data: dict[str, Any]) -> str:
 
 def _json(answer: msgspec.Struct) -> str:
     return msgspec.json.encode(answer).decode()
+
+
+def codec(websocket: WebSocket) -> CartesiaSocket:
+    """The codec of a connection to WS /cartesia/tts/websocket (routes.CARTESIA_SOCKET)."""
+    return CartesiaSocket()

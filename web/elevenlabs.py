@@ -94,40 +94,52 @@ def error_body(failure: Failure) -> ElevenLabsError:
 # -- text to speech ---------------------------------------------------------------------------
 
 
-class Speech:
-    """POST …/text-to-speech/{voice_id}[/stream][/with-timestamps]: `streamed` as it is made, `timed` with the
-    characters' times."""
+async def speech(ctx: Context, request: Request) -> Response:
+    """POST …/text-to-speech/{voice_id}: the text's audio, whole."""
+    return await _speak(ctx, request, routes.ELEVENLABS_TTS, streamed=False, timed=False)
 
-    def __init__(self, endpoint: routes.Endpoint, streamed: bool, timed: bool) -> None:
-        self.endpoint, self.streamed, self.timed = endpoint, streamed, timed
 
-    async def __call__(self, ctx: Context, request: Request) -> Response:
-        body = decoding.decode(await decoding.read(request, ctx.settings.max_body), ElevenLabsSpeech)
-        fmt = wire_of(request.query_params.get("output_format", DEFAULT_FORMAT))
-        pace = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
-        tenant = tenant_of(request)
-        spoken = await compat.speak(
-            ctx, body.text, request.path_params["voice_id"], pace, NAMES, tenant, self.endpoint.path
-        )
-        parts = compat.relayed(ctx, spoken, tenant)
-        if self.streamed:
-            first = await anext(parts)  # refusals (failed, late) before the answer starts
-            media = "application/x-ndjson" if self.timed else fmt.media_type
-            lines = _lines(first, parts, fmt) if self.timed else _audio(first, parts, fmt)
-            return AudioStream(lines, media_type=media, headers={"X-Request-Id": spoken.relay.request_id})
-        pcm, done = bytearray(), []
-        async for part in parts:
-            if isinstance(part, bytes):
-                pcm += part
-            else:
-                done.append(part)
-        data = await run_in_threadpool(wire.encode, bytes(pcm), fmt)
-        headers = {"X-Request-Id": spoken.relay.request_id}
-        if not self.timed:
-            return Response(data, media_type=fmt.media_type, headers=headers)
-        text, said = _alignments(done)
-        answer = TimedAudio(audio_base64=base64.b64encode(data).decode(), alignment=text, normalized_alignment=said)
-        return reply(answer, headers=headers)
+async def stream(ctx: Context, request: Request) -> Response:
+    """POST …/text-to-speech/{voice_id}/stream: the text's audio as it is made."""
+    return await _speak(ctx, request, routes.ELEVENLABS_STREAM, streamed=True, timed=False)
+
+
+async def timed(ctx: Context, request: Request) -> Response:
+    """POST …/text-to-speech/{voice_id}/with-timestamps: the audio whole, with the characters' times."""
+    return await _speak(ctx, request, routes.ELEVENLABS_TIMED, streamed=False, timed=True)
+
+
+async def stream_timed(ctx: Context, request: Request) -> Response:
+    """POST …/text-to-speech/{voice_id}/stream/with-timestamps: a line of audio and times as each part is made."""
+    return await _speak(ctx, request, routes.ELEVENLABS_STREAM_TIMED, streamed=True, timed=True)
+
+
+async def _speak(ctx: Context, request: Request, endpoint: routes.Endpoint, streamed: bool, timed: bool) -> Response:
+    """The text of the request's body spoken: `streamed` as it is made, `timed` with the characters' times."""
+    body = decoding.decode(await decoding.read(request, ctx.settings.max_body), ElevenLabsSpeech)
+    fmt = wire_of(request.query_params.get("output_format", DEFAULT_FORMAT))
+    pace = body.voice_settings.speed if body.voice_settings and body.voice_settings.speed else 1.0
+    tenant = tenant_of(request)
+    spoken = await compat.speak(ctx, body.text, request.path_params["voice_id"], pace, NAMES, tenant, endpoint.path)
+    parts = compat.relayed(ctx, spoken, tenant)
+    if streamed:
+        first = await anext(parts)  # refusals (failed, late) before the answer starts
+        media = "application/x-ndjson" if timed else fmt.media_type
+        lines = _lines(first, parts, fmt) if timed else _audio(first, parts, fmt)
+        return AudioStream(lines, media_type=media, headers={"X-Request-Id": spoken.relay.request_id})
+    pcm, done = bytearray(), []
+    async for part in parts:
+        if isinstance(part, bytes):
+            pcm += part
+        else:
+            done.append(part)
+    data = await run_in_threadpool(wire.encode, bytes(pcm), fmt)
+    headers = {"X-Request-Id": spoken.relay.request_id}
+    if not timed:
+        return Response(data, media_type=fmt.media_type, headers=headers)
+    text, said = _alignments(done)
+    answer = TimedAudio(audio_base64=base64.b64encode(data).decode(), alignment=text, normalized_alignment=said)
+    return reply(answer, headers=headers)
 
 
 async def _audio(

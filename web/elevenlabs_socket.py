@@ -36,6 +36,7 @@ from typing import Any, MutableMapping, Sequence
 import msgspec
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket
 
 from cache import SAMPLE_RATE
 from common.errors import ApiError
@@ -288,3 +289,13 @@ def _context_id(data: dict[str, Any]) -> str:
 
 def _json(answer: msgspec.Struct) -> str:
     return msgspec.json.encode(answer).decode()
+
+
+def single(websocket: WebSocket) -> ElevenLabsSocket:
+    """The codec of a connection to …/stream-input (one context); ApiError for a path or query it cannot serve."""
+    return ElevenLabsSocket(websocket, multi=False)
+
+
+def multi(websocket: WebSocket) -> ElevenLabsSocket:
+    """The codec of a connection to …/multi-stream-input (contexts named by the client)."""
+    return ElevenLabsSocket(websocket, multi=True)

@@ -15,6 +15,7 @@ from typing import Any, MutableMapping, Sequence
 
 import msgspec
 from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocket
 
 from cache import SAMPLE_RATE
 from common import audio
@@ -150,3 +151,8 @@ def _decode(message: MutableMapping[str, Any]) -> fields.Body:
     if cls is None:
         raise ApiError(422, f"type: must be one of {', '.join(bodies.MESSAGES)}, got {kind!r:.80}", field="type")
     return decoding.decode(raw.encode("utf-8", "surrogatepass"), cls)
+
+
+def codec(websocket: WebSocket) -> OpenAISocket:
+    """The codec of a connection to WS /v1/audio/speech/websocket (routes.SPEECH_SOCKET)."""
+    return OpenAISocket()

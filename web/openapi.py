@@ -14,6 +14,7 @@ the speech route waits) are filled in from the Settings the service runs with.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import msgspec
@@ -27,10 +28,8 @@ from web import (
     compat_replies,
     fields,
     openapi_compat,
-    openapi_ops,
     openapi_speech,
     openapi_tts,
-    openapi_voices,
     replies,
     routes,
 )
@@ -118,16 +117,13 @@ def _rules(cls: type[fields.Body]) -> dict[str, Any]:
 
 def schema(settings: Settings) -> dict[str, Any]:
     """The OpenAPI 3.1 document for a service running with `settings` (JSON-ready)."""
-    operations = {
-        **openapi_tts.operations(settings),
-        **openapi_speech.operations(settings),
-        **openapi_voices.operations(settings),
-        **openapi_ops.operations(),
-        **openapi_compat.operations(settings),
-    }
     http = [endpoint for endpoint in routes.ALL if not endpoint.socket]
-    assert set(operations) == {endpoint.name for endpoint in http}, "a route without operations, or the reverse"
-    paths: dict[str, Any] = {endpoint.path: operations[endpoint.name] for endpoint in http}
+    # Each record's operations module (routes.Endpoint.doc), by its name.
+    documented = {doc: importlib.import_module(f"web.{doc}").operations(settings) for doc in {e.doc for e in http}}
+    assert sorted(name for ops in documented.values() for name in ops) == sorted(e.name for e in http), (
+        "a route without operations in the module its record names, or operations of no route"
+    )
+    paths: dict[str, Any] = {endpoint.path: documented[endpoint.doc][endpoint.name] for endpoint in http}
     socket = routes.SPEECH_SOCKET.path
     doc: dict[str, Any] = {
         "openapi": "3.1.0",

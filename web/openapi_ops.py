@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.settings import Settings
 from web import routes
 from web.openapi_parts import json_answer, redis_down, ref
 
 
-def operations() -> dict[str, Any]:
+def operations(settings: Settings) -> dict[str, Any]:
     """Their path items, by route name."""
     return {
         routes.HEALTHZ.name: {

@@ -32,6 +32,7 @@ from starlette.responses import Response
 from cache import Spec, normalize, sample_digest
 from common.errors import ApiError, invalid
 from common.keys import voice_key, voices_key
+from common.settings import Settings
 from common.speakers import encode_speaker
 from web import bodies, decoding, fields, forms, recorded, validation
 from web.bodies import MixPart, VoiceRequest
@@ -254,7 +255,8 @@ class VoiceRoute:
     """GET, PUT or DELETE /v1/voices/{name}: one route, so a 405 names every method in Allow; with this
     process's turn at decoding recordings (recorded.Recorder)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
+        # Made once per app (routes.Endpoint.serves); the recorder's turns do not depend on the settings.
         self.recorder = recorded.Recorder()
 
     async def __call__(self, ctx: Context, request: Request) -> Response:
