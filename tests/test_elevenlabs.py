@@ -115,6 +115,47 @@ def test_the_sdk_gets_audio_timestamps_voices_and_models(stack: Stack) -> None:
     assert bad.status_code == 422 and "page_size" in bad.json()["detail"]["message"], bad.text
 
 
+def test_the_sdks_socket_client_speaks_text_as_it_is_written(stack: Stack) -> None:
+    """The SDK's convert_realtime on stream-input: its text in pieces, then its end; the audio is each sentence's,
+    each after its pause, and the socket closes normally once it is all sent."""
+    from elevenlabs import ElevenLabs
+
+    client = ElevenLabs(api_key="unused-without-keys", base_url=stack.url + "/elevenlabs")
+    realtime = client.text_to_speech
+    # The client always asks for wss (TLS); the test's server speaks plain ws on the same path.
+    realtime._ws_base_url = realtime._ws_base_url.replace("wss://", "ws://", 1)
+
+    def written() -> Any:
+        yield from (word + " " for word in TEXT.split(" "))
+
+    pcm = b"".join(realtime.convert_realtime("verse", text=written(), output_format="pcm_24000"))
+    assert pcm == spoken(stack, "verse", FIRST, SECOND)
+
+
+def test_try_trigger_generation_waits_for_the_first_step_of_the_schedule(stack: Stack) -> None:
+    """try_trigger_generation speaks the buffer only once it holds the schedule's first step: 30 characters wait,
+    55 are spoken as one; a malformed schedule is refused naming it."""
+    import base64
+    import json
+
+    from websockets.sync.client import connect
+
+    url = stack.url.replace("http://", "ws://") + "/elevenlabs/v1/text-to-speech/fable/stream-input"
+    first, more = "a thirty character line without", " an end, then twenty-five more"
+    with connect(url + "?output_format=pcm_24000", open_timeout=10) as ws:
+        ws.send(json.dumps({"text": " ", "generation_config": {"chunk_length_schedule": [50, 120]}}))
+        for part in (first, more):
+            ws.send(json.dumps({"text": part, "try_trigger_generation": True}))
+        ws.send(json.dumps({"text": ""}))
+        messages = [json.loads(m) for m in ws]
+    pcm = b"".join(base64.b64decode(m["audio"]) for m in messages if m.get("audio"))
+    assert messages[-1].get("isFinal") and pcm == stored(stack, first + more, "fable")
+    with connect(url, open_timeout=10) as ws:
+        ws.send(json.dumps({"text": " ", "generation_config": {"chunk_length_schedule": [5]}}))
+        refused = json.loads(ws.recv(10))
+    assert "generation_config.chunk_length_schedule" in refused["message"], refused
+
+
 def test_the_sdk_is_refused_in_elevenlabs_words(stack: Stack) -> None:
     from elevenlabs import ElevenLabs
     from elevenlabs.core.api_error import ApiError

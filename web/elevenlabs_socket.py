@@ -6,9 +6,11 @@ and what each means here:
 - `{"text": " ", "context_id", "voice_settings"}` opens a context
   (`voice_settings.speed` sets its pace); the key may come in it too
   (`xi_api_key`, `xi-api-key` or `authorization`).
-- `{"text": "…"}` appends text; with `flush: true`, with `try_trigger_generation`,
-  or on a socket opened with `auto_mode=true`, what is buffered is spoken
-  now, ended or not; otherwise sentences are cut as they end (speaking.py).
+- `{"text": "…"}` appends text; with `flush: true`, or on a socket opened
+  with `auto_mode=true`, what is buffered is spoken now, ended or not; with
+  `try_trigger_generation`, once it holds the first step of the context's
+  `generation_config.chunk_length_schedule` in characters (120 without one);
+  otherwise sentences are cut as they end (speaking.py).
 - `{"text": ""}`: on multi-stream-input a keep-alive; on stream-input the end
   of the stream (its audio, `isFinal`, then close 1000).
 - `{"flush": true}` with no text marks the end of a context's input; a
@@ -55,6 +57,11 @@ IDLE_DEFAULT, IDLE_MOST = 20, 180
 CONTEXT_MAX = 64
 
 
+# ElevenLabs' default chunk_length_schedule starts at 120 characters; a client's schedule takes 50 to 500.
+TRIGGER_CHARS = 120
+SCHEDULE_RANGE = (50, 500)
+
+
 @dataclass
 class _Context:
     """What the codec keeps of one of the client's contexts, beyond the engine's own."""
@@ -64,6 +71,9 @@ class _Context:
     closing: bool = False  # close_context taken: isFinal follows its audio
     base: int = 0  # samples of its audio told in generations before the current one
     told: int | None = None  # where the last alignment ended, in the current generation's samples
+    # try_trigger_generation speaks what is buffered once it holds this many characters (the first step of the
+    # client's chunk_length_schedule, else ElevenLabs' own first step).
+    trigger: int = TRIGGER_CHARS
 
 
 class ElevenLabsSocket:
@@ -135,8 +145,10 @@ class ElevenLabsSocket:
         if said:
             context.append(text or "")
             state.ended = False
-        if flush or (said and (self.auto or data.get("try_trigger_generation"))):
+        if flush or (said and self.auto):
             context.cut()
+        elif said and data.get("try_trigger_generation"):
+            context.try_cut(state.trigger)
         if flush and not said:
             state.ended = True
 
@@ -174,14 +186,16 @@ class ElevenLabsSocket:
     # -- contexts -------------------------------------------------------------------------------
 
     def _open(self, context_id: str, data: dict[str, Any]) -> _Context:
-        """A context's state from its first message: its voice settings' speed."""
+        """A context's state from its first message: its voice settings' speed, its generation_config's first
+        chunk_length_schedule step (ApiError naming a field that is malformed)."""
         assert self._session is not None
         settings = self._session.settings
         voice_settings = data.get("voice_settings")
         if isinstance(voice_settings, dict) and voice_settings.get("speed") is not None:
             pace = compat.speed(voice_settings["speed"], "voice_settings.speed")
             settings = msgspec.structs.replace(settings, speed=pace)
-        state = self.contexts[context_id] = _Context(settings)
+        state = _Context(settings, trigger=_trigger(data.get("generation_config")))
+        self.contexts[context_id] = state
         return state
 
     async def _close(self, session: Session, context_id: str) -> None:
@@ -299,3 +313,24 @@ def single(websocket: WebSocket) -> ElevenLabsSocket:
 def multi(websocket: WebSocket) -> ElevenLabsSocket:
     """The codec of a connection to …/multi-stream-input (contexts named by the client)."""
     return ElevenLabsSocket(websocket, multi=True)
+
+
+def _trigger(config: Any) -> int:
+    """The first step of a generation_config's chunk_length_schedule (TRIGGER_CHARS without one)."""
+    schedule = config.get("chunk_length_schedule") if isinstance(config, dict) else None
+    if schedule is None:
+        return TRIGGER_CHARS
+    least, most = SCHEDULE_RANGE
+    if (
+        not isinstance(schedule, list)
+        or not schedule
+        or not all(
+            isinstance(step, (int, float)) and not isinstance(step, bool) and least <= step <= most for step in schedule
+        )
+    ):
+        raise ApiError(
+            422,
+            f"generation_config.chunk_length_schedule: a list of character counts from {least} to {most}",
+            field="generation_config.chunk_length_schedule",
+        )
+    return int(schedule[0])

@@ -163,6 +163,12 @@ class SpeechContext:
         self._take(rest)
         self._settle()
 
+    def try_cut(self, least: int) -> None:
+        """`cut`, when at least `least` characters are buffered (a protocol's "generate now if there is enough");
+        else the text waits for its sentence's end or the buffer delay, as any."""
+        if len(self.text.strip()) >= least:
+            self.cut()
+
     def flush(self) -> None:
         """Speak what is left and end the generation: Finished follows its audio, even if some of it is refused."""
         self._disarm()
