@@ -116,4 +116,4 @@ wrk:
 # SOAK_MINUTES (10) while workers restart on --max-jobs, one is SIGKILLed and
 # Redis (AOF on) restarts once; writes its section of BENCHMARKS.md.
 soak: $(VENV)/.test
-	$(BIN)/python bench/soak.py --minutes $${SOAK_MINUTES:-10} --write BENCHMARKS.md
+	$(BIN)/python bench/soak.py --minutes $${SOAK_MINUTES:-10} $(SOAK_ARGS) --write BENCHMARKS.md

@@ -4,6 +4,7 @@ it, what it counts and samples. bench/soak.py runs it and judges it (soak_report
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ class Soak:
     max_jobs: int | None  # None: chosen after calibration, for about RESTARTS restarts per worker
     full_seconds: float  # how long Redis stays full (at most 30 % of the run)
     phases: Sequence[Any] = ()  # soak_phases.Phase, walked in order (`walk`)
+    one_core: bool = False  # both workers pinned to one core: a host half as fast stood in for
     keys: dict[str, str] = field(default_factory=soak_common.keys)  # tenant -> its API key
     web: Proc | None = None
     ports: dict[str, int] = field(default_factory=dict)  # the web process's ("") and the wide-chunk one's
@@ -85,6 +87,8 @@ class Soak:
         for slot in slots:
             limit = [] if self.max_jobs is None else ["--max-jobs", str(self.max_jobs + slot * self.max_jobs // 2)]
             self.workers[slot] = self.cluster.spawn(f"worker{slot}", [sys.executable, "worker.py", *limit], env)
+            if self.one_core:  # before the worker starts its threads (it imports first): they inherit it
+                os.sched_setaffinity(self.workers[slot].pid, {min(os.sched_getaffinity(0))})
         return [self.workers[slot] for slot in slots]
 
     def busy_worker(self) -> Proc | None:
