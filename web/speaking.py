@@ -307,12 +307,14 @@ class SpeechContext:
         body = speech.to_tts(item.text, s.voice, s.speed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
         spec = await spec_of(self.ctx, body, NAMES, tenant=self.host.tenant)
         request_id = spec.request_id()
-        # Held before it is ensured: another session's barge-in must not cancel it in between.
-        await wanted.hold(self.ctx, request_id, member)
         try:
+            # Held before it is ensured: another session's barge-in must not cancel it in between.
+            await wanted.hold(self.ctx, request_id, member)
             await ensure(self.ctx, spec, request_id, self.host.tenant)
         except BaseException:
-            await wanted.let_go(self.ctx, [(request_id, member)])
+            # Let go in a task of the session's (which it waits for as it ends): this one may be cancelled again
+            # (tasks.stop) before an await here would finish, and a hold Redis took as the cancel landed must go.
+            self.host.spawn(wanted.let_go(self.ctx, [(request_id, member)]))
             raise
         return Piece(segment_id, member, item.text, spec, manifest(spec), s, item.arrived)
 
@@ -333,9 +335,10 @@ class SpeechContext:
                 await self._relay(item, generation, epoch)
                 if self.epoch != epoch:
                     return  # cleared: the sentence is withdrawn by whoever cleared it
-                self.current = None
                 self._spoken(item.text, epoch)
+                # Still `current` while it lets go: a close that stops it meanwhile lets go of it too.
                 await wanted.let_go(self.ctx, [(item.request_id, item.member)])
+                self.current = None
             self._settle()
             if self.retired:
                 return
