@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from engines import q4layout
+
 # One scale and one zero point per this many input features of an output
 # row: smaller groups follow the weights more closely and cost more scales.
 GROUP = 32
@@ -73,16 +75,9 @@ class Int4WeightLinear(torch.nn.Module):
 
 
 def pack_words(q: torch.Tensor) -> torch.Tensor:
-    """q (rows, width), values 0..15, as engines/q4step.c reads it: per block of 64 inputs, 16 words of four
-    nibbles, nibble r of word j being input r*8 + j of the block's first group of 32 (j < 8) or 32 + r*8 + j - 8
-    of its second (int16, rows x width/4)."""
-    rows, width = q.shape
-    nibbles = q.to(torch.int32).reshape(rows, width // 64, 2, 4, 8)  # block, group, r, j
-    words = nibbles[:, :, :, 0, :].clone()
-    for r in range(1, 4):
-        words |= nibbles[:, :, :, r, :] << (4 * r)
-    # Words past 0x7fff wrap to negative int16, the same 16 bits.
-    return words.reshape(rows, width // 4).to(torch.int16).contiguous()
+    """q (rows, width), values 0..15, width a multiple of 64, as engines/q4step.c reads it (engines/q4layout.py:
+    int16, rows x width/4)."""
+    return torch.from_numpy(q4layout.pack(q.to(torch.uint8).numpy())).contiguous()
 
 
 def supports(linear: torch.nn.Linear, group: int = GROUP) -> bool:

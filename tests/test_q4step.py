@@ -22,7 +22,7 @@ from conftest import Stack
 from cache import Spec
 from common.model import decode_all
 from common.settings import Settings
-from engines import fused, kvcache, q4step, rowfaults, tuning, weightonly
+from engines import fused, kvcache, q4build, q4step, rowfaults, tuning, weightonly
 from engines.chattts import ChatTTSEngine
 from engines.leanstep import HEADROOM, LeanStep
 from engines.rowmodel import RowModel
@@ -148,8 +148,10 @@ def test_the_c_step_follows_the_float_model_of_its_weights(int4: tuple[Any, Any]
 
 def test_the_build_without_vnni_steps_alike(int4: tuple[Any, Any]) -> None:
     """The AVX2 products that hosts without AVX-512 VNNI run: the same rule (one build, whatever this host has)."""
+    if q4build.targets() != [("-march=native",)]:
+        pytest.skip("not an x86-64 host")
     llama, reference = int4
-    native = q4step.for_llama(llama, q4step.build(("-mno-avx512vnni",)))
+    native = q4step.for_llama(llama, q4step.load(q4build.build(extra=("-mno-avx512vnni",)).library))
     assert native is not None
     [(c_step, c_kv)] = _run([LeanStep(llama, native)], LENGTHS, 5, reference)
     assert c_step < 1e-4 and c_kv < 1e-4, (c_step, c_kv)
@@ -184,13 +186,14 @@ def test_where_the_c_step_does_not_build_int4_weight_runs_torchs_kernels(
     """No compiler: the reason logged once, no words kept, the lean step on torch's kernels, and TTS_QUANTIZE=auto
     resolves to int8 for a full-size GPT on the CPU."""
     chat = engine[0].chat
+    q4step.prepared.cache_clear()
     q4step.library.cache_clear()
     monkeypatch.setenv("CC", "false")
     try:
         with caplog.at_level(logging.WARNING, logger="engines.q4step"):
-            assert q4step.library() is None and q4step.library() is None
+            assert q4step.library() is None and q4step.library() is None and not q4step.available()
         assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
-        assert "building engines/q4step.c with false failed" in caplog.records[0].message
+        assert "engines/q4step.c did not build: false -march" in caplog.records[0].message
         gpt, decoder = tuning.variant(chat.gpt.gpt, chat.decoder, INT4)
         assert gpt.inner.layers[0].mlp.down_proj.words is None
         assert q4step.for_llama(gpt.inner) is None
@@ -205,6 +208,7 @@ def test_where_the_c_step_does_not_build_int4_weight_runs_torchs_kernels(
         assert tuning.resolve(Settings(), torch.device("cpu"), 768).quantize == "int8"
     finally:
         monkeypatch.undo()
+        q4step.prepared.cache_clear()
         q4step.library.cache_clear()
 
 
@@ -258,19 +262,34 @@ def test_the_decode_loop_runs_int4_weight_through_the_c_step(
         assert audio.size > 0 and np.isfinite(audio).all(), key
 
 
-def test_the_c_steps_failures_read_as_the_loop_expects(int4: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_c_steps_failures_read_as_the_loop_expects(
+    int4: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Out of memory (-1) reads as memory to the loop (engines/rowfaults.py), so it retries and fails no row for
-    it; any other code is an error of the rows."""
+    it; a step the C code refuses (any other code) runs on torch's kernels instead, from then on, logged, the
+    cache as if the C step had never been asked."""
     llama, _ = int4
     native = q4step.for_llama(llama)
     assert native is not None
+    real = native.lib
     with torch.inference_mode():
-        cache = llama(inputs_embeds=torch.randn(1, 3, llama.config.hidden_size), use_cache=True).past_key_values
-        for code, memory in ((-1, True), (-2, False)):
-            monkeypatch.setattr(native, "lib", SimpleNamespace(q4_step=lambda *args, code=code: code))
-            with pytest.raises(RuntimeError) as caught:
-                LeanStep(llama, native)(torch.randn(1, 1, llama.config.hidden_size), torch.tensor([[3]]), None, cache)
-            assert rowfaults.is_out_of_memory(caught.value) is memory, caught.value
+        prompt = torch.randn(1, 3, llama.config.hidden_size)
+        emb, at = torch.randn(1, 1, llama.config.hidden_size), torch.tensor([[3]])
+        cache = llama(inputs_embeds=prompt, use_cache=True).past_key_values
+        monkeypatch.setattr(native, "lib", SimpleNamespace(q4_step=lambda *args: -1, q4_error=real.q4_error))
+        with pytest.raises(RuntimeError) as caught:
+            LeanStep(llama, native)(emb, at, None, cache)
+        assert rowfaults.is_out_of_memory(caught.value), caught.value
+        monkeypatch.setattr(native, "lib", SimpleNamespace(q4_step=lambda *args: -2, q4_error=real.q4_error))
+        refused, plain = LeanStep(llama, native), LeanStep(llama)
+        mine = llama(inputs_embeds=prompt, use_cache=True).past_key_values
+        theirs = llama(inputs_embeds=prompt, use_cache=True).past_key_values
+        with caplog.at_level(logging.ERROR, logger="engines.leanstep"):
+            assert torch.equal(refused(emb, at, None, mine), plain(emb, at, None, theirs))
+        assert refused.native is None
+        assert "runs torch's kernels from now on: the int4 C step refused 1 rows: code -2" in caplog.text
+        for a, b in zip(mine.layers, theirs.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_a_worker_on_int4_weight_serves_speech_through_http_with_the_c_step(
