@@ -55,6 +55,8 @@ class Built:
     folder: Path
     command: tuple[str, ...]  # the library's compile command
     openmp: bool
+    # A folder of this process's alone (the cache was not private): its user removes it once loaded.
+    temporary: bool = False
 
     @property
     def library(self) -> Path:

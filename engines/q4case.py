@@ -224,7 +224,12 @@ def reference(case: Case) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray
         both = _rms(x, layer.post_norm, case.eps) @ gate_up_w.T
         gate, up = both[:, : case.inter], both[:, case.inter :]
         x = x + (gate / (1 + np.exp(-gate)) * up) @ down_w.T
-    return _rms(x, case.norm, case.eps), new_keys, new_values, case.x.astype(np.float64) @ weights[0][0].T
+    return _rms(x, case.norm, case.eps), new_keys, new_values, product_reference(case)
+
+
+def product_reference(case: Case) -> np.ndarray:
+    """The float64 product of layer 0's qkv weights with the case's inputs (rows x 3 hidden)."""
+    return case.x.astype(np.float64) @ case.layers[0].products[0].weights().astype(np.float64).T
 
 
 def relative(a: np.ndarray, b: np.ndarray) -> float:

@@ -65,7 +65,10 @@ def run(command: Sequence[str], library: Path, case: q4case.Case, folder: Path) 
         ended = (
             f"died of {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exited {done.returncode}"
         )
-        raise CheckFailed(f"the harness {ended}: {(done.stderr or done.stdout).strip()[-800:]}")
+        said = (done.stderr or done.stdout).strip()
+        # A sanitizer's report leads with its finding and ends with pages of legend.
+        first = next((line for line in said.splitlines() if "ERROR:" in line), "")
+        raise CheckFailed(f"the harness {ended}: {first} {said[-600:]}".strip())
     try:
         return q4case.read(case, result), done.stdout.strip()
     except (OSError, ValueError) as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,9 @@ def library() -> ctypes.CDLL | None:
     except OSError as exc:
         logger.warning("int4 steps run torch's kernels: %s does not load: %s", built.library, exc)
         return None
+    finally:
+        if built.temporary:  # a loaded library needs no file
+            shutil.rmtree(built.folder, ignore_errors=True)
     threads = "" if built.openmp else " (built without OpenMP: each step on one thread)"
     logger.info(
         "engines/q4step.c built (%s, cached in %s) and checked: int4-weight decode steps run in C%s",

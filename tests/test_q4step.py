@@ -7,6 +7,8 @@ import copy
 import io
 import logging
 import os
+import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import Stack
+from conftest import Stack, wait_for
 
 from cache import Spec
 from common.model import decode_all
@@ -309,3 +311,37 @@ def test_a_worker_on_int4_weight_serves_speech_through_http_with_the_c_step(
     assert rate == 24000 and data.size > 0
     log = worker.output()
     assert "int4-weight decode steps run in C" in log and "float32+int4-weight" in log, log[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of `pid` (Linux)."""
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_worker_that_dies_in_native_code_serves_again_with_the_c_step_off(
+    stack_factory: Callable[..., Stack], tiny_model: Path, lib: Any
+) -> None:
+    """The Procfile's `worker.py --gpus all` on a host without GPUs, int4-weight: one CPU worker, supervised; it
+    dies of SIGSEGV while serving with the C step, starts again with TTS_NATIVE_STEP=off (the log says why),
+    keeps its model identity and serves a request."""
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a real nvidia-smi")
+    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_QUANTIZE="int4-weight", TTS_BATCH_SIZE="2")
+    stack.env.pop("CUDA_VISIBLE_DEVICES", None)
+    stack.start_web()
+    launcher = stack.start_worker("--gpus", "all")
+    before = stack.wait_ready(timeout=180)["model"]
+    (first,) = _children(launcher.pid)
+    assert "int4-weight decode steps run in C" in launcher.output()
+    os.kill(first, signal.SIGSEGV)
+    wait_for(lambda: launcher.output().count("serving model") == 2, 180, "the worker to serve again", interval=0.2)
+    log = launcher.output()
+    assert f"worker process {first} on the CPU died of SIGSEGV, in native code" in log, log[-3000:]
+    assert "int4-weight steps run torch's kernels: TTS_NATIVE_STEP=off" in log, log[-3000:]
+    (second,) = _children(launcher.pid)
+    assert "TTS_NATIVE_STEP=off" in Path(f"/proc/{second}/environ").read_bytes().decode().split("\0")
+    r = httpx.post(stack.url + "/v1/tts", json={"text": "Still speaking, on torch's kernels.", "seed": 5})
+    assert r.status_code == 202, r.text
+    audio = httpx.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
+    assert audio.status_code == 200, audio.text
+    assert stack.wait_ready()["model"] == before, "the same model identity"
