@@ -12,7 +12,7 @@ aarch64, under qemu-user, where no torch can be loaded.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -95,10 +95,10 @@ class Result:
 
     code: int
     out: np.ndarray
-    keys: list[np.ndarray] = field(default_factory=list)
-    values: list[np.ndarray] = field(default_factory=list)
-    product_code: int = 0
-    product: np.ndarray | None = None
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+    product_code: int
+    product: np.ndarray
 
 
 def _product(rng: np.random.Generator, rows: int, cols: int) -> Product:
@@ -255,5 +255,5 @@ def compare(case: Case, result: Result) -> dict[str, float]:
         for c in range(given.shape[2])
         if c != width
     )
-    product_error = relative(result.product, product) if result.product is not None else float("inf")
-    return {"hidden": relative(result.out, out), "cache": cache if kept else float("inf"), "product": product_error}
+    kept_cache = cache if kept else float("inf")
+    return {"hidden": relative(result.out, out), "cache": kept_cache, "product": relative(result.product, product)}

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def run(command: Sequence[str], library: Path, case: q4case.Case, folder: Path) 
         raise CheckFailed(f"the harness wrote no result: {exc}") from exc
 
 
-def checks(command: Sequence[str], library: Path, seed: int = 7) -> dict[str, object]:
+def checks(command: Sequence[str], library: Path, seed: int = 7) -> dict[str, Any]:
     """Every check on `library` through `command`; what they measured (the kernels' name, the errors). Raises
     CheckFailed naming the first check that fails."""
     with tempfile.TemporaryDirectory(prefix="q4check-") as tmp:

@@ -234,7 +234,7 @@ class Q4Step:
         to all where it is None; appends each layer's keys and values to `cache` through `buffers`. Rows go to
         the C step MAX_ROWS at a time; each row's numbers are the same whatever rows and padding surround it.
         Raises NativeRefused (the cache as it was) for shapes the C step does not take."""
-        rows, count, hidden = emb.shape[0], len(self.layers), self.model.hidden
+        rows, count, hidden = emb.shape[0], len(self.layers), emb.shape[-1]
         width = cache.layers[0].keys.shape[2]
         self._check(emb, positions, mask, cache, rows, width)
         before = [(layer.keys, layer.values) for layer in cache.layers]

@@ -106,7 +106,8 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
     if quantize == "auto":
         quantize = "none"
         if device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN:
-            native = hidden_size % 64 == 0 and q4step.available()
+            # Under TTS_NATIVE_STEP=on, as if it can: the check below then says why it cannot.
+            native = settings.native_step == "on" or (hidden_size % 64 == 0 and q4step.available())
             quantize = "int4-weight" if native else "int8"
     if quantize in QUANTIZERS and device.type != "cpu":
         raise TuningError(

@@ -24,7 +24,7 @@ from conftest import Stack, wait_for
 from cache import Spec
 from common.model import decode_all
 from common.settings import Settings
-from engines import fused, kvcache, q4build, q4step, rowfaults, tuning, weightonly
+from engines import fused, kvcache, q4build, q4case, q4check, q4step, rowfaults, tuning, weightonly
 from engines.chattts import ChatTTSEngine
 from engines.leanstep import HEADROOM, LeanStep
 from engines.rowmodel import RowModel
@@ -345,3 +345,138 @@ def test_a_worker_that_dies_in_native_code_serves_again_with_the_c_step_off(
     audio = httpx.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
     assert audio.status_code == 200, audio.text
     assert stack.wait_ready()["model"] == before, "the same model identity"
+
+
+def _case_of(llama: Any, emb: torch.Tensor, at: torch.Tensor, mask: torch.Tensor | None, cache: Any) -> q4case.Case:
+    """One step of `llama`'s int4-weight layers (with words) as engines/q4case.py's data, room for one column."""
+    config, attention = llama.config, llama.layers[0].self_attn
+
+    def product(linear: Any) -> q4case.Product:
+        bits = [t.view(torch.int16).numpy().view(np.uint16) for t in (linear.scales, linear.zeros)]
+        return q4case.Product(linear.words.numpy(), *bits)
+
+    def floats(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().float().numpy().copy()
+
+    layers = tuple(
+        q4case.Layer(
+            floats(layer.input_layernorm.weight),
+            floats(layer.post_attention_layernorm.weight),
+            tuple(
+                product(p)
+                for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            ),  # type: ignore[arg-type]
+        )
+        for layer in llama.layers
+    )
+    rows, width = emb.shape[0], cache.layers[0].keys.shape[2]
+
+    def room(t: torch.Tensor) -> np.ndarray:
+        return np.concatenate([floats(t), np.full((*t.shape[:2], 1, t.shape[3]), np.nan, np.float32)], 2)
+
+    return q4case.Case(
+        hidden=config.hidden_size,
+        heads=config.num_attention_heads,
+        head_dim=attention.head_dim,
+        inter=config.intermediate_size,
+        eps=llama.norm.variance_epsilon,
+        scaling=attention.scaling,
+        inv_freq=floats(llama.rotary_emb.inv_freq),
+        norm=floats(llama.norm.weight),
+        layers=layers,
+        x=floats(emb.reshape(rows, -1)),
+        positions=at[:, -1].numpy().astype(np.int64),
+        mask=None if mask is None else mask.reshape(rows, width + 1).numpy(),
+        keys=tuple(room(c.keys) for c in cache.layers),
+        values=tuple(room(c.values) for c in cache.layers),
+        width=width,
+    )
+
+
+def test_the_numpy_reference_is_torchs_float_step_and_the_harness_runs_what_the_worker_runs(
+    int4: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """engines/q4case.py's float64 step (the reference of the qemu and self-test checks) on the int4 layers' data
+    is transformers' float32 step on the dequantized weights (LeanStep, equal to LlamaModel's forward); and
+    engines/q4harness.c running the built library on that data makes the very numbers of the worker's ctypes
+    call."""
+    llama, reference = int4
+    native = q4step.for_llama(llama)
+    assert native is not None
+    built = q4step.prepared()
+    assert built is not None
+    hidden = llama.config.hidden_size
+    generator = torch.Generator().manual_seed(21)
+    with torch.inference_mode():
+        prompt = torch.randn(3, 11, hidden, generator=generator)
+        mask = torch.arange(11).unsqueeze(0) >= torch.tensor([[0], [4], [7]])
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 1)
+        made = llama(inputs_embeds=prompt, attention_mask=mask, position_ids=positions, use_cache=True)
+        emb, at = torch.randn(3, 1, hidden, generator=generator), torch.tensor([[11], [7], [4]])
+        step_mask = torch.cat([mask, torch.ones(3, 1, dtype=torch.bool)], 1)[:, None, None, :]
+        caches = [kvcache.select(kvcache.shallow(made.past_key_values), range(3)) for _ in range(2)]
+        case = _case_of(llama, emb, at, step_mask, caches[0])
+        want = LeanStep(reference)(emb, at, step_mask, caches[0])
+        got = LeanStep(llama, native)(emb, at, step_mask, caches[1])
+    out, keys, values, _ = q4case.reference(case)
+    assert q4case.relative(out, want.reshape(3, -1).numpy()) < 1e-5
+    for mine, layer in zip(keys, caches[0].layers):
+        assert q4case.relative(mine, layer.keys[:, :, -1].numpy()) < 1e-5
+    result, kernel = q4check.run([str(built.harness)], built.library, case, tmp_path)
+    assert kernel and np.array_equal(result.out, got.reshape(3, -1).numpy())
+    assert max(q4case.compare(case, result).values()) < 1e-4
+
+
+def test_a_model_of_a_width_the_c_step_cannot_take_falls_back_before_the_first_call(
+    lib: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPT 96 wide under int4-weight: its 96-wide products have no words, its down product has; the C step is
+    never called, the worker's lean step runs torch's kernels, and the log names the layer and why."""
+    from transformers import LlamaConfig, LlamaModel
+
+    config = LlamaConfig(
+        hidden_size=96, intermediate_size=128, num_attention_heads=2, num_hidden_layers=1, attn_implementation="sdpa"
+    )
+    llama = LlamaModel(config).eval()
+    fused.fuse(llama)
+    weightonly.quantize(llama, words=True)
+    assert llama.layers[0].mlp.down_proj.words is not None and llama.layers[0].self_attn.qkv_proj.words is None
+    with caplog.at_level(logging.WARNING, logger="engines.q4step"):
+        assert q4step.for_llama(llama, lib) is None
+    assert "the C step does not take this model: layer 0's qkv_proj: it has no 4-bit words" in caplog.text
+
+
+def test_a_step_the_c_code_refuses_runs_on_torchs_kernels_in_the_decode_loop(
+    engine: tuple[ChatTTSEngine, Any], lib: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's loop under int4-weight with the Python checks out of the way and the model the C step is
+    given claiming a width of 96: the C code refuses it (code -3, nothing written), the loop's lean step falls
+    back to torch's kernels, logged once, and every row ends with finite audio."""
+    eng, info = engine
+    chat = eng.chat
+    made = q4step.Q4Step.__init__
+
+    def claiming_96(self: q4step.Q4Step, *args: Any) -> None:
+        made(self, *args)
+        self.model.hidden = 96
+
+    monkeypatch.setattr(q4step.Q4Step, "__init__", claiming_96)
+    monkeypatch.setattr(q4step.Q4Step, "_check", lambda *args: None)
+    original = (chat.gpt.gpt, chat.decoder)
+    chat.gpt.gpt, chat.decoder = tuning.variant(*original, INT4)
+    try:
+        loop = eng.loop(2, 8)
+        rows = [(str(i), Spec(chunks=(text,), model=info.id, seed=i + 1)) for i, text in enumerate(["One.", "Two."])]
+        with caplog.at_level(logging.ERROR, logger="engines.leanstep"), torch.inference_mode():
+            done = decode_all(loop, rows)
+    finally:
+        chat.gpt.gpt, chat.decoder = original
+    refusals = [r.message for r in caplog.records if "refused" in r.message]
+    assert len(refusals) == 1, refusals
+    assert (
+        "runs torch's kernels from now on: the int4 C step refused 2 rows: code -3, a model it cannot run"
+        in (refusals[0])
+    )
+    for key, _ in rows:
+        audio = np.concatenate([piece.samples for piece in done[key]])
+        assert audio.size > 0 and np.isfinite(audio).all(), key
