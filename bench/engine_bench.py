@@ -3,7 +3,7 @@
 Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
 worker's continuous decode loop on float32, `loop:TUNING` on that tuning, each batch joined at once and stepped to
 its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' forward, not engines/leanstep.py;
-`loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c's C step)
+`loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c: TTS_NATIVE_STEP=off)
 is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch)
 runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
 tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
@@ -76,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     for label in labels:
         tuned = tuning.Tuning() if label in PLAIN else tuning.Tuning.from_label(label.split(":")[-1])
         started = time.perf_counter()
-        variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
+        # loop-torch: the int4 layers in torch's layout alone, as a worker with TTS_NATIVE_STEP=off keeps them.
+        native = "off" if label.split(":")[0] == LOOP_TORCH else "auto"
+        variants[label] = base if tuned.plain else tuning.variant(*base, tuned, native)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
     source = Texts(seed=7)
     texts = [source.sentence() for _ in range(max(args.chunks, *sizes))]

@@ -122,25 +122,44 @@ static void product(const Q4 *w, Input in, int R, float *y, int threads) {
 #undef ROWS
 }
 
-/* y (rows x w->rows) = W x (rows x w->cols), MAX_ROWS rows at a time, each row's numbers those of a step's
-   product of the same input. Q4_OK, Q4_BAD_MODEL for a W of other shapes, Q4_BAD_CALL, Q4_NO_MEMORY. */
+/* Output rows of W one thread takes at a time in q4_product: their words stay in its L1 cache while every row
+   of the input passes them. */
+#define PRODUCT_BLOCK 16
+
+/* y (rows x w->rows) = W x (rows x w->cols), each row's numbers those of a step's product of the same input
+   (MAX_ROWS inputs at a time against each block of PRODUCT_BLOCK rows of W). Q4_OK, Q4_BAD_MODEL for a W of
+   other shapes, Q4_BAD_CALL, Q4_NO_MEMORY. */
 int q4_product(const Q4 *w, int rows, const float *x, float *y, int threads) {
     if (!w || !shaped(w, w->rows, w->cols)) return Q4_BAD_MODEL;
-    if (rows < 0 || !x || !y) return Q4_BAD_CALL;
+    if (rows < 0 || rows > MAX_SIDE || !x || !y) return Q4_BAD_CALL;
+    if (rows == 0) return Q4_OK;
     if (threads < 1) threads = 1;
-    int cols = w->cols, most = rows < MAX_ROWS ? rows : MAX_ROWS;
-    int16_t *quantized = malloc((size_t)most * cols * sizeof(int16_t));
-    float *stats = malloc((size_t)most * cols / 16 * sizeof(float));
+    int cols = w->cols;
+    int16_t *quantized = malloc((size_t)rows * cols * sizeof(int16_t));
+    float *stats = malloc((size_t)rows * cols / 16 * sizeof(float));
     if (!quantized || !stats) {
         free(quantized);
         free(stats);
-        return rows ? Q4_NO_MEMORY : Q4_OK;
+        return Q4_NO_MEMORY;
     }
-    Input in = {quantized, stats, stats + (size_t)most * cols / 32};
-    for (int start = 0; start < rows; start += MAX_ROWS) {
-        int count = rows - start < MAX_ROWS ? rows - start : MAX_ROWS;
-        prepare(count, cols, x + (size_t)start * cols, in);
-        product(w, in, count, y + (size_t)start * w->rows, threads);
+    Input in = {quantized, stats, stats + (size_t)rows * cols / 32};
+    prepare(rows, cols, x, in);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int block = 0; block < w->rows; block += PRODUCT_BLOCK) {
+        int end = block + PRODUCT_BLOCK < w->rows ? block + PRODUCT_BLOCK : w->rows;
+        for (int start = 0; start < rows; start += MAX_ROWS) {
+            Input part = {in.q + (size_t)start * cols, in.scale + (size_t)start * cols / 32,
+                          in.sum + (size_t)start * cols / 32};
+            float *out = y + (size_t)start * w->rows;
+            switch (rows - start < MAX_ROWS ? rows - start : MAX_ROWS) {
+#define ROWS(k)                                                                                                       \
+    case k:                                                                                                           \
+        for (int n = block; n < end; n++) product_row(w, part, n, k, out);                                           \
+        break;
+                ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+#undef ROWS
+            }
+        }
     }
     free(quantized);
     free(stats);

@@ -147,14 +147,30 @@ def for_mode(mode: str) -> ctypes.CDLL | None:
     return lib
 
 
+def product(layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """`layer`'s 4-bit words times `x` (rows x in_features): rows x out_features, float32, through the loaded
+    library's q4_product (each row's numbers those of the C step's product of the same input). Raises
+    RuntimeError without a library (words are kept only once it is loaded), or when it runs out of memory."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("an int4-weight layer with words needs engines/q4step.c loaded (q4step.library())")
+    x = x.to(torch.float32).contiguous()
+    y = torch.empty(x.shape[0], layer.out_features)
+    weights = _q4(layer, layer.out_features, layer.in_features, [])
+    code = lib.q4_product(ctypes.byref(weights), x.shape[0], x.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    if code == -1:  # worded as torch's, so the loop treats it as memory (rowfaults.is_out_of_memory)
+        raise RuntimeError("the int4 C product ran out of memory for its working buffers")
+    if code != 0:
+        raise RuntimeError(f"the int4 C product refused {tuple(x.shape)}: {_words(lib, code)}")
+    return y
+
+
 def _q4(linear: Any, rows: int, cols: int, keep: list[torch.Tensor]) -> _Q4:
     """A product's weights as the C step reads them. Raises ValueError naming what does not fit (rows x cols
-    expected): no words, a bias, another shape, dtype or layout."""
+    expected): no words, another shape, dtype or layout."""
     words, scales, zeros = (getattr(linear, name, None) for name in ("words", "scales", "zeros"))
     if words is None or scales is None or zeros is None:
         raise ValueError("it has no 4-bit words (an int4-weight layer of a width that is a multiple of 64 has)")
-    if getattr(linear, "bias", None) is not None:
-        raise ValueError("it has a bias")
     wanted = {words: ((rows, cols // 4), torch.int16), scales: ((rows, cols // 32), torch.bfloat16)}
     wanted[zeros] = ((rows, cols // 32), torch.bfloat16)
     for tensor, (shape, dtype) in wanted.items():
@@ -192,6 +208,8 @@ def _model(llama: Any, keep: list[torch.Tensor]) -> tuple[_Model, Any]:
         products = []
         for owner, name in ((attention, "qkv_proj"), (attention, "o_proj"), (mlp, "gate_up_proj"), (mlp, "down_proj")):
             try:
+                if getattr(getattr(owner, name, None), "bias", None) is not None:
+                    raise ValueError("it has a bias")
                 products.append(_q4(getattr(owner, name, None), *shapes[name], keep))
             except ValueError as exc:
                 raise ValueError(f"layer {index}'s {name}: {exc}") from None

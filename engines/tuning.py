@@ -202,7 +202,20 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning, native: str = "auto") -> t
         _own_memory(inner)
     elif tuning.quantize == "int4-weight":
         # The second layout of the same weights only where the C step can use it.
-        weightonly.quantize(inner, words=q4step.for_mode(native) is not None)
+        words = q4step.for_mode(native) is not None
+        weightonly.quantize(inner, words=words)
+        others = [(name, m) for name, m in inner.named_modules() if isinstance(m, weightonly.Int4WeightLinear)]
+        others = [(name, m) for name, m in others if m.words is None]
+        if words and others:
+            name, layer = others[0]
+            logger.warning(
+                "%d int4 layers keep torch's layout and the decode steps run torch's kernels: engines/q4step.c "
+                "takes products whose sides are multiples of 64 (%s is %d x %d)",
+                len(others),
+                name,
+                layer.out_features,
+                layer.in_features,
+            )
         _own_memory(inner)
     forward = None
     if tuning.compile:

@@ -46,6 +46,14 @@ def lib() -> Any:
 
 
 @pytest.fixture(scope="module")
+def on_torch(engine: tuple[ChatTTSEngine, Any]) -> Any:
+    """The tiny GPT's LlamaModel under TTS_QUANTIZE=int4-weight with TTS_NATIVE_STEP=off: the same 4-bit weights in
+    torch's layout, multiplied by its kernel on bfloat16 activations."""
+    chat = engine[0].chat
+    return tuning.variant(chat.gpt.gpt, chat.decoder, INT4, native="off")[0].inner
+
+
+@pytest.fixture(scope="module")
 def int4(engine: tuple[ChatTTSEngine, Any], lib: Any) -> tuple[Any, Any]:
     """The tiny GPT's LlamaModel under TTS_QUANTIZE=int4-weight (with words), and a float32 copy whose weights are
     the dequantized 4-bit ones."""
@@ -82,23 +90,30 @@ def _dequantized(layer: weightonly.Int4WeightLinear) -> torch.Tensor:
     return ((q - 8) * layer.scales.float()[..., None] + layer.zeros.float()[..., None]).reshape(rows, width)
 
 
-def test_words_hold_the_layers_4_bit_weights_in_the_c_layout() -> None:
+@pytest.mark.slow  # the library is built
+def test_words_hold_the_layers_4_bit_weights_in_the_c_layout(lib: Any) -> None:
     """Read back nibble by nibble, the words give weights within half a quantization step (and bfloat16's
-    rounding of scale and zero) of the float layer's and of what torch's int4 kernel multiplies by."""
+    rounding of scale and zero) of the float layer's and of what torch's int4 kernel multiplies by in the other
+    layout; a layer keeps one layout, never both, and multiplies through the C product with words."""
     torch.manual_seed(5)
-    linear = torch.nn.Linear(128, 48, bias=False)
-    layer = weightonly.Int4WeightLinear(linear, words=True)
-    assert layer.words is not None and layer.words.dtype == torch.int16 and layer.words.shape == (48, 32)
+    linear = torch.nn.Linear(128, 64, bias=False)
+    layer, plain = weightonly.Int4WeightLinear(linear, words=True), weightonly.Int4WeightLinear(linear)
+    assert layer.words is not None and layer.words.dtype == torch.int16 and layer.words.shape == (64, 32)
+    assert layer.weight_q is None and layer.scale_zero is None, "one copy of the weights"
+    assert plain.words is None and plain.weight_q is not None
     weight = _dequantized(layer)
-    groups = linear.weight.detach().reshape(48, -1, 32)
+    groups = linear.weight.detach().reshape(64, -1, 32)
     step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(32, dim=1)
     largest = groups.abs().amax(-1).repeat_interleave(32, dim=1)
     assert ((weight - linear.weight.detach()).abs() <= step / 2 + largest / 64).all()
     with torch.inference_mode():
-        theirs = (layer(torch.eye(128)) - layer(torch.zeros(1, 128))).T
+        theirs = (plain(torch.eye(128)) - plain(torch.zeros(1, 128))).T
+        x = torch.randn(11, 128)
+        mine = layer(x)
     assert ((weight - theirs).abs() <= largest / 64).all(), "the same q, scales and zeros as torch's layout"
-    assert weightonly.Int4WeightLinear(linear).words is None, "words only where asked for"
-    assert weightonly.Int4WeightLinear(torch.nn.Linear(96, 16), words=True).words is None, "widths of 64s only"
+    assert _relative(mine, x @ weight.T) < 1e-4, "the C product of the very weights"
+    assert weightonly.Int4WeightLinear(torch.nn.Linear(96, 64), words=True).words is None, "widths of 64s only"
+    assert weightonly.Int4WeightLinear(torch.nn.Linear(128, 48), words=True).words is None, "heights too"
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -136,16 +151,21 @@ def _run(steps: list[Any], lengths: tuple[int, ...], count: int, reference: Any)
 @pytest.mark.parametrize(
     "lengths", [LENGTHS[:1], LENGTHS, (9,) * 11], ids=["one row", "left-padded rows", "eleven rows, two calls"]
 )
-def test_the_c_step_follows_the_float_model_of_its_weights(int4: tuple[Any, Any], lengths: tuple[int, ...]) -> None:
+def test_the_c_step_follows_the_float_model_of_its_weights(
+    int4: tuple[Any, Any], on_torch: Any, lengths: tuple[int, ...]
+) -> None:
     """Step after step, past the buffers' first spare columns: hidden states, keys and values within 1e-4 of the
     float32 model with the dequantized weights (an int16 input per group of 32), and at least ten times closer
-    to it than torch's int4 kernel on bfloat16 activations gets."""
+    to it than torch's int4 kernel on bfloat16 activations gets with the same 4-bit weights; the lean step's own
+    products through the C product (a prefill's, a static call's) as close."""
     llama, reference = int4
     native = q4step.for_llama(llama)
     assert native is not None
-    (c_step, c_kv), (torch_step, _) = _run([LeanStep(llama, native), LeanStep(llama)], lengths, HEADROOM + 3, reference)
+    steps = [LeanStep(llama, native), LeanStep(on_torch), LeanStep(llama)]
+    (c_step, c_kv), (torch_step, _), (c_products, c_products_kv) = _run(steps, lengths, HEADROOM + 3, reference)
     assert c_step < 1e-4 and c_kv < 1e-4, (c_step, c_kv)
     assert c_step * 10 < torch_step, (c_step, torch_step)
+    assert c_products < 1e-4 and c_products_kv < 1e-4, (c_products, c_products_kv)
 
 
 def test_the_build_without_vnni_steps_alike(int4: tuple[Any, Any]) -> None:
@@ -427,23 +447,33 @@ def test_the_numpy_reference_is_torchs_float_step_and_the_harness_runs_what_the_
     assert max(q4case.compare(case, result).values()) < 1e-4
 
 
+@pytest.mark.slow  # the library is built
 def test_a_model_of_a_width_the_c_step_cannot_take_falls_back_before_the_first_call(
     lib: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A GPT 96 wide under int4-weight: its 96-wide products have no words, its down product has; the C step is
-    never called, the worker's lean step runs torch's kernels, and the log names the layer and why."""
+    """Widths of 96 under int4-weight: a GPT 96 wide keeps torch's layout (the log says which layer and why); one
+    128 wide with an inner width of 96 keeps words but its down products: the C step is never called, the lean
+    step runs torch's kernels, and the log names the layer and why."""
     from transformers import LlamaConfig, LlamaModel
 
-    config = LlamaConfig(
-        hidden_size=96, intermediate_size=128, num_attention_heads=2, num_hidden_layers=1, attn_implementation="sdpa"
-    )
-    llama = LlamaModel(config).eval()
-    fused.fuse(llama)
-    weightonly.quantize(llama, words=True)
-    assert llama.layers[0].mlp.down_proj.words is not None and llama.layers[0].self_attn.qkv_proj.words is None
-    with caplog.at_level(logging.WARNING, logger="engines.q4step"):
-        assert q4step.for_llama(llama, lib) is None
-    assert "the C step does not take this model: layer 0's qkv_proj: it has no 4-bit words" in caplog.text
+    def made(hidden: int, inter: int) -> Any:
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=2, num_hidden_layers=1)
+        config._attn_implementation = "sdpa"
+        return tuning.build_gpt(LlamaModel(config).eval(), INT4).inner
+
+    with caplog.at_level(logging.WARNING):
+        narrow = made(96, 128)
+        assert q4step.for_llama(narrow, lib) is None
+        assert (
+            "engines/q4step.c takes products whose sides are multiples of 64 (layers.0.self_attn.o_proj is 96 x 96)"
+            in (caplog.text)
+        )
+        caplog.clear()
+        mixed = made(128, 96)
+        assert mixed.layers[0].self_attn.qkv_proj.words is not None
+        assert q4step.for_llama(mixed, lib) is None
+    assert "the C step does not take this model: layer 0's down_proj: it has no 4-bit words" in caplog.text
+    assert LeanStep(mixed, q4step.for_llama(mixed, lib)).native is None
 
 
 def test_a_step_the_c_code_refuses_runs_on_torchs_kernels_in_the_decode_loop(
