@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,16 +42,33 @@ def native(cache: Path) -> q4build.Built:
         pytest.skip(f"engines/q4step.c does not build on this host: {exc}")
 
 
-def _need(*tools: str) -> None:
-    missing = [tool for tool in tools if shutil.which(tool) is None]
+PROBE = "#include <stdlib.h>\n#include <math.h>\n#include <dlfcn.h>\nint main(void) { return (int)sqrt(0.0); }\n"
+
+
+def _need(cc: str = CROSS_CC) -> None:
+    """Skip, naming what is missing, unless `cc`, the cross compiler's tree and qemu-aarch64 are installed and `cc`
+    builds a program that qemu-user runs (a toolchain without its C library's headers counts as missing)."""
+    missing = [tool for tool in dict.fromkeys((cc.split()[0], CROSS_CC, QEMU)) if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed (Debian: gcc-aarch64-linux-gnu, qemu-user, clang)")
+        pytest.skip(
+            f"{' and '.join(missing)} not installed (Debian: gcc-aarch64-linux-gnu libc6-dev-arm64-cross, qemu-user, "
+            "clang)"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        made = Path(tmp, "probe")
+        built = subprocess.run([*cc.split(), "-x", "c", "-", "-o", str(made), "-lm", "-ldl"], input=PROBE, text=True)
+        if built.returncode != 0 or subprocess.run(_qemu_of(made)).returncode != 0:
+            pytest.skip(f"{cc} does not build a program qemu-aarch64 runs (Debian: libc6-dev-arm64-cross)")
+
+
+def _qemu_of(program: Path, cpu: str = "max") -> list[str]:
+    """`program` under qemu-user, the cross compiler's libraries (Debian's aarch64-linux-gnu tree) as its root."""
+    root = Path(shutil.which(CROSS_CC) or CROSS_CC).resolve().parent.parent / "aarch64-linux-gnu"
+    return [QEMU, "-cpu", cpu, "-L", str(root), str(program)]
 
 
 def _qemu(built: q4build.Built, cpu: str = "max") -> list[str]:
-    """The harness under qemu-user, the cross compiler's libraries (Debian's aarch64-linux-gnu tree) as its root."""
-    root = Path(shutil.which(CROSS_CC) or CROSS_CC).resolve().parent.parent / "aarch64-linux-gnu"
-    return [QEMU, "-cpu", cpu, "-L", str(root), str(built.harness)]
+    return _qemu_of(built.harness, cpu)
 
 
 def test_this_hosts_build_passes_the_checks(native: q4build.Built) -> None:
@@ -136,7 +154,7 @@ def test_without_the_width_check_asan_sees_the_overflow(
 def test_the_aarch64_build_passes_the_same_checks_under_qemu(cc: str, aim: str, kernel: str, cache: Path) -> None:
     """Cross-compiled for aarch64 and run under qemu-user: within the tolerance of the float result, a row alone
     the very numbers it makes in a batch, a 96-wide model refused."""
-    _need(cc.split()[0], CROSS_CC, QEMU)
+    _need(cc)
     built = q4build.build({"CC": cc}, cache=cache, aims=[(aim,)])
     found = q4check.checks(_qemu(built), built.library)
     assert found["kernel"] == kernel, found
@@ -144,7 +162,7 @@ def test_the_aarch64_build_passes_the_same_checks_under_qemu(cc: str, aim: str, 
 
 def test_the_aarch64_builds_make_the_same_integer_products(cache: Path, tmp_path: Path) -> None:
     """NEON's 16-bit multiply-adds and the dot products' split bytes are the same integer dot: the same outputs."""
-    _need(CROSS_CC, QEMU)
+    _need()
     case = q4case.random_case(8, lengths=(4, 7))
     made = []
     for aim in ("-march=armv8-a", "-march=armv8.2-a+dotprod"):
@@ -156,7 +174,7 @@ def test_the_aarch64_builds_make_the_same_integer_products(cache: Path, tmp_path
 def test_a_build_for_another_cpu_fails_its_self_test_not_the_worker(cache: Path) -> None:
     """The dot-product build on a core without them (qemu's Cortex-A53): the harness dies of SIGILL, the check
     says so, and the worker's process never ran it."""
-    _need(CROSS_CC, QEMU)
+    _need()
     built = q4build.build({"CC": CROSS_CC}, cache=cache, aims=[("-march=armv8.2-a+dotprod",)])
     with pytest.raises(q4check.CheckFailed, match="the harness died of SIGILL"):
         q4check.checks(_qemu(built, cpu="cortex-a53"), built.library)
