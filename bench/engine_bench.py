@@ -31,6 +31,8 @@ PLAIN = (UPSTREAM, LOOP, LOOP_HF, LOOP_TORCH)  # labels on the float32 modules a
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
+# Cached positions of the step whose floor --floors measures: a sentence's prompt and some tokens.
+FLOOR_POSITIONS = 100
 FIDELITY_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. 你好，世界。"
 
 
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="TTS_DEVICE")
     parser.add_argument("--threads", type=int, default=0, help="TTS_TORCH_THREADS (0: torch decides)")
     parser.add_argument("--json", help="write everything here")
+    parser.add_argument(
+        "--floors", action="store_true", help="the memory bandwidth, a step's bytes and the C step's time (floors.py)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("chattts").setLevel(logging.ERROR)  # it warns on every chunk at the cap: random weights' all
@@ -141,11 +146,28 @@ def main(argv: list[str] | None = None) -> int:
             line = f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, {chunks / seconds:6.2f} chunks/s, "
             print(line + f"RTF {rtf:.3f}", flush=True)
     out = {"model": info.name, "device": info.device, "load_seconds": load_seconds, "runs": runs}
+    if args.floors:
+        out["floors"] = floors_of(chat, variants, labels)
     out |= {"torch_threads": torch.get_num_threads(), "max_new_token": cap}
     out |= {"fidelity": fidelities, "first_call_extra_seconds": first_call}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def floors_of(chat: Any, variants: dict[str, Any], labels: list[str]) -> dict[str, Any]:
+    """floors.py's figures: the bandwidth, and the bytes and time of a step of the first int4-weight loop tuning
+    in `labels` (the model as loaded where there is none) at FLOOR_POSITIONS cached positions."""
+    import floors
+
+    label = next((x for x in labels if x.split(":")[0] == LOOP and x.endswith("int4-weight")), None)
+    chat.gpt.gpt, chat.decoder = variants[label] if label else variants[labels[0]]
+    inner = getattr(chat.gpt.gpt, "inner", chat.gpt.gpt)
+    found: dict[str, Any] = {"tuning": label, "positions": FLOOR_POSITIONS, "bandwidth": floors.bandwidth()}
+    found["bytes"] = floors.step_bytes(chat, FLOOR_POSITIONS)
+    found["gpt_step_seconds"] = floors.gpt_step(inner, FLOOR_POSITIONS)
+    print(f"floors: {found}", flush=True)
+    return found
 
 
 if __name__ == "__main__":
