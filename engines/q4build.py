@@ -124,6 +124,16 @@ def _run(command: Sequence[str]) -> str:
 
 
 @contextlib.contextmanager
+def locked(built: Built) -> Iterator[None]:
+    """Hold the lock of `built`'s key (the one its build held) while the body runs; nothing for a temporary build."""
+    if built.temporary:
+        yield
+        return
+    with _locked(built.folder.parent / f"{built.folder.name}.lock"):
+        yield
+
+
+@contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

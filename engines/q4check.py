@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from engines import q4case
+from engines import q4build, q4case
 from engines.q4build import Built
 
 logger = logging.getLogger(__name__)
@@ -108,14 +108,26 @@ def checks(command: Sequence[str], library: Path, seed: int = 7) -> dict[str, An
 
 def verdict(built: Built) -> str:
     """`checks` on a build, in the harness's own process, once per build: "" where it passes, else why not (kept
-    beside the build, so that no other worker runs a failing build or checks a passing one again)."""
-    kept = built.folder / VERDICT
+    beside the build, so that no other worker runs a failing build or checks a passing one again; workers that
+    start together check it once, under the build's lock)."""
+    said = _kept(built)
+    if said is None:
+        with q4build.locked(built):
+            said = _kept(built)
+            if said is None:
+                said = _check(built)
+    return "" if said.startswith(PASSED) else said
+
+
+def _kept(built: Built) -> str | None:
     try:
-        said = kept.read_text().strip()
+        return (built.folder / VERDICT).read_text().strip()
     except OSError:
-        said = None
-    if said is not None:
-        return "" if said.startswith(PASSED) else said
+        return None
+
+
+def _check(built: Built) -> str:
+    """The verdict of `checks` on `built`, kept beside it unless the harness could not run."""
     try:
         found = checks([str(built.harness)], built.library)
         said = f"{PASSED}: {found}"
@@ -126,7 +138,7 @@ def verdict(built: Built) -> str:
     partial = built.folder / f".{VERDICT}-{os.getpid()}"
     try:
         partial.write_text(said + "\n")
-        os.replace(partial, kept)
+        os.replace(partial, built.folder / VERDICT)
     except OSError as exc:
         logger.warning("the C step's self-test could not be kept in %s: %s", built.folder, exc)
-    return "" if said.startswith(PASSED) else said
+    return said
