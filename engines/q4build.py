@@ -182,6 +182,12 @@ def build(
             "%s is not a private directory of this user's: the C step is built for this process only", folder
         )
         folder = Path(tempfile.mkdtemp(prefix="q4step-"))
+        try:
+            done = _compile(cc, aim, extra, folder, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return Built(done.folder, done.command, done.openmp, temporary=True)
     made = Built(folder / key, (*cc, *LIBRARY_FLAGS, *aim, *extra), openmp=True)
     if made.library.exists() and made.harness.exists():
         return _recorded(made)
