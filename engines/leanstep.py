@@ -148,7 +148,7 @@ class LeanStep:
             try:
                 return self.native(emb, positions, mask, cache, self.buffers)
             except NativeRefused as exc:
-                logger.error("the lean step runs torch's kernels from now on: %s", exc)
+                logger.error("the lean step runs its torch operations from now on: %s", exc)
                 self.native = None
         llama = self.llama
         cos, sin = llama.rotary_emb(emb, position_ids=positions)

@@ -7,18 +7,19 @@ operations pays each operation's overhead 30-odd times a layer; this C
 step runs a whole step in one call: the products over the very weights of
 engines/weightonly.py's layers (their q, scales and zeros in the C layout;
 every row's products read a weight once), norms, rotation, attention and
-the KV cache in float32. Its numbers are not torch's bit for bit (another
-order of sums, an int16 input: closer to the float product of the same 4-bit
-weights than torch's bfloat16 one, tests/test_q4step.py), so it serves
-TTS_QUANTIZE=int4-weight only.
+the KV cache in float32; and `product`, one layer's product for any number
+of rows (prefills, static calls: engines/weightonly.py). Its numbers are not
+torch's bit for bit (another order of sums, an int16 input: closer to the
+float product of the same 4-bit weights than torch's bfloat16 one,
+tests/test_q4step.py), so it serves TTS_QUANTIZE=int4-weight only.
 
 The library is built once per host (engines/q4build.py), checked in a
 process of its own against the float result (engines/q4check.py), and only
 then loaded; where any of that fails the steps run torch's kernels and the
 reason is logged once. Shapes are checked here before the first call and
 again in C on every call; a step the C code refuses (`NativeRefused`) leaves
-the caches as they were, and engines/leanstep.py runs it on torch's kernels
-from then on. Imports torch: the worker's engine side, benches and tests only.
+the caches as they were, and engines/leanstep.py runs it and every later one
+through its torch operations (the layers' own products). Imports torch: the worker's engine side, benches and tests only.
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ def test_the_c_steps_failures_read_as_the_loop_expects(
         with caplog.at_level(logging.ERROR, logger="engines.leanstep"):
             assert torch.equal(refused(emb, at, None, mine), plain(emb, at, None, theirs))
         assert refused.native is None
-        assert "runs torch's kernels from now on: the int4 C step refused 1 rows: code -2" in caplog.text
+        assert "runs its torch operations from now on: the int4 C step refused 1 rows: code -2" in caplog.text
         for a, b in zip(mine.layers, theirs.layers):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
@@ -504,7 +504,7 @@ def test_a_step_the_c_code_refuses_runs_on_torchs_kernels_in_the_decode_loop(
     refusals = [r.message for r in caplog.records if "refused" in r.message]
     assert len(refusals) == 1, refusals
     assert (
-        "runs torch's kernels from now on: the int4 C step refused 2 rows: code -3, a model it cannot run"
+        "runs its torch operations from now on: the int4 C step refused 2 rows: code -3, a model it cannot run"
         in (refusals[0])
     )
     for key, _ in rows:
