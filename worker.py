@@ -195,7 +195,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="start one worker process per GPU, each seeing only its own: every visible GPU, the "
         "first N, or these ids (as nvidia-smi numbers them; one id: '1,'); with no GPU, "
-        "one CPU worker in this process, or --per-gpu K CPU worker processes",
+        "one CPU worker (supervised in a process of its own where it may run engines/q4step.c), or --per-gpu "
+        "K CPU worker processes",
     )
     parser.add_argument(
         "--per-gpu",
@@ -228,16 +229,31 @@ def main(argv: list[str] | None = None) -> int:
             devices = gpu_slots(args.gpus, os.environ)
         except ValueError as exc:
             parser.error(str(exc))
-        if devices or args.per_gpu > 1:
+        if devices or args.per_gpu > 1 or _may_run_native(settings):
             return _launch(args, devices, settings)
         logger.info("no GPU is visible: running one CPU worker")
     return _serve(args, settings)
 
 
+def _may_run_native(settings: Settings) -> bool:
+    """Whether a CPU worker may step in engines/q4step.c: then `--gpus` runs it supervised even alone, so that a
+    crash there restarts it with the C step off (engines/launcher.native_off_after_crash)."""
+    return (
+        settings.engine == "chattts"
+        and settings.native_step != "off"
+        and settings.device in ("auto", "cpu")
+        and settings.quantize in ("auto", "int4-weight")
+    )
+
+
 def _launch(args: argparse.Namespace, devices: list[str], settings: Settings) -> int:
     """`--gpus`: the workers in processes of their own, `--per-gpu` on each GPU (on the CPU when none is visible)."""
     if not devices:
-        logger.info("no GPU is visible: running %d CPU workers", args.per_gpu)
+        logger.info(
+            "no GPU is visible: running %d CPU worker(s), each in a process of its own (one that dies in native "
+            "code starts again with TTS_NATIVE_STEP=off)",
+            args.per_gpu,
+        )
     child_args = (["--burst"] if args.burst else []) + (
         ["--max-jobs", str(args.max_jobs)] if args.max_jobs is not None else []
     )

@@ -33,8 +33,10 @@ TUNINGS += "loop-torch:float32+int4-weight,loop:float32+int4-weight,upstream"
 MAX_NEW_TOKEN = 128  # tokens per chunk of the full-size random checkpoint it writes
 
 
-def engine(model: Path, tunings: list[str], threads: int, args: argparse.Namespace, wait: str = "default") -> dict:
-    """engine_bench.py's JSON for `tunings`, with --fidelity; `wait`: OMP_WAIT_POLICY ("default": unset)."""
+def engine(
+    model: Path, tunings: list[str], threads: int, args: argparse.Namespace, wait: str = "default", more: tuple = ()
+) -> dict:
+    """engine_bench.py's JSON for `tunings`, with --fidelity and `more`; `wait`: OMP_WAIT_POLICY ("default": unset)."""
     say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
     env = processes.bench_env()
     env.pop("OMP_WAIT_POLICY", None)
@@ -42,7 +44,7 @@ def engine(model: Path, tunings: list[str], threads: int, args: argparse.Namespa
     cmd = ["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes]
     cmd += ["--chunks", str(args.chunks), "--rounds", str(args.rounds), "--threads", str(threads)]
     with tempfile.TemporaryDirectory() as tmp:
-        data, stdout = processes.engine_bench([*cmd, "--fidelity"], Path(tmp) / "engine.json", env)
+        data, stdout = processes.engine_bench([*cmd, "--fidelity", *more], Path(tmp) / "engine.json", env)
     print(stdout, end="", flush=True)
     return data
 
@@ -67,6 +69,26 @@ def rows(data: dict, sizes: list[int], threads: int, wait: str = "default") -> l
             row.append(spread(list(mine.values()), 2) + ("" if label == "float32" else f" ({spread(ratios, 2)}x)"))
         out.append(row)
     return out
+
+
+FLOOR_HEAD = ["a step at one row", "bytes it reads (MB)", "floor (ms)", "measured (ms)", "multiple of its floor"]
+
+
+def floor_rows(data: dict) -> tuple[str, list[list[str]]]:
+    """engine_bench.py --floors's figures as a sentence and a table: the GPT step alone and the loop's whole step
+    (a token at batch 1: RTF / 46.875 tokens a second) against the bytes each must read over the bandwidth."""
+    found = data["floors"]
+    speed, parts, label = found["bandwidth"], found["bytes"], found["tuning"]
+    token = statistics.median(rtfs(data, label, 1).values()) / 46.875 if label else float("nan")
+    steps = [
+        (f"the GPT step ({label}, {found['positions']} cached positions)", parts["gpt"], found["gpt_step_seconds"]),
+        ("the whole step (GPT, code heads, a share of the stream's decoders)", sum(parts.values()), token),
+    ]
+    out = [
+        [what, f"{size / 1e6:.1f}", f"{size / speed * 1e3:.2f}", f"{took * 1e3:.2f}", f"{took / (size / speed):.2f}x"]
+        for what, size, took in steps
+    ]
+    return f"Memory bandwidth (a sum of 1 GiB, same run): {speed / 1e9:.1f} GB/s.", out
 
 
 def best(data: dict, size: int) -> str:
@@ -113,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         processes.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
     sizes, counts = [int(s) for s in args.batch_sizes.split(",")], [int(t) for t in args.threads.split(",")]
     tunings = ["float32", *[t for t in args.tunings.split(",") if t != "float32"]]
-    first = engine(model, tunings, counts[0], args)
+    first = engine(model, tunings, counts[0], args, more=("--floors",))
     table = rows(first, sizes, counts[0])
     pair = ["float32", best(first, sizes[0])]
     for count, wait in [(n, "default") for n in counts[1:]] + [(counts[0], w) for w in args.waits.split(",") if w]:
@@ -128,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     text += f"{first['max_new_token']} tokens per chunk, {args.chunks} chunk(s) per run, {args.rounds} round(s); "
     text += f"{info['cpu']}, {info['cores']} cores, torch {info['torch']}; load average {load_before} at start, "
     text += f"{load_after} at end.\n\n" + markdown_table(head, table)
+    if "floors" in first:
+        said, floors = floor_rows(first)
+        text += f"\n\n{said}\n\n" + markdown_table(FLOOR_HEAD, floors)
     if http:
         text += (
             "\n\nThrough HTTP: `POST /v1/audio/speech` (pcm, streamed), one sentence at a time, the web process and "

@@ -3,7 +3,7 @@
 Each --tunings variant (engines/tuning.py labels; `upstream`: ChatTTS's own `Chat.infer` on float32; `loop`: the
 worker's continuous decode loop on float32, `loop:TUNING` on that tuning, each batch joined at once and stepped to
 its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' forward, not engines/leanstep.py;
-`loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c's C step)
+`loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c: TTS_NATIVE_STEP=off)
 is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch)
 runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
 tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
@@ -31,6 +31,8 @@ PLAIN = (UPSTREAM, LOOP, LOOP_HF, LOOP_TORCH)  # labels on the float32 modules a
 # ChatTTS's own pipeline as plain as the engine's: no refinement, splitting or normalization.
 UPSTREAM_PLAIN = {"skip_refine_text": True, "split_text": False, "do_text_normalization": False}
 UPSTREAM_PLAIN["do_homophone_replacement"] = False
+# Cached positions of the step whose floor --floors measures: a sentence's prompt and some tokens.
+FLOOR_POSITIONS = 100
 FIDELITY_TEXT = "The quick brown fox jumps over the lazy dog, and then it rests. 你好，世界。"
 
 
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="TTS_DEVICE")
     parser.add_argument("--threads", type=int, default=0, help="TTS_TORCH_THREADS (0: torch decides)")
     parser.add_argument("--json", help="write everything here")
+    parser.add_argument(
+        "--floors", action="store_true", help="the memory bandwidth, a step's bytes and the C step's time (floors.py)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("chattts").setLevel(logging.ERROR)  # it warns on every chunk at the cap: random weights' all
@@ -76,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     for label in labels:
         tuned = tuning.Tuning() if label in PLAIN else tuning.Tuning.from_label(label.split(":")[-1])
         started = time.perf_counter()
-        variants[label] = base if tuned.plain else tuning.variant(*base, tuned)
+        # loop-torch: the int4 layers in torch's layout alone, as a worker with TTS_NATIVE_STEP=off keeps them.
+        native = "off" if label.split(":")[0] == LOOP_TORCH else "auto"
+        variants[label] = base if tuned.plain else tuning.variant(*base, tuned, native)
         print(f"built {label} in {time.perf_counter() - started:.1f} s", flush=True)
     source = Texts(seed=7)
     texts = [source.sentence() for _ in range(max(args.chunks, *sizes))]
@@ -139,11 +146,28 @@ def main(argv: list[str] | None = None) -> int:
             line = f"round {r} batch {size:>2} {label:<18}: {seconds:6.2f} s, {chunks / seconds:6.2f} chunks/s, "
             print(line + f"RTF {rtf:.3f}", flush=True)
     out = {"model": info.name, "device": info.device, "load_seconds": load_seconds, "runs": runs}
+    if args.floors:
+        out["floors"] = floors_of(chat, variants, labels)
     out |= {"torch_threads": torch.get_num_threads(), "max_new_token": cap}
     out |= {"fidelity": fidelities, "first_call_extra_seconds": first_call}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def floors_of(chat: Any, variants: dict[str, Any], labels: list[str]) -> dict[str, Any]:
+    """floors.py's figures: the bandwidth, and the bytes and time of a step of the first int4-weight loop tuning
+    in `labels` (the model as loaded where there is none) at FLOOR_POSITIONS cached positions."""
+    import floors
+
+    label = next((x for x in labels if x.split(":")[0] == LOOP and x.endswith("int4-weight")), None)
+    chat.gpt.gpt, chat.decoder = variants[label] if label else variants[labels[0]]
+    inner = getattr(chat.gpt.gpt, "inner", chat.gpt.gpt)
+    found: dict[str, Any] = {"tuning": label, "positions": FLOOR_POSITIONS, "bandwidth": floors.bandwidth()}
+    found["bytes"] = floors.step_bytes(chat, FLOOR_POSITIONS)
+    found["gpt_step_seconds"] = floors.gpt_step(inner, FLOOR_POSITIONS)
+    print(f"floors: {found}", flush=True)
+    return found
 
 
 if __name__ == "__main__":

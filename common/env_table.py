@@ -100,6 +100,7 @@ VARIABLES = (
     ),
     Variable("TTS_WORKERS_ON_HOST", "workers_on_host", v.int_in(1, 1024), "a whole number 1-1024"),
     Variable("TTS_COMPILE", "compile", v.boolean, "true or false"),
+    Variable("TTS_NATIVE_STEP", "native_step", v.choice("auto", "on", "off"), "auto, on or off"),
     Variable("LOG_LEVEL", "log_level", v.level, "DEBUG, INFO, WARNING or ERROR"),
     Variable("TTS_LOG_FORMAT", "log_format", v.choice("json", "text"), "json or text"),
     Variable("TTS_MAX_VOICES", "max_voices", v.int_in(1, 1_000_000), "a whole number 1-1000000"),

@@ -100,6 +100,9 @@ class Settings:
     quantize: str = "auto"
     # torch.compile of the GPT: off by default, as on the CPU it does not pay (BENCHMARKS.md).
     compile: bool = False
+    # engines/q4step.c for int4-weight decode steps: auto (where it builds and passes its self-test), on (a
+    # worker where it cannot stops), off (never loaded; TTS_QUANTIZE=auto chooses as under auto).
+    native_step: str = "auto"
     # Logging: level name, and "json" (one JSON object a line) or "text".
     log_level: str = "INFO"
     log_format: str = "json"

@@ -321,7 +321,7 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
     ChatTTS = _import_chattts()  # noqa: N806 (the package's own name)
     import torch
 
-    from engines import tuning
+    from engines import q4step, tuning
 
     threads = torch_threads(settings.torch_threads, settings.workers_on_host, host_cores())
     torch.set_num_threads(threads)
@@ -351,7 +351,10 @@ def load_chattts(settings: Settings) -> tuple[ChatTTSEngine, ModelInfo]:
             f"ChatTTS could not load {path}: files missing or failing their SHA-256 check (see the log above)"
         )
     tuning.fold_weight_norm(chat)
-    tuning.apply(chat, tuned)
+    try:
+        tuning.apply(chat, tuned, settings.native_step)
+    except q4step.NativeUnavailable as exc:
+        raise ModelUnavailable(str(exc)) from exc
     max_new_token = min(settings.max_new_token, int(manifest.get("max_new_token", settings.max_new_token)))
     name = manifest.get("name", HUB_NAME)
     info = ModelInfo(

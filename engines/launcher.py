@@ -8,8 +8,10 @@ CUDA_VISIBLE_DEVICES, not in the parent that starts them.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from typing import Mapping, Sequence
 from redis import Redis
 
 from work.supervisor import Child, Counters, RestartPolicy, Supervisor
+
+logger = logging.getLogger(__name__)
 
 WORKER = Path(__file__).resolve().parent.parent / "worker.py"
 # The device name `launch` takes for a worker that runs on the CPU (no GPU pinning).
@@ -103,8 +107,39 @@ def launch(
         for _ in range(per_gpu)
     ]
     return Supervisor(
-        "worker", children, policy or RestartPolicy(), restart_clean=restart, redis=redis, counters=COUNTERS
+        "worker",
+        children,
+        policy or RestartPolicy(),
+        restart_clean=restart,
+        redis=redis,
+        counters=COUNTERS,
+        on_failure=native_off_after_crash,
     ).run()
+
+
+# Signals a process dies of when its native code goes wrong: a bad address, a bad instruction, an abort.
+NATIVE_CRASHES = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT, signal.SIGFPE)
+
+
+def native_off_after_crash(child: Child, status: int) -> None:
+    """A worker that died of a native crash starts again with TTS_NATIVE_STEP=off, saying so, unless it is
+    already off or set on: engines/q4step.c is the native code the service builds itself (torch's own is the
+    rest). Its TTS_QUANTIZE=auto chooses as before (engines/tuning.resolve), so it keeps its model identity and
+    the requests keyed for it."""
+    if status >= 0 or -status not in NATIVE_CRASHES:
+        return
+    env = dict(os.environ if child.env is None else child.env)
+    if env.get("TTS_NATIVE_STEP", "").strip() in ("off", "on"):
+        return
+    env["TTS_NATIVE_STEP"] = "off"
+    child.env = env
+    logger.error(
+        "worker process %s died of %s, in native code: it starts again with TTS_NATIVE_STEP=off (its int4-weight "
+        "steps on torch's kernels instead of engines/q4step.c; TTS_NATIVE_STEP=on keeps it on)",
+        child.named,
+        signal.Signals(-status).name,
+        extra={"event": {"event": "worker_native_off", **child.labels, "signal": signal.Signals(-status).name}},
+    )
 
 
 def worker_env(device: str, on_host: int, environ: Mapping[str, str]) -> dict[str, str]:

@@ -15,11 +15,14 @@ Imports torch: the worker's engine side, benches and tests only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
 
 # Spare columns a buffer takes on when it has to be made: one copy of a
 # layer's keys and values per this many steps, where transformers copies
@@ -118,15 +121,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 # A step in native code with LeanStep's call and the LeanStep's buffers (engines/q4step.py): (emb, positions, mask,
-# cache, buffers) -> the final hidden states.
+# cache, buffers) -> the final hidden states; raises NativeRefused for a call it does not take.
 Native = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", Any, Buffers], torch.Tensor]
+
+
+class NativeRefused(RuntimeError):
+    """A Native step refused a call (its shapes); the cache it was given is as it was."""
 
 
 class LeanStep:
     """One new position of every row through a LlamaModel that `supports` accepts; hidden states as its forward's."""
 
     def __init__(self, llama: Any, native: Native | None = None) -> None:
-        """`native`, where given, runs every step in its place."""
+        """`native`, where given, runs every step in its place until it refuses one (logged)."""
         if not supports(llama):
             raise ValueError("LeanStep reproduces a LlamaModel with SDPA attention and the default rotary embedding")
         self.llama = llama
@@ -138,7 +145,11 @@ class LeanStep:
         and its own where `mask` (B, 1, 1, columns + 1, bool) is true, or to all of them when `mask` is None;
         appends each layer's keys and values to `cache` (changing its layers' tensors, never their contents)."""
         if self.native is not None:
-            return self.native(emb, positions, mask, cache, self.buffers)
+            try:
+                return self.native(emb, positions, mask, cache, self.buffers)
+            except NativeRefused as exc:
+                logger.error("the lean step runs its torch operations from now on: %s", exc)
+                self.native = None
         llama = self.llama
         cos, sin = llama.rotary_emb(emb, position_ids=positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -87,13 +87,16 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
 
     TTS_DTYPE=auto: bfloat16 on a CUDA device that supports it, else float32.
     TTS_QUANTIZE=auto on the CPU in float32, for a GPT at least
-    INT8_MIN_HIDDEN wide: int4-weight where engines/q4step.c builds and the
-    width is a multiple of 64 (its steps run there), else int8; none
-    elsewhere (both quantizers run on the CPU only, int8 on float32
-    activations). TTS_QUANTIZE=int4-weight runs on the CPU only, with any
-    dtype. TTS_DTYPE=float32 with TTS_QUANTIZE=none is exact float32
-    (`Tuning.plain`), the reference every switch is measured against.
-    Raises TuningError naming the variables at fault.
+    INT8_MIN_HIDDEN wide: int4-weight where engines/q4step.c builds and
+    passes its self-test and the width is a multiple of 64 (its steps run
+    there), else int8; none elsewhere (both quantizers run on the CPU only,
+    int8 on float32 activations). The choice is the same under every
+    TTS_NATIVE_STEP, so a worker restarted with the C step off keeps its
+    model identity. TTS_QUANTIZE=int4-weight runs on the CPU only, with any
+    dtype; with TTS_NATIVE_STEP=on it needs the C step. TTS_DTYPE=float32
+    with TTS_QUANTIZE=none is exact float32 (`Tuning.plain`), the reference
+    every switch is measured against. Raises TuningError naming the
+    variables at fault.
     """
     cuda = device.type == "cuda"
     dtype = settings.dtype
@@ -103,7 +106,8 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
     if quantize == "auto":
         quantize = "none"
         if device.type == "cpu" and dtype == "float32" and hidden_size >= INT8_MIN_HIDDEN:
-            native = hidden_size % 64 == 0 and q4step.library() is not None
+            # Under TTS_NATIVE_STEP=on, as if it can: the check below then says why it cannot.
+            native = settings.native_step == "on" or (hidden_size % 64 == 0 and q4step.available())
             quantize = "int4-weight" if native else "int8"
     if quantize in QUANTIZERS and device.type != "cpu":
         raise TuningError(
@@ -114,6 +118,15 @@ def resolve(settings: Settings, device: torch.device, hidden_size: int) -> Tunin
         raise TuningError(
             f"TTS_QUANTIZE=int8 needs float32 activations, but TTS_DTYPE={dtype}: "
             "set TTS_DTYPE=float32 (or auto on the CPU), or TTS_QUANTIZE=none"
+        )
+    if (
+        settings.native_step == "on"
+        and quantize == "int4-weight"
+        and not (hidden_size % 64 == 0 and q4step.available())
+    ):
+        raise TuningError(
+            f"TTS_NATIVE_STEP=on, but engines/q4step.c cannot run this GPT ({hidden_size} wide; the log above says "
+            "why): set TTS_NATIVE_STEP=auto to run torch's int4 kernels instead"
         )
     return Tuning(dtype=dtype, quantize=quantize, compile=settings.compile)
 
@@ -162,10 +175,12 @@ class CastingDecoder(torch.nn.Module):
         return self.inner(inp.to(self.inner_dtype), mode).float()
 
 
-def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
-    """`llama` (ChatTTS's float32 LlamaModel) as `tuning` says; the module itself when plain.
+def build_gpt(llama: torch.nn.Module, tuning: Tuning, native: str = "auto") -> torch.nn.Module:
+    """`llama` (ChatTTS's float32 LlamaModel) as `tuning` says; the module itself when plain. `native`
+    (TTS_NATIVE_STEP): whether int4-weight layers keep their weights for engines/q4step.c (q4step.for_mode).
 
-    Converts `llama` in place (callers that keep the float32 model pass a copy).
+    Converts `llama` in place (callers that keep the float32 model pass a copy). Raises
+    q4step.NativeUnavailable under TTS_NATIVE_STEP=on where the C step cannot serve.
     """
     if tuning.plain:
         return llama
@@ -187,7 +202,20 @@ def build_gpt(llama: torch.nn.Module, tuning: Tuning) -> torch.nn.Module:
         _own_memory(inner)
     elif tuning.quantize == "int4-weight":
         # The second layout of the same weights only where the C step can use it.
-        weightonly.quantize(inner, words=q4step.library() is not None)
+        words = q4step.for_mode(native) is not None
+        weightonly.quantize(inner, words=words)
+        others = [(name, m) for name, m in inner.named_modules() if isinstance(m, weightonly.Int4WeightLinear)]
+        others = [(name, m) for name, m in others if m.words is None]
+        if words and others:
+            name, layer = others[0]
+            logger.warning(
+                "%d int4 layers keep torch's layout and the decode steps run torch's kernels: engines/q4step.c "
+                "takes products whose sides are multiples of 64 (%s is %d x %d)",
+                len(others),
+                name,
+                layer.out_features,
+                layer.in_features,
+            )
         _own_memory(inner)
     forward = None
     if tuning.compile:
@@ -238,12 +266,13 @@ def fold_weight_norm(chat: Any) -> int:
     return folded
 
 
-def apply(chat: Any, tuning: Tuning) -> None:
-    """Rebuild `chat`'s GPT and decoder as `tuning` says (in place; nothing to do when plain)."""
+def apply(chat: Any, tuning: Tuning, native: str = "auto") -> None:
+    """Rebuild `chat`'s GPT and decoder as `tuning` says (in place; nothing to do when plain); `native` as
+    build_gpt takes it."""
     if tuning.plain:
         return
     started = time.perf_counter()
-    chat.gpt.gpt = build_gpt(chat.gpt.gpt, tuning)
+    chat.gpt.gpt = build_gpt(chat.gpt.gpt, tuning, native)
     chat.decoder = build_decoder(chat.decoder, tuning)
     # The replaced float32 modules sit in reference cycles: collect them now,
     # which also unmaps the checkpoint file they viewed.
@@ -251,6 +280,8 @@ def apply(chat: Any, tuning: Tuning) -> None:
     logger.info("model tuned to %s in %.1f s", tuning.label(), time.perf_counter() - started)
 
 
-def variant(base_gpt: torch.nn.Module, base_decoder: torch.nn.Module, tuning: Tuning) -> tuple[Any, Any]:
+def variant(
+    base_gpt: torch.nn.Module, base_decoder: torch.nn.Module, tuning: Tuning, native: str = "auto"
+) -> tuple[Any, Any]:
     """A (gpt, decoder) pair for `tuning` built from copies of the float32 modules (benches and tests swap them in)."""
-    return build_gpt(copy.deepcopy(base_gpt), tuning), build_decoder(copy.deepcopy(base_decoder), tuning)
+    return build_gpt(copy.deepcopy(base_gpt), tuning, native), build_decoder(copy.deepcopy(base_decoder), tuning)

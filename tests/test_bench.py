@@ -1,6 +1,6 @@
 """The benchmark tools in bench/ still run: the load generators (Python and wrk) against the bare
-app on the Procfile's server stack, the statistics behind the table, and bench/gpu.sh's reduced
-CPU mode end to end."""
+app on the Procfile's server stack, the statistics behind the table, bench/gpu.sh's reduced
+CPU mode end to end, and the CPU step's tools on the tiny model."""
 
 from __future__ import annotations
 
@@ -176,3 +176,33 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None
         "1 concurrent stream(s), continuous (vs static): RSS above idle at the peak",
     ):
         assert line in out, out
+
+
+def test_the_cpu_step_tools_run_on_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
+    """bench/step_parts.py, engine_bench.py --floors and bench/worker_memory.py end to end on the tiny checkpoint:
+    every part of a step reported at each batch size, a bandwidth, a step's bytes and the C step's time, and a
+    worker's memory with its 4-bit layers' bytes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
+
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    parts = run("bench/step_parts.py", "--model", str(tiny_model), "--rounds", "1", "--batch-sizes", "1,2")
+    for size in (1, 2):
+        assert f"\nBatch {size} (" in parts
+    for part in ("GPT step", "GPT prefill", "code heads", "sampling", "DVAE decoder", "Vocos", "Redis (a piece's"):
+        assert parts.count(f"| {part}") == 2, part
+    out = tmp_path / "engine.json"
+    tuning = "loop:float32+int4-weight"
+    run(
+        "bench/engine_bench.py",
+        *("--model", str(tiny_model), "--tunings", tuning, "--batch-sizes", "1", "--chunks", "1", "--rounds", "1"),
+        *("--floors", "--json", str(out)),
+    )
+    floors = json.loads(out.read_text())["floors"]
+    assert floors["tuning"] == tuning and floors["bandwidth"] > 1e8 and floors["gpt_step_seconds"] > 0
+    assert all(floors["bytes"][part] > 0 for part in ("gpt", "heads", "decoders"))
+    memory = run("bench/worker_memory.py", "--model", str(tiny_model), "--settings", "TTS_QUANTIZE=int4-weight")
+    assert "| this tree | TTS_QUANTIZE=int4-weight | " in memory

@@ -87,7 +87,7 @@ def test_defaults_follow_the_device_and_the_model_size(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     # A host where engines/q4step.c builds (tests/test_q4step.py: auto where it does not).
-    monkeypatch.setattr(q4step, "library", lambda: object())
+    monkeypatch.setattr(q4step, "available", lambda: True)
     assert tuning.resolve(from_env(env), torch.device(device), hidden) == expected
 
 

@@ -181,3 +181,77 @@ def test_the_same_supervisor_never_gives_a_webhook_process_up(tmp_path: Path) ->
         assert supervisor.popen.returncode == 0, supervisor.output()
     finally:
         supervisor.stop()
+
+
+# A stand-in for a CPU worker whose native code crashes: it notes each start with its TTS_NATIVE_STEP, dies of
+# the signal its argument names while the C step is on, then serves.
+CRASHING = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+
+    log = Path(sys.argv[1]) / "cpu.starts"
+    with log.open("a") as out:
+        out.write(f"{os.getpid()} {os.environ.get('TTS_NATIVE_STEP', '-')}\\n")
+    if os.environ.get("TTS_NATIVE_STEP") != "off":
+        if sys.argv[2] == "exit":
+            sys.exit(3)
+        signal.signal(getattr(signal, sys.argv[2]), signal.SIG_DFL)
+        os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("death", ["SIGSEGV", "SIGILL", "SIGABRT", "SIGBUS"])
+def test_a_worker_that_dies_in_native_code_starts_again_with_the_c_step_off(tmp_path: Path, death: str) -> None:
+    """The launcher on the CPU: a worker that dies of a native crash is started again with TTS_NATIVE_STEP=off
+    (the rest of its environment kept), and the launcher's log says which signal and what it changed."""
+    child = tmp_path / "crashing.py"
+    child.write_text(CRASHING)
+    code = (
+        "import sys\n"
+        "from common import logs\n"
+        "from engines.launcher import CPU, launch\n"
+        "from work.supervisor import RestartPolicy\n"
+        "logs.configure_logging('INFO', 'text')\n"
+        f"raise SystemExit(launch([CPU], 1, [{str(tmp_path)!r}, {death!r}], policy=RestartPolicy(first_delay=0.1), "
+        f"command=[sys.executable, {str(child)!r}]))\n"
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TTS_NATIVE_STEP": "auto", "TTS_KEPT": "yes"}
+    launcher = Proc([sys.executable, "-c", code], env, tmp_path / "launcher.log")
+    try:
+        path = tmp_path / "cpu.starts"
+        wait_for(lambda: path.exists() and len(path.read_text().splitlines()) == 2, 30, "the second start")
+        (first, was), (second, now) = (line.split() for line in path.read_text().splitlines())
+        assert (was, now) == ("auto", "off")
+        environ = Path(f"/proc/{second}/environ").read_bytes().decode(errors="replace").split("\0")
+        assert "TTS_KEPT=yes" in environ and "TTS_NATIVE_STEP=off" in environ
+        log = launcher.output()
+        assert f"worker process {first} on the CPU died of {death}, in native code: it starts again with " in log
+        assert "TTS_NATIVE_STEP=off" in log
+        assert launcher.popen.poll() is None
+    finally:
+        launcher.stop()
+
+
+@pytest.mark.slow
+def test_a_worker_that_exits_with_an_error_keeps_the_c_step(tmp_path: Path) -> None:
+    """An exit status is no native crash: the restart keeps TTS_NATIVE_STEP as it was."""
+    child = tmp_path / "crashing.py"
+    child.write_text(CRASHING)
+    code = (
+        "import sys\n"
+        "from engines.launcher import CPU, launch\n"
+        "from work.supervisor import RestartPolicy\n"
+        f"raise SystemExit(launch([CPU], 1, [{str(tmp_path)!r}, 'exit'], policy=RestartPolicy(max_failures=2, "
+        f"first_delay=0.1), command=[sys.executable, {str(child)!r}]))\n"
+    )
+    launcher = Proc([sys.executable, "-c", code], {**os.environ, "TTS_NATIVE_STEP": "auto"}, tmp_path / "l.log")
+    try:
+        launcher.popen.wait(30)
+        lines = (tmp_path / "cpu.starts").read_text().splitlines()
+        assert [line.split()[1] for line in lines] == ["auto", "auto"], lines
+    finally:
+        launcher.stop()

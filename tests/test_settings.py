@@ -62,6 +62,7 @@ def test_values_are_read(tmp_path: object) -> None:
         pytest.param("TTS_DTYPE", "fp16", id="dtype"),
         pytest.param("TTS_QUANTIZE", "int4", id="quantize"),
         pytest.param("TTS_COMPILE", "maybe", id="compile"),
+        pytest.param("TTS_NATIVE_STEP", "yes", id="native-step"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.settings import SettingsError, from_env
-from engines import fidelity, tuning, weightonly
+from engines import fidelity, q4step, tuning, weightonly
 from engines.chattts import ChatTTSEngine, load_chattts
 
 TEXT = "Hello world, this is the fidelity check. 你好，世界。"
@@ -93,3 +93,41 @@ def test_int4_weight_settings_labels_and_devices(monkeypatch: pytest.MonkeyPatch
         tuning.Tuning.from_label("float32+int8+int4-weight")
     with pytest.raises(SettingsError, match="int4-weight"):
         from_env({"TTS_QUANTIZE": "int4"})
+
+
+@pytest.mark.parametrize(
+    ("native", "builds", "quantize", "expected"),
+    [
+        pytest.param("auto", True, "auto", INT4, id="auto-builds"),
+        pytest.param("off", True, "auto", INT4, id="off-keeps-autos-choice"),
+        pytest.param("auto", False, "auto", tuning.Tuning("float32", "int8"), id="auto-does-not-build"),
+        pytest.param("off", False, "auto", tuning.Tuning("float32", "int8"), id="off-does-not-build"),
+        pytest.param("on", True, "int4-weight", INT4, id="on-builds"),
+        pytest.param("on", False, "auto", "TTS_NATIVE_STEP=on", id="on-auto-does-not-build"),
+        pytest.param("on", False, "int4-weight", "TTS_NATIVE_STEP=on", id="on-int4-does-not-build"),
+        pytest.param("on", False, "int8", tuning.Tuning("float32", "int8"), id="on-with-another-quantizer"),
+    ],
+)
+def test_tts_native_step_never_changes_what_auto_chooses(
+    native: str, builds: bool, quantize: str, expected: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TTS_QUANTIZE=auto picks by whether the C step builds and passes its self-test, whatever TTS_NATIVE_STEP
+    says (a worker restarted with it off keeps its model identity); on refuses to start without it."""
+    monkeypatch.setattr(q4step, "available", lambda: builds)
+    settings = from_env({"TTS_NATIVE_STEP": native, "TTS_QUANTIZE": quantize})
+    if isinstance(expected, str):
+        with pytest.raises(tuning.TuningError, match=expected):
+            tuning.resolve(settings, torch.device("cpu"), 768)
+    else:
+        assert tuning.resolve(settings, torch.device("cpu"), 768) == expected
+
+
+def test_off_keeps_no_weights_for_the_c_step_and_never_loads_it(
+    exact: tuple[ChatTTSEngine, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TTS_NATIVE_STEP=off: the int4-weight layers keep torch's packing alone, and the library is never loaded."""
+    monkeypatch.setattr(q4step, "library", lambda: pytest.fail("loaded under off"))
+    chat = exact[0].chat
+    gpt, _ = tuning.variant(chat.gpt.gpt, chat.decoder, INT4, native="off")
+    assert all(m.words is None for m in gpt.modules() if isinstance(m, weightonly.Int4WeightLinear))
+    assert q4step.for_llama(gpt.inner) is None

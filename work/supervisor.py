@@ -15,7 +15,7 @@ import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -89,6 +89,8 @@ class Supervisor:
     (`policy`) while the others go on: one child's crash stays its own. One
     that keeps failing is given up: logged, counted in `counters` (flushed to
     `redis`, so every web process's /metrics shows it), and left alone.
+    `on_failure(child, status)`, where given, sees each failure first and may
+    change the child's command or environment for its next start.
     """
 
     def __init__(
@@ -100,9 +102,11 @@ class Supervisor:
         restart_clean: bool = False,
         redis: Redis | None = None,
         counters: Counters | None = None,
+        on_failure: Callable[[Child, int], None] | None = None,
     ) -> None:
         self.kind, self.children, self.policy = kind, list(children), policy
         self.restart_clean, self.redis, self.counters = restart_clean, redis, counters
+        self.on_failure = on_failure
         self.figures = metrics.Recorder()
         self.stopping = False
         self.status = 0  # the last failure's exit status, as a shell reports it
@@ -181,6 +185,8 @@ class Supervisor:
             child.failures.popleft()
         child.in_a_row += 1
         self._count("failures", child)
+        if self.on_failure is not None:
+            self.on_failure(child, code)
         limit = self.policy.max_failures
         if limit is not None and len(child.failures) >= limit:
             self._give_up(child, code)
