@@ -5,6 +5,7 @@ socket's flood and a slow webhook receiver are soak_hostile.py's); and the fault
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,9 +151,13 @@ def judge_flood(lives: Iterable[Answer], t0: float, flood: tuple[float, float], 
     )
 
 
+# A line about a full Redis: "full" as a word (not RQ's "Successfully completed"), maxmemory, or OOM.
+_FULL = re.compile(r"\bfull\b|maxmemory|\bOOM\b", re.IGNORECASE)
+
+
 def full_lines(path: Path) -> int:
     """Lines of a process's log that speak of a full Redis (our waits, RQ's and redis-py's OOM errors)."""
-    return sum("full" in line.lower() or "maxmemory" in line for line in path.read_text(errors="replace").splitlines())
+    return sum(bool(_FULL.search(line)) for line in path.read_text(errors="replace").splitlines())
 
 
 # -- the phases, in PHASES: each returns its line for the report ---------------------------

@@ -112,3 +112,19 @@ def test_tenant_keys_are_fresh_named_and_long_enough() -> None:
     assert first[soak_common.BUSY] != second[soak_common.BUSY] and first[soak_common.BUSY] != first[soak_common.QUIET]
     assert all(len(key) >= 16 for key in first.values())
     assert soak_common.api_keys(first) == f"busy={first['busy']},quiet={first['quiet']},flood={first['flood']}"
+
+
+def test_lines_about_a_full_redis_are_counted_by_their_words(tmp_path: Path) -> None:
+    """RQ's "Successfully completed" is no line about a full Redis; our waits and Redis's OOM errors are."""
+    log = tmp_path / "worker.log"
+    log.write_text(
+        "\n".join(
+            [
+                '{"message":"Successfully completed job abc in 0:00:00.002s"}',
+                '{"message":"Redis is full (it refuses writes: maxmemory reached); waiting until it stores again"}',
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                '{"message":"the queue is fully drained"}',
+            ]
+        )
+    )
+    assert soak_phases.full_lines(log) == 2
