@@ -68,6 +68,11 @@ class _SSLConnection(_Connection, SentinelManagedSSLConnection):
     """`_Connection` over TLS."""
 
 
+def drop_idle_connections(redis: Redis) -> None:
+    """Close the pool's idle connections (the next command opens a fresh one); those in use stay."""
+    redis.connection_pool.disconnect(inuse_connections=False)
+
+
 def describe(settings: Settings) -> str:
     """Where the service's Redis is, for messages: the URL without credentials, or the primary's name and sentinels."""
     if not settings.redis_sentinels:

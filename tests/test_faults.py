@@ -272,7 +272,7 @@ def test_an_alarm_between_request_and_reply_leaves_no_stale_reply(redis_url: str
     # failed as "Bad response from PING health check", so the job failed for
     # the wrong reason. The window is a few bytecodes wide; this test leaves a
     # connection in exactly that state instead of aiming a signal at it.
-    from work.decode_loop import drop_idle_connections
+    from common.connect import drop_idle_connections
 
     redis.set("faults:key", "fresh")
     redis.set("faults:other", "stale")

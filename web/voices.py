@@ -356,11 +356,6 @@ async def _delete(ctx: Context, request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def _summaries(ctx: Context, request: Request) -> list[VoiceSummary]:
-    """The caller's saved voices (without their speaker strings), sorted by name."""
-    return await saved_summaries(ctx, tenant_of(request))
-
-
 async def saved_summaries(ctx: Context, tenant: str) -> list[VoiceSummary]:
     """`tenant`'s saved voices (without their speaker strings), sorted by name."""
     saved = await ctx.redis.hgetall(voices_key(tenant))
@@ -381,7 +376,7 @@ async def saved_summaries(ctx: Context, tenant: str) -> list[VoiceSummary]:
 
 async def listing(ctx: Context, request: Request) -> Response:
     """GET /v1/voices: the caller's saved voices (without their speaker strings) and the built-in names, by name."""
-    return reply(VoiceList(voices=await _summaries(ctx, request), builtin=sorted(BUILTIN)))
+    return reply(VoiceList(voices=await saved_summaries(ctx, tenant_of(request)), builtin=sorted(BUILTIN)))
 
 
 async def audio_voices(ctx: Context, request: Request) -> Response:
@@ -397,6 +392,6 @@ async def audio_voices(ctx: Context, request: Request) -> Response:
             builtin=False,
             description=v.description or ("made from a recording" if v.kind == SAMPLE else ""),
         )
-        for v in await _summaries(ctx, request)
+        for v in await saved_summaries(ctx, tenant_of(request))
     ]
     return reply(AudioVoiceList(voices=builtin + saved))

@@ -29,6 +29,7 @@ from rq import Queue
 from rq.timeouts import JobTimeoutException
 
 from common import audio, logs, metrics
+from common.connect import drop_idle_connections
 from common.errors import RedisFull
 from common.model import Decoder, Engine, Piece, decoder_for
 from common.settings import Settings
@@ -111,9 +112,8 @@ class DecodeLoop:
     def advance(self, tally: Tally, owner: Owner | None = None) -> bool:
         """Fill the loop's free slots from the pool, then step it once. False when the loop was empty.
 
-        `owner`: the request whose job runs, whose earliest open chunk is
-        claimed first while none of its rows is in the loop. Raises
-        JobTimeoutException (every row back in the pool) and RedisFull.
+        `owner`: the request whose job runs, whose earliest open chunk is claimed first while none of its
+        rows is in the loop. Raises JobTimeoutException (every row back in the pool) and RedisFull.
         """
         free = max(0, self.decoder.capacity - len(self.decoder.keys()))
         # Beyond the free slots, the decoder's reserve (common.model.Decoder.preemptible): a first row that
@@ -398,8 +398,3 @@ class DecodeLoop:
         with self._lock:
             for cid in chunk_ids:
                 self.making.pop(cid, None)
-
-
-def drop_idle_connections(redis: Redis) -> None:
-    """Close the pool's idle connections (the next command opens a fresh one); those in use stay."""
-    redis.connection_pool.disconnect(inuse_connections=False)
