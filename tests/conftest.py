@@ -367,6 +367,14 @@ class Stack:
         wait_for(lambda: self._answers("/healthz"), 30, "the web process to answer /healthz")
         return self.web
 
+    def start_another_web(self) -> str:
+        """A second web process on the same Redis (as WEB_CONCURRENCY > 1 makes): its URL, once it answers."""
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        self._spawn("web", ["uvicorn", "service:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)])
+        wait_for(lambda: self._answers("/healthz", url), 30, "the second web process to answer /healthz")
+        return url
+
     def start_worker(self, *args: str) -> Proc:
         return self._spawn("worker", ["worker.py", *args])
 
@@ -415,9 +423,9 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def _answers(self, path: str) -> bool:
+    def _answers(self, path: str, url: str | None = None) -> bool:
         try:
-            return httpx.get(self.url + path, timeout=1).status_code == 200
+            return httpx.get((url or self.url) + path, timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -271,7 +271,10 @@ def test_stop_ends_a_task_that_swallows_a_cancel() -> None:
 
 
 def test_barge_in_spares_a_sentence_someone_streams(idle_stack: Stack, redis: Redis) -> None:
+    """The other listener streams through a second web process, so that its subscription is counted apart (a
+    process's waiters share one)."""
     heard: list[httpx.Response] = []
+    other_web = idle_stack.start_another_web()
     with _ws(idle_stack) as ws:
         _send(ws, type="input_text.append", text="Someone else streams these words. Tail")
         request_id = wait_for(lambda: list(_requests(redis)), 10, "the sentence's request")[0]  # type: ignore[index]
@@ -279,7 +282,7 @@ def test_barge_in_spares_a_sentence_someone_streams(idle_stack: Stack, redis: Re
         wait_for(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 10, "the session's relay")
 
         def listen() -> None:
-            heard.append(httpx.get(f"{idle_stack.url}/v1/tts/{request_id}/audio?stream=true", timeout=120))
+            heard.append(httpx.get(f"{other_web}/v1/tts/{request_id}/audio?stream=true", timeout=120))
 
         listener = threading.Thread(target=listen)
         listener.start()

@@ -16,6 +16,7 @@ from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
 from common.settings import Settings
+from web.hub import BEAT, Hub, Watch
 from web.lookups import Lookups
 from web.store import AudioCache
 from work import queueing
@@ -87,8 +88,11 @@ class Context:
         self.open_sockets = 0
         # Callback host lookups, a share per tenant (web/callbacks.py check).
         self.lookups = Lookups(dns.config(settings))
+        # The one subscription every waiting client of this process shares (web/hub.py).
+        self.hub = Hub(self.redis)
 
     async def close(self) -> None:
+        await self.hub.close()
         await self.redis.aclose()
         self.sync_redis.close()
 
@@ -193,17 +197,11 @@ class Context:
                 )
 
     async def listen(self, job_id: str) -> Listener:
-        """A subscription to the events of job `job_id`; close it when done."""
-        pubsub = self.redis.pubsub()
-        try:
-            await pubsub.subscribe(events_channel(job_id))
-        except BaseException:
-            await pubsub.aclose()  # it holds a pool connection even when the subscribe failed
-            raise
-        return Listener(self.redis, pubsub, job_id)
+        """A watch of the events of job `job_id` on the process's shared subscription; close it when done."""
+        return Listener(self.redis, await self.hub.watch(events_channel(job_id)), job_id)
 
     async def wait(self, job_id: str, ready: Callable[[], Awaitable[T | None]], deadline: float) -> T | None:
-        """`Listener.until` on a subscription of its own."""
+        """`Listener.until` on a watch of its own."""
         listener = await self.listen(job_id)
         try:
             return await listener.until(ready, deadline)
@@ -214,9 +212,9 @@ class Context:
 class Listener:
     """Sleeps on one job's events channel until what it waits for is there."""
 
-    def __init__(self, redis: Any, pubsub: Any, job_id: str) -> None:
+    def __init__(self, redis: Any, watch: Watch, job_id: str) -> None:
         self.redis = redis
-        self.pubsub = pubsub
+        self.watch = watch
         self.job_id = job_id
 
     async def until(self, ready: Callable[[], Awaitable[T | None]], deadline: float) -> T | None:
@@ -224,8 +222,8 @@ class Listener:
 
         Subscribed before the first check, so no announcement can slip between
         a check and the sleep. It sleeps on the channel (no busy polling);
-        waking at least once a second covers a worker that died without
-        saying so.
+        waking at least once a second (BEAT) covers a worker that died
+        without saying so.
         """
         while True:
             value = await ready()
@@ -238,11 +236,7 @@ class Listener:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+            await self.watch.wait(min(remaining, BEAT))
 
     async def close(self) -> None:
-        # aclose drops the connection (the server forgets its subscriptions)
-        # and gives it back to the pool, without Redis: an UNSUBSCRIBE first
-        # would cost a round trip, and raise while Redis is down, leaking the
-        # connection until the pool is exhausted.
-        await self.pubsub.aclose()
+        await self.watch.close()
