@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
@@ -26,6 +28,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 # Where `Context.guard` puts the caller's tenant in a connection's scope.
 TENANT = metrics.TENANT_SCOPE
+
+
+# At most this many of one tenant's submissions do their work (Redis, the queue) at once in a process; the rest
+# wait their turn, so a burst from one tenant queues behind itself and not in front of another tenant's request.
+SUBMIT_TURNS = 4
 
 
 # Headers that carry an API key: ours (a bearer token), and those the ElevenLabs and Cartesia clients send.
@@ -90,11 +97,28 @@ class Context:
         self.lookups = Lookups(dns.config(settings))
         # The one subscription every waiting client of this process shares (web/hub.py).
         self.hub = Hub(self.redis)
+        # Each tenant's turns at submitting (`submitting`), and how many of its submissions hold or await one.
+        self._turns: dict[str, tuple[asyncio.Semaphore, int]] = {}
 
     async def close(self) -> None:
         await self.hub.close()
         await self.redis.aclose()
         self.sync_redis.close()
+
+    @contextlib.asynccontextmanager
+    async def submitting(self, tenant: str) -> AsyncIterator[None]:
+        """One of `tenant`'s SUBMIT_TURNS turns at submitting work, waited for in arrival order."""
+        turns, users = self._turns.get(tenant) or (asyncio.Semaphore(SUBMIT_TURNS), 0)
+        self._turns[tenant] = (turns, users + 1)
+        try:
+            async with turns:
+                yield
+        finally:
+            turns, users = self._turns[tenant]
+            if users == 1:
+                del self._turns[tenant]
+            else:
+                self._turns[tenant] = (turns, users - 1)
 
     async def model(self) -> ModelInfo | None:
         """The model the workers published, re-read at most once a second."""

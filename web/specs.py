@@ -77,22 +77,24 @@ async def ensure(
     """Make sure the request's audio is stored or on its way, `tenant` being one that wants it.
 
     Returns the indexes of chunks not stored yet, and the job making them
-    (None when everything is stored: the queue is not touched). New work is
+    (None when everything is stored: the queue is not touched), in one of
+    the tenant's turns at submitting (Context.submitting). New work is
     admitted against the tenant's share of the queue (QueueFull past it),
     unless `admit` is False (work accepted before). Raises
     NotReplicated when the job is not on TTS_REDIS_WAIT_REPLICAS replicas in
     time: it stays queued on the primary, and the same request asked again
     joins it (the job id is the request id).
     """
-    missing = await ctx.cache.remember(request_id, spec)
-    metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
-    if not missing:
-        return missing, None
-    work = len(missing) if admit else None
-    job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant, work)
-    if job.get_status(refresh=False) == "finished":
-        return [], None  # its job ended between the look and the submission: all stored now
-    # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
-    # so a primary that dies next cannot take an accepted request with it.
-    await connect.replicated(ctx.redis, ctx.settings)
-    return missing, job
+    async with ctx.submitting(tenant):
+        missing = await ctx.cache.remember(request_id, spec)
+        metrics.record_lookup(ctx.metrics, len(spec.chunks), len(missing))
+        if not missing:
+            return missing, None
+        work = len(missing) if admit else None
+        job = await run_in_threadpool(queueing.submit, ctx.queue, spec, ctx.settings, tenant, work)
+        if job.get_status(refresh=False) == "finished":
+            return [], None  # its job ended between the look and the submission: all stored now
+        # Answered only once the job is on the replicas asked for (TTS_REDIS_WAIT_REPLICAS),
+        # so a primary that dies next cannot take an accepted request with it.
+        await connect.replicated(ctx.redis, ctx.settings)
+        return missing, job
