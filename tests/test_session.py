@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -247,27 +248,47 @@ def test_the_documented_websocket_client_runs(shared_tone_stack: Stack, tmp_path
     assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
 
 
-def test_a_client_that_goes_away_leaves_the_request_to_finish(
+def test_a_client_that_goes_away_withdraws_what_nobody_else_waits_for(
     stack_factory: Callable[..., Stack], redis: Redis
 ) -> None:
+    """Its sentences are withdrawn as a barge-in withdraws them: one only it wanted is canceled, never made;
+    one a stream of another web process waits for is made for that stream."""
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
-    stack.run_worker_burst()  # publishes the model; no worker runs now, so the piece waits in the queue
+    stack.run_worker_burst()  # publishes the model; no worker runs now, so the pieces wait in the queue
+    other_web = stack.start_another_web()
+    heard: list[httpx.Response] = []
     with connect(_ws_url(stack)) as ws:
         _next(ws)
-        _send(ws, type="input_text.append", text="Nobody will hear this. Gone")
-        # The piece is a request now, and the session's relay waits on its events.
-        request_id = wait_for(
-            lambda: [k.decode().rsplit(":", 1)[-1] for k in redis.keys(keys.request_key("*"))],
-            10,
-            "the piece's request",
-        )[0]
-        wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 1, 10, "the relay")
-    # Gone: the relay lets go at once; the request is still queued, and a worker finishes it for the store.
-    wait_for(lambda: redis.pubsub_numsub(keys.events_channel(request_id))[0][1] == 0, 10, "the relay to let go")
+        _send(ws, type="input_text.append", text="Nobody will hear this. Someone streams this. Gone")
+        # Both sentences are requests now, and the session's relay waits on the first one's events.
+        found = wait_for(lambda: len(texts := _request_texts(redis)) == 2 and texts, 10, "the two sentences")
+        assert isinstance(found, dict)
+        alone, streamed = sorted(found, key=lambda rid: "Nobody" not in found[rid])
+        listener = threading.Thread(
+            target=lambda: heard.append(httpx.get(f"{other_web}/v1/tts/{streamed}/audio?stream=true", timeout=120))
+        )
+        listener.start()
+        wait_for(lambda: redis.pubsub_numsub(keys.events_channel(streamed))[0][1] == 1, 10, "the other stream")
+    # Gone: the sentence nobody else wants is canceled at once.
+    wait_for(lambda: _status(stack, alone) == "canceled", 10, "the lone sentence to be canceled")
+    assert _status(stack, streamed) != "canceled"
     stack.start_worker()
-    done = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30", timeout=40)
-    assert done.status_code == 200 and len(done.content) > 44
+    listener.join(120)
+    assert heard and heard[0].status_code == 200 and len(heard[0].content) > 44
+    assert _status(stack, alone) == "canceled"  # never made: the worker skipped it
+
+
+def _request_texts(redis: Redis) -> dict[str, str]:
+    """Request id -> its text, of every request submitted so far."""
+    return {
+        key.decode().rsplit(":", 1)[-1]: " ".join(json.loads(redis.get(key))["texts"])
+        for key in redis.keys(keys.request_key("*"))
+    }
+
+
+def _status(stack: Stack, request_id: str) -> str:
+    return str(httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"])
 
 
 def test_a_frame_over_64_kib_closes_1009_and_one_at_the_limit_is_an_event(session: ClientConnection) -> None:

@@ -32,7 +32,7 @@ TENANT = metrics.TENANT_SCOPE
 
 # At most this many of one tenant's submissions do their work (Redis, the queue) at once in a process; the rest
 # wait their turn, so a burst from one tenant queues behind itself and not in front of another tenant's request.
-SUBMIT_TURNS = 4
+SUBMIT_TURNS = 16
 
 
 # Headers that carry an API key: ours (a bearer token), and those the ElevenLabs and Cartesia clients send.

@@ -23,6 +23,7 @@ import contextlib
 import logging
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,11 @@ class Hub:
         try:
             if first:
                 self._confirmed[channel] = asyncio.get_running_loop().create_future()
-                await self._pubsub.subscribe(channel)
+                try:
+                    await self._pubsub.subscribe(channel)
+                except RuntimeError as exc:  # its transport was closed under it (Redis went away)
+                    await self._reconnect()
+                    raise RedisConnectionError(f"the shared subscription's connection was lost: {exc}") from exc
                 self._start_reader()
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():
@@ -129,8 +134,18 @@ class Hub:
     async def _unsubscribe(self, channel: str) -> None:
         try:
             await self._pubsub.unsubscribe(channel)
-        except (RedisError, OSError):
+        except (RedisError, OSError, RuntimeError) as exc:
             self._stale.add(channel)
+            if isinstance(exc, RuntimeError):
+                await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        """Drop the subscription's connection, whose transport redis-py may hold closed (RuntimeError on use):
+        the next command opens a new one, which subscribes to every channel again."""
+        connection = getattr(self._pubsub, "connection", None)
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.disconnect()
 
     async def _read(self) -> None:
         """Wake the watches of each message's channel; resolve subscription confirmations; survive outages."""
@@ -138,8 +153,10 @@ class Hub:
         while True:
             try:
                 message = await pubsub.get_message(timeout=BEAT)
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, RuntimeError) as exc:
                 logger.debug("the shared subscription lost Redis (%s); trying again", exc)
+                if isinstance(exc, RuntimeError):
+                    await self._reconnect()
                 await asyncio.sleep(0.2)
                 continue
             if message is None:

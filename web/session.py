@@ -190,16 +190,16 @@ class Session:
             await asyncio.gather(watchdog, return_exceptions=True)
 
     async def release(self) -> None:
-        """The session is over: stop every relay, let go of every sentence held (one round trip), wait for the
-        work spawned (withdrawals), give the tenant's socket back."""
+        """The session is over: stop every relay, withdraw every sentence held (what nobody else wants is not
+        made; wanted.withdraw_all), wait for the work spawned (withdrawals), give the tenant's socket back."""
         contexts = list(self.contexts.values())
         self.contexts.clear()
         held = await asyncio.gather(*(c.aclose() for c in contexts), return_exceptions=True)
-        pieces = [piece for found in held if isinstance(found, list) for piece in found]
-        try:
-            await wanted.let_go(self.ctx, [(p.request_id, p.member) for p in pieces])
-        except Exception:  # Redis gone: the holders expire with the audio (wanted.py)
-            logger.warning("could not let go of %d sentence(s) of a closed socket", len(pieces), exc_info=True)
+        pieces = [
+            (p.request_id, p.layout["chunks"], p.member) for found in held if isinstance(found, list) for p in found
+        ]
+        if failed := await wanted.withdraw_all(self.ctx, pieces, self.tenant):
+            logger.warning("could not withdraw %d of %d sentence(s) of a closed socket", failed, len(pieces))
         while self._work:
             await asyncio.gather(*self._work, return_exceptions=True)
         if self._lease is not None:

@@ -197,8 +197,7 @@ class SpeechContext:
         self._settle()
 
     async def aclose(self) -> list[Piece]:
-        """The session is over: stop; the sentences held (the session lets go of them at once, in one round trip:
-        their requests finish for whoever else asks)."""
+        """The session is over: stop; the sentences held (the session withdraws them: wanted.withdraw_all)."""
         self.epoch += 1
         self._disarm()
         speaker, held = self._speaker, self._take_pieces()

@@ -8,8 +8,8 @@ withdraws its tenant from the request (tts.cancel, the path of DELETE
 else wants it: no other sentence holds it (of any session, in
 any web process), nothing listens on its events channel (a stream, a
 speech request or a `?wait=` waiting for its audio), and no webhook waits
-for it. A session that goes away lets go without canceling: its requests
-finish for whoever asks for them next.
+for it. A session that goes away withdraws its sentences the same way
+(`withdraw_all`): what nobody else wants is not made.
 
 A holder left behind by a web process that died only keeps a request from
 being canceled (it runs to its end); its set expires with the audio.
@@ -17,6 +17,7 @@ being canceled (it runs to its end); its set expires with the audio.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Sequence
 
@@ -25,6 +26,8 @@ from web import tts
 from web.context import Context
 
 logger = logging.getLogger("service")
+# How many of a closed session's sentences are withdrawn at once (each is a few round trips).
+WITHDRAWALS = 4
 
 
 async def hold(ctx: Context, request_id: str, member: str) -> None:
@@ -75,3 +78,22 @@ async def withdraw(ctx: Context, request_id: str, chunk_ids: list[str], member: 
         return False
     await tts.cancel(ctx, request_id, chunk_ids, tenant)
     return True
+
+
+async def withdraw_all(ctx: Context, held: Sequence[tuple[str, list[str], str]], tenant: str) -> int:
+    """`withdraw` each (request id, its chunk ids, member) of `held`, WITHDRAWALS at a time; how many failed
+    (Redis away: their holders expire with the audio, and their requests run to their end)."""
+    todo = list(held)
+    failed = 0
+
+    async def withdrawer() -> None:
+        nonlocal failed
+        while todo:
+            request_id, chunk_ids, member = todo.pop()
+            try:
+                await withdraw(ctx, request_id, chunk_ids, member, tenant)
+            except Exception:
+                failed += 1
+
+    await asyncio.gather(*(withdrawer() for _ in range(min(WITHDRAWALS, len(todo)))))
+    return failed

@@ -153,16 +153,15 @@ class Connection:
             await self._settled.wait()
 
     async def release(self) -> None:
-        """Stop every relay, let go of every sentence held (one round trip), wait for the work spawned
-        (withdrawals), close the connection."""
+        """Stop every relay, withdraw every sentence held (what nobody else wants is not made;
+        wanted.withdraw_all), wait for the work spawned (withdrawals), close the connection."""
         if self._plain is not None:
             await stop(self._plain)
         context, self._context = self._context, None
         held = await context.aclose() if context is not None else []
-        try:
-            await wanted.let_go(self.ctx, [(p.request_id, p.member) for p in held])
-        except Exception:  # Redis gone: the holders expire with the audio (wanted.py)
-            logger.warning("could not let go of %d sentence(s) of a closed Wyoming connection", len(held))
+        pieces = [(p.request_id, p.layout["chunks"], p.member) for p in held]
+        if failed := await wanted.withdraw_all(self.ctx, pieces, self.tenant):
+            logger.warning("could not withdraw %d of %d sentence(s) of a closed Wyoming connection", failed, len(held))
         while self._work:
             await asyncio.gather(*self._work, return_exceptions=True)
         async with self._send_lock:
