@@ -183,6 +183,42 @@ def test_the_same_supervisor_never_gives_a_webhook_process_up(tmp_path: Path) ->
         supervisor.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_no_child_outlives_a_supervisor_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL to the supervisor (a deploy's last resort): its children get SIGTERM from the kernel and stop."""
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import os, signal, sys, time\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "while True:\n    signal.pause()\n"
+    )
+    code = (
+        "import sys\n"
+        "from work.supervisor import Child, RestartPolicy, Supervisor\n"
+        f"raise SystemExit(Supervisor('webhook', [Child([sys.executable, {str(child)!r}])], RestartPolicy()).run())\n"
+    )
+    supervisor = Proc([sys.executable, "-c", code], {**os.environ, "PYTHONUNBUFFERED": "1"}, tmp_path / "sup.log")
+    try:
+        pid_file = tmp_path / "pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child to start")
+        pid = int(pid_file.read_text())
+        supervisor.popen.kill()
+        supervisor.popen.wait(10)
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # exited, not reaped yet
+
+        wait_for(gone, 10, "the orphaned child to stop")
+    finally:
+        supervisor.stop()
+
+
 # A stand-in for a CPU worker whose native code crashes: it notes each start with its TTS_NATIVE_STEP, dies of
 # the signal its argument names while the C step is on, then serves.
 CRASHING = textwrap.dedent("""

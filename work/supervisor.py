@@ -8,10 +8,12 @@ own CUDA_VISIBLE_DEVICES, not in the parent that starts it.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from redis.exceptions import RedisError
 from common import metrics
 
 logger = logging.getLogger("supervisor")
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,11 @@ class Supervisor:
                 pass
 
     def _start(self, child: Child) -> None:
-        child.proc = subprocess.Popen(list(child.command), env=None if child.env is None else dict(child.env))
+        child.proc = subprocess.Popen(
+            list(child.command),
+            env=None if child.env is None else dict(child.env),
+            preexec_fn=_die_with_parent(os.getpid()) if sys.platform == "linux" else None,
+        )
         child.start_at = None
         logger.info("started %s process %s", self.kind, child.named)
         if self.stopping:  # the signal came while it was being started
@@ -264,3 +271,15 @@ def _wait(timeout: float | None) -> tuple[int, int]:
             return pid, wait_status
         # A restart waits out its backoff; the children are polled meanwhile.
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """What a Linux child runs before it starts: SIGTERM when the supervisor dies, even by SIGKILL, so that no
+    child outlives it (a deploy that kills the supervisor would otherwise leave its children running)."""
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the signal was armed
+            os._exit(1)
+
+    return arm
