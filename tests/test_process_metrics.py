@@ -17,6 +17,9 @@ from common import metrics
 from common.keys import chunk_key, request_key
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+# The API key of the stacks whose figures add up across web processes and a worker (the last test).
+KEY = "ops-test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -94,10 +97,6 @@ def test_tenants_are_a_label_and_keys_never_appear(stack_factory: Callable[..., 
     for path in ("/metrics/process", "/metrics"):
         text = httpx.get(stack.url + path, headers=auth).text
         assert key not in text and key[:12] not in text
-
-
-KEY = "ops-test-key-0123456789"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable[..., Stack], redis: Redis) -> None:
