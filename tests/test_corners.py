@@ -9,7 +9,7 @@ import pytest
 from redis import Redis
 from redis.exceptions import ResponseError
 from starlette.testclient import TestClient
-from test_webhooks import SECRET
+from webhook_helpers import SECRET
 
 from cache import Spec
 from common import targets

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
-from test_webhooks import SECRET
+from webhook_helpers import SECRET
 
 from common import dns
 from common.settings import Settings, from_env

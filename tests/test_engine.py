@@ -86,7 +86,7 @@ def test_defaults_follow_the_device_and_the_model_size(
     device: str, hidden: int, env: dict[str, str], expected: tuning.Tuning, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    # A host where engines/q4step.c builds (tests/test_q4step.py: auto where it does not).
+    # A host where engines/q4step.c builds (tests/test_q4step_worker.py: auto where it does not).
     monkeypatch.setattr(q4step, "available", lambda: True)
     assert tuning.resolve(from_env(env), torch.device(device), hidden) == expected
 

@@ -137,7 +137,7 @@ def test_a_repeat_renews_stored_audio_and_leaves_audio_in_flight_persistent(
 def test_a_webhook_event_has_no_ttl_until_its_delivery_is_over(redis: Redis) -> None:
     from rq import SimpleWorker
     from rq.serializers import JSONSerializer
-    from test_webhooks import SECRET
+    from webhook_helpers import SECRET
 
     from common.keys import event_key, hooks_key
     from work import delivery, events

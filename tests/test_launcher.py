@@ -1,10 +1,12 @@
 """The worker launcher (`worker.py --gpus`): one GPU's failing worker is restarted with backoff, then given up,
 while the other GPUs' workers go on serving; real child processes, figures read from the web's /metrics. The same
-supervisor runs the webhooks process's delivery processes, which it never gives up."""
+supervisor runs the webhooks process's delivery processes, which it never gives up. Workers pinned to GPUs: each
+of a stand-in nvidia-smi's, or of a list, or one CPU worker where none is visible."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import textwrap
@@ -14,6 +16,7 @@ from typing import Callable
 import httpx
 import pytest
 from conftest import Proc, Stack, wait_for
+from ops_helpers import children, environ_of, workers_alive
 from prometheus_client.parser import text_string_to_metric_families
 
 from work.supervisor import RestartPolicy
@@ -291,3 +294,71 @@ def test_a_worker_that_exits_with_an_error_keeps_the_c_step(tmp_path: Path) -> N
         assert [line.split()[1] for line in lines] == ["auto", "auto"], lines
     finally:
         launcher.stop()
+
+
+# -- one worker per GPU --------------------------------------------------------------
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+[ "$1" = "-L" ] || exit 2
+echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-1111-2222-3333-444444444444)"
+echo "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-55555555-6666-7777-8888-999999999999)"
+"""
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path) -> str:
+    """A PATH whose nvidia-smi lists two GPUs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_gpus_all_starts_pinned_workers_and_stops_them(stack_factory: Callable[..., Stack], fake_gpus: str) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", PATH=fake_gpus)
+    stack.env.pop("CUDA_VISIBLE_DEVICES", None)
+    stack.env.pop("TTS_DEVICE", None)
+    stack.start_web()
+    launcher = stack.start_worker("--gpus", "all", "--per-gpu", "2")
+    wait_for(lambda: workers_alive(stack.url) == 4, 90, "four workers", interval=0.2)
+    kids = children(launcher.pid)
+    assert len(kids) == 4, launcher.output()[-2000:]
+    envs = [environ_of(pid) for pid in kids]
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs) == ["0", "0", "1", "1"]
+    assert {e["TTS_DEVICE"] for e in envs} == {"cuda"}
+    assert {e["CUDA_DEVICE_ORDER"] for e in envs} == {"PCI_BUS_ID"}  # nvidia-smi's numbering
+    assert "torch" not in Path(f"/proc/{launcher.pid}/maps").read_text()
+    # They take jobs (the launcher itself is not a worker: four, not five).
+    body = httpx.post(stack.url + "/v1/tts", json={"text": "Pinned."}).json()
+    assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+    assert workers_alive(stack.url) == 4
+
+    launcher.popen.send_signal(signal.SIGTERM)
+    launcher.popen.wait(30)
+    assert launcher.popen.returncode == 0, launcher.output()[-2000:]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in kids), "a worker outlived the launcher"
+    wait_for(lambda: workers_alive(stack.url) == 0, 10, "the workers to unregister")
+
+
+def test_gpus_list_and_no_gpu(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
+    stack = stack_factory(TTS_ENGINE="tone", PATH=os.environ["PATH"], TTS_DEVICE="cuda:0")
+    stack.env.pop("CUDA_VISIBLE_DEVICES", None)
+    stack.start_web()
+    listed = stack.start_worker("--gpus", "3,5")
+    wait_for(lambda: workers_alive(stack.url) == 2, 60, "two workers", interval=0.2)
+    envs = [environ_of(pid) for pid in children(listed.pid)]
+    assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in envs) == ["3", "5"]
+    assert {e["TTS_DEVICE"] for e in envs} == {"cuda:0"}  # a device that was set is kept
+    listed.stop()
+    assert listed.popen.returncode == 0
+    wait_for(lambda: workers_alive(stack.url) == 0, 10, "the workers to unregister")
+
+    # No nvidia-smi, no CUDA_VISIBLE_DEVICES: one CPU worker, in the launcher's own process.
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has a real nvidia-smi")
+    alone = stack.start_worker("--gpus", "all")
+    wait_for(lambda: workers_alive(stack.url) == 1, 60, "one worker", interval=0.2)
+    assert children(alone.pid) == []
+    assert "no GPU is visible" in alone.output()

@@ -13,7 +13,7 @@ from conftest import Stack, wait_for
 from redis import Redis
 from rq.job import Job
 from test_faults import RedisServer
-from test_webhooks import DELAYS, SECRET, Receiver
+from webhook_helpers import DELAYS, SECRET, Receiver
 
 from common.keys import RETAINED_KEY, chunk_key, hooks_key, record_keys, request_key
 

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 from conftest import _free_port
+from ops_helpers import value
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,8 +37,8 @@ def samples(redis: Redis) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 def test_histogram_buckets_are_cumulative_and_a_value_on_a_bound_falls_in_it(redis: Redis) -> None:
     recorder = metrics.Recorder()
     series = recorder.histogram("tts_http_request_duration_seconds", route="/r", method="GET")
-    for value in (0.001, 0.005, 0.0051, 0.5, 119.0, 120.0, 121.0):
-        series.observe(value)
+    for seconds in (0.001, 0.005, 0.0051, 0.5, 119.0, 120.0, 121.0):
+        series.observe(seconds)
     recorder.observe("tts_http_request_duration_seconds", 0.01, method="GET", route="/r")  # the same series
     recorder.flush(redis)
     got = samples(redis)
@@ -143,3 +144,39 @@ def test_the_middleware_counts_times_and_logs_one_line_per_request(redis: Redis,
     assert got[("tts_http_requests_total", (("method", "POST"), ("route", "/v1/tts"), ("status", "202")))] == 1
     assert got[("tts_http_requests_total", (("method", "GET"), ("route", "/boom"), ("status", "500")))] == 1
     assert got[("tts_http_request_duration_seconds_count", audio_get)] == 4
+
+
+def test_recorder_refuses_unknown_series_and_renders_what_redis_holds(redis: Redis) -> None:
+    recorder = metrics.Recorder()
+    with pytest.raises(KeyError):
+        recorder.inc("tts_no_such_total")
+    with pytest.raises(KeyError):
+        recorder.inc("tts_jobs_total", colour="red")
+    with pytest.raises(KeyError):
+        recorder.observe("tts_jobs_total", 1.0, outcome="finished")
+    recorder.inc("tts_jobs_total", outcome="finished")
+    recorder.inc("tts_jobs_total", 2, outcome="finished")
+    for seconds in (0.3, 3.0, 1000.0):
+        recorder.observe("tts_time_to_first_chunk_seconds", seconds)
+    recorder.flush(redis)
+    recorder.flush(redis)  # nothing new: adds nothing
+    other = metrics.Recorder()  # another process, same Redis
+    other.inc("tts_jobs_total", outcome="finished")
+    other.flush(redis)
+    redis.hset(keys.METRICS_KEY, "not json", 1)  # written by something else: skipped
+
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics.render(redis.hgetall(keys.METRICS_KEY)).decode())
+        for s in f.samples
+    }
+    assert value(samples, "tts_jobs_total", outcome="finished") == 4
+    assert value(samples, "tts_time_to_first_chunk_seconds_count") == 3
+    assert value(samples, "tts_time_to_first_chunk_seconds_sum") == pytest.approx(1003.3)
+    assert value(samples, "tts_time_to_first_chunk_seconds_bucket", le="0.25") == 0
+    assert value(samples, "tts_time_to_first_chunk_seconds_bucket", le="0.5") == 1
+    assert value(samples, "tts_time_to_first_chunk_seconds_bucket", le="5.0") == 2
+    assert value(samples, "tts_time_to_first_chunk_seconds_bucket", le="600.0") == 2
+    assert value(samples, "tts_time_to_first_chunk_seconds_bucket", le="+Inf") == 3
+    # Unlabelled series exist at zero before anything happened.
+    assert ("tts_audio_seconds_total", ()) in samples and value(samples, "tts_audio_seconds_total") == 0

@@ -3,16 +3,23 @@ open WebSocket sessions and tenants; two real web processes on one Redis."""
 
 from __future__ import annotations
 
+import json
 from typing import Callable
 
 import httpx
+import pytest
 from conftest import Stack, wait_for
-from test_ops import scrape
+from ops_helpers import TEXT, log_events, scrape, value
+from redis import Redis
 from websockets.sync.client import connect
 
 from common import metrics
+from common.keys import chunk_key, request_key
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+# The API key of the stacks whose figures add up across web processes and a worker (the last test).
+KEY = "ops-test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -90,3 +97,81 @@ def test_tenants_are_a_label_and_keys_never_appear(stack_factory: Callable[..., 
     for path in ("/metrics/process", "/metrics"):
         text = httpx.get(stack.url + path, headers=auth).text
         assert key not in text and key[:12] not in text
+
+
+def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable[..., Stack], redis: Redis) -> None:
+    env = {"TTS_ENGINE": "tone", "TTS_API_KEYS": KEY, "TTS_CHUNK_CHARS": "60"}
+    a = stack_factory(**env)
+    web_a = a.start_web()
+    worker = a.start_worker()
+    a.wait_ready()
+    b = stack_factory(**env)  # a second web process, as on another host, on the same Redis
+    web_b = b.start_web()
+
+    first = httpx.post(a.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
+    assert first.status_code == 202, first.text
+    request_id = first.json()["id"]
+    wav = httpx.get(f"{b.url}/v1/tts/{request_id}/audio?wait=30", headers=AUTH, timeout=40)
+    assert wav.status_code == 200, wav.text
+    again = httpx.post(b.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
+    assert again.status_code == 200 and again.json()["cached"] is True
+    assert httpx.get(f"{a.url}/v1/tts/{request_id}", headers=AUTH).status_code == 200
+    assert httpx.get(a.url + "/no/such/page", headers=AUTH).status_code == 404
+    assert httpx.get(a.url + "/metrics").status_code == 401  # API keys guard it like the API
+
+    chunk_ids = json.loads(redis.get(request_key(request_id)))["chunks"]
+    n = len(chunk_ids)
+    assert n >= 2
+    audio_seconds = sum(len(redis.get(chunk_key(c))) // 2 for c in chunk_ids) / 24000  # type: ignore[misc]
+    expected = [
+        ("tts_http_requests_total", {"route": "/v1/tts", "method": "POST", "status": "202"}, 1),
+        ("tts_http_requests_total", {"route": "/v1/tts", "method": "POST", "status": "200"}, 1),
+        ("tts_http_requests_total", {"route": "/v1/tts/{id}/audio", "method": "GET", "status": "200"}, 1),
+        ("tts_http_requests_total", {"route": "/v1/tts/{id}", "method": "GET", "status": "200"}, 1),
+        ("tts_http_requests_total", {"route": "unmatched", "method": "GET", "status": "404"}, 1),
+        ("tts_http_requests_total", {"route": "/metrics", "method": "GET", "status": "401"}, 1),
+        ("tts_http_request_duration_seconds_count", {"route": "/v1/tts/{id}/audio", "method": "GET"}, 1),
+        ("tts_cache_requests_total", {"result": "miss"}, 1),
+        ("tts_cache_requests_total", {"result": "hit"}, 1),
+        ("tts_cache_chunks_total", {"result": "miss"}, n),
+        ("tts_cache_chunks_total", {"result": "hit"}, n),
+        # Worker figures, from another process.
+        ("tts_jobs_total", {"outcome": "finished"}, 1),
+        ("tts_chunks_synthesized_total", {}, n),
+        ("tts_time_to_first_chunk_seconds_count", {}, 1),
+        ("tts_real_time_factor_count", {}, 1),
+        ("tts_queue_jobs", {"queue": "tts", "state": "queued"}, 0),
+        ("tts_queue_jobs", {"queue": "tts", "state": "failed"}, 0),
+        ("tts_workers", {"queue": "tts"}, 1),
+    ]
+
+    def complete() -> dict | None:
+        # Process B flushes about once a second: poll until its figures are in.
+        samples = scrape(a.url, AUTH)
+        return samples if all(value(samples, name, **labels) == v for name, labels, v in expected) else None
+
+    try:
+        samples = wait_for(complete, 15, "the figures of both web processes and the worker", interval=0.3)
+    except AssertionError:
+        pytest.fail(f"metrics never matched; last scrape:\n{httpx.get(a.url + '/metrics', headers=AUTH).text}")
+    assert isinstance(samples, dict)
+    assert value(samples, "tts_audio_seconds_total") == pytest.approx(audio_seconds, rel=1e-9)
+    assert value(samples, "tts_synthesis_seconds_total") > 0
+    assert 0 < value(samples, "tts_time_to_first_chunk_seconds_sum") < 30
+
+    # Logs: one JSON line per request and per job, with the id; never the text or the key.
+    request_lines = log_events(web_a.output(), "request")
+    submitted = [line for line in request_lines if line["route"] == "/v1/tts" and line["status"] == 202]
+    assert len(submitted) == 1 and submitted[0]["id"] == request_id and submitted[0]["method"] == "POST"
+    assert submitted[0]["seconds"] >= 0
+    served = [line for line in log_events(web_b.output(), "request") if line["route"] == "/v1/tts/{id}/audio"]
+    assert [line["id"] for line in served] == [request_id] and served[0]["status"] == 200
+    job_lines = log_events(worker.output(), "job")
+    assert [(j["id"], j["status"], j["chunks"], j["cached"], j["synthesized"]) for j in job_lines] == [
+        (request_id, "finished", n, 0, n)
+    ]
+    assert job_lines[0]["audio_seconds"] == pytest.approx(audio_seconds, abs=1e-3)
+    for proc in (web_a, web_b, worker):
+        out = proc.output()
+        assert "Purple" not in out and "melon" not in out, "text in the logs"
+        assert KEY not in out, "API key in the logs"

@@ -19,7 +19,7 @@ import soundfile
 from conftest import Stack, start_tone_stack, wait_for
 from redis import Redis
 from test_recordings import recording, speech_like
-from test_webhooks import SECRET, Receiver
+from webhook_helpers import SECRET, Receiver
 from websockets.sync.client import connect
 
 from common import keys, speakers

@@ -14,7 +14,7 @@ import pytest
 from conftest import Stack, _free_port, _pings, wait_for
 from redis import Redis
 from redis.exceptions import OutOfMemoryError
-from test_webhooks import DELAYS, SECRET, _scrape
+from webhook_helpers import DELAYS, SECRET, _scrape
 
 # Every test here starts a redis-server of its own.
 pytestmark = pytest.mark.slow

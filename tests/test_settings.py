@@ -291,3 +291,38 @@ def test_sentinel_password_is_never_shown() -> None:
     s = from_env({"TTS_REDIS_SENTINELS": "s1:26379", "TTS_REDIS_SENTINEL_PASSWORD": "sentinel-secret-pw"})
     assert s.redis_sentinel_password == "sentinel-secret-pw"
     assert "sentinel-secret-pw" not in repr(s) and "redis_sentinel_password=<set>" in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("url", "verify", "expected"),
+    [
+        pytest.param("rediss://:pw@host:6380/2", "false", "rediss://:pw@host:6380/2?ssl_cert_reqs=none", id="rediss"),
+        pytest.param(
+            "rediss://h:1/0?health_check_interval=5",
+            "0",
+            "rediss://h:1/0?health_check_interval=5&ssl_cert_reqs=none",
+            id="rediss-query",
+        ),
+        pytest.param(
+            "rediss://h:1/0?ssl_cert_reqs=required",
+            "false",
+            "rediss://h:1/0?ssl_cert_reqs=required",
+            id="url-says-otherwise",
+        ),
+        pytest.param("rediss://:pw@host:6380/2", "true", "rediss://:pw@host:6380/2", id="verify"),
+        pytest.param("redis://:pw@host:6379/1", "false", "redis://:pw@host:6379/1", id="plain-unchanged"),
+        pytest.param("unix://:pw@/run/redis.sock?db=3", "false", "unix://:pw@/run/redis.sock?db=3", id="unix"),
+    ],
+)
+def test_tls_verify_setting(url: str, verify: str, expected: str) -> None:
+    assert from_env({"REDIS_URL": url, "TTS_REDIS_TLS_VERIFY": verify}).redis_url == expected
+
+
+def test_bad_ops_settings_name_the_variable_and_hide_the_url() -> None:
+    for name, bad in (("TTS_REDIS_TLS_VERIFY", "maybe"), ("LOG_LEVEL", "loud"), ("TTS_LOG_FORMAT", "xml")):
+        with pytest.raises(SettingsError, match=name):
+            from_env({name: bad})
+    with pytest.raises(SettingsError) as info:
+        from_env({"REDIS_URL": "http://user:hunter2@host"})
+    assert "hunter2" not in str(info.value)
+    assert from_env({"LOG_LEVEL": "debug"}).log_level == "DEBUG"

@@ -7,7 +7,7 @@ from typing import Callable
 
 import pytest
 from conftest import Stack, wait_for
-from test_ops import children, environ_of, workers_alive
+from ops_helpers import children, environ_of, workers_alive
 
 from common.settings import from_env
 from engines.config import torch_threads

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import Stack, wait_for
 from redis import Redis
-from test_webhooks import Receiver, _stack, _submit, _verify
+from webhook_helpers import Receiver, _stack, _submit, _verify
 
 from common import targets
 from common.settings import from_env

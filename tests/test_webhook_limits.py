@@ -14,7 +14,7 @@ import pytest
 import standardwebhooks
 from conftest import Stack, wait_for
 from redis import Redis
-from test_webhooks import SECRET, Receiver, _stack, _verify
+from webhook_helpers import SECRET, Receiver, _stack, _verify
 
 from common.keys import event_key, hooks_key, pending_events_key
 from common.settings import Settings, SettingsError, from_env

@@ -1,51 +1,28 @@
 """The Procfile's `wyoming` process end to end: the `wyoming` library's own client (what Home Assistant uses) against
-the real process, an rq tone worker and Redis: describe, synthesize, streaming synthesis, errors, limits."""
+the real process, an rq tone worker and Redis: describe, synthesize, streaming synthesis, errors.
+
+The process's limits and its ends: test_wyoming_process.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
-import signal
-import sys
 import time
-from typing import Awaitable, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
-from conftest import Proc, Stack, wait_for
+from conftest import Stack
 from redis import Redis
-from wyoming.audio import AudioChunk, AudioStart
-from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeVoice
+from wyoming_helpers import WAIT, _answers, _client, _refused, _request, _stack, _stored, _texts, _until
 
-import service
 from common import audio, keys
-from common.settings import Settings
 from splitter import pause_after
-from web import routes
 from web.voices import BUILTIN
-from wyoming_service import RoutePaths
-
-RATE, WIDTH, CHANNELS = 24000, 2, 1  # ChatTTS's PCM16 mono at 24 kHz, in every audio event
-WAIT = 60.0  # seconds a test waits for an event at most
-
-
-def _stack(make: Callable[..., Stack], worker: bool = True, **env: str) -> Stack:
-    """A tone worker (or, without `worker`, only its published model) and the wyoming process, on `make`'s Redis."""
-    stack = make(TTS_ENGINE="tone", **env)
-    if worker:
-        stack.start_worker()
-        redis = Redis.from_url(stack.env["REDIS_URL"])
-        wait_for(lambda: redis.exists(keys.MODEL_KEY), 60, "the worker to publish its model")
-        redis.close()
-    else:
-        stack.run_worker_burst()  # publishes the model, then leaves the queue alone
-    stack.start_wyoming()
-    return stack
 
 
 @pytest.fixture(scope="module")
@@ -59,82 +36,6 @@ def store(wyoming: Stack) -> Iterator[Redis]:
     conn = Redis.from_url(wyoming.env["REDIS_URL"])
     yield conn
     conn.close()
-
-
-def _client(stack: Stack) -> AsyncTcpClient:
-    return AsyncTcpClient("127.0.0.1", stack.wyoming_port)
-
-
-Reader = Callable[[], Awaitable[Event | None]]
-
-
-async def _until(client: AsyncTcpClient | Reader, last: Callable[[Event], bool]) -> list[Event]:
-    """Events, in order, up to and with the first for which `last` holds; fails on a close or after WAIT s."""
-    read = client.read_event if isinstance(client, AsyncTcpClient) else client
-    events: list[Event] = []
-    deadline = time.monotonic() + WAIT
-    while not events or not last(events[-1]):
-        event = await asyncio.wait_for(read(), max(0.01, deadline - time.monotonic()))
-        assert event is not None, f"closed after {[e.type for e in events]}"
-        events.append(event)
-    return events
-
-
-async def _refused(client: AsyncTcpClient | Reader) -> Error:
-    """The error event the server sends, after which it closes the connection."""
-    read = client.read_event if isinstance(client, AsyncTcpClient) else client
-    events = await _until(read, lambda e: e.type == "error")
-    assert [e.type for e in events] == ["error"]
-    assert await asyncio.wait_for(read(), WAIT) is None, "the connection stays open after its error"
-    return Error.from_event(events[0])
-
-
-def _answers(events: list[Event]) -> list[bytes]:
-    """The PCM of each audio-start ... audio-stop, checking the framing and the format of every event."""
-    answers: list[bytes] = []
-    inside = False
-    for event in events:
-        if event.type == "audio-start":
-            assert not inside
-            start = AudioStart.from_event(event)
-            assert (start.rate, start.width, start.channels) == (RATE, WIDTH, CHANNELS)
-            answers.append(b"")
-            inside = True
-        elif event.type == "audio-chunk":
-            assert inside
-            chunk = AudioChunk.from_event(event)
-            assert (chunk.rate, chunk.width, chunk.channels) == (RATE, WIDTH, CHANNELS)
-            answers[-1] += chunk.audio
-        elif event.type == "audio-stop":
-            assert inside
-            inside = False
-    assert not inside
-    return answers
-
-
-def _requests(store: Redis) -> list[dict]:
-    """The manifest of every request submitted so far."""
-    names = store.keys(keys.request_key("*"))
-    return [json.loads(raw) for raw in store.mget(names) if isinstance(raw, bytes)] if names else []
-
-
-def _request(store: Redis, text: str) -> dict:
-    """The manifest of the one request whose text is `text`."""
-    found = [layout for layout in _requests(store) if " ".join(layout["texts"]) == text]
-    assert len(found) == 1, f"{len(found)} requests of {text!r}"
-    return found[0]
-
-
-def _stored(store: Redis, text: str) -> bytes:
-    """The stored audio of the request of `text`: its chunks joined as the service joins them (audio.join)."""
-    layout = _request(store, text)
-    chunks = [c for c in store.mget([keys.chunk_key(c) for c in layout["chunks"]]) if isinstance(c, bytes)]
-    assert len(chunks) == len(layout["chunks"]), "a chunk is not stored"
-    return audio.join(chunks, layout["pauses"])
-
-
-def _texts(store: Redis) -> set[str]:
-    return {" ".join(layout["texts"]) for layout in _requests(store)}
 
 
 def test_describe_answers_within_a_second_with_the_program_and_voices_home_assistant_reads(
@@ -344,91 +245,3 @@ def test_a_client_that_ends_its_side_once_it_has_asked_still_gets_its_answer(
 
     events = asyncio.run(ask())
     assert _answers(events) and all(pcm for pcm in _answers(events))
-
-
-def test_a_client_gone_mid_stream_leaves_no_sentence_held(stack_factory: Callable[..., Stack]) -> None:
-    stack = _stack(stack_factory, worker=False)  # no worker: the sentences wait in the queue, held
-    store = Redis.from_url(stack.env["REDIS_URL"])
-
-    def holders() -> int:
-        return sum(store.scard(key) for key in store.keys(keys.wanted_key("*")))
-
-    async def leave_mid_stream() -> None:
-        async with _client(stack) as client:
-            await client.write_event(SynthesizeStart().event())
-            await client.write_event(SynthesizeChunk(text="One is said. Two is said. Three is").event())
-            await asyncio.to_thread(wait_for, lambda: holders() == 2, 30, "two sentences held")
-        # The client is gone, its stream unfinished.
-
-    asyncio.run(leave_mid_stream())
-    wait_for(lambda: holders() == 0, 30, "the sentences to be let go")
-    assert _texts(store) == {"One is said.", "Two is said."}
-
-    # Stopped mid-stream (SIGTERM, as honcho and platforms stop it), it ends the connection and lets go first.
-    wyoming = stack.procs[-1]
-
-    async def stopped_mid_stream() -> Event | None:
-        async with _client(stack) as client:
-            await client.write_event(SynthesizeStart().event())
-            await client.write_event(SynthesizeChunk(text="Four is said. Five is").event())
-            await asyncio.to_thread(wait_for, lambda: holders() == 1, 30, "a sentence held")
-            wyoming.popen.send_signal(signal.SIGTERM)
-            return await asyncio.wait_for(client.read_event(), WAIT)
-
-    assert asyncio.run(stopped_mid_stream()) is None  # the connection's end
-    assert wyoming.popen.wait(30) == 0, wyoming.output()[-3000:]
-    assert holders() == 0
-    assert "Traceback" not in wyoming.output()
-    store.close()
-
-
-def test_connections_are_bounded_and_an_idle_one_is_closed(stack_factory: Callable[..., Stack]) -> None:
-    stack = stack_factory(TTS_ENGINE="tone", TTS_WS_PER_TENANT="1", TTS_WS_IDLE_SECONDS="1")
-    stack.start_wyoming()  # describe needs no worker
-
-    async def served() -> AsyncTcpClient:
-        """A connection being served, once the one start_wyoming probed the port with has been let go of."""
-        deadline = time.monotonic() + WAIT
-        while True:
-            client = _client(stack)
-            await client.connect()
-            await client.write_event(Describe().event())
-            event = await asyncio.wait_for(client.read_event(), WAIT)
-            if event is not None and event.type == "info":
-                return client
-            await client.disconnect()
-            assert time.monotonic() < deadline, "no connection was served"
-
-    async def limits() -> tuple[Error, Error, float, Event]:
-        held = await served()  # connected already: not `async with`, which would connect again
-        try:
-            opened = time.monotonic()
-            async with _client(stack) as second:
-                busy = await _refused(second)
-            idle = await _refused(held)
-            seconds = time.monotonic() - opened
-        finally:
-            await held.disconnect()
-        async with _client(stack) as third:  # the slot is free again
-            await third.write_event(Describe().event())
-            info = (await _until(third, lambda e: e.type == "info"))[-1]
-        return busy, idle, seconds, info
-
-    busy, idle, seconds, info = asyncio.run(limits())
-    assert busy.code == "busy" and "1 Wyoming connections" in busy.text
-    assert idle.code == "idle" and "TTS_WS_IDLE_SECONDS" in idle.text and seconds < 10
-    assert info.type == "info"
-    # A second process on the same port stops at once, saying which setting to change.
-    again = Proc([sys.executable, "wyoming_service.py"], stack.env, stack.tmp / "wyoming-again.log")
-    again.popen.wait(60)
-    assert again.popen.returncode == 1, again.output()
-    assert "TTS_WYOMING_PORT" in again.output() and str(stack.wyoming_port) in again.output()
-    again.stop()
-
-
-@pytest.mark.parametrize("endpoint", routes.ALL, ids=lambda endpoint: endpoint.name)
-def test_the_wyoming_process_names_each_route_as_the_app_does(endpoint: routes.Endpoint) -> None:
-    """It has no app: its URLs (a late sentence's error names where its audio will be) come from the route records."""
-    params = dict.fromkeys(re.findall(r"{(\w+)}", endpoint.path), "x1")
-    app = service.create_app(Settings())
-    assert RoutePaths().url_path_for(endpoint.name, **params) == app.url_path_for(endpoint.name, **params)
