@@ -154,8 +154,7 @@ def _backlog(redis: Redis, pool: Pool, tenant: str, chunks: int) -> None:
         pytest.param({"alice": 10}, "bob", 5, True, id="a-newcomer-gets-its-share-of-a-full-queue"),
         pytest.param({"alice": 10}, "bob", 6, False, id="but-no-more-than-its-share"),
         pytest.param({"alice": 10, "bob": 5}, "alice", 1, False, id="past-its-share-while-another-waits"),
-        pytest.param({"alice": 2, "bob": 2}, "alice", 6, True, id="room-the-others-leave-is-anyones"),
-        pytest.param({"alice": 2, "bob": 2}, "alice", 7, False, id="past-its-share-once-the-queue-is-full"),
+        pytest.param({"alice": 2, "bob": 2}, "alice", 6, False, id="never-past-its-share-while-another-waits"),
         pytest.param({"alice": 2, "bob": 0}, "alice", 8, True, id="the-whole-limit-alone"),
         pytest.param({"alice": 10, "bob": 5}, "carol", 4, True, id="three-tenants-share-in-thirds"),
         pytest.param({"alice": 10, "bob": 5}, "carol", 5, False, id="a-third-rounded-up-is-four"),
@@ -165,7 +164,7 @@ def _backlog(redis: Redis, pool: Pool, tenant: str, chunks: int) -> None:
 def test_the_queue_limit_counts_chunks_shared_by_the_tenants_that_wait(
     redis: Redis, waiting: dict[str, int], tenant: str, adding: int, admitted: bool
 ) -> None:
-    """TTS_MAX_QUEUE 10: a tenant may use whatever room is left; once it is full, while others wait, its share."""
+    """TTS_MAX_QUEUE 10: a tenant alone may use the whole limit; while others wait, its share of it."""
     from rq import Queue
 
     from work import queueing

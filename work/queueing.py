@@ -100,12 +100,9 @@ def admit(q: Queue, tenant: str, work: int, limit: int) -> None:
     """Raise QueueFull unless `tenant` may add `work` chunks to the pool of `q`.
 
     The limit counts chunks waiting to be made, shared by the tenants that
-    wait: a tenant is refused once the queue is full and its own chunks
-    would pass its share (the limit over the tenants waiting, itself
-    included; alone, the whole limit). Room the others leave is anyone's,
-    and a tenant within its share is admitted even into a full queue, so
-    one tenant's backlog never refuses another's request (the queue then
-    holds more than the limit, by at most the others' shares).
+    wait: a tenant is refused once its own chunks would pass its share (the
+    limit over the tenants waiting, itself included; alone, the whole
+    limit); so one tenant's backlog never refuses another's request.
     """
     check = scripts.register(q.connection, "admit.lua")
     admitted, mine, share, total = check(
@@ -115,7 +112,7 @@ def admit(q: Queue, tenant: str, work: int, limit: int) -> None:
         if share < limit:
             raise QueueFull(
                 f"this key's tenant has {mine} chunks waiting; its share of the queue is {share} "
-                f"while other tenants wait, and the queue is full ({total} chunks, TTS_MAX_QUEUE {limit})"
+                f"while other tenants wait (TTS_MAX_QUEUE {limit})"
             )
         raise QueueFull(f"{total} chunks are waiting; the limit is {limit}")
 

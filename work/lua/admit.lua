@@ -10,8 +10,7 @@
 -- 1. The chunks waiting in each lane (the pool's own, then each tenant's).
 -- 2. The tenants waiting: those with chunks in their lane, the one asking counted too.
 -- 3. Its share: the limit divided among them (rounded up).
--- 4. Admitted while its own chunks stay within its share (alone, the whole limit), while the queue has room
---    for them (room the others leave is anyone's), or when nothing waits at all.
+-- 4. Admitted while its own chunks stay within its share (alone, the whole limit), or when nothing waits at all.
 local pool, turns = KEYS[1], KEYS[2]
 local lanep, tenant, adding, limit = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 
@@ -29,5 +28,5 @@ for _, name in ipairs(names) do
   end
 end
 local share = math.ceil(limit / (waiting + 1))
-local admitted = (mine + adding <= share or total + adding <= limit or total == 0) and 1 or 0
+local admitted = (mine + adding <= share or total == 0) and 1 or 0
 return {admitted, mine, share, total}
