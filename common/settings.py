@@ -65,7 +65,7 @@ class Settings:
     # (?wait, ?stream, /v1/audio/speech) holds one for its wait.
     redis_max_connections: int = 1000
     # Chunks waiting to be made, shared by the tenants that wait (work/queueing.admit).
-    max_queue: int = 3000
+    max_queue: int = 4500
     # Seconds an answer may wait for audio before its first byte: POST
     # /v1/audio/speech (flac: the whole file), ?stream=true's first chunk, a
     # seed's voice export, a WebSocket sentence. At most 25 by default:
