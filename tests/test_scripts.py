@@ -4,7 +4,9 @@ from any directory, and touches only the keys it is handed (KEYS, or a prefix fr
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
+import json
 import re
 import subprocess
 import sys
@@ -36,7 +38,7 @@ from common.settings import Settings
 from web import callbacks
 from web.store import AudioCache
 from work import delivery, events, interest, lanes, lifetime, queueing, scripts
-from work.scheduler import Look, Pool
+from work.scheduler import ClaimArgs, ClaimPrefixes, Look, Pool
 from work.status import ACTIVE, OVER
 
 
@@ -100,6 +102,15 @@ def test_no_script_spells_a_key_or_an_rq_status(name: str) -> None:
     words = {a or b for a, b in literals}
     assert not {w for w in words if w.startswith(PREFIX) or w in POOL_KINDS}, words
     assert not words & (ACTIVE | OVER), words
+
+
+def test_the_claim_script_takes_one_named_table() -> None:
+    """claim.lua reads one ARGV, a JSON table whose fields are work/scheduler.ClaimArgs's, not positions."""
+    code = (scripts.LUA_DIR / "claim.lua").read_text()
+    assert re.findall(r"ARGV\[([^\]]*)\]", code) == ["1"] and "#ARGV" not in code
+    fields = set(re.findall(r"\ba\.(\w+)", code)) | {f"prefixes.{f}" for f in re.findall(r"\bp\.(\w+)", code)}
+    expected = set(ClaimArgs.__annotations__) | {f"prefixes.{f}" for f in ClaimPrefixes.__annotations__}
+    assert fields == expected
 
 
 @pytest.mark.parametrize("status", sorted(ACTIVE | OVER))
@@ -226,13 +237,33 @@ def _unhanded(redis: Redis, runs: list[tuple[str, list[str], list[str], list[lis
     """(key, script sha) for each key a script touched that is neither in its KEYS nor under a prefix in its ARGV."""
     out = []
     for sha, keys, argv, commands in runs:
-        prefixes = [a for a in argv if a.startswith(f"{PREFIX}:") and a.endswith(":")]
+        prefixes = [a for a in _strings(argv) if a.startswith(f"{PREFIX}:") and a.endswith(":")]
         for command in commands:
             try:
                 touched = [str(k) for k in redis.command_getkeys(*command)]
             except ResponseError:  # no key arguments (TIME, PUBLISH)
                 touched = []
             out += [(k, sha) for k in touched if k not in keys and not any(k.startswith(p) for p in prefixes)]
+    return out
+
+
+def _strings(argv: list[str]) -> list[str]:
+    """A script's ARGV (as MONITOR prints it) and every string inside an argument that is a JSON table (claim.lua's)."""
+    out = list(argv)
+
+    def walk(value: object) -> None:
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for arg in argv:
+        if arg.startswith("{"):  # as MONITOR prints it: quotes escaped
+            walk(json.loads(codecs.decode(arg, "unicode_escape")))
     return out
 
 

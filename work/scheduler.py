@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypedDict
 
 from redis import Redis
 
@@ -68,6 +68,33 @@ from work import scripts
 SLOT = 10**10
 # How many pool entries one claim looks at, at most (bounds the script's time).
 SCAN_LIMIT = 2000
+
+
+class ClaimPrefixes(TypedDict):
+    """The key prefixes a claim's scan builds keys from (common/keys.py, each key function called with "")."""
+
+    lane: str
+    claim: str
+    task: str
+    waiters: str
+    chunk: str
+    events: str
+
+
+class ClaimArgs(TypedDict):
+    """claim.lua's one argument, sent as JSON: what `Pool.claim` asks for, each field by name."""
+
+    rows: int  # rows wanted (n)
+    lease_ms: int
+    token: str
+    cross: bool  # rows of several requests in one call
+    scan_limit: int
+    slot: int
+    own: str  # the claiming request's id, "" for none
+    own_chunks: list[str]  # its chunk ids, in request order
+    share: int  # workers free to take the pool's work, this one included
+    firsts: int  # rows past these are first chunks only
+    prefixes: ClaimPrefixes
 
 
 @dataclass(frozen=True)
@@ -194,28 +221,28 @@ class Pool:
         Returns the claimed chunks, each with its place, and whether open work
         was left in the pool for another worker.
         """
-        reply = self._claim(
-            keys=[pool_key(self.queue), turns_key(self.queue)],
-            args=[
-                size,
-                lease_ms,
-                token,
-                "1" if cross else "0",
-                SCAN_LIMIT,
-                SLOT,
-                own or "",
-                max(1, share),
-                size if firsts is None else firsts,
-                # Prefixes of the keys the scan meets as it runs (claim.lua says why).
-                self._lane_prefix,
-                self._key("claim", ""),
-                self._key("task", ""),
-                self._key("waiters", ""),
-                chunk_key(""),
-                events_channel(""),
-                *own_chunks,
-            ],
+        args = ClaimArgs(
+            rows=size,
+            lease_ms=lease_ms,
+            token=token,
+            cross=cross,
+            scan_limit=SCAN_LIMIT,
+            slot=SLOT,
+            own=own or "",
+            own_chunks=list(own_chunks),
+            share=max(1, share),
+            firsts=size if firsts is None else firsts,
+            # Prefixes of the keys the scan meets as it runs (claim.lua says why).
+            prefixes=ClaimPrefixes(
+                lane=self._lane_prefix,
+                claim=self._key("claim", ""),
+                task=self._key("task", ""),
+                waiters=self._key("waiters", ""),
+                chunk=chunk_key(""),
+                events=events_channel(""),
+            ),
         )
+        reply = self._claim(keys=[pool_key(self.queue), turns_key(self.queue)], args=[json.dumps(args)])
         *flat, more = [x.decode() if isinstance(x, bytes) else x for x in reply]
         claimed = [
             Claimed(flat[i], Spec.from_json(json.loads(flat[i + 1])), place_of(float(flat[i + 2])))

@@ -1,10 +1,10 @@
 -- claim.lua: lease up to n open chunks that can share one model call, in fair order (work/scheduler.py Pool.claim).
 -- Uses: forget.lua
 -- KEYS: 1 pool (its own lane), 2 turns.
--- ARGV: 1 rows wanted (n), 2 lease (ms), 3 token, 4 cross ('1'/'0'), 5 scan limit, 6 slot, 7 own request
---   ('' for none), 8 share, 9 firsts (rows past these are first chunks only), 10 lane prefix, 11 claim
---   prefix, 12 task prefix, 13 waiters prefix, 14 chunk prefix, 15 events prefix, 16... own chunk ids in
---   request order.
+-- ARGV: 1 one JSON table, its fields named as in work/scheduler.py ClaimArgs: rows (n wanted), lease_ms,
+--   token, cross (bool), scan_limit, slot, own (request id, '' for none), own_chunks (its chunk ids in
+--   request order), share, firsts (rows past these are first chunks only), and prefixes {lane, claim,
+--   task, waiters, chunk, events}.
 -- The prefixes (common/keys.py: lane_prefix, and each key function called with ""): which tenants have a
 -- lane and which chunks the scan meets are found only as the script runs, so their keys are a prefix and
 -- the tenant's name or the chunk's id. This is why the pool needs one Redis, not a Cluster.
@@ -22,11 +22,11 @@
 -- 6. Tidying what the scan met: entries of chunks already stored are forgotten (their requests woken),
 --    entries without a task removed, and tenants whose lane is empty leave the turns.
 local pool, turns = KEYS[1], KEYS[2]
-local n, lease, token = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local cross, limit, slot, own = ARGV[4] == '1', tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local share, firsts, lanep = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
-local claimp, taskp, waitersp, chunkp, events = ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15]
-local OWN_CHUNKS = 16
+local a = cjson.decode(ARGV[1])
+local n, lease, token, cross, limit = a.rows, a.lease_ms, a.token, a.cross, a.scan_limit
+local slot, own, own_chunks, share, firsts = a.slot, a.own, a.own_chunks, a.share, a.firsts
+local p = a.prefixes
+local lanep, claimp, taskp, waitersp, chunkp, events = p.lane, p.claim, p.task, p.waiters, p.chunk, p.events
 local t = redis.call('TIME')
 local now = (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) % slot
 local out, taken, stale, orphans = {}, {}, {}, {}
@@ -129,8 +129,7 @@ end
 -- 3. Own: the first of the own chunks this request waits on that is open, placed by its score in
 -- whichever lane holds it (in none, as a later chunk).
 local function take_own()
-  for i = OWN_CHUNKS, #ARGV do
-    local cid = ARGV[i]
+  for _, cid in ipairs(own_chunks) do
     if not taken[cid] and redis.call('SISMEMBER', waitersp .. cid, own) == 1 then
       local member = own .. ':' .. cid
       local task = open(pool, member, cid)
