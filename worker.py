@@ -32,6 +32,7 @@ from engines.config import ModelUnavailable
 from engines.launcher import CPU, gpu_slots, launch
 from engines.loading import load_engine
 from work import events, lifetime, process, queueing
+from work.decode_loop import LEASE_MS
 from work.status import failure_words
 from work.supervisor import RestartPolicy
 
@@ -61,7 +62,8 @@ class TTSWorker(process.StopAware, SimpleWorker):
     """
 
     HEARTBEAT_EVERY = 5
-    HEARTBEAT_TTL = 15
+    # A dead worker's job lapses when its chunks' leases do, so another worker takes both at once.
+    HEARTBEAT_TTL = LEASE_MS // 1000
     MAINTENANCE_EVERY = 5
     # Sets how long an idle worker blocks on the queue (worker_ttl - 15 s), so
     # that maintenance passes come often.
