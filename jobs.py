@@ -99,7 +99,7 @@ def _state() -> WorkerState:
 def synthesize(spec_json: dict[str, Any]) -> dict[str, Any]:
     """RQ job of one request: returns once the audio of every chunk of the request is stored.
 
-    Every chunk not stored is in the queue's pool (scheduler.py). While any
+    Every chunk not stored is in the queue's pool (work/pool.py). While any
     is missing, the job steps the worker's decode loop, filling free slots
     from the pool: its own earliest open chunk first and the rest in fair
     order from any request (`settings.cross_batch` false: a claim takes one

@@ -20,7 +20,7 @@ Layout (prefix `tts`):
 - `tts:cancel:R`: set while request R is canceled; `tts:lock:J`: enqueue lock of job J;
 - `tts:retained`: the requests kept, scored by when each one's record expires (work/lifetime.py);
   `tts:ended:R`: why request R failed for good, kept with its record;
-- `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/scheduler.py),
+- `tts:pool:Q` and `tts:{task,waiters,claim,failed}:Q:C`: the chunk pool of queue Q (work/pool.py),
   `tts:pool:Q:T` tenant T's lane of it and `tts:turns:Q` whose turn it is;
 - `tts:tenants:R`: the tenants that want request R; `tts:dropped:R`: those that withdrew (work/interest.py);
 - `tts:assist:Q`: set while an assist job of Q waits;
@@ -86,7 +86,7 @@ def prompt_key(upload_id: str) -> str:
 
 
 def pool_key(queue: str) -> str:
-    """The sorted set of chunks waiting for synthesis on `queue` (work/scheduler.py)."""
+    """The sorted set of chunks waiting for synthesis on `queue` (work/pool.py)."""
     return f"{PREFIX}:pool:{queue}"
 
 
@@ -105,7 +105,7 @@ def lane_prefix(queue: str) -> str:
 
 
 def turns_key(queue: str) -> str:
-    """The tenants with a lane in the pool of `queue`, scored by when each was last served (work/scheduler.py)."""
+    """The tenants with a lane in the pool of `queue`, scored by when each was last served (work/pool.py)."""
     return f"{PREFIX}:turns:{queue}"
 
 

@@ -143,7 +143,7 @@ def queue_gauges(live: Mapping[str, int], synthesis: Any, *others: Any) -> list[
 
 
 def pool_lanes(redis: Redis, queue: str) -> dict[str, int]:
-    """Entries waiting in each tenant's lane of the pool of `queue` (work/scheduler.py), the pool's own ("") too."""
+    """Entries waiting in each tenant's lane of the pool of `queue` (work/pool.py), the pool's own ("") too."""
     listed = {t.decode() if isinstance(t, bytes) else str(t) for t in redis.zrange(turns_key(queue), 0, -1)}
     tenants = sorted(listed | {""})
     with redis.pipeline(transaction=False) as pipe:

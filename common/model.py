@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Iterable, NamedTuple, Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
 from cache import Spec
+from common.scheduling import Place, Scheduler
 from common.settings import Settings
 
 # Samples per generated audio token, and the centre-padding ChatTTS's vocoder
@@ -49,22 +50,6 @@ class Piece:
     # Tokens the row has generated so far (all of them, on the last piece).
     tokens: int
     error: str | None = None
-
-
-class Place(NamedTuple):
-    """Where a row stands in the pool's fair order (work/scheduler.py): lower comes first.
-
-    Its chunk's index in its request, then the request's arrival (ms, Redis's
-    clock): every request's first row comes before any request's later rows.
-    """
-
-    chunk_index: int
-    arrival: int
-
-    @property
-    def first(self) -> bool:
-        """Is this its request's first chunk (the one its first audio waits for)?"""
-        return self.chunk_index == 0
 
 
 class Decoder(Protocol):
@@ -128,15 +113,20 @@ class Engine(Protocol):
         ...
 
 
+def scheduler_for(settings: Settings) -> Scheduler:
+    """The scheduling policy `settings` ask for: when TTS_SCHEDULING is continuous, TTS_PREEMPT_ROWS rows of
+    reserve; a static decoder parks nothing."""
+    return Scheduler(reserve_rows=settings.preempt_rows if settings.scheduling == "continuous" else 0)
+
+
 def decoder_for(engine: Engine, settings: Settings, capacity: int | None = None) -> Decoder:
     """The empty decoder `settings` ask of `engine`: `capacity` rows (default TTS_BATCH_SIZE), pieces of
-    TTS_STREAM_TOKENS, TTS_SCHEDULING's scheduler and, when continuous, TTS_PREEMPT_ROWS rows of reserve."""
-    continuous = settings.scheduling == "continuous"
+    TTS_STREAM_TOKENS, TTS_SCHEDULING's scheduler and its reserve (`scheduler_for`)."""
     return engine.decoder(
         settings.batch_size if capacity is None else capacity,
         settings.stream_tokens,
-        continuous,
-        reserve=settings.preempt_rows if continuous else 0,
+        settings.scheduling == "continuous",
+        reserve=scheduler_for(settings).reserve_rows,
     )
 
 

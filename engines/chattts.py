@@ -19,7 +19,8 @@ import numpy as np
 
 from cache import Spec, sample_digest
 from common import sampling, spoken
-from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, Place, token_budget
+from common.model import SAMPLES_PER_TOKEN, Decoder, ModelInfo, token_budget
+from common.scheduling import Place
 from common.settings import Settings
 from engines import homophones
 from engines.config import ModelUnavailable, chattts_config, host_cores, identity, torch_threads

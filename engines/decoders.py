@@ -21,7 +21,8 @@ import numpy as np
 
 from cache import Spec
 from common import audio
-from common.model import SAMPLES_PER_TOKEN, Piece, Place
+from common.model import SAMPLES_PER_TOKEN, Piece
+from common.scheduling import Place
 
 logger = logging.getLogger("engine")
 Synthesize = Callable[[Sequence[Spec]], list[np.ndarray]]

@@ -20,15 +20,14 @@ it, found by bisecting when the exception names none. Out of memory fails
 nobody: the newest rows are given back unmade (`take_returned`) and the loop
 holds fewer rows for a while (`OOM_HOLD`).
 
-Slots (`_balance`): the loop steps the `capacity` best placed rows
-(`common.model.Place`: the pool's fair order) and takes up to `reserve` first
-rows beyond them, one for each later row stepping (`preemptible`). A row
-placed worse than `capacity` others is parked: it leaves the batch with its
-KV cache (its real positions), codes and noise kept, and merges back, best
-placed first, when a slot frees. Nothing a row samples depends on when it
-steps, so a parked row makes the codes it makes unparked. A row that fails
-or leaves goes wherever it is, parked or not; out of memory gives back
-parked rows first, and no first row preempts for a while after it.
+Slots (`_balance`): which rows step, park and resume, and how many first
+rows join beyond the slots (`preemptible`), is common/scheduling.py's
+`Scheduler` (its rules 5 and 6); this loop carries out its plans. A parked
+row leaves the batch with its KV cache (its real positions), codes and noise
+kept, and merges back when the plan resumes it. Nothing a row samples depends
+on when it steps, so a parked row makes the codes it makes unparked. A row
+that fails or leaves goes wherever it is, parked or not; out of memory gives
+back parked rows first, and no first row preempts for a while after it.
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ import numpy as np
 
 from cache import Spec
 from common import audio, sampling
-from common.model import Piece, Place
+from common.model import Piece
+from common.scheduling import Place, Scheduler
 from engines import kvcache
 from engines.rowfaults import (
     BAD_INPUT,
@@ -74,7 +74,7 @@ class ChatTTSLoop:
     ) -> None:
         self.model = model
         self._capacity = Capacity(capacity, clock)
-        self.reserve = reserve
+        self.scheduler = Scheduler(reserve_rows=reserve)
         self.stream_tokens = stream_tokens
         self._rows: list[Row] = []  # in batch order
         self._ended: list[Row] = []  # ended at their first token: never in the batch
@@ -316,15 +316,15 @@ class ChatTTSLoop:
     # -- slots ---------------------------------------------------------------
 
     def _balance(self) -> None:
-        """Step the `capacity` best placed rows: park the worst placed beyond them, and while a slot is free
-        resume the best placed parked row. Out of memory for a resumed row's cache, it stays parked and the
-        loop steps no more rows than it steps now for a while."""
-        capacity = self.capacity
-        if len(self._rows) > capacity:
-            ranked = sorted(range(len(self._rows)), key=lambda i: self._rows[i].place)
-            self._park(sorted(ranked[capacity:]))
-        while self._parked and len(self._rows) < self.capacity:
-            row = min(self._parked, key=lambda r: r.place)
+        """Carry out the scheduler's plan for the slots: park the rows it names, then resume the parked rows it
+        names, in its order. Out of memory for a resumed row's cache, it and the rest stay parked and the loop
+        steps no more rows than it steps now for a while."""
+        plan = self.scheduler.slots(
+            [row.place for row in self._rows], [row.place for row in self._parked], self.capacity
+        )
+        if plan.park:
+            self._park(plan.park)
+        for row in [self._parked[i] for i in plan.resume]:
             try:
                 self._merge([row], row.parked)
             except Exception as exc:
@@ -390,7 +390,4 @@ class ChatTTSLoop:
         """How many first rows may join beyond `capacity` now: one for each stepping later row (a first row
         would only wait parked behind first rows), while the reserve has room; none for a while after the
         loop ran out of memory (`Capacity.pressed`)."""
-        if self._capacity.pressed():
-            return 0
-        later = sum(1 for row in self._rows if not row.place.first)
-        return max(0, min(later, self.reserve - len(self._parked)))
+        return self.scheduler.reserve([row.place for row in self._rows], len(self._parked), self._capacity.pressed())

@@ -18,7 +18,8 @@ import numpy as np
 
 from cache import Spec, sample_digest
 from common import sampling, spoken
-from common.model import SAMPLES_PER_TOKEN, Place
+from common.model import SAMPLES_PER_TOKEN
+from common.scheduling import Place
 from engines import kvcache, q4step
 from engines.leanstep import LeanStep, supports
 from engines.refine import refine

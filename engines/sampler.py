@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from cache import Spec
-from common.model import Place, token_budget
+from common.model import token_budget
+from common.scheduling import Place
 
 # ChatTTS's repetition penalty (InferCodeParams' default) and its window.
 REPETITION_PENALTY = 1.05

@@ -20,7 +20,7 @@ from common.settings import Settings, from_env
 from engines.tone import ToneEngine
 from work import queueing
 from work.decode_loop import DecodeLoop, Tally
-from work.scheduler import Pool
+from work.pool import Pool
 
 MODEL = "tone-test"
 TEXTS = ("The first chunk of a request.", "A second one.", "And a third, a little longer than the others.")

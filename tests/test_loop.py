@@ -27,7 +27,8 @@ import jobs
 from cache import Spec
 from common import audio
 from common.keys import chunk_key, pieces_key
-from common.model import SAMPLES_PER_TOKEN, Place, decode_all, token_budget
+from common.model import SAMPLES_PER_TOKEN, decode_all, token_budget
+from common.scheduling import Place
 from common.settings import from_env
 from engines import kvcache, rowfaults, tiny_checkpoint
 from engines.chattts import ChatTTSEngine, _voice_seed, load_chattts
@@ -37,7 +38,7 @@ from engines.refine import refine
 from engines.rowmodel import row_seed, sample_text
 from work import queueing
 from work.decode_loop import LOOK_EVERY, Tally
-from work.scheduler import Pool
+from work.pool import Pool
 
 # Every test here loads a checkpoint (the tiny one, or full-size random weights).
 pytestmark = pytest.mark.slow

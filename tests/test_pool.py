@@ -1,4 +1,4 @@
-"""The chunk pool (scheduler.py) on a real Redis: fair order, leases, sharing, withdrawal."""
+"""The chunk pool (work/pool.py) on a real Redis: fair order, leases, sharing, withdrawal."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from test_ops import log_events, scrape, value
 from cache import Spec, manifest
 from common import audio, keys, metrics
 from common.keys import chunk_key, request_key
-from common.model import ModelInfo, Place
+from common.model import ModelInfo
+from common.scheduling import Place
 from splitter import split
-from work.scheduler import Look, Pool
+from work.pool import Look, Pool
 
 MODEL = "m0"
 

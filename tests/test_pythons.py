@@ -2,9 +2,10 @@
 
 Each interpreter gets a virtualenv of the web set (requirements.txt) and the test runner's part of
 requirements-test.txt, both with hashes (installed by uv from PyPI), and runs the fast tests (no process,
-no model) of layout, bodies, splitter, settings, keys and cache, captions and the scheduler, and the slow
-ones marked `every_python`: the web and a tone worker as the Procfile starts them, serving a request, and
-the web process's imports. An interpreter that is not on this machine is a skip that names it.
+no model) of layout, bodies, splitter, settings, keys and cache, captions, the pool and the scheduling
+rules, and the slow ones marked `every_python`: the web and a tone worker as the Procfile starts them,
+serving a request, and the web process's imports. An interpreter that is not on this machine is a skip
+that names it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow
 
 FAST = ["test_layout.py", "test_bodies.py", "test_splitter.py", "test_settings.py", "test_cache.py",
-        "test_captions.py", "test_scheduler.py"]  # fmt: skip
+        "test_captions.py", "test_pool.py", "test_scheduling.py"]  # fmt: skip
 # The test runner and the clients conftest imports, with what they need (pip refuses, naming it, when
 # the locks bring a new dependency of theirs).
 TOOLS = {"pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis", "sortedcontainers",

@@ -38,7 +38,7 @@ from common.settings import Settings
 from web import callbacks
 from web.store import AudioCache
 from work import delivery, events, interest, lanes, lifetime, queueing, scripts
-from work.scheduler import ClaimArgs, ClaimPrefixes, Look, Pool
+from work.pool import ClaimArgs, ClaimPrefixes, Look, Pool
 from work.status import ACTIVE, OVER
 
 

@@ -17,11 +17,11 @@ from websockets.sync.client import connect
 
 from cache import Spec
 from common import keys
-from common.model import Place
+from common.scheduling import Place
 from common.settings import SettingsError, bare_key_name, from_env
 from common.speakers import encode_speaker
 from work import interest
-from work.scheduler import Pool
+from work.pool import Pool
 
 ALICE = "alice-key-0123456789abcdef"
 BOB = "bob-key-0123456789abcdef"

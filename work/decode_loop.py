@@ -31,12 +31,12 @@ from rq.timeouts import JobTimeoutException
 from common import audio, logs, metrics
 from common.connect import drop_idle_connections
 from common.errors import RedisFull
-from common.model import Decoder, Engine, Piece, decoder_for
+from common.model import Decoder, Engine, Piece, decoder_for, scheduler_for
 from common.settings import Settings
 from work import events
 from work.assist import CENSUS_EVERY, Helpers
+from work.pool import Claimed, Look, Pool
 from work.queueing import queue
-from work.scheduler import Claimed, Look, Pool
 
 logger = logging.getLogger(__name__)
 # Every row of every job meets a full Redis at once: a line for the first refusal, then one a minute.
@@ -96,6 +96,7 @@ class DecodeLoop:
         # Names this process's leases in the pool.
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.decoder: Decoder = decoder_for(engine, settings)
+        self.scheduler = scheduler_for(settings)
         # Chunk id -> the PCM16 pieces stored so far, for each row in the decoder.
         self.making: dict[str, list[bytes]] = {}
         self.stopping = threading.Event()
@@ -199,13 +200,7 @@ class DecodeLoop:
     # -- claiming and joining ------------------------------------------------------
 
     def _claim(self, free: int, reserve: int, owner: Owner | None) -> list[Claimed]:
-        """Lease up to `free` open chunks, and up to `reserve` more first chunks of their requests."""
-        # The owner's earliest open chunk goes first only while none of its
-        # rows is in the loop: that is enough for its job to make progress and
-        # keep its time limit, and leaves every other free slot to the pool's
-        # fair order, where a newer request's first chunk comes before this
-        # one's later chunks (its first audio does not wait for a long request's
-        # every row).
+        """Lease what common/scheduling.py's Scheduler plans for `free` slots and `reserve` first rows."""
         mine = owner is not None and not set(owner.missing).isdisjoint(self.decoder.keys())
         # A job's first claim counts the idle workers afresh: a count up to a
         # second old may predate the other workers' going idle, and the request
@@ -214,15 +209,18 @@ class DecodeLoop:
         if owner is not None:
             owner.counted = True
         idle = self.helpers.idle(0.0 if fresh else CENSUS_EVERY)
+        plan = self.scheduler.claim(free, reserve, owner.id if owner is not None else None, mine, idle)
+        if plan is None:
+            return []
         claimed, more = self.pool.claim(
             self.token,
-            free + reserve,
+            plan.rows,
             LEASE_MS,
             self.settings.cross_batch,
-            own=owner.id if owner is not None and not mine else None,
+            own=plan.own,
             own_chunks=owner.missing if owner is not None else (),
-            share=idle + 1,
-            firsts=free,
+            share=plan.share,
+            firsts=plan.firsts,
         )
         if more and idle:
             self.helpers.ask()

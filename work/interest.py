@@ -29,7 +29,7 @@ def want(redis: Redis, request_id: str, tenant: str, ttl: int) -> None:
     """`tenant` asks for `request_id`: it wants it, and no earlier withdrawal, cancel or failure holds.
 
     Called before the request's chunks enter the pool, which puts them in the
-    lanes of the tenants that want it (work/scheduler.py). Its record is kept
+    lanes of the tenants that want it (work/pool.py). Its record is kept
     at least `ttl` s from now.
     """
     with redis.pipeline(transaction=True) as pipe:

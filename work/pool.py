@@ -59,7 +59,7 @@ from common.keys import (
     tenants_key,
     turns_key,
 )
-from common.model import Place
+from common.scheduling import Place
 from work import scripts
 
 # Score = index * SLOT + arrival in ms modulo SLOT: chunk 1 of any request

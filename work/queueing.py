@@ -25,7 +25,7 @@ from cache import Spec, manifest
 from common.keys import chunk_key, lane_prefix, lock_key, pool_key, request_key, turns_key
 from common.settings import Settings
 from work import interest, lifetime, scripts
-from work.scheduler import Pool
+from work.pool import Pool
 from work.status import ACTIVE, WAITING
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """One run of a request's job: its chunks, which are still missing, its news, and why it stops early.
 
-Every chunk not stored is in the queue's pool (work/scheduler.py). While any
+Every chunk not stored is in the queue's pool (work/pool.py). While any
 is missing, the run steps the worker's decode loop (work/decode_loop.py),
 its own earliest open chunk claimed first. Cancels, failed chunks and the
 chunks stored meanwhile are read from Redis in one round trip (with the
@@ -24,8 +24,8 @@ from rq.timeouts import JobTimeoutException
 from cache import Spec
 from common.keys import events_channel
 from work.decode_loop import LOOK_EVERY, DecodeLoop, Tally
+from work.pool import Look
 from work.queueing import stored
-from work.scheduler import Look
 
 logger = logging.getLogger(__name__)
 

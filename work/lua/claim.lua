@@ -1,7 +1,7 @@
--- claim.lua: lease up to n open chunks that can share one model call, in fair order (work/scheduler.py Pool.claim).
+-- claim.lua: lease up to n open chunks that can share one model call, in fair order (work/pool.py Pool.claim).
 -- Uses: forget.lua
 -- KEYS: 1 pool (its own lane), 2 turns.
--- ARGV: 1 one JSON table, its fields named as in work/scheduler.py ClaimArgs: rows (n wanted), lease_ms,
+-- ARGV: 1 one JSON table, its fields named as in work/pool.py ClaimArgs: rows (n wanted), lease_ms,
 --   token, cross (bool), scan_limit, slot, own (request id, '' for none), own_chunks (its chunk ids in
 --   request order), share, firsts (rows past these are first chunks only), and prefixes {lane, claim,
 --   task, waiters, chunk, events}.

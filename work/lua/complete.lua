@@ -1,5 +1,5 @@
 -- complete.lua: take chunks whose audio is now stored out of the pool and wake their requests
--- (work/scheduler.py Pool.complete).
+-- (work/pool.py Pool.complete).
 -- Uses: forget.lua
 -- KEYS: 1 pool (its own lane), 2 turns, then (waiters, task, claim) per chunk.
 -- ARGV: 1 token, 2 slot, 3 events prefix, 4 lane prefix, 5 hooks prefix (common/keys), then the chunk ids.

@@ -1,4 +1,4 @@
--- fail.lua: mark chunks the model could not make, so that their requests fail (work/scheduler.py Pool.fail).
+-- fail.lua: mark chunks the model could not make, so that their requests fail (work/pool.py Pool.fail).
 -- Uses: forget.lua
 -- KEYS: 1 pool (its own lane), 2 turns, then (failed, waiters, task, claim) per chunk.
 -- ARGV: 1 token, 2 slot, 3 reason, 4 ttl of the mark (s), 5 events prefix, 6 lane prefix (common/keys),

@@ -1,4 +1,4 @@
--- live.lua: which of the chunks this worker makes are still worth making here (work/scheduler.py Pool.live).
+-- live.lua: which of the chunks this worker makes are still worth making here (work/pool.py Pool.live).
 -- KEYS: for each chunk, its task, then its claim.
 -- ARGV: 1 this worker's token.
 -- Returns per chunk 1 when it is live, else 0.

@@ -1,4 +1,4 @@
--- look.lua: what a request's run reads at each look, in one round trip (work/scheduler.py Pool.look).
+-- look.lua: what a request's run reads at each look, in one round trip (work/pool.py Pool.look).
 -- KEYS: 1 the request's cancel mark, then for each chunk it misses: its audio, its failed mark; then for each
 -- chunk in the worker's loop: its task, its claim.
 -- ARGV: 1 how many chunks the request misses, 2 the worker's token.

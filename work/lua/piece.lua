@@ -1,5 +1,5 @@
 -- piece.lua: store the next piece of a chunk this worker is making and tell every request waiting for it
--- (work/scheduler.py Pool.piece).
+-- (work/pool.py Pool.piece).
 -- KEYS: 1 the chunk's pieces list, 2 its claim, 3 its waiters.
 -- ARGV: 1 events prefix, 2 chunk id, 3 piece index, 4 PCM16 bytes, 5 ttl (s), 6 the claiming token.
 -- The events prefix: the channels to announce on are each waiter's, known only from KEYS[3] as it runs.

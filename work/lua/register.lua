@@ -1,4 +1,4 @@
--- register.lua: put a request's chunks whose audio is not stored in the pool (work/scheduler.py Pool.register).
+-- register.lua: put a request's chunks whose audio is not stored in the pool (work/pool.py Pool.register).
 -- KEYS: 1 pool (its own lane), 2 metrics counters, 3 turns, 4 the request's tenants,
 --   then (chunk, task, waiters) per chunk.
 -- ARGV: 1 request, 2 ttl (s), 3 counter field, 4 slot, 5 lane prefix (common/keys.lane_prefix),

@@ -1,4 +1,4 @@
--- release.lua: give up this worker's leases, so the chunks are open again at once (work/scheduler.py Pool.release).
+-- release.lua: give up this worker's leases, so the chunks are open again at once (work/pool.py Pool.release).
 -- KEYS: the claims. ARGV: 1 token.
 -- Returns 1.
 -- Steps:

@@ -5,7 +5,7 @@
 -- Returns, per chunk, 1 when its audio is stored, else 0.
 -- Steps:
 -- 1. Each stored chunk's TTL is renewed, except a chunk without one: a request in flight holds it, and its
---    end starts the TTL (work/scheduler.py Pool.store).
+--    end starts the TTL (work/pool.py Pool.store).
 -- 2. The manifest is (re)written without a TTL: the ledger says how long the record is kept, and no
 --    volatile-* eviction can take a key without one.
 -- 3. The record is kept at least a TTL from now; a record held while its job is active (+inf) stays held.

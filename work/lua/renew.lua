@@ -1,4 +1,4 @@
--- renew.lua: extend this worker's leases on its chunks (work/scheduler.py Pool.renew).
+-- renew.lua: extend this worker's leases on its chunks (work/pool.py Pool.renew).
 -- KEYS: the claims. ARGV: 1 token, 2 lease (ms).
 -- Returns how many leases this worker still held.
 -- Steps:

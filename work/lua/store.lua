@@ -1,4 +1,4 @@
--- store.lua: store finished chunks' audio and drop their streamed pieces (work/scheduler.py Pool.store).
+-- store.lua: store finished chunks' audio and drop their streamed pieces (work/pool.py Pool.store).
 -- KEYS: (chunk, task, pieces) per chunk. ARGV: 1 ttl (s), then each chunk's PCM16 audio.
 -- Returns 1.
 -- Steps, per chunk:

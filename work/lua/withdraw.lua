@@ -1,5 +1,5 @@
 -- withdraw.lua: a request no longer waits for its chunks; those nobody else waits for leave the pool
--- (work/scheduler.py Pool.withdraw).
+-- (work/pool.py Pool.withdraw).
 -- Uses: forget.lua
 -- KEYS: 1 pool (its own lane), 2 turns, then (waiters, task) per chunk.
 -- ARGV: 1 request, 2 lane prefix (common/keys), then the chunk ids.
