@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import statistics
 import threading
@@ -84,13 +85,18 @@ def realtime(b: Bench) -> None:
         return [statistics.median(waits), percentile(waits, 95)]
 
     def protocols(_: str, round_: int) -> list[Reading]:
-        """Each socket protocol's first audio and barge-in, interleaved pass by pass (each its own new texts), while
-        scenario 3's open loop runs: the compatible codecs against ours."""
+        """Each socket protocol's first audio and barge-in, interleaved pass by pass (each its own new texts, each
+        pass led by the next protocol), while scenario 3's open loop runs: the compatible codecs against ours."""
         firsts: dict[str, list[float]] = {p.name: [] for p in PROTOCOLS}
         barges: dict[str, list[float]] = {p.name: [] for p in PROTOCOLS}
 
+        passes = itertools.count()
+
         def one_pass() -> None:
-            for protocol in PROTOCOLS:
+            # Each pass starts with the next protocol: none always follows another's barge-in, whose withdrawn
+            # rows may still be leaving the loop.
+            turn = next(passes) % len(PROTOCOLS)
+            for protocol in PROTOCOLS[turn:] + PROTOCOLS[:turn]:
                 firsts[protocol.name].append(protocol.first_audio(url, texts.sentence()))
                 answer = [texts.sentence() for _ in range(BARGE_SENTENCES)]
                 barges[protocol.name].append(protocol.barge(url, answer, texts.sentence()))
