@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import stat
@@ -38,6 +39,16 @@ SOURCE = HERE / "q4step.c"
 HARNESS = HERE / "q4harness.c"
 # Every file a build reads: its key hashes them all.
 SOURCES = (SOURCE, HERE / "q4step.h", HERE / "q4step_x86.h", HERE / "q4step_arm.h", HARNESS)
+
+
+def header_constant(name: str) -> int:
+    """The value of `#define NAME value` in q4step.h: the C step's constants are declared there once."""
+    found = re.search(rf"^#define {name} (\d+)\b", (HERE / "q4step.h").read_text(), re.M)
+    if found is None:
+        raise LookupError(f"q4step.h defines no {name}")
+    return int(found[1])
+
+
 LIBRARY_FLAGS = ("-O3", "-shared", "-fPIC")
 HARNESS_FLAGS = ("-O2",)
 # Seconds one compiler call may take.

@@ -39,8 +39,8 @@ from engines.leanstep import Buffers, NativeRefused, supports
 logger = logging.getLogger(__name__)
 
 _P = ctypes.c_void_p
-# Rows one call of the C step takes (MAX_ROWS in q4step.h): the products keep that many rows' sums in registers.
-MAX_ROWS = 8
+# Rows one call of the C step takes: the products keep that many rows' sums in registers.
+MAX_ROWS = q4build.header_constant("MAX_ROWS")
 # TTS_NATIVE_STEP's values.
 MODES = ("auto", "on", "off")
 
