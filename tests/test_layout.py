@@ -115,3 +115,13 @@ def test_no_import_cycles() -> None:
     for start in sorted(graph):
         if start not in state:
             visit(start, [start])
+
+
+def test_every_job_name_the_queue_sends_is_a_function_of_jobs_py() -> None:
+    """The web side names RQ's jobs by string (it never imports jobs.py): each name is a function defined there."""
+    from work import queueing, samples
+
+    defined = {n.name for n in ast.parse((ROOT / "jobs.py").read_text()).body if isinstance(n, ast.FunctionDef)}
+    names = [queueing.SYNTHESIZE, queueing.VOICE, queueing.ASSIST, samples.ENCODE]
+    assert all(name.startswith("jobs.") for name in names), names
+    assert {name.removeprefix("jobs.") for name in names} <= defined
