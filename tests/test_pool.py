@@ -403,13 +403,19 @@ def test_overlapping_requests_on_two_tiny_chattts_workers(
     assert all("Traceback" not in w.output() for w in workers)
 
 
-def test_every_request_finishes_when_a_worker_is_killed_mid_batch(
-    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
-) -> None:
+def _two_tiny_workers(stack_factory: Callable[..., Stack], tiny_model: Path) -> tuple[Stack, list[Proc]]:
+    """A web process and two tiny-checkpoint workers (chunks of 32 characters, 2 rows a call), both ready."""
     stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="2")
     stack.start_web()
     workers = [stack.start_worker(), stack.start_worker()]
     wait_for(lambda: stack.wait_ready(timeout=180)["workers"] == 2, 180, "two workers")
+    return stack, workers
+
+
+def test_every_request_finishes_when_a_worker_is_killed_mid_batch(
+    stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
+) -> None:
+    stack, workers = _two_tiny_workers(stack_factory, tiny_model)
     answers = submit_all(stack, overlapping_bodies(8, seed=5))
 
     def victim() -> Proc | None:
@@ -464,10 +470,7 @@ def test_canceling_one_of_two_requests_that_share_a_chunk_keeps_the_chunk_for_th
 def test_a_long_request_spreads_over_two_workers(
     stack_factory: Callable[..., Stack], tiny_model: Path, redis: Redis
 ) -> None:
-    stack = stack_factory(TTS_MODEL_PATH=str(tiny_model), TTS_CHUNK_CHARS="32", TTS_BATCH_SIZE="2")
-    stack.start_web()
-    workers = [stack.start_worker(), stack.start_worker()]
-    wait_for(lambda: stack.wait_ready(timeout=180)["workers"] == 2, 180, "two workers")
+    stack, workers = _two_tiny_workers(stack_factory, tiny_model)
     text = " ".join(
         f"Sentence {word} of a long one."
         for word in "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
