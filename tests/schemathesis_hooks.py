@@ -10,7 +10,9 @@ A JSON Schema cannot state some of the API's rules, so the declarations
 * a speaker string must decode to an embedding of the model's size;
 * a voice name must be saved (or built in) to be used;
 * a callback_url must point at a public address, and the service needs a
-  webhook secret to take one (this stack has none).
+  webhook secret to take one (this stack has none);
+* a voice's recording (`sample`, typed as bytes) must be audio the service
+  decodes (415), of a length it takes and not silent (422).
 
 For the speaker rule, the `chattts-speaker` format draws real speaker
 strings of the model's size, so valid speakers do get sent. Schemathesis
@@ -51,6 +53,7 @@ MAX_BODY = int(os.environ.get("TTS_MAX_BODY", str(64 * 1024)))
 SPEAKER_DIM = int(os.environ["TEST_SPEAKER_DIM"])
 TEXT_FIELD = {"/v1/tts": "text", "/v1/audio/speech": "input"}
 OPENAI_PATHS = ("/v1/audio/speech",)
+RECORDING_PATH = "/v1/voices/{name}"  # its multipart form takes a recording
 NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 BUILTIN = {
     "alloy",
@@ -115,6 +118,9 @@ def _explained(case: Any, response: Any) -> bool:
     sent = response.request.body or b""
     if response.status_code == 413:
         return len(sent) > MAX_BODY
+    if case.operation.path == RECORDING_PATH and response.status_code in (415, 422):
+        if _named_field(response) == "sample":
+            return True
     # The OpenAI route refuses with 400, as OpenAI does; the others with 422.
     refusal = 400 if case.operation.path in OPENAI_PATHS else 422
     if response.status_code != refusal or not isinstance(case.body, dict):
@@ -136,6 +142,16 @@ def _explained(case: Any, response: Any) -> bool:
     if field in ("speaker", "voice") or re.fullmatch(r"mix\[\d+\]\.voice", field):
         return _voice_refused(_field_value(case.body, field), field)
     return False
+
+
+def _named_field(response: Any) -> str | None:
+    """The field our error shape names ({detail, field}), or None."""
+    try:
+        answer = response.json()
+    except ValueError:
+        return None
+    field = answer.get("field") if isinstance(answer, dict) else None
+    return field if isinstance(field, str) else None
 
 
 def _text_ok(text: str) -> bool:
