@@ -212,8 +212,11 @@ async def flushing(recorder: Recorder, redis: Any, seconds: float = 1.0) -> Asyn
     A Redis outage only delays the figures: they are kept for the next try.
     """
 
+    # Ends the loop even where a client library turns its cancellation into an error it raises instead.
+    stop = asyncio.Event()
+
     async def every() -> None:
-        while True:
+        while not stop.is_set():
             await asyncio.sleep(seconds)
             try:
                 await recorder.aflush(redis)
@@ -224,6 +227,7 @@ async def flushing(recorder: Recorder, redis: Any, seconds: float = 1.0) -> Asyn
     try:
         yield
     finally:
+        stop.set()
         task.cancel()
         with suppress(asyncio.CancelledError):
             await task

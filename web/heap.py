@@ -56,8 +56,10 @@ async def trimming(every: float = TRIM_EVERY) -> AsyncIterator[None]:
         yield
         return
 
+    stop = asyncio.Event()  # ends the loop even where its cancellation is swallowed
+
     async def loop() -> None:
-        while True:
+        while not stop.is_set():
             await asyncio.sleep(every)
             try:
                 # ctypes lets go of the GIL for the call: the event loop goes on meanwhile.
@@ -69,5 +71,6 @@ async def trimming(every: float = TRIM_EVERY) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        stop.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -149,8 +149,10 @@ class Hub:
 
     async def _read(self) -> None:
         """Wake the watches of each message's channel; resolve subscription confirmations; survive outages."""
-        pubsub = self._pubsub
-        while True:
+        pubsub, me = self._pubsub, asyncio.current_task()
+        # Until `close` or a new loop's subscription replaces it: its cancellation may be swallowed by a timeout
+        # inside redis-py, and the loop still ends within a BEAT.
+        while self._reader is me:
             try:
                 message = await pubsub.get_message(timeout=BEAT)
             except (RedisError, OSError, RuntimeError) as exc:

@@ -27,8 +27,10 @@ SWEEP_EVERY = 10.0
 async def sweeping(redis: Redis, every: float = SWEEP_EVERY) -> AsyncIterator[None]:
     """Within the block, records past their retention are forgotten every `every` s (a full batch: at once again)."""
 
+    stop = asyncio.Event()  # ends the loop even where its cancellation is swallowed
+
     async def loop() -> None:
-        while True:
+        while not stop.is_set():
             try:
                 forgot = await asyncio.to_thread(lifetime.sweep, redis)
             except RedisError as exc:  # down or full: the next sweep forgets them
@@ -41,5 +43,6 @@ async def sweeping(redis: Redis, every: float = SWEEP_EVERY) -> AsyncIterator[No
     try:
         yield
     finally:
+        stop.set()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
