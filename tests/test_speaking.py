@@ -139,6 +139,38 @@ def test_each_sentence_has_its_segment_events_request_and_sample_offset(
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["usage"]["output_tokens"] > 0
 
 
+def test_a_closed_socket_lets_go_of_all_its_sentences_and_their_work(idle_stack: Stack, redis: Redis) -> None:
+    """Hundreds of sentences wait in the queue when the client goes away: none stays held, none waits in the pool,
+    each is canceled; the one another session holds goes on for it (wanted.withdraw, all at once)."""
+    contexts, each = 4, 60
+    texts = [" ".join(f"Context {c} sentence {n} waits." for n in range(each)) for c in range(contexts)]
+    with _ws(idle_stack) as other:
+        _send(other, type="input_text.append", text="Context 0 sentence 7 waits.", context_id="x")
+        with _ws(idle_stack) as ws:
+            for c, text in enumerate(texts):
+                _send(ws, type="input_text.append", text=text, context_id=f"c{c}")
+            found = wait_for(lambda: len(r := _requests(redis)) == contexts * each and r, 60, "every sentence asked")
+            assert isinstance(found, dict)
+        shared = next(rid for rid, text in found.items() if text == "Context 0 sentence 7 waits.")
+
+        def held() -> dict[str, int]:
+            sets = {key.decode().rsplit(":", 1)[-1]: redis.scard(key) for key in redis.scan_iter(keys.wanted_key("*"))}
+            return {rid: n for rid, n in sets.items() if n}
+
+        wait_for(lambda: held() == {shared: 1}, 30, "only the other session's sentence to be held")
+        waiting = lambda: {m.decode().split(":")[0] for m in redis.zrange(keys.pool_key("tts"), 0, -1)}  # noqa: E731
+        wait_for(lambda: waiting() == {shared}, 30, "only the shared sentence's chunk to wait in the pool")
+
+        def statuses() -> dict[str, int]:
+            counted: dict[str, int] = {}
+            for rid in found:
+                status = (redis.hget(f"rq:job:{rid}", "status") or b"gone").decode()
+                counted[status] = counted.get(status, 0) + 1
+            return counted
+
+        wait_for(lambda: statuses() == {"canceled": contexts * each - 1, "queued": 1}, 60, "every other one canceled")
+
+
 def test_barge_in_withdraws_the_unspoken_sentences_and_their_jobs(idle_stack: Stack, redis: Redis) -> None:
     with _ws(idle_stack) as ws:
         _send(ws, type="input_text.append", text="First to withdraw. Second to withdraw. Third", context_id="a")

@@ -43,7 +43,7 @@ from web.context import Context, key_of, tenant_of
 from web.links import Links
 from web.news import Cleared, Failed, News
 from web.replies import Failure
-from web.speaking import SpeechContext
+from web.speaking import SpeechContext, holds
 
 logger = logging.getLogger("service")
 
@@ -191,15 +191,13 @@ class Session:
 
     async def release(self) -> None:
         """The session is over: stop every relay, withdraw every sentence held (what nobody else wants is not
-        made; wanted.withdraw_all), wait for the work spawned (withdrawals), give the tenant's socket back."""
+        made; wanted.withdraw), wait for the work spawned (withdrawals), give the tenant's socket back."""
         contexts = list(self.contexts.values())
         self.contexts.clear()
         held = await asyncio.gather(*(c.aclose() for c in contexts), return_exceptions=True)
-        pieces = [
-            (p.request_id, p.layout["chunks"], p.member) for found in held if isinstance(found, list) for p in found
-        ]
-        if failed := await wanted.withdraw_all(self.ctx, pieces, self.tenant):
-            logger.warning("could not withdraw %d of %d sentence(s) of a closed socket", failed, len(pieces))
+        pieces = holds([p for found in held if isinstance(found, list) for p in found])
+        if failed := await wanted.withdraw(self.ctx, pieces, self.tenant):
+            logger.warning("could not withdraw %d request(s) of a closed socket's %d sentence(s)", failed, len(pieces))
         while self._work:
             await asyncio.gather(*self._work, return_exceptions=True)
         if self._lease is not None:

@@ -197,7 +197,7 @@ class SpeechContext:
         self._settle()
 
     async def aclose(self) -> list[Piece]:
-        """The session is over: stop; the sentences held (the session withdraws them: wanted.withdraw_all)."""
+        """The session is over: stop; the sentences held (the session withdraws them: wanted.withdraw)."""
         self.epoch += 1
         self._disarm()
         speaker, held = self._speaker, self._take_pieces()
@@ -216,14 +216,13 @@ class SpeechContext:
         return taken
 
     async def _withdraw(self, speaker: asyncio.Task[Any], dropped: list[Piece]) -> None:
-        """Stop the old speaker, then withdraw its sentences (wanted.withdraw).
+        """Stop the old speaker, then withdraw its sentences (wanted.withdraw, all at once).
 
         Stopped first: its relay's subscription would count as someone else
         listening for the sentence it was playing.
         """
         await stop(speaker)
-        for piece in dropped:
-            await wanted.withdraw(self.ctx, piece.request_id, piece.layout["chunks"], piece.member, self.host.tenant)
+        await wanted.withdraw(self.ctx, holds(dropped), self.host.tenant)
 
     def _in(self, epoch: int) -> bool:
         """Whether the context is still in `epoch` (not cleared since)."""
@@ -290,8 +289,7 @@ class SpeechContext:
             finally:
                 self._submitting = False
             if piece is not None and item.epoch != self.epoch:
-                chunk_ids = piece.layout["chunks"]
-                self.host.spawn(wanted.withdraw(self.ctx, piece.request_id, chunk_ids, piece.member, self.host.tenant))
+                self.host.spawn(wanted.withdraw(self.ctx, holds([piece]), self.host.tenant))
             elif piece is not None:
                 self._pieces.put_nowait(piece)
             self._settle()
@@ -390,3 +388,8 @@ class SpeechContext:
             f"the audio of {piece.request_id} was not ready within {self.ctx.settings.speech_wait} s; "
             f"it goes on: GET {self.host.links.audio(piece.request_id)}",
         )
+
+
+def holds(pieces: list[Piece]) -> list[wanted.Held]:
+    """`pieces` as wanted.withdraw takes them."""
+    return [(p.request_id, p.layout["chunks"], p.member) for p in pieces]

@@ -253,21 +253,42 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
 
 
 async def cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
-    """`tenant` withdraws from a request as DELETE /v1/tts/{id} does (the WebSocket's barge-in withdraws through it
-    too): the job stops when no tenant wants it any more."""
+    """`tenant` withdraws from a request as DELETE /v1/tts/{id} does: the job stops when no tenant wants it any
+    more."""
     await run_in_threadpool(_cancel, ctx, request_id, chunk_ids, tenant)
 
 
+async def cancel_many(ctx: Context, requests: list[tuple[str, list[str]]], tenant: str) -> int:
+    """`cancel` each (request id, its chunk ids) of `requests` (a socket's barge-in and close withdraw through it):
+    their chunks leave the pool in two round trips whatever the number; how many failed past that."""
+    return await run_in_threadpool(_cancel_many, ctx, requests, tenant)
+
+
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
-    """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends."""
-    if not queueing.cancel(ctx.queue, request_id, chunk_ids, ctx.settings.result_ttl, tenant):
-        callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
-        return
-    job = queueing.fetch(ctx.sync_redis, request_id)
-    # A running job ends itself, and its worker sends the events; one that
-    # will never run is over now.
-    if job is None or job.get_status(refresh=True) != "started":
-        events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
+    _cancel_many(ctx, [(request_id, chunk_ids)], tenant)
+
+
+def _cancel_many(ctx: Context, requests: list[tuple[str, list[str]]], tenant: str) -> int:
+    """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends. Raises RedisError
+    when the pool cannot be reached, and a lone request's failure; how many of several failed past the pool."""
+    over = queueing.cancel_many(ctx.queue, requests, ctx.settings.result_ttl, tenant)
+    failed = 0
+    for (request_id, chunk_ids), canceled in zip(requests, over):
+        try:
+            if not canceled:
+                callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
+                continue
+            job = queueing.fetch(ctx.sync_redis, request_id)
+            # A running job ends itself, and its worker sends the events; one that
+            # will never run is over now.
+            if job is None or job.get_status(refresh=True) != "started":
+                events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
+        except Exception:
+            if len(requests) == 1:
+                raise
+            failed += 1
+            logger.warning("could not finish withdrawing from %s", request_id, exc_info=True)
+    return failed
 
 
 # -- the audio --------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from web.context import Context
 from web.links import Links
 from web.news import Audio, Began, Ended, Failed, Finished, News
 from web.replies import Failure
-from web.speaking import SpeechContext
+from web.speaking import SpeechContext, holds
 from web.tasks import stop
 
 logger = logging.getLogger("service")
@@ -154,14 +154,13 @@ class Connection:
 
     async def release(self) -> None:
         """Stop every relay, withdraw every sentence held (what nobody else wants is not made;
-        wanted.withdraw_all), wait for the work spawned (withdrawals), close the connection."""
+        wanted.withdraw), wait for the work spawned (withdrawals), close the connection."""
         if self._plain is not None:
             await stop(self._plain)
         context, self._context = self._context, None
         held = await context.aclose() if context is not None else []
-        pieces = [(p.request_id, p.layout["chunks"], p.member) for p in held]
-        if failed := await wanted.withdraw_all(self.ctx, pieces, self.tenant):
-            logger.warning("could not withdraw %d of %d sentence(s) of a closed Wyoming connection", failed, len(held))
+        if failed := await wanted.withdraw(self.ctx, holds(held), self.tenant):
+            logger.warning("could not withdraw %d request(s) of a closed Wyoming connection", failed)
         while self._work:
             await asyncio.gather(*self._work, return_exceptions=True)
         async with self._send_lock:

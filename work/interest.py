@@ -18,6 +18,7 @@ Imports no web framework, RQ worker or torch: both sides use it.
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from redis import Redis
 
@@ -47,6 +48,17 @@ def withdraw(redis: Redis, request_id: str, tenant: str) -> bool:
     request unwanted. A tenant that never asked for it withdraws nothing but
     its own view: to it the request reads canceled.
     """
-    keys = [tenants_key(request_id), dropped_key(request_id), cancel_key(request_id)]
+    return withdraw_many(redis, [request_id], tenant)[0]
+
+
+def withdraw_many(redis: Redis, request_ids: Sequence[str], tenant: str) -> list[bool]:
+    """`withdraw` from each of `request_ids`, in one round trip: what each returns, in order."""
     drop = scripts.register(redis, "drop_interest.lua")
-    return bool(drop(keys=keys, args=[tenant]))
+    with redis.pipeline(transaction=False) as pipe:
+        for request_id in request_ids:
+            drop(
+                keys=[tenants_key(request_id), dropped_key(request_id), cancel_key(request_id)],
+                args=[tenant],
+                client=pipe,
+            )
+        return [bool(over) for over in pipe.execute()]

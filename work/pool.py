@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence, TypedDict
 
 from redis import Redis
+from redis.client import Pipeline
 
 from cache import Spec
 from common import keys, metrics
@@ -300,21 +301,24 @@ class Pool:
         if chunk_ids:
             self._release(keys=[self._key("claim", cid) for cid in chunk_ids], args=[token])
 
-    def withdraw(self, request_id: str, chunk_ids: Iterable[str]) -> None:
-        """`request_id` no longer waits for `chunk_ids`; chunks nobody else waits for leave the pool."""
+    def withdraw(self, request_id: str, chunk_ids: Iterable[str], pipe: Pipeline | None = None) -> None:
+        """`request_id` no longer waits for `chunk_ids`; chunks nobody else waits for leave the pool (as part of
+        `pipe` when given: run when it is)."""
         ids = list(dict.fromkeys(chunk_ids))
         if ids:
-            self._withdraw(keys=self._keys(ids, "waiters", "task"), args=[request_id, self._lane_prefix, *ids])
+            keys = self._keys(ids, "waiters", "task")
+            self._withdraw(keys=keys, args=[request_id, self._lane_prefix, *ids], client=pipe or self.redis)
 
-    def leave(self, request_id: str, tenant: str, chunk_ids: Iterable[str]) -> None:
-        """`tenant` no longer wants `request_id`, which others still do: its chunks leave that tenant's lane only.
+    def leave(self, request_id: str, tenant: str, chunk_ids: Iterable[str], pipe: Pipeline | None = None) -> None:
+        """`tenant` no longer wants `request_id`, which others still do: its chunks leave that tenant's lane only
+        (as part of `pipe` when given).
 
         So the tenant's turns are not spent on them; they stay waiting in the
         lanes of the tenants that still want them.
         """
         members = [f"{request_id}:{cid}" for cid in dict.fromkeys(chunk_ids)]
         if members:
-            self.redis.zrem(lane_key(self.queue, tenant), *members)
+            (pipe or self.redis).zrem(lane_key(self.queue, tenant), *members)
 
     def piece(self, token: str, chunk_id: str, index: int, pcm: bytes) -> int:
         """Store the next piece of a chunk this worker is making and tell every request waiting for it.

@@ -213,16 +213,31 @@ def cancel(q: Queue, request_id: str, chunk_ids: Sequence[str], ttl: int, tenant
     goes on for the others. Audio already stored stays and serves later
     requests. Idempotent.
     """
+    return cancel_many(q, [(request_id, chunk_ids)], ttl, tenant)[0]
+
+
+def cancel_many(q: Queue, requests: Sequence[tuple[str, Sequence[str]]], ttl: int, tenant: str = "") -> list[bool]:
+    """`cancel` each (request id, its chunk ids) of `requests`: what each returns, in order.
+
+    Two round trips take every request's chunks out of the pool (or out of
+    the tenant's lane), whatever the number; then each job canceled for
+    everyone that still waits is canceled, one by one.
+    """
     redis = q.connection
     pool = Pool(redis, q.name, ttl)
-    if not interest.withdraw(redis, request_id, tenant):
-        pool.leave(request_id, tenant, chunk_ids)
-        return False
-    pool.withdraw(request_id, chunk_ids)
-    job = fetch(redis, request_id)
-    if job is not None and job.get_status(refresh=False) in WAITING:
-        stop_waiting(job)
-    return True
+    over = interest.withdraw_many(redis, [request_id for request_id, _ in requests], tenant)
+    with redis.pipeline(transaction=False) as pipe:
+        for (request_id, chunk_ids), nobody in zip(requests, over):
+            if nobody:
+                pool.withdraw(request_id, chunk_ids, pipe)
+            else:
+                pool.leave(request_id, tenant, chunk_ids, pipe)
+        pipe.execute()
+    for (request_id, _), nobody in zip(requests, over):
+        job = fetch(redis, request_id) if nobody else None
+        if job is not None and job.get_status(refresh=False) in WAITING:
+            stop_waiting(job)
+    return over
 
 
 def stop_waiting(job: Job) -> None:
