@@ -45,8 +45,8 @@ LABEL org.opencontainers.image.title="chattts-service" \
 VOLUME /cache
 EXPOSE 8000 9181
 # web: /healthz; worker and webhooks: an rq worker of the container registered in Redis (the first start
-# downloads the weights, hence the long start period); work/health.py says what each process is checked by.
-HEALTHCHECK --interval=30s --timeout=10s --start-period=10m --retries=3 CMD ["python", "-m", "work.health"]
+# downloads the weights, hence the long start period); processes/health.py says what each process is checked by.
+HEALTHCHECK --interval=30s --timeout=10s --start-period=10m --retries=3 CMD ["python", "-m", "processes.health"]
 ENTRYPOINT ["tini", "--", "/app/scripts/entrypoint"]
 CMD ["all"]
 

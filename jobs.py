@@ -1,8 +1,8 @@
 """The jobs RQ runs: a request's synthesis, help with the pool (assist), voice export, a recording encoded.
 
-A worker process keeps one decode loop (work/decode_loop.DecodeLoop) across
+A worker process keeps one decode loop (runtime/decode_loop.DecodeLoop) across
 the RQ jobs it runs; whichever job runs steps it. A request's job returns
-when its own chunks are all stored (work/request_run.RequestRun); rows still
+when its own chunks are all stored (runtime/request_run.RequestRun); rows still
 in the loop then wait for the worker's next job, or, when the queue is
 empty, the job finishes them first. How jobs are enqueued and found again is
 work/queueing.py's.
@@ -26,11 +26,11 @@ from common import metrics
 from common.keys import MODEL_KEY, assist_key, events_channel, voice_key
 from common.model import Engine, ModelInfo
 from common.settings import Settings
+from runtime.assist import ASSIST_SECONDS
+from runtime.decode_loop import DecodeLoop, Tally
+from runtime.request_run import ModelMismatch, RequestRun, Stop
 from work import samples
-from work.assist import ASSIST_SECONDS
-from work.decode_loop import DecodeLoop, Tally
 from work.queueing import voice_job_id
-from work.request_run import ModelMismatch, RequestRun, Stop
 
 logger = logging.getLogger(__name__)
 

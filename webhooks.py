@@ -3,11 +3,11 @@
     python webhooks.py [--burst] [--processes N]
 
 Each delivery process is a plain forking rq worker on every lane of
-`settings.webhook_queue` (work/lanes.py), running work/delivery.py's tries
+`settings.webhook_queue` (hooks/lanes.py), running hooks/delivery.py's tries
 and taking them from the tenants and receivers in turn; with more than one
-(TTS_WEBHOOK_WORKERS), this process supervises them (work/supervisor.py),
+(TTS_WEBHOOK_WORKERS), this process supervises them (processes/supervisor.py),
 so that a slow receiver holds its share of them, not all. Events are made
-and queued by the synthesis worker and the web process (work/events.py);
+and queued by the synthesis worker and the web process (hooks/events.py);
 callback URLs are checked and registered by the web process
 (web/callbacks.py). Never imports torch or the web tier.
 """
@@ -23,11 +23,16 @@ from redis.exceptions import RedisError
 from rq import Worker
 
 from common import connect
-from work import delivery, lanes, process
-from work.delivery import deliver as deliver  # tries queued under the name `webhooks.deliver` find it here
-from work.supervisor import Child, RestartPolicy, Supervisor
+from hooks import delivery, lanes
+from hooks.delivery import deliver as deliver  # tries are queued under the name `webhooks.deliver` (DELIVER)
+from processes import process
+from processes.supervisor import Child, RestartPolicy, Supervisor
 
 logger = logging.getLogger("webhooks")
+
+# RQ imports a try's function by its name as it runs the try: one an earlier release queued under the module's
+# former path finds it there.
+sys.modules.setdefault("work.delivery", delivery)
 
 # A delivery process that fails is started again a second later, however often: it holds no state worth giving up.
 RESTART = RestartPolicy(max_failures=None, first_delay=1.0, max_delay=1.0)

@@ -3,7 +3,7 @@
     python worker.py [--burst] [--max-jobs N] [--gpus all|N|I,J [--per-gpu K]]
 
 One process per GPU, each pinned with CUDA_VISIBLE_DEVICES: `--gpus` starts
-them (engines/launcher.py, supervised by work/supervisor.py). The worker
+them (processes/launcher.py, supervised by processes/supervisor.py). The worker
 never forks: CUDA does not survive a fork, and on CPU a child forked after
 torch has run deadlocks in OpenMP. With engine.py, the only module that
 imports torch and ChatTTS.
@@ -29,12 +29,14 @@ from common import connect, logs
 from common.errors import RedisFull
 from common.settings import Settings
 from engines.config import ModelUnavailable
-from engines.launcher import CPU, gpu_slots, launch
 from engines.loading import load_engine
-from work import events, lifetime, process, queueing
-from work.decode_loop import LEASE_MS
+from hooks import events
+from processes import process
+from processes.launcher import CPU, gpu_slots, launch
+from processes.supervisor import RestartPolicy
+from runtime.decode_loop import LEASE_MS
+from work import lifetime, queueing
 from work.status import failure_words
-from work.supervisor import RestartPolicy
 
 logger = logging.getLogger("worker")
 # Beats fail together while Redis is full or away: a line for the first, then a few.
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _may_run_native(settings: Settings) -> bool:
     """Whether a CPU worker may step in engines/q4step.c: then `--gpus` runs it supervised even alone, so that a
-    crash there restarts it with the C step off (engines/launcher.native_off_after_crash)."""
+    crash there restarts it with the C step off (processes/launcher.native_off_after_crash)."""
     return (
         settings.engine == "chattts"
         and settings.native_step != "off"

@@ -37,7 +37,7 @@ def bare() -> Starlette:
 
 def naive() -> Starlette:
     # Imported here: the bare app's footprint is the floor scenario 7 measures. The repository's root is on
-    # sys.path (uvicorn runs as `python -m` from it: processes.Cluster.start_app).
+    # sys.path (uvicorn runs as `python -m` from it: spawned.Cluster.start_app).
     from cache import Spec, normalize
     from common import audio
     from common.model import decode_all

@@ -18,12 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures
-import processes
+import spawned
 from engine_bench import UPSTREAM
 from figures import markdown_table, spread
 from harness import Texts
-from processes import Cluster, say
 from scenarios.realtime import speech_round
+from spawned import Cluster, say
 
 CPU_BEGIN = "<!-- cpu-engine:begin (written by bench/cpu_engine.py; edit outside these markers) -->"
 CPU_END = "<!-- cpu-engine:end -->"
@@ -38,13 +38,13 @@ def engine(
 ) -> dict:
     """engine_bench.py's JSON for `tunings`, with --fidelity and `more`; `wait`: OMP_WAIT_POLICY ("default": unset)."""
     say(f"engine_bench.py: {threads} thread(s), OpenMP wait {wait}, {', '.join(tunings)}")
-    env = processes.bench_env()
+    env = spawned.bench_env()
     env.pop("OMP_WAIT_POLICY", None)
     env |= {} if wait == "default" else {"OMP_WAIT_POLICY": wait}
     cmd = ["--model", str(model), "--device", "cpu", "--tunings", ",".join(tunings), "--batch-sizes", args.batch_sizes]
     cmd += ["--chunks", str(args.chunks), "--rounds", str(args.rounds), "--threads", str(threads)]
     with tempfile.TemporaryDirectory() as tmp:
-        data, stdout = processes.engine_bench([*cmd, "--fidelity", *more], Path(tmp) / "engine.json", env)
+        data, stdout = spawned.engine_bench([*cmd, "--fidelity", *more], Path(tmp) / "engine.json", env)
     print(stdout, end="", flush=True)
     return data
 
@@ -127,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-rounds", type=int, default=5, help="one-sentence requests per worker through HTTP")
     parser.add_argument("--write", type=Path, help="replace the CPU section of this file with the tables")
     args = parser.parse_args(argv)
-    started, info = time.monotonic(), processes.machine()
+    started, info = time.monotonic(), spawned.machine()
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    model = args.model or processes.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
+    model = args.model or spawned.ROOT / ".cache" / f"full-model-{MAX_NEW_TOKEN}"
     if not args.model and not (model / "model.json").exists():
         say(f"writing the full-size random checkpoint to {model}")
-        processes.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
+        spawned.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
     sizes, counts = [int(s) for s in args.batch_sizes.split(",")], [int(t) for t in args.threads.split(",")]
     tunings = ["float32", *[t for t in args.tunings.split(",") if t != "float32"]]
     first = engine(model, tunings, counts[0], args, more=("--floors",))

@@ -6,7 +6,7 @@ its end; `loop-transformers[:TUNING]`: that loop stepping through transformers' 
 `loop-torch[:TUNING]`: the lean step on torch's kernels alone, without engines/q4step.c: TTS_NATIVE_STEP=off)
 is built from copies of the worker's float32 GPT and decoder and swapped into one loaded chat; every (tuning, batch)
 runs the same one-chunk texts, the order rotating every round. RTF = seconds / audio seconds. --fidelity: each
-tuning against float32 (engines/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
+tuning against float32 (bench/fidelity.py). --json: everything, for gpu.py and cpu_engine.py.
 """
 
 from __future__ import annotations
@@ -57,13 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("chattts").setLevel(logging.ERROR)  # it warns on every chunk at the cap: random weights' all
 
+    import fidelity
     import numpy as np
     import torch
 
     from cache import Spec
     from common.model import decode_all
     from common.settings import from_env
-    from engines import fidelity, tuning
+    from engines import tuning
     from engines.chattts import ChatTTSEngine
     from engines.loading import load_engine
 

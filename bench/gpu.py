@@ -17,11 +17,11 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import processes
+import spawned
 from figures import Figure, percentile, table
 from harness import Texts, make_spec
-from processes import MIB, ROOT, BenchError, Cluster, Proc, say
 from scenarios.scheduling import SCHEDULERS, Watch
+from spawned import MIB, ROOT, BenchError, Cluster, Proc, say
 
 from cache import SAMPLE_RATE, Spec
 from common.keys import chunk_key
@@ -82,7 +82,7 @@ class Bench:
 
     def memory(self, pid: int) -> float | None:
         """MiB the process holds: on the GPU (None where nvidia-smi does not say), else its RSS."""
-        return gpu_mib(pid) if self.gpu else processes.rss_bytes(pid) / MIB
+        return gpu_mib(pid) if self.gpu else spawned.rss_bytes(pid) / MIB
 
     @contextmanager
     def workers(self, envs: list[dict[str, str]]) -> Iterator[Workers]:
@@ -119,7 +119,7 @@ class Bench:
                 watch.add(cid, start)
             jobs.append(queueing.submit(queues[i % len(queues)], spec, settings))
         try:
-            processes.wait_jobs(jobs, 600, [p for p, _ in workers])
+            spawned.wait_jobs(jobs, 600, [p for p, _ in workers])
         except BaseException:
             watch.stop()
             raise
@@ -149,7 +149,7 @@ class Bench:
             mem = [(after - before) / len(pool)] if after is not None and before is not None else []
         kind = "GPU memory" if self.gpu else "RSS"
         figures = [Figure("8", f"{kind} per worker, idle after warm-up ({how}){tag}", "MiB", mem)]
-        model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+        model_id, texts = spawned.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
         ttfc = []
         for _ in range(1 if self.quick else 2):
             ttfc.append(1000 * self.measure([make_spec(texts.text(4), model_id)], pool[:1])[1][0])
@@ -173,7 +173,7 @@ class Bench:
         """Continuous against static scheduling (`by`: a worker each), at each count of concurrent one-chunk
         requests."""
         got: dict[tuple[str, int], dict[str, list[float]]] = {(s, n): {} for s in SCHEDULERS for n in streams}
-        model_id, texts = processes.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
+        model_id, texts = spawned.model_info(self.cluster.redis()).id, Texts(seed=int(time.time()))
         for r in range(self.rounds_now("schedulers")):
             for n in streams:
                 for s in SCHEDULERS if (r + n) % 2 == 0 else SCHEDULERS[::-1]:
@@ -240,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         with Cluster() as cluster:
             what = f"full-size random checkpoint ({MAX_NEW_TOKEN} tokens per chunk)" if gpu else "tiny checkpoint"
             say(f"checkpoint: {args.model}" if args.model else f"writing the {what}")
-            model = args.model or processes.write_tiny_model(cluster.tmp / "model", MAX_NEW_TOKEN if gpu else None, gpu)
+            model = args.model or spawned.write_tiny_model(cluster.tmp / "model", MAX_NEW_TOKEN if gpu else None, gpu)
             device = "cuda:0" if gpu else "cpu"
             say(f"engine alone on {device}: batch sizes {mode['batch_sizes']}, tunings {mode['tunings']}")
             cmd = ["--model", str(model), "--batch-sizes", mode["batch_sizes"], "--tunings", mode["tunings"]]
             cmd += ["--chunks", "1", "--rounds", str(rounds), "--fidelity", "--device", device]
             # CPU: one thread, like the workers (a second spins against everything else on 2 cores).
             cmd += ["--warmup", "--threads", str(min(cores, 4))] if gpu else ["--threads", "1"]
-            engine, stdout = processes.engine_bench(cmd, cluster.tmp / "engine.json")
+            engine, stdout = spawned.engine_bench(cmd, cluster.tmp / "engine.json")
             print(stdout, end="", flush=True)
             sizes = [int(s) for s in mode["batch_sizes"].split(",")]
             figures = engine_figures(engine, sizes, mode["tunings"].split(","), gpu)
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"gpu bench: {exc}", file=sys.stderr)
         return 1
-    info = processes.machine()
+    info = spawned.machine()
     head = f"machine: {name}; {info['cpu']}, {info['cores']} cores, {info['memory']}; torch {info['torch']}; "
     head += f"{'GPU' if gpu else 'reduced CPU mode'}; {rounds} round(s); {time.monotonic() - started:.0f} s"
     print(f"\n{head}\n{table(figures, markdown=False)}")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from figures import Figure, exactly, interleaved
-from processes import BenchError, Cluster, Proc, model_info, say, wait_for
 from redis import Redis
+from spawned import BenchError, Cluster, Proc, model_info, say, wait_for
 
 from cache import Spec, normalize
 from common.metrics import read_counter

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from figures import percentile
-from processes import BenchError
+from spawned import BenchError
 
 HOST = "127.0.0.1"
 # An open loop with this many requests in flight is far past saturation: it stops rather than pile up more.

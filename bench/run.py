@@ -14,16 +14,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures
 import harness
-import processes
+import spawned
 from figures import table
 from harness import Bench
-from processes import BenchError, Cluster, say
 from scenarios import SCENARIOS
+from spawned import BenchError, Cluster, say
 
 BEGIN = "<!-- bench:begin (written by bench/run.py; edit outside these markers) -->"
 END = "<!-- bench:end -->"
 # Scenario 9's load curves, where BENCHMARKS.md shows them (a quick run draws into the temporary folder instead).
-CURVE_PNG = processes.ROOT / "docs" / "img" / "bench-load.png"
+CURVE_PNG = spawned.ROOT / "docs" / "img" / "bench-load.png"
 # Rows per model call for every worker here (TTS_BATCH_SIZE; BENCH_BATCH overrides it).
 BATCH = int(os.environ.get("BENCH_BATCH") or 8)
 LABELS = {"continuous": "service, continuous loop", "static": "service, static calls", "naive": "naive server"}
@@ -64,7 +64,7 @@ def start_stack(b: Bench) -> None:
     b.main = b.pool("worker", "tts")
     _, b.web_port = b.cluster.start_app("web")
     _, b.naive_port = b.cluster.start_app("naive", "bench/baselines:naive", b.model_env())
-    processes.wait_for(lambda: processes.http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
+    spawned.wait_for(lambda: spawned.http_ok(b.web_port, "/readyz"), 60, "the web process to say ready")
     say("stack ready")
 
 
@@ -94,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated scenario numbers to run (default: all)")
     args = parser.parse_args(argv)
     chosen = [s for s in SCENARIOS if not args.only or s.number in args.only.split(",")]
-    processes.stop_on_sigterm()
-    started, info = time.monotonic(), processes.machine()
+    spawned.stop_on_sigterm()
+    started, info = time.monotonic(), spawned.machine()
     try:
         with Cluster() as cluster:
             say(f"writing the tiny checkpoint; temporary directory {cluster.tmp}")
-            model_dir = processes.write_tiny_model(cluster.tmp / "tiny-model")
+            model_dir = spawned.write_tiny_model(cluster.tmp / "tiny-model")
             cluster.start_redis()
             b = Bench(args.quick, cluster, model_dir, BATCH)
             for scenario in chosen:

@@ -11,17 +11,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import figures
-import processes
 import soak_report
-from processes import BenchError
+import spawned
 from soak_common import Check
 from soak_phases import PHASES
 from soak_run import RESTARTS, Soak
+from spawned import BenchError
 
 
 async def _run_and_judge(s: Soak, drain: float) -> list[Check]:
     """The run, judged before the event loop ends: a process started from one of its threads (Redis, restarted
-    by a phase) is stopped when that thread exits (processes.py: PR_SET_PDEATHSIG)."""
+    by a phase) is stopped when that thread exits (spawned.py: PR_SET_PDEATHSIG)."""
     await s.run(drain)
     return soak_report.judge(s)
 
@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write", metavar="FILE", help="write the report into FILE, between its soak markers")
     args = parser.parse_args(argv)
-    processes.stop_on_sigterm()
+    spawned.stop_on_sigterm()
     started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     s = Soak(
-        processes.Cluster(),
+        spawned.Cluster(),
         args.minutes * 60,
         args.load,
         args.max_jobs,

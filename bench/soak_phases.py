@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
-import processes
 import soak_hostile
+import spawned
 from figures import percentile
-from processes import MIB
 from soak_common import BUSY, PROBE_EVERY, QUEUE, QUIET, WIDE_CHUNKS, Check, after, listing, until, used_memory
 from soak_run import Soak
+from spawned import MIB
 from traffic import Answer, Client, Record
 
 # While Redis is full: the most lines about it one log may hold; how soon after it has room both workers are back.
@@ -236,7 +236,7 @@ async def fill_up(s: Soak) -> str:
     line = await squeeze(s, "Redis full", "noeviction", 0.98, min(s.full_seconds, 0.30 * s.seconds))
     exits = s.exits - exits
     lines = {p.name: full_lines(p) - logs.get(p, 0) for p in s.cluster.tmp.glob("*.log")}
-    back = await until(lambda: len(processes.workers_of(s.redis(), QUEUE)) >= len(s.workers), FULL_BACK, 0.5)
+    back = await until(lambda: len(spawned.workers_of(s.redis(), QUEUE)) >= len(s.workers), FULL_BACK, 0.5)
     again = f"{s.now() - s.windows['Redis full'][1]:.1f} s" if back else f"not within {FULL_BACK:.0f} s"
     died = {why: n for why, n in exits.items() if why != "exit 0"}
     loud = {name: n for name, n in lines.items() if n > FULL_LINES}

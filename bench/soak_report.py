@@ -7,10 +7,10 @@ from collections import Counter
 
 import figures
 from figures import percentile
-from processes import MIB, say
 from redis import Redis
 from soak_common import NEVER, QUEUE, RESTARTING, Check, by_slot, listing, used_memory
 from soak_run import Soak
+from spawned import MIB, say
 from traffic import MIX
 
 from common import keys

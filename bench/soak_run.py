@@ -11,15 +11,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Sequence
 
-import processes
 import soak_common
+import spawned
 import traffic
-from processes import MIB, BenchError, Proc, say
 from redis import Redis
 from redis.exceptions import RedisError
 from rq.job import Job
 from rq.worker import WorkerStatus
 from soak_common import BUSY, NEVER, QUEUE, QUIET, RESTARTING, Check, by_slot, used_memory
+from spawned import MIB, BenchError, Proc, say
 from traffic import MIX, Answer, Client, Record
 
 from common.metrics_render import pool_lanes
@@ -32,7 +32,7 @@ RESTARTS = 3
 def rss(proc: Proc) -> float | None:
     """The process's RSS in MiB; None between its exit and its restart."""
     try:
-        return processes.rss_bytes(proc.pid) / MIB
+        return spawned.rss_bytes(proc.pid) / MIB
     except (OSError, BenchError):
         return None
 
@@ -41,7 +41,7 @@ def rss(proc: Proc) -> float | None:
 class Soak:
     """One run: the processes it starts, the phases it walks, what it counts and samples."""
 
-    cluster: processes.Cluster
+    cluster: spawned.Cluster
     seconds: float  # the load's length
     load: float  # new requests as a share of the measured capacity
     max_jobs: int | None  # None: chosen after calibration, for about RESTARTS restarts per worker
@@ -82,7 +82,7 @@ class Soak:
 
     def start_workers(self, *slots: int) -> list[Proc]:
         """`worker.py` in each slot, with --max-jobs once it is chosen (the second's 1.5x, so the two restart apart)."""
-        env = processes.bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=soak_common.api_keys(self.keys))
+        env = spawned.bench_env(REDIS_URL=self.cluster.redis_url, TTS_API_KEYS=soak_common.api_keys(self.keys))
         env.update(TTS_MODEL_PATH=str(self.cluster.tmp / "tiny-model"), TTS_TORCH_THREADS="1")
         for slot in slots:
             limit = [] if self.max_jobs is None else ["--max-jobs", str(self.max_jobs + slot * self.max_jobs // 2)]
@@ -93,7 +93,7 @@ class Soak:
 
     def busy_worker(self) -> Proc | None:
         """A worker process that is running a job now, by RQ's worker records."""
-        busy = {w.pid for w in processes.workers_of(self.redis(), QUEUE) if w.get_state() == WorkerStatus.BUSY}
+        busy = {w.pid for w in spawned.workers_of(self.redis(), QUEUE) if w.get_state() == WorkerStatus.BUSY}
         return next((p for p in self.workers.values() if p.pid in busy), None)
 
     def job_over(self, request_id: str) -> bool:
@@ -146,7 +146,7 @@ class Soak:
     def sample(self, label: str = "") -> None:
         """RSS of the web process and each worker (MiB; `restarting`: still loading), Redis's used_memory (MiB)."""
         t = self.now() - self.t0
-        row: dict[str, Any] = {"label": label or f"{t:.0f} s", "t": t, "web": processes.rss_bytes(self.web.pid) / MIB}
+        row: dict[str, Any] = {"label": label or f"{t:.0f} s", "t": t, "web": spawned.rss_bytes(self.web.pid) / MIB}
         row["workers"] = {slot: mib for slot, proc in self.workers.items() if (mib := rss(proc)) is not None}
         row["restarting"] = {k for k in row["workers"] if time.monotonic() - self.workers[k].started < RESTARTING}
         try:
@@ -178,14 +178,14 @@ class Soak:
         soak_report.judge)."""
         c = self.cluster
         say(f"writing the tiny checkpoint; temporary directory {c.tmp}")
-        processes.write_tiny_model(c.tmp / "tiny-model")
+        spawned.write_tiny_model(c.tmp / "tiny-model")
         c.start_redis(aof=True)
         say("starting two workers (tiny model, 1 torch thread each) and the web process (Procfile flags)")
         max_jobs, self.max_jobs = self.max_jobs, None  # calibration workers run without a limit
         procs = self.start_workers(0, 1)
         keyed = {"TTS_API_KEYS": soak_common.api_keys(self.keys), **soak_common.webhook_env()}
         self.web, self.ports[""] = c.start_app("web", env=keyed, procfile=True)
-        c.spawn("webhooks", [sys.executable, "webhooks.py"], processes.bench_env(REDIS_URL=c.redis_url, **keyed))
+        c.spawn("webhooks", [sys.executable, "webhooks.py"], spawned.bench_env(REDIS_URL=c.redis_url, **keyed))
         wide = {**keyed, "TTS_CHUNK_CHARS": str(soak_common.WIDE_CHUNKS)}
         _, self.ports[f", TTS_CHUNK_CHARS={soak_common.WIDE_CHUNKS}"] = c.start_app("web-wide", env=wide, procfile=True)
         c.wait_workers(procs, QUEUE)
@@ -197,7 +197,7 @@ class Soak:
             self.record.answers.clear()
             new_rate = self.load * self.capacity
             self.rate = new_rate / MIX["new"]
-            per_request = await asyncio.to_thread(processes.jobs_run, self.redis(), QUEUE) / len(self.record.stored)
+            per_request = await asyncio.to_thread(spawned.jobs_run, self.redis(), QUEUE) / len(self.record.stored)
             self.max_jobs = max_jobs or max(10, int(new_rate * self.seconds * per_request / 2 / RESTARTS))
             load = f"{self.rate:.2f} arrivals/s ({new_rate:.2f} new/s) for {self.seconds:.0f} s"
             say(f"capacity {self.capacity:.2f} new requests/s ({per_request:.2f} jobs each); load: {load}")

@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import processes
+import spawned
 from figures import markdown_table
 from harness import Texts
 
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="TTS_TORCH_THREADS")
     args = parser.parse_args(argv)
-    model = args.model or processes.ROOT / ".cache" / "full-model-128"
+    model = args.model or spawned.ROOT / ".cache" / "full-model-128"
     if not args.model and not (model / "model.json").exists():
-        processes.write_tiny_model(model, 128, full_size=True)
+        spawned.write_tiny_model(model, 128, full_size=True)
 
     import numpy as np
     import torch
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(chat, "_vocos_decode", lambda *a: "Vocos")
     sizes, texts = [int(s) for s in args.batch_sizes.split(",")], Texts(seed=11)
     tables: dict[int, list[tuple[dict[str, float], float, int, int]]] = {}
-    with processes.Cluster() as cluster:
+    with spawned.Cluster() as cluster:
         redis = Redis.from_url(cluster.start_redis())
         for r in range(args.rounds):
             for size in sizes[r % len(sizes) :] + sizes[: r % len(sizes)]:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens = sum(int(np.ceil(p.samples.size / 512)) for p in pieces)
                 wall += timers.spent["piece encode (PCM)"] + timers.spent["Redis (a piece's write)"]
                 tables.setdefault(size, []).append((dict(timers.spent), wall, steps, tokens))
-                processes.say(f"batch {size}: {steps} steps, {tokens} tokens, {wall:.1f} s")
+                spawned.say(f"batch {size}: {steps} steps, {tokens} tokens, {wall:.1f} s")
     for size, runs in tables.items():
         out = []
         for part in PARTS:

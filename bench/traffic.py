@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import loadgen
 from harness import Texts
-from processes import BenchError, say
+from spawned import BenchError, say
 
 # The mix of arrivals: new requests, then repeats of stored ones.
 MIX = {"new": 0.35, "post stored": 0.25, "get wav": 0.20, "get mp3": 0.05, "get status": 0.15}

@@ -32,7 +32,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from processes import Cluster, machine, say, write_tiny_model  # noqa: E402
+from spawned import Cluster, machine, say, write_tiny_model  # noqa: E402
 
 RATE = 44_100
 SECONDS = 10.0

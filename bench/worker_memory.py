@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import processes
+import spawned
 from figures import markdown_table
 
 SETTINGS = "TTS_QUANTIZE=int4-weight;TTS_QUANTIZE=int4-weight,TTS_NATIVE_STEP=off"
@@ -47,7 +47,7 @@ def measure(tree: Path, env: dict[str, str]) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tree), json.dumps(env)],
         cwd=tree,
-        env=processes.bench_env(),
+        env=spawned.bench_env(),
         capture_output=True,
         text=True,
         check=False,
@@ -64,24 +64,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", help="a commit whose tree loads the same settings, in turn with this one's")
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args(argv)
-    model = args.model or processes.ROOT / ".cache" / "full-model-128"
+    model = args.model or spawned.ROOT / ".cache" / "full-model-128"
     if not args.model and not (model / "model.json").exists():
-        processes.say(f"writing the full-size random checkpoint to {model}")
-        processes.write_tiny_model(model, 128, full_size=True)
+        spawned.say(f"writing the full-size random checkpoint to {model}")
+        spawned.write_tiny_model(model, 128, full_size=True)
     sets = [dict(pair.split("=", 1) for pair in group.split(",")) for group in args.settings.split(";") if group]
     with tempfile.TemporaryDirectory(prefix="before-") as tmp:
-        trees = {"this tree": processes.ROOT}
+        trees = {"this tree": spawned.ROOT}
         if args.before:
-            archive = subprocess.run(
-                ["git", "archive", args.before], cwd=processes.ROOT, capture_output=True, check=True
-            )
+            archive = subprocess.run(["git", "archive", args.before], cwd=spawned.ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
             trees[f"{args.before}"] = Path(tmp)
         rows = []
         for _ in range(args.rounds):
             for env in sets:
                 for name, tree in trees.items():
-                    processes.say(f"loading from {name} with {env}")
+                    spawned.say(f"loading from {name} with {env}")
                     found = measure(tree, {"TTS_MODEL_PATH": str(model), "TTS_TORCH_THREADS": "2", **env})
                     label = ", ".join(f"{k}={v}" for k, v in env.items())
                     rows.append([name, label, f"{found['int4']:.1f}", f"{found['VmRSS']:.0f}", f"{found['VmHWM']:.0f}"])

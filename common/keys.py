@@ -29,7 +29,7 @@ Layout (prefix `tts`):
 - `tts:hooks:R`: a request's webhook registrations; `tts:webhook:E`: one event to deliver;
   `tts:hooks-pending` and `tts:hooks-pending:T`: the pending webhook events of each tenant;
   `tts:webhook-turns:Q` and `tts:webhook-busy:Q`: when each lane of webhook queue Q was last served, and the
-  tries its processes hold now (work/lanes.py);
+  tries its processes hold now (hooks/lanes.py);
 - `tts:metrics`: every process's summed figures; `tts:rate:T:W`: tenant T's requests in window W;
 - `tts:probe:writable`: a tiny key written to ask whether a full Redis accepts writes again;
 - `tts:probe:replicated`: a tiny key written before WAIT, which counts replicas up to that write.
@@ -200,7 +200,7 @@ def deliveries_key(request_id: str) -> str:
 
 def pending_events_key(tenant: str) -> str:
     """A sorted set: the webhook events of `tenant` not yet delivered nor given up, and its registrations waiting for
-    their request's end, each scored by when it expires (work/events.py); "" (no named keys) has the bare prefix."""
+    their request's end, each scored by when it expires (hooks/events.py); "" (no named keys) has the bare prefix."""
     return f"{PREFIX}:hooks-pending" + (f":{tenant}" if tenant else "")
 
 

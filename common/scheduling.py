@@ -2,7 +2,7 @@
 
 Every rule by which rows are admitted and preempted is listed here, and each
 rule a worker applies is decided here, by a `Scheduler`, from an explicit
-state, as a plan that the loops carry out. work/decode_loop.py asks it what to
+state, as a plan that the loops carry out. runtime/decode_loop.py asks it what to
 claim (`Scheduler.claim`) and hands the plan to the pool (work/pool.py
 `Pool.claim`, whose Lua script work/lua/claim.lua applies rules 1 and 2 at
 once in Redis, where they must be atomic across workers). engines/loop.py asks

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import loadgen  # noqa: E402
-import processes  # noqa: E402
+import spawned  # noqa: E402
 from figures import Figure, interleaved, percentile, spread, table, write_section  # noqa: E402
 from harness import Bench, Reading, Scenario, perform  # noqa: E402
-from processes import BenchError, Cluster  # noqa: E402
+from spawned import BenchError, Cluster  # noqa: E402
 
 
 def test_a_figure_is_judged_on_the_median_of_its_run_by_run_ratios_or_in_every_run() -> None:
@@ -96,7 +96,7 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
 
 
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:
-    flags = processes.web_flags(8123)
+    flags = spawned.web_flags(8123)
     assert flags[flags.index("--host") + 1] == "127.0.0.1" and flags[flags.index("--port") + 1] == "8123"
     assert flags[flags.index("--loop") + 1] == "uvloop"
     assert flags[flags.index("--http") + 1] == "web.protocol:BoundedHttpToolsProtocol"

@@ -11,9 +11,9 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "bench"))
 
 from harness import Bench, perform  # noqa: E402
-from processes import Cluster, write_tiny_model  # noqa: E402
 from scenarios import SCENARIOS, realtime  # noqa: E402
 from scenarios.realtime import STREAM_TOKENS  # noqa: E402
+from spawned import Cluster, write_tiny_model  # noqa: E402
 
 from engines import rowmodel  # noqa: E402
 

@@ -12,11 +12,11 @@ from starlette.testclient import TestClient
 from webhook_helpers import SECRET
 
 from cache import Spec
-from common import targets
 from common.keys import hooks_key
 from common.settings import Settings
+from hooks import lanes, targets
 from web import captions
-from work import lanes, queueing
+from work import queueing
 
 HOOK = "http://127.0.0.1:9/hook"
 
@@ -51,7 +51,7 @@ def test_a_submission_refused_with_429_leaves_no_callback_registered(
 def test_request_over_keeps_the_callbacks_when_redis_refuses_their_events(redis: Redis) -> None:
     from rq import Queue
 
-    from work import events
+    from hooks import events
 
     settings = Settings(redis_url="redis://unused", webhook_secret=SECRET)
     request_id = "a" * 32

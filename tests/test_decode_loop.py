@@ -1,4 +1,4 @@
-"""The worker's decode loop (work/decode_loop.py) in-process, on the tone engine and a real Redis.
+"""The worker's decode loop (runtime/decode_loop.py) in-process, on the tone engine and a real Redis.
 
 The tone engine's continuous decoder hands out each row's clip a piece per
 step, so rows stay in the loop for a few steps and every chunk's audio is
@@ -18,8 +18,8 @@ from common import audio, metrics
 from common.keys import chunk_key, pool_entry_key
 from common.settings import Settings, from_env
 from engines.tone import ToneEngine
+from runtime.decode_loop import DecodeLoop, Tally
 from work import queueing
-from work.decode_loop import DecodeLoop, Tally
 from work.pool import Pool
 
 MODEL = "tone-test"

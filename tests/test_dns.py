@@ -1,4 +1,4 @@
-"""common/dns.py and web/lookups.py against a real DNS server on a local port (UDP and TCP), and in a web process."""
+"""hooks/dns.py and web/lookups.py against a real DNS server on a local port (UDP and TCP), and in a web process."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from conftest import Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from webhook_helpers import SECRET
 
-from common import dns
 from common.settings import Settings, from_env
+from hooks import dns
 from web.lookups import Lookups
 
 PUBLIC_V4, PUBLIC_V6 = "93.184.215.14", "2606:4700::1111"

@@ -140,7 +140,7 @@ def test_a_webhook_event_has_no_ttl_until_its_delivery_is_over(redis: Redis) -> 
     from webhook_helpers import SECRET
 
     from common.keys import event_key, hooks_key
-    from work import delivery, events
+    from hooks import delivery, events
 
     settings = Settings(redis_url="redis://unused", webhook_secret=SECRET, webhook_allow_private=True, result_ttl=TTL)
     request_id = "b" * 32

@@ -1,4 +1,4 @@
-"""work/health.py, the images' health check: each process is checked by what it serves, against a real Redis and
+"""processes/health.py, the images' health check: each process is checked by what it serves, against a real Redis and
 a real HTTP server."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from redis import Redis
 from rq import Queue, Worker
 
 from common.settings import from_env
-from work import health
+from processes import health
 from work.queueing import SERIALIZER
 
 

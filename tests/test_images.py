@@ -76,7 +76,7 @@ def test_the_cpu_target_takes_torch_from_torch_index_url() -> None:
 def test_every_image_checks_its_health_keeps_its_models_on_a_volume_and_falls_back_as_make_run_does() -> None:
     base = stages()["base"]
     assert "VOLUME /cache" in base
-    assert any(s.startswith("HEALTHCHECK ") and s.endswith('CMD ["python", "-m", "work.health"]') for s in base)
+    assert any(s.startswith("HEALTHCHECK ") and s.endswith('CMD ["python", "-m", "processes.health"]') for s in base)
     assert 'ENTRYPOINT ["tini", "--", "/app/scripts/entrypoint"]' in base and 'CMD ["all"]' in base
     env = " ".join(s for s in base if s.startswith("ENV "))
     assert "HF_HOME=/cache/huggingface" in env and "TTS_FALLBACK_MODEL_PATH=/cache/tiny-model" in env
@@ -133,7 +133,7 @@ def test_the_gpu_profile_gives_the_gpu_worker_the_hosts_gpus() -> None:
     assert service["image"] == "chattts-service:gpu" and service["build"]["target"] == "gpu"
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
-    # One worker process per GPU it is given, each seeing its own (engines/launcher.py).
+    # One worker process per GPU it is given, each seeing its own (processes/launcher.py).
     assert "--gpus all" in procfile()["worker"]
 
 

@@ -1,4 +1,4 @@
-"""work/lanes.py: the webhook queue's lanes, the order a free delivery process looks at them, and the shares."""
+"""hooks/lanes.py: the webhook queue's lanes, the order a free delivery process looks at them, and the shares."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from redis import Redis
 
 from common.keys import webhook_busy_key
 from common.settings import Settings, from_env
-from work import lanes
-from work.lanes import Lane, Shares
+from hooks import lanes
+from hooks.lanes import Lane, Shares
 
 KEYS = "alice=alice-key-0123456789abcdef,bob=bob-key-0123456789abcdef"
 
@@ -115,7 +115,7 @@ def test_a_try_taken_and_not_claimed_goes_back_to_the_front_of_its_lane(redis: R
     from rq import Queue
     from rq.intermediate_queue import IntermediateQueue
 
-    from work import delivery
+    from hooks import delivery
 
     lane = Queue("tts-webhooks:2", connection=redis, serializer=delivery.SERIALIZER)
     for n in range(2):

@@ -19,7 +19,7 @@ from conftest import Proc, Stack, wait_for
 from ops_helpers import children, environ_of, workers_alive
 from prometheus_client.parser import text_string_to_metric_families
 
-from work.supervisor import RestartPolicy
+from processes.supervisor import RestartPolicy
 
 # A stand-in for worker.py: it notes each start, then fails or serves by the GPU it was given.
 CHILD = textwrap.dedent("""
@@ -48,8 +48,8 @@ def _launcher(tmp_path: Path, redis_url: str, devices: list[str], policy: str) -
         "import sys\n"
         "from redis import Redis\n"
         "from common import logs\n"
-        "from engines.launcher import launch\n"
-        "from work.supervisor import RestartPolicy\n"
+        "from processes.launcher import launch\n"
+        "from processes.supervisor import RestartPolicy\n"
         "logs.configure_logging('INFO', 'text')\n"
         f"raise SystemExit(launch({devices!r}, 1, [{str(tmp_path)!r}], policy=RestartPolicy({policy}), "
         f"redis=Redis.from_url({redis_url!r}), command=[sys.executable, {str(child)!r}]))\n"
@@ -167,7 +167,7 @@ def test_the_same_supervisor_never_gives_a_webhook_process_up(tmp_path: Path) ->
         "import sys\n"
         "import webhooks\n"
         "from common import logs\n"
-        "from work.supervisor import Child, Supervisor\n"
+        "from processes.supervisor import Child, Supervisor\n"
         "logs.configure_logging('INFO', 'text')\n"
         f"child = Child([sys.executable, {str(child)!r}, {str(tmp_path)!r}])\n"
         "raise SystemExit(Supervisor('webhook', [child], webhooks.RESTART).run())\n"
@@ -199,7 +199,7 @@ def test_no_child_outlives_a_supervisor_killed_outright(tmp_path: Path) -> None:
     )
     code = (
         "import sys\n"
-        "from work.supervisor import Child, RestartPolicy, Supervisor\n"
+        "from processes.supervisor import Child, RestartPolicy, Supervisor\n"
         f"raise SystemExit(Supervisor('webhook', [Child([sys.executable, {str(child)!r}])], RestartPolicy()).run())\n"
     )
     supervisor = Proc([sys.executable, "-c", code], {**os.environ, "PYTHONUNBUFFERED": "1"}, tmp_path / "sup.log")
@@ -252,8 +252,8 @@ def test_a_worker_that_dies_in_native_code_starts_again_with_the_c_step_off(tmp_
     code = (
         "import sys\n"
         "from common import logs\n"
-        "from engines.launcher import CPU, launch\n"
-        "from work.supervisor import RestartPolicy\n"
+        "from processes.launcher import CPU, launch\n"
+        "from processes.supervisor import RestartPolicy\n"
         "logs.configure_logging('INFO', 'text')\n"
         f"raise SystemExit(launch([CPU], 1, [{str(tmp_path)!r}, {death!r}], policy=RestartPolicy(first_delay=0.1), "
         f"command=[sys.executable, {str(child)!r}]))\n"
@@ -282,8 +282,8 @@ def test_a_worker_that_exits_with_an_error_keeps_the_c_step(tmp_path: Path) -> N
     child.write_text(CRASHING)
     code = (
         "import sys\n"
-        "from engines.launcher import CPU, launch\n"
-        "from work.supervisor import RestartPolicy\n"
+        "from processes.launcher import CPU, launch\n"
+        "from processes.supervisor import RestartPolicy\n"
         f"raise SystemExit(launch([CPU], 1, [{str(tmp_path)!r}, 'exit'], policy=RestartPolicy(max_failures=2, "
         f"first_delay=0.1), command=[sys.executable, {str(child)!r}]))\n"
     )

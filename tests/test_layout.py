@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-PACKAGES = ("web", "engines", "work", "common")
+PACKAGES = ("web", "engines", "runtime", "processes", "hooks", "work", "common")
+# What the web tier may never import, and what it runs on: the worker's side and what both sides share.
+WORKER_SIDE = ("jobs", "worker", "engines", "runtime")
+SHARED = ("common", "work", "hooks", "cache", "splitter")
 # The design card's modules and the Procfile's entry points: nothing else at the top.
 TOP = {"service", "jobs", "worker", "cache", "splitter", "webhooks", "wyoming_service"}
 
@@ -63,7 +66,7 @@ def test_top_level_holds_only_the_card_and_entry_points() -> None:
 @pytest.mark.every_python
 def test_web_tier_processes_never_load_the_worker_side(statement: str) -> None:
     loaded = _loaded_after(statement)
-    worker_side = {"jobs", "worker", "engines", "torch", "ChatTTS", "transformers"} & _roots(loaded)
+    worker_side = {*WORKER_SIDE, "torch", "ChatTTS", "transformers"} & _roots(loaded)
     assert not worker_side, f"{statement!r} imported {sorted(worker_side)}"
 
 
@@ -80,17 +83,8 @@ def test_web_and_shared_modules_never_name_the_worker_side() -> None:
     modules = _modules()
     known = set(modules)
     for name, path in modules.items():
-        if name.split(".")[0] in (
-            "web",
-            "common",
-            "work",
-            "service",
-            "cache",
-            "splitter",
-            "webhooks",
-            "wyoming_service",
-        ):
-            bad = {m for m in _imports(path, known) if m.split(".")[0] in ("jobs", "worker", "engines")}
+        if name.split(".")[0] in ("web", "service", "wyoming_service", "webhooks", "processes", *SHARED):
+            bad = {m for m in _imports(path, known) if m.split(".")[0] in WORKER_SIDE}
             assert not bad, f"{name} imports {sorted(bad)}"
 
 
@@ -125,3 +119,19 @@ def test_every_job_name_the_queue_sends_is_a_function_of_jobs_py() -> None:
     names = [queueing.SYNTHESIZE, queueing.VOICE, queueing.ASSIST, samples.ENCODE]
     assert all(name.startswith("jobs.") for name in names), names
     assert {name.removeprefix("jobs.") for name in names} <= defined
+
+
+@pytest.mark.slow
+def test_a_webhook_try_is_queued_under_the_webhooks_process_name_and_an_old_one_still_runs() -> None:
+    """RQ finds a try's function by the name it was queued under: `webhooks.deliver`, and (for tries an earlier
+    release queued) the module path it had before."""
+    from hooks import delivery
+
+    assert delivery.DELIVER == "webhooks.deliver"
+    code = (
+        "from rq.utils import import_attribute; import webhooks; from hooks.delivery import deliver; "
+        "assert import_attribute('webhooks.deliver') is deliver; "
+        "assert import_attribute('work.delivery.deliver') is deliver"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -143,7 +143,7 @@ def test_a_failure_outlives_its_job(stack_factory: Callable[..., Stack], redis: 
     request_id = httpx.post(stack.url + "/v1/tts", json={"text": "A request that fails for good."}).json()["id"]
     # What a worker does when a job fails with no retry left (worker.TTSWorker._request_over).
     from common.settings import Settings
-    from work import events
+    from hooks import events
 
     events.request_over(redis, request_id, [], Settings(result_ttl=60), "synthesis ran past its time limit")
     redis.delete(Job.key_for(request_id))  # RQ's failed job evicted, or expired before the record

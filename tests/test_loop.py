@@ -1,4 +1,4 @@
-"""The continuous decode loop (engines/loop.py, work/decode_loop.py) on the real tiny ChatTTS.
+"""The continuous decode loop (engines/loop.py, runtime/decode_loop.py) on the real tiny ChatTTS.
 
 Upstream equivalence stands in for real weights: a row alone in the loop
 makes the very codes and hidden states of ChatTTS's own `_infer_code`
@@ -36,8 +36,8 @@ from engines.leanstep import LeanStep
 from engines.loop import ChatTTSLoop
 from engines.refine import refine
 from engines.rowmodel import row_seed, sample_text
+from runtime.decode_loop import LOOK_EVERY, Tally
 from work import queueing
-from work.decode_loop import LOOK_EVERY, Tally
 from work.pool import Pool
 
 # Every test here loads a checkpoint (the tiny one, or full-size random weights).

@@ -32,7 +32,7 @@ from wyoming.tts import Synthesize
 from common import audio
 from common.keys import chunk_key, events_channel, request_key
 from common.settings import Settings
-from work import lanes
+from hooks import lanes
 from work.queueing import SERIALIZER, stored
 
 # -- graceful shutdown ----------------------------------------------------------------
@@ -196,7 +196,7 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
             return sorted(w["queues"] for w in workers)
 
         # The webhooks process starts its delivery processes (TTS_WEBHOOK_WORKERS) after it is up.
-        hooks = [lane.name for lane in lanes.lanes(Settings())]  # tts-webhooks and its other lanes (work/lanes.py)
+        hooks = [lane.name for lane in lanes.lanes(Settings())]  # tts-webhooks and its other lanes (hooks/lanes.py)
         expected = [["tts"], *[hooks] * Settings().webhook_workers]
         wait_for(lambda: worker_queues() == expected, 60, "the worker and the webhooks processes", interval=0.3)
         listing = httpx.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)

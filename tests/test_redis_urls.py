@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common import connect
 from common.settings import Settings, from_env
-from work import lanes
+from hooks import lanes
 
 
 def _openssl(*args: str) -> None:

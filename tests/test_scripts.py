@@ -35,9 +35,10 @@ from common.keys import (
     voices_key,
 )
 from common.settings import Settings
+from hooks import delivery, events, lanes
 from web import callbacks
 from web.store import AudioCache
-from work import delivery, events, interest, lanes, lifetime, queueing, scripts
+from work import interest, lifetime, queueing, scripts
 from work.pool import ClaimArgs, ClaimPrefixes, Look, Pool
 from work.status import ACTIVE, OVER
 

@@ -384,7 +384,7 @@ def test_context_ids_are_bounded_in_length_and_number(session: ClientConnection)
 def test_the_procfile_server_refuses_a_frame_over_the_limit_itself(redis_url: str, tmp_path: Path) -> None:
     # The Procfile's web line bounds what uvicorn buffers of one frame (its default is 16 MiB) to the same limit.
     sys.path.insert(0, str(ROOT / "bench"))
-    from processes import web_flags
+    from spawned import web_flags
 
     from web import session as session_module
     from web.session import MAX_FRAME

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import ROOT
 
 from common.settings import SettingsError, from_env
-from engines import fidelity, q4step, tuning, weightonly
+from engines import q4step, tuning, weightonly
 from engines.chattts import ChatTTSEngine, load_chattts
+
+sys.path.insert(0, str(ROOT / "bench"))  # the fidelity rule is the benchmarks' (bench/fidelity.py)
+import fidelity
 
 TEXT = "Hello world, this is the fidelity check. 你好，世界。"
 INT4 = tuning.Tuning("float32", "int4-weight")

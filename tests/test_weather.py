@@ -66,7 +66,8 @@ def test_every_process_waits_out_a_full_redis_and_serves_again(full_redis: str, 
 def test_a_worker_whose_birth_redis_refuses_is_made_again_once_there_is_room(full_redis: str) -> None:  # noqa: F811
     from rq import Queue, SimpleWorker
 
-    from work import process, queueing
+    from processes import process
+    from work import queueing
 
     redis = Redis.from_url(full_redis)
     made: list[int] = []
@@ -88,7 +89,7 @@ def test_a_worker_whose_birth_redis_refuses_is_made_again_once_there_is_room(ful
 def test_a_transaction_refused_at_exec_counts_as_a_full_redis_everywhere(full_redis: str) -> None:  # noqa: F811
     from redis.exceptions import ExecAbortError
 
-    from work import process
+    from processes import process
 
     redis = Redis.from_url(full_redis)
     # Queued while there was room, refused at EXEC: what RQ's register_birth met in the soak.

@@ -21,7 +21,7 @@ from conftest import ROOT, Proc, _free_port, serving, wait_for
 from redis import Redis
 
 sys.path.insert(0, str(ROOT / "bench"))
-from processes import procfile_command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
+from spawned import procfile_command as procfile_line  # noqa: E402  (the benches read the Procfile the same way)
 
 # The web set is installed into a virtualenv and run as processes.
 pytestmark = pytest.mark.slow

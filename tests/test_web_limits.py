@@ -15,7 +15,7 @@ from conftest import ROOT, Proc, _free_port, wait_for
 from web import protocol
 
 sys.path.insert(0, str(ROOT / "bench"))
-from processes import web_flags  # noqa: E402  (the Procfile's own web flags)
+from spawned import web_flags  # noqa: E402  (the Procfile's own web flags)
 
 # Every test here runs the web process as the Procfile starts it.
 pytestmark = pytest.mark.slow

@@ -16,9 +16,8 @@ from conftest import Stack, wait_for
 from redis import Redis
 from webhook_helpers import Receiver, _stack, _submit, _verify
 
-from common import targets
 from common.settings import from_env
-from work import lanes, posting
+from hooks import lanes, posting, targets
 
 
 @pytest.fixture

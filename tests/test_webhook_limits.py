@@ -1,5 +1,5 @@
 """A tenant's webhooks kept to itself: its pending events capped, its own signing secret, events that expire,
-callback ports (web, tone worker, webhooks process and real receivers; work/events.py and work/delivery.py)."""
+callback ports (web, tone worker, webhooks process and real receivers; hooks/events.py and hooks/delivery.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from webhook_helpers import SECRET, Receiver, _stack, _verify
 
 from common.keys import event_key, hooks_key, pending_events_key
 from common.settings import Settings, SettingsError, from_env
-from work import delivery, events
+from hooks import delivery, events
 
 ALICE, BOB, CAROL = "alice-limits-key-012345678", "bob-limits-key-0123456789a", "carol-limits-key-012345678"
 TENANTS = f"alice={ALICE},bob={BOB},carol={CAROL}"

@@ -1,5 +1,5 @@
 """Webhook retries (API 1.3): backoff that doubles with jitter over hours, Retry-After honoured, 410 Gone stops an
-URL's events, and the delivery state each tenant sees in its request's status (work/delivery.py, work/posting.py;
+URL's events, and the delivery state each tenant sees in its request's status (hooks/delivery.py, hooks/posting.py;
 web, tone worker, the webhooks process and a real receiver)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import Stack, wait_for
 from webhook_helpers import Receiver, _deliveries, _scrape, _stack, _state_is, _submit
 
 from common.settings import from_env
-from work import delivery, posting
+from hooks import delivery, posting
 
 # The `receiver` fixture: a real HTTP server that records the calls made to it.
 pytest_plugins = ["webhook_fixtures"]

@@ -1,6 +1,6 @@
-"""Callback URLs a webhook may target (common/targets.py): private, local and malformed ones refused at submission
+"""Callback URLs a webhook may target (hooks/targets.py): private, local and malformed ones refused at submission
 with a 422, the address rules IPv6 wrappings of IPv4 included, and a host that resolves to one refused again at
-delivery (work/delivery.py)."""
+delivery (hooks/delivery.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from conftest import Stack
 from redis import Redis
 from webhook_helpers import SECRET, Receiver
 
-from common import keys, targets
+from common import keys
 from common.settings import from_env
-from work import delivery
+from hooks import delivery, targets
 
 # The `receiver` fixture: a real HTTP server that records the calls made to it.
 pytest_plugins = ["webhook_fixtures"]

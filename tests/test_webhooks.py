@@ -21,7 +21,7 @@ from redis import Redis
 from webhook_helpers import SECRET, VERIFIER, Receiver, _scrape, _stack, _state_is, _submit, _verify
 
 from common import keys
-from work import posting
+from hooks import posting
 
 # The `receiver` fixture: a real HTTP server that records the calls made to it.
 pytest_plugins = ["webhook_fixtures"]

@@ -1,7 +1,7 @@
 """A submission's callback URL: checked (422 when the service cannot call it), registered, fired or withdrawn.
 
-The events themselves are made and queued by work/events.py and delivered
-by the webhooks process (work/delivery.py); GET /v1/tts/{id} shows how
+The events themselves are made and queued by hooks/events.py and delivered
+by the webhooks process (hooks/delivery.py); GET /v1/tts/{id} shows how
 each of a tenant's callbacks is doing (`deliveries`). A tenant has at most
 TTS_MAX_PENDING_EVENTS registrations and events pending (429 past it).
 """
@@ -15,14 +15,14 @@ import msgspec
 from msgspec import Meta
 from redis import Redis
 
-from common import dns, targets
 from common.errors import ApiError, invalid
 from common.keys import deliveries_key, event_key, hooks_key, pending_events_key
 from common.settings import Settings
+from hooks import delivery, dns, events, targets
+from hooks.delivery import DeliveryState
+from hooks.events import hook_field, hook_of, registration_member
 from web.lookups import Lookups
-from work import delivery, events, scripts
-from work.delivery import DeliveryState
-from work.events import hook_field, hook_of, registration_member
+from work import scripts
 
 FIELD = "callback_url"
 

@@ -13,11 +13,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 from starlette.requests import HTTPConnection
 
-from common import connect, dns, metrics, source
+from common import connect, metrics, source
 from common.errors import ApiError
 from common.keys import MODEL_KEY, events_channel, rate_key
 from common.model import ModelInfo
 from common.settings import Settings
+from hooks import dns
 from web.hub import BEAT, Hub, Watch
 from web.lookups import Lookups
 from web.store import AudioCache

@@ -2,7 +2,7 @@
 
 A lookup holds one of its tenant's SHARE slots while it runs, and waits for
 one within the same deadline (TIMEOUT s in all). It runs in asyncio
-(common/dns.py), so a lookup cut off at its deadline stops there: its slot
+(hooks/dns.py), so a lookup cut off at its deadline stops there: its slot
 is free again at once and nothing is left running behind it. A tenant whose
 callback hosts resolve slowly, or never, so holds at most SHARE slots for at
 most TIMEOUT s each, and every other tenant keeps its own: the process runs
@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from common import dns
+from hooks import dns
 
 # Lookups one tenant may run at once in one web process.
 SHARE = 8

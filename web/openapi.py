@@ -22,6 +22,7 @@ import msgspec.inspect as mi
 
 from common import source
 from common.settings import Settings
+from hooks import events
 from web import (
     bodies,
     compat_bodies,
@@ -34,7 +35,6 @@ from web import (
     routes,
 )
 from web.openapi_parts import JSON, error, headers, ref
-from work import events
 
 VERSION = "1.3"
 # Every JSON body asked or answered (and the types they use).

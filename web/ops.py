@@ -15,10 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from common import connect, keys, metrics
+from hooks import delivery, lanes
 from web import openapi
 from web.context import Context
 from web.replies import Health, Ready, ReadyModel, reply
-from work import delivery, lanes, queueing
+from work import queueing
 
 PAGE = Path(__file__).parent.parent / "static" / "index.html"
 
@@ -88,7 +89,7 @@ async def prometheus(ctx: Context, request: Request) -> Response:
     settings = ctx.settings
 
     def gauges() -> list[GaugeMetricFamily]:
-        # The webhook queue's lanes, added up under its name (work/lanes.py).
+        # The webhook queue's lanes, added up under its name (hooks/lanes.py).
         hooks = lanes.totals(delivery.lane_queues(ctx.sync_redis, settings), settings.webhook_queue)
         live = {name: queueing.census(ctx.sync_redis, name).live for name in (ctx.queue.name, hooks.name)}
         return [*metrics.queue_gauges(live, ctx.queue, hooks), _pending_events(ctx)]

@@ -22,6 +22,7 @@ from cache import Spec, spec_of_manifest
 from common import audio, keys, metrics
 from common.errors import ApiError
 from common.settings import Settings
+from hooks import events
 from web import callbacks, decoding, headers, routes, validation, voices
 from web.bodies import TtsRequest
 from web.context import Context, tenant_of
@@ -33,7 +34,7 @@ from web.replies import Progress, TtsStatus, TtsSubmitted, reply
 from web.specs import ensure, spec_of
 from web.streams import AudioStream, encoded, start, wait_stored, whole_clip
 from web.submissions import Submission
-from work import events, queueing
+from work import queueing
 from work.status import ACTIVE, FAILURES, State, failure, outcome, state_of
 
 logger = logging.getLogger("service")

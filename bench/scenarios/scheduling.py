@@ -11,12 +11,12 @@ import time
 from typing import Callable, Sequence
 
 import loadgen
-import processes
+import spawned
 from figures import least, most, percentile
 from harness import Bench, Reading, make_spec
-from processes import BenchError, wait_for, wait_jobs
 from redis import Redis
 from rq.job import Job
+from spawned import BenchError, wait_for, wait_jobs
 
 from cache import Spec
 from common.keys import chunk_key, events_channel, pieces_key, pool_key
@@ -121,7 +121,7 @@ def continuous(b: Bench) -> None:
     """9: continuous against static scheduling on rows of their own lengths: two workers of their own (one per
     scheduler) and a naive server, on the tiny checkpoint with its cap lifted, in Redis database 1 (a second
     model in database 0 would take over what the web process keys its requests for)."""
-    model = {"TTS_MODEL_PATH": str(processes.write_tiny_model(b.cluster.tmp / "tiny-budget", max_new_token=CAP))}
+    model = {"TTS_MODEL_PATH": str(spawned.write_tiny_model(b.cluster.tmp / "tiny-budget", max_new_token=CAP))}
     redis = Redis.from_url(b.url(1))
     for scheduling in SCHEDULERS:
         b.pool(f"budget-{scheduling}", f"bench-budget-{scheduling}", database=1, TTS_SCHEDULING=scheduling, **model)

@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import httpx
 import loadgen
-import processes
+import spawned
 from figures import exactly, least, most, percentile
 from harness import Bench, Reading, Texts, make_spec
-from processes import MIB, BenchError, wait_for
 from redis import Redis
 from rq.job import Job
+from spawned import MIB, BenchError, wait_for
 
 from work import queueing
 
@@ -47,7 +47,7 @@ def footprint(b: Bench) -> None:
             for _ in range(200):
                 client.get("/healthz")
         torch = float("libtorch" in Path(f"/proc/{proc.pid}/maps").read_text()) if side == "web" else None
-        readings: list[Reading] = [processes.rss_bytes(proc.pid) / MIB, seconds, torch]
+        readings: list[Reading] = [spawned.rss_bytes(proc.pid) / MIB, seconds, torch]
         c.stop(proc)
         return readings
 
@@ -56,7 +56,7 @@ def footprint(b: Bench) -> None:
         env = {"TTS_MODEL_PATH": str(b.model_dir), "TTS_QUEUE": queue, "TTS_TORCH_THREADS": "1"}
         proc = c.start_worker(f"fp-worker-{round_}", env)
         c.wait_workers([proc], queue)
-        readings: list[Reading] = [processes.rss_bytes(proc.pid) / MIB, time.monotonic() - started]
+        readings: list[Reading] = [spawned.rss_bytes(proc.pid) / MIB, time.monotonic() - started]
         c.stop(proc)
         return readings
 
@@ -173,7 +173,7 @@ def dedupe(b: Bench) -> None:
     redis, n = b.cluster.redis(), DEDUPE_CLIENTS
 
     def measure(side: str, _: int) -> list[Reading]:
-        body, before = {"text": b.texts.text(4)}, processes.jobs_run(redis, "tts")
+        body, before = {"text": b.texts.text(4)}, spawned.jobs_run(redis, "tts")
 
         async def all_clients() -> list[bytes]:
             return await asyncio.gather(*(loadgen.submit_and_fetch(b.web_port, body) for _ in range(n)))
@@ -181,9 +181,9 @@ def dedupe(b: Bench) -> None:
         answered = sum(1 for audio in asyncio.run(all_clients()) if audio)
         job = finished_job(redis, make_spec(body["text"], b.model_id()).request_id())
         # RQ counts a job in its worker's hash just after recording its end.
-        wait_for(lambda: processes.jobs_run(redis, "tts") > before, 10, "the worker to count the job")
+        wait_for(lambda: spawned.jobs_run(redis, "tts") > before, 10, "the worker to count the job")
         made = float(job.return_value()["chunks_synthesized"])
-        return [float(processes.jobs_run(redis, "tts") - before), made, answered]
+        return [float(spawned.jobs_run(redis, "tts") - before), made, answered]
 
     jobs = b.figure(f"jobs run for {n} identical concurrent requests", "jobs", target=exactly(1, "exactly 1"))
     chunks = b.figure("chunks synthesized for them (request of 4 chunks)", "chunks", target=exactly(4))

@@ -6,7 +6,7 @@
 -- The prefixes: the tenants' lanes are known only from the turns, and the requests to wake (and their
 -- callbacks) only from each chunk's waiters, as the script runs (forget.lua).
 -- Returns two lists: (request id, milliseconds since it arrived) for each request whose first chunk this
--- was; and each request woken that has callback URLs registered, once (its events may be due: work/events.py
+-- was; and each request woken that has callback URLs registered, once (its events may be due: hooks/events.py
 -- `if_all_stored`).
 -- Steps:
 -- 1. The pool's lanes (lanes_of) and the time now (milliseconds modulo the slot).

@@ -1,5 +1,5 @@
 -- make_event.lua: make the webhook event of one callback of a request, unless the callback has had its event for
--- this outcome already (work/events.py enqueue).
+-- this outcome already (hooks/events.py enqueue).
 -- Uses: sweep.lua
 -- KEYS: 1 the request's deliveries (a hash: callback field -> event id), 2 the new event's hash, 3 the tenant's
 --   pending set (member "e:<event id>" or "r:<registration>", scored by when it expires).

@@ -1,5 +1,5 @@
 -- take_turn.lua: a delivery process claims the webhook try it took from a lane, unless the lane or the lane's
--- tenant holds its share of the delivery processes already (work/lanes.py Turns.take).
+-- tenant holds its share of the delivery processes already (hooks/lanes.py Turns.take).
 -- KEYS: 1 busy (a sorted set: member "<worker>|<tenant>|<lane>" per try held, scored by when its claim lapses),
 --   2 turns (a hash: lane -> the unix time a try was last taken from it).
 -- ARGV: 1 now (unix seconds), 2 when this claim lapses, 3 the worker's name, 4 the tenant, 5 the lane,

@@ -8,10 +8,10 @@ withdraws from it (web/callbacks.withdraw: they hear "canceled" at once);
 outcome already: a request submitted again and again with one callback URL
 (a cached request answers at once) makes one event. Each event waits in a
 hash of its own (`event_key`: URL, body, tenant, state), so the delivery
-try queued on its lane (work/lanes.py), which rq-dashboard shows, names
+try queued on its lane (hooks/lanes.py), which rq-dashboard shows, names
 only the event. A registration and an event count in their tenant's
 pending set (`pending_events_key`) until the event is delivered or given
-up, or its retry window has passed (work/delivery.py `window`).
+up, or its retry window has passed (hooks/delivery.py `window`).
 Only Redis is touched here: the webhooks process does the HTTP.
 """
 
@@ -32,8 +32,9 @@ from cache import ID_PATTERN, SAMPLE_RATE, SAMPLE_WIDTH
 from common import audio, urls
 from common.keys import chunk_key, deliveries_key, event_key, hooks_key, pending_events_key, request_key
 from common.settings import Settings
-from common.targets import shown
-from work import delivery, lanes, lifetime, scripts
+from hooks import delivery, lanes
+from hooks.targets import shown
+from work import lifetime, scripts
 from work.status import Outcome, outcome
 
 logger = logging.getLogger("webhooks")
@@ -166,7 +167,7 @@ def _make(
     The event's URL (which may hold credentials or tokens) stays out of the
     job's arguments, which rq-dashboard shows: the job names the event only.
     No TTL while it is being delivered (no `volatile-*` eviction takes it
-    between tries): its final state gets the TTL (work/delivery.py), and
+    between tries): its final state gets the TTL (hooks/delivery.py), and
     one whose tries were lost is given up once its window has passed.
     """
     tenant, url = hook_of(field)

@@ -19,9 +19,9 @@ import time
 from typing import Sequence
 from urllib.parse import unquote
 
-from common import dns
 from common.settings import Settings
-from common.targets import Target, check_addresses, check_port
+from hooks import dns
+from hooks.targets import Target, check_addresses, check_port
 
 logger = logging.getLogger("webhooks")
 

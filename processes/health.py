@@ -1,6 +1,6 @@
 """The images' health check: whether the process a container runs (scripts/entrypoint NAME) serves.
 
-    python -m work.health        exit 0 when it does; 1, with the reason on stderr, when it does not
+    python -m processes.health        exit 0 when it does; 1, with the reason on stderr, when it does not
 
 The entry point leaves NAME in $TMPDIR/tts-process. `web`: GET /healthz on PORT answers 200; `dashboard`:
 DASHBOARD_PORT answers; `wyoming`: TTS_WYOMING_PORT takes a connection; `worker` and `webhooks`: an rq worker of this host (a container's hostname is its

@@ -1,6 +1,6 @@
 """rq-dashboard on the service's Redis, reached the way web and worker reach it (common/connect.py).
 
-    python -m work.dashboard --bind 127.0.0.1 --port 9181     (scripts/dashboard runs it)
+    python -m processes.dashboard --bind 127.0.0.1 --port 9181     (scripts/dashboard runs it)
 
 rq-dashboard builds its own client from a URL, which cannot say a CA file,
 a client certificate or Sentinel; here its app is made by rq-dashboard and
@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 from rq_dashboard.cli import make_flask_app
 
 from common import connect
-from work import process
+from processes import process
 
 logger = logging.getLogger("dashboard")
 

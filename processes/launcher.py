@@ -1,7 +1,7 @@
 """Starting one worker process per GPU, each seeing only its own (`python worker.py --gpus ...`).
 
 What is the worker's own: finding the GPUs, each child's environment, and
-the figures of its failures; work/supervisor.py runs the children. Never
+the figures of its failures; processes/supervisor.py runs the children. Never
 imports torch: CUDA must be initialised in each child with its own
 CUDA_VISIBLE_DEVICES, not in the parent that starts them.
 """
@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from redis import Redis
 
-from work.supervisor import Child, Counters, RestartPolicy, Supervisor
+from processes.supervisor import Child, Counters, RestartPolicy, Supervisor
 
 logger = logging.getLogger(__name__)
 

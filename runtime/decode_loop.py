@@ -33,8 +33,8 @@ from common.connect import drop_idle_connections
 from common.errors import RedisFull
 from common.model import Decoder, Engine, Piece, decoder_for, scheduler_for
 from common.settings import Settings
-from work import events
-from work.assist import CENSUS_EVERY, Helpers
+from hooks import events
+from runtime.assist import CENSUS_EVERY, Helpers
 from work.pool import Claimed, Look, Pool
 from work.queueing import queue
 
@@ -67,7 +67,7 @@ class Tally:
 
 
 class Owner(Protocol):
-    """The request whose job steps the loop (work/request_run.RequestRun): its chunks not stored yet, and
+    """The request whose job steps the loop (runtime/request_run.RequestRun): its chunks not stored yet, and
     whether its run has counted the idle workers afresh (its first claim does)."""
 
     id: str

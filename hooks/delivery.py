@@ -8,7 +8,7 @@ event was made; then the event is given up. A `410 Gone` stops it at once,
 and every later event to that URL (`gone_key`). The event's hash keeps its
 delivery state, which `GET /v1/tts/{id}` shows; an event that is over
 leaves its tenant's pending set. Each try waits on its event's lane
-(work/lanes.py), signed with its tenant's secrets.
+(hooks/lanes.py), signed with its tenant's secrets.
 
 Runs in the webhooks process (`bind` gives it its settings and Redis); the
 synthesis worker and the web process only queue tries (`enqueue_try`).
@@ -32,11 +32,12 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry, get_current_job
 from rq.serializers import JSONSerializer
 
-from common import metrics, targets
+from common import metrics
 from common.keys import event_key, gone_key, pending_events_key
 from common.settings import Settings
-from work import lanes, scripts
-from work.posting import TIMEOUT, DeliveryFailed, Refused, post_event, reason
+from hooks import lanes, targets
+from hooks.posting import TIMEOUT, DeliveryFailed, Refused, post_event, reason
+from work import scripts
 
 logger = logging.getLogger("webhooks")
 
@@ -48,6 +49,9 @@ MAX_GAP = 3600.0
 UNEXPECTED_RETRIES = (5, 30, 120)
 # The webhook queue's jobs carry only an event id: JSON suffices, and rq-dashboard shows it plainly.
 SERIALIZER = JSONSerializer
+# The name a try is queued under: the webhooks process's (webhooks.py hands `deliver` on), stable wherever this
+# module lives, as the synthesis jobs are named after jobs.py.
+DELIVER = "webhooks.deliver"
 # Seconds one try may take in all: posting.TIMEOUT for the receiver, plus name resolution and the fork.
 TRY_LIMIT = int(TIMEOUT) + 20
 # Seconds past its retry window before an event whose tries were lost is given up (sweep.lua).
@@ -60,7 +64,7 @@ def queue(redis: Redis, settings: Settings) -> Queue:
 
 
 def lane_queues(redis: Redis, settings: Settings) -> list[Queue]:
-    """Every lane of the webhook queue (work/lanes.py), as the delivery processes listen on them."""
+    """Every lane of the webhook queue (hooks/lanes.py), as the delivery processes listen on them."""
     return [Queue(lane.name, connection=redis, serializer=SERIALIZER) for lane in lanes.lanes(settings)]
 
 
@@ -112,12 +116,12 @@ def enqueue_try(
         "description": description,
     }
     if delay is None:
-        q.enqueue(deliver, event_id, **options)
+        q.enqueue(DELIVER, event_id, **options)
     else:
         # RQ keeps the due time in whole seconds, cut down: rounded up here, a
         # try never comes before a receiver's Retry-After.
         due = datetime.fromtimestamp(math.ceil(time.time() + delay), UTC)
-        q.enqueue_at(due, deliver, event_id, **options)
+        q.enqueue_at(due, DELIVER, event_id, **options)
 
 
 def backoff(attempts: int, first: float, rng: random.Random | None = None) -> float:

@@ -7,8 +7,8 @@ addresses there, and any other name is asked of the nameservers
 for its A and AAAA records: over UDP from a random port with a random id,
 over TCP when the answer is truncated, one server after another within the
 caller's deadline. A name is looked up as given (no search domains). The
-addresses found are judged by common/targets.check_addresses and are the
-only ones a delivery connects to (work/posting.py).
+addresses found are judged by hooks/targets.check_addresses and are the
+only ones a delivery connects to (hooks/posting.py).
 """
 
 from __future__ import annotations

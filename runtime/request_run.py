@@ -1,7 +1,7 @@
 """One run of a request's job: its chunks, which are still missing, its news, and why it stops early.
 
 Every chunk not stored is in the queue's pool (work/pool.py). While any
-is missing, the run steps the worker's decode loop (work/decode_loop.py),
+is missing, the run steps the worker's decode loop (runtime/decode_loop.py),
 its own earliest open chunk claimed first. Cancels, failed chunks and the
 chunks stored meanwhile are read from Redis in one round trip (with the
 loop's check of its rows: DecodeLoop.look) at most every LOOK_EVERY s, and
@@ -23,7 +23,7 @@ from rq.timeouts import JobTimeoutException
 
 from cache import Spec
 from common.keys import events_channel
-from work.decode_loop import LOOK_EVERY, DecodeLoop, Tally
+from runtime.decode_loop import LOOK_EVERY, DecodeLoop, Tally
 from work.pool import Look
 from work.queueing import stored
 
@@ -57,7 +57,7 @@ class Stop(enum.Enum):
 
 
 class RequestRun:
-    """One run of a request's job on this worker's decode loop (an Owner of work/decode_loop.py)."""
+    """One run of a request's job on this worker's decode loop (an Owner of runtime/decode_loop.py)."""
 
     def __init__(self, loop: DecodeLoop, spec: Spec, job: Job | None) -> None:
         """Check the request's model, find its missing chunks and subscribe to its news.
