@@ -12,10 +12,10 @@ mechanics: the KV cache's merge and trim, pieces, fault bisection, out of
 memory.
 
 The rules, in the order a row meets them:
-1. Fair order (claim.lua): each tenant that waits has a lane, and a claim
-   takes one row from each lane in turn, the tenant served least recently
-   first; within a lane, every request's first chunk before any request's
-   later chunks, then by arrival (`Place`).
+1. Fair order (claim.lua, as `Lanes` says): each tenant that waits has a
+   lane, and a claim takes one row from each lane in turn, the tenant served
+   least recently first; within a lane, every request's first chunk before
+   any request's later chunks, then by arrival (`Place`).
 2. Share (claim.lua, sized here): with idle workers, a claim takes at most
    its part of the open chunks (1 / (idle + 1)), so that one request is
    spread over every free worker.
@@ -37,7 +37,9 @@ Pure: imports nothing of the service.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 class Place(NamedTuple):
@@ -54,6 +56,43 @@ class Place(NamedTuple):
     def first(self) -> bool:
         """Is this its request's first chunk (the one its first audio waits for)?"""
         return self.chunk_index == 0
+
+
+class Lanes:
+    """Rule 1's turns among the tenants' lanes, as claim.lua takes them in Redis (where they must be atomic
+    across workers; tests/test_tenants.py holds the script to these)."""
+
+    @staticmethod
+    def order(turns: Mapping[str, float]) -> list[str]:
+        """The lanes in the order a claim visits them, from the turns (tenant -> its last turn): the tenant
+        served least recently first, ties by name; the pool's own lane ("", the tenant of no named key) is
+        always one, last while the turns do not list it."""
+        ordered = sorted(turns, key=lambda tenant: (turns[tenant], tenant))
+        return ordered if "" in turns else [*ordered, ""]
+
+    @staticmethod
+    def take(lanes: Sequence[Sequence[T]], rows: int) -> list[tuple[int, T]]:
+        """Up to `rows` rows, one from each lane in turn (each lane in its own fair order) until the rows are
+        taken or every lane is done; each as (its lane's index, the row)."""
+        taken: list[tuple[int, T]] = []
+        depth = 0
+        while len(taken) < rows and any(depth < len(lane) for lane in lanes):
+            for index, lane in enumerate(lanes):
+                if len(taken) < rows and depth < len(lane):
+                    taken.append((index, lane[depth]))
+            depth += 1
+        return taken
+
+    @staticmethod
+    def served(turns: Mapping[str, float], tenants: Sequence[str]) -> dict[str, float]:
+        """The turns after a claim took a row of each of `tenants`, in that order: each tenant served goes
+        behind every other, the last served last."""
+        after = dict(turns)
+        turn = max(turns.values(), default=0)
+        for tenant in tenants:
+            turn += 1
+            after[tenant] = turn
+        return after
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 Rules 1 and 2 (the tenants' lanes in turn, the share of the open chunks) are
 carried out by work/lua/claim.lua, atomically in Redis: tests/test_pool.py
-and tests/test_tenants.py check them there.
+and tests/test_tenants.py hold the script to them there.
 """
 
 from __future__ import annotations
 
 import random
 
-from common.scheduling import ClaimPlan, Place, Scheduler, SlotPlan
+from common.scheduling import ClaimPlan, Lanes, Place, Scheduler, SlotPlan
 
 FIRST, LATER = 0, 1
 
@@ -31,6 +31,19 @@ def test_fair_order_puts_every_first_chunk_before_any_later_chunk_then_arrival()
     places = [_place(1, 1), _place(0, 9), _place(2, 0), _place(0, 3)]
     assert sorted(places) == [_place(0, 3), _place(0, 9), _place(1, 1), _place(2, 0)]
     assert [p.first for p in places] == [False, True, False, True]
+
+
+def test_lanes_take_turns_the_tenant_served_least_recently_first() -> None:
+    """Rule 1 across lanes: one row from each lane in turn; a tenant served goes behind the others; the pool's own
+    lane ("", no named key) is always one."""
+    turns = {"alice": 3.0, "bob": 1.0, "carol": 2.0}
+    assert Lanes.order(turns) == ["bob", "carol", "alice", ""]
+    assert Lanes.order({"": 1.0, "bob": 1.0, "alice": 2.0}) == ["", "bob", "alice"]  # ties by name
+    lanes = [["b1", "b2"], ["c1"], ["a1", "a2", "a3"], []]
+    assert Lanes.take(lanes, 5) == [(0, "b1"), (1, "c1"), (2, "a1"), (0, "b2"), (2, "a2")]
+    assert Lanes.take(lanes, 99)[-1] == (2, "a3") and Lanes.take(lanes, 0) == []
+    after = Lanes.served(turns, ["bob", "carol", "alice", "bob", "alice"])
+    assert Lanes.order(after) == ["carol", "bob", "alice", ""]
 
 
 def test_a_claim_shares_the_open_chunks_with_the_idle_workers() -> None:

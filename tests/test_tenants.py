@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import httpx
 import numpy as np
@@ -17,7 +18,7 @@ from websockets.sync.client import connect
 
 from cache import Spec
 from common import keys
-from common.scheduling import Place
+from common.scheduling import Lanes, Place
 from common.settings import SettingsError, bare_key_name, from_env
 from common.speakers import encode_speaker
 from work import interest
@@ -108,6 +109,34 @@ def test_the_pool_takes_work_from_tenants_in_turn(redis: Redis) -> None:
     second, _ = pool.claim("w", 3, 10_000, cross=True)
     assert [c.row.chunks[0] for c in second][:2] in (["Alice 1.", "Bob two."], ["Bob two.", "Alice 1."])
     assert redis.zcard(keys.lane_key("q", "alice")) == 50 and pool.size() == 50 + 2 + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_claim_script_takes_the_lanes_in_turn_as_the_rule_says(redis: Redis, seed: int) -> None:
+    """claim.lua against common.scheduling.Lanes on random pools: the rows each claim takes, in order, and the
+    turns it leaves."""
+    rng = random.Random(seed)
+    pool = Pool(redis, "q", ttl=600)
+    waiting: dict[str, list[str]] = {}
+    for n in range(rng.randint(8, 24)):
+        tenant = rng.choice(["alice", "bob", "carol", ""])
+        _want(redis, pool, f"r{n:03d}", tenant, f"Text {n}.")  # ids in arrival order: ties in a lane by name
+        waiting.setdefault(tenant, []).append(f"Text {n}.")
+    while any(waiting.values()):
+        scored = cast(list[tuple[bytes, float]], redis.zrange(keys.turns_key("q"), 0, -1, withscores=True))
+        turns = {member.decode(): score for member, score in scored}
+        order = Lanes.order(turns)
+        rows = rng.randint(1, 5)
+        want = Lanes.take([waiting.get(tenant, []) for tenant in order], rows)
+        got, _ = pool.claim("w", rows, 10_000, cross=True)
+        assert [c.row.chunks[0] for c in got] == [row for _, row in want]
+        for index, row in want:
+            waiting[order[index]].remove(row)
+        # The turns left: the rule's, for every tenant that still waits (one whose lane emptied may leave them).
+        left = [m.decode() for m in redis.zrange(keys.turns_key("q"), 0, -1)]
+        assert {tenant for tenant, rows in waiting.items() if rows and tenant} <= set(left)
+        expected = Lanes.order(Lanes.served(turns, [order[index] for index, _ in want]))
+        assert [t for t in left if waiting.get(t)] == [t for t in expected if waiting.get(t) and t in left]
 
 
 def test_a_full_loop_takes_only_first_chunks_from_the_lanes_each_with_its_place(redis: Redis) -> None:
