@@ -253,19 +253,15 @@ async def status_or_cancel(ctx: Context, request: Request) -> Response:
     return Response(status_code=204)
 
 
-async def cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
-    """`tenant` withdraws from a request as DELETE /v1/tts/{id} does: the job stops when no tenant wants it any
-    more."""
-    await run_in_threadpool(_cancel, ctx, request_id, chunk_ids, tenant)
-
-
 async def cancel_many(ctx: Context, requests: list[tuple[str, list[str]]], tenant: str) -> int:
-    """`cancel` each (request id, its chunk ids) of `requests` (a socket's barge-in and close withdraw through it):
-    their chunks leave the pool in two round trips whatever the number; how many failed past that."""
+    """`tenant` withdraws from each (request id, its chunk ids) of `requests` as DELETE /v1/tts/{id} does (a
+    socket's barge-in and close withdraw through it): each job stops when no tenant wants it any more. Their chunks
+    leave the pool in two round trips whatever the number; how many failed past that."""
     return await run_in_threadpool(_cancel_many, ctx, requests, tenant)
 
 
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
+    """DELETE's withdrawal: `_cancel_many` of one, its failure raised."""
     _cancel_many(ctx, [(request_id, chunk_ids)], tenant)
 
 

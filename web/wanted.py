@@ -3,7 +3,7 @@
 Each sentence a WebSocket session submits is held (a member of
 `wanted_key(R)`) from before its request is ensured until its audio is
 all sent or it is withdrawn. `withdraw` lets go of sentences and
-withdraws their tenant from each request (tts.cancel, the path of DELETE
+withdraws their tenant from each request (tts.cancel_many, the path of DELETE
 /v1/tts/{id}: the job stops when no tenant wants it) only when nobody
 else wants it: no other sentence holds it (of any session, in
 any web process), nothing listens on its events channel (a stream, a
