@@ -158,7 +158,10 @@ def test_a_closed_socket_lets_go_of_all_its_sentences_and_their_work(idle_stack:
             return {rid: n for rid, n in sets.items() if n}
 
         wait_for(lambda: held() == {shared: 1}, 30, "only the other session's sentence to be held")
-        waiting = lambda: {m.decode().split(":")[0] for m in redis.zrange(keys.pool_key("tts"), 0, -1)}  # noqa: E731
+
+        def waiting() -> set[str]:
+            return {m.decode().split(":")[0] for m in redis.zrange(keys.pool_key("tts"), 0, -1)}
+
         wait_for(lambda: waiting() == {shared}, 30, "only the shared sentence's chunk to wait in the pool")
 
         def statuses() -> dict[str, int]:

@@ -261,31 +261,36 @@ async def cancel_many(ctx: Context, requests: list[tuple[str, list[str]]], tenan
 
 
 def _cancel(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str) -> None:
-    """DELETE's withdrawal: `_cancel_many` of one, its failure raised."""
-    _cancel_many(ctx, [(request_id, chunk_ids)], tenant)
+    """DELETE's withdrawal of one request; its failure is raised (and answered)."""
+    [canceled] = queueing.cancel_many(ctx.queue, [(request_id, chunk_ids)], ctx.settings.result_ttl, tenant)
+    _tell(ctx, request_id, chunk_ids, tenant, canceled)
 
 
 def _cancel_many(ctx: Context, requests: list[tuple[str, list[str]]], tenant: str) -> int:
-    """`tenant` withdraws; its callbacks hear "canceled" now, the others' when the job ends. Raises RedisError
-    when the pool cannot be reached, and a lone request's failure; how many of several failed past the pool."""
+    """`tenant` withdraws from each of `requests`. Raises RedisError when the pool cannot be reached; how many
+    failed past it (each logged)."""
     over = queueing.cancel_many(ctx.queue, requests, ctx.settings.result_ttl, tenant)
     failed = 0
     for (request_id, chunk_ids), canceled in zip(requests, over):
         try:
-            if not canceled:
-                callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
-                continue
-            job = queueing.fetch(ctx.sync_redis, request_id)
-            # A running job ends itself, and its worker sends the events; one that
-            # will never run is over now.
-            if job is None or job.get_status(refresh=True) != "started":
-                events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
+            _tell(ctx, request_id, chunk_ids, tenant, canceled)
         except Exception:
-            if len(requests) == 1:
-                raise
             failed += 1
             logger.warning("could not finish withdrawing from %s", request_id, exc_info=True)
     return failed
+
+
+def _tell(ctx: Context, request_id: str, chunk_ids: list[str], tenant: str, canceled: bool) -> None:
+    """After `tenant` withdrew from a request (`canceled`: for everyone): its callbacks hear "canceled" now, the
+    others' when the job ends."""
+    if not canceled:
+        callbacks.withdraw(ctx.sync_redis, request_id, tenant, ctx.settings)  # others still want it
+        return
+    job = queueing.fetch(ctx.sync_redis, request_id)
+    # A running job ends itself, and its worker sends the events; one that
+    # will never run is over now.
+    if job is None or job.get_status(refresh=True) != "started":
+        events.request_over(ctx.sync_redis, request_id, chunk_ids, ctx.settings)
 
 
 # -- the audio --------------------------------------------------------------------------
