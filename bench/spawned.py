@@ -9,6 +9,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import shlex
 import shutil
 import signal
@@ -67,10 +68,37 @@ def wait_for(
     return value
 
 
+# Where free_port looks: below the kernel's ephemeral range, which it hands to outgoing connections (a Redis
+# client's, say) without asking; a port from the range could be taken between the check and the server's bind.
+PRIVATE_PORTS = range(10_000, 32_768)
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on now, outside the ephemeral range where the host allows (else any).
+
+    Chosen at random, so two callers rarely pick the same one; the server that is given it binds it itself.
+    """
+    low = ephemeral_low()
+    ports = range(PRIVATE_PORTS.start, min(PRIVATE_PORTS.stop, low)) if low > PRIVATE_PORTS.start + 1000 else None
+    for _ in range(100 if ports else 0):
+        port = random.choice(ports)  # type: ignore[arg-type]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), else 0."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _proc_line(path: str, prefix: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import _posixsubprocess
 import contextlib
 import ctypes.util
+import http.cookiejar
 import io
 import logging
 import os
@@ -31,6 +32,9 @@ from starlette.testclient import TestClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "bench"))
+from spawned import free_port  # noqa: E402  (a port outside the ephemeral range: bench/spawned.py)
+
 # Inductor compiles in a pool of processes, each importing torch anew: the suite keeps every core busy
 # already, so a test that compiles (the +compile fidelity check) does it in its own process.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -38,6 +42,19 @@ CLAIM = "tts-tests:claim"
 # The fixtures that start processes (uvicorn, worker.py, redis-server) or load the tiny checkpoint. A
 # test's `fixturenames` is the closure of what it uses, so one built on these is covered too.
 SLOW_FIXTURES = frozenset({"tiny_model", "engine", "stack_factory", "tone_stack", "shared_stack_factory"})
+
+
+def plain_http() -> httpx.Client:
+    """One client for the tests' one-off calls. httpx's `get`, `post` and the like build a client, and its SSL
+    context (the CA bundle read and parsed, some 50 ms of CPU on a slow core), on every call, which a test
+    polling a few times a second paid on each look. Like those calls it keeps no connection from one request to
+    the next (a test may stop the server behind it) and no cookie; any number of threads may share it."""
+    no_cookies = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    return httpx.Client(limits=limits, cookies=no_cookies)
+
+
+HTTP = plain_http()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -181,12 +198,6 @@ def _with_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis database claimed for this test run.
@@ -202,7 +213,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server = shutil.which("redis-server")
         if server is None:
             pytest.skip("no Redis answers at REDIS_URL and there is no redis-server binary")
-        port = _free_port()
+        port = free_port()
         with SPAWN_GUARD.allow():
             proc = subprocess.Popen(
                 [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
@@ -355,7 +366,7 @@ class Stack:
         # the tiny model down.
         self.env = {"TTS_TORCH_THREADS": "1", **os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **env}
         self.tmp = tmp
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: list[Proc] = []
         self.web: Proc | None = None
@@ -369,7 +380,7 @@ class Stack:
 
     def start_another_web(self) -> str:
         """A second web process on the same Redis (as WEB_CONCURRENCY > 1 makes): its URL, once it answers."""
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         self._spawn("web", ["uvicorn", "service:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)])
         wait_for(lambda: self._answers("/healthz", url), 30, "the second web process to answer /healthz")
@@ -384,7 +395,7 @@ class Stack:
 
     def start_wyoming(self) -> Proc:
         """The Procfile's `wyoming` process (Home Assistant's protocol) on 127.0.0.1:`wyoming_port`, listening."""
-        self.wyoming_port = _free_port()
+        self.wyoming_port = free_port()
         self.env.update(TTS_WYOMING_HOST="127.0.0.1", TTS_WYOMING_PORT=str(self.wyoming_port))
         proc = self._spawn("wyoming", ["wyoming_service.py"])
 
@@ -425,7 +436,7 @@ class Stack:
 
     def _answers(self, path: str, url: str | None = None) -> bool:
         try:
-            return httpx.get((url or self.url) + path, timeout=1).status_code == 200
+            return HTTP.get((url or self.url) + path, timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -437,7 +448,7 @@ class Stack:
 def serving(url: str) -> dict | None:
     """/readyz's body when the service at `url` is ready and a worker serves a model; else None."""
     try:
-        r = httpx.get(url + "/readyz", timeout=5)
+        r = HTTP.get(url + "/readyz", timeout=5)
     except httpx.HTTPError:
         return None
     body = r.json() if r.status_code == 200 else None

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
+from conftest import HTTP
 from prometheus_client.parser import text_string_to_metric_families
 
 # Distinctive words, to show that no log line carries the text.
@@ -18,7 +18,7 @@ def scrape(
     url: str, headers: dict[str, str] | None = None, path: str = "/metrics"
 ) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """GET `path` (/metrics), parsed by prometheus_client: {(sample name, sorted labels): value}."""
-    r = httpx.get(url + path, headers=headers, timeout=10)
+    r = HTTP.get(url + path, headers=headers, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     return {
@@ -69,4 +69,4 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 def workers_alive(url: str) -> int:
-    return int(httpx.get(url + "/readyz", timeout=5).json()["workers"])
+    return int(HTTP.get(url + "/readyz", timeout=5).json()["workers"])

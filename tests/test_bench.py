@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,23 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
     text = doc.read_text()
     assert "first" not in text and text.count("second") == 1 and "notes by hand" in text
     assert text.startswith("intro\n\n# Benchmarks") and text.endswith("<!-- b:begin -->\n\nother\n\n<!-- b:end -->\n")
+
+
+def test_a_free_port_is_one_no_outgoing_connection_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Servers the tests and benchmarks start are given a port below the ephemeral range, so a client's
+    connection opened meanwhile (which the kernel places in that range) cannot take it before they bind."""
+    low = spawned.ephemeral_low()
+    if low <= spawned.PRIVATE_PORTS.start + 1000:
+        pytest.skip(f"this host's ephemeral range starts at {low}: free_port takes any port there")
+    ports = {spawned.free_port() for _ in range(50)}
+    assert all(spawned.PRIVATE_PORTS.start <= port < low for port in ports), sorted(ports)
+    assert len(ports) > 40, "chosen at random, so two servers rarely get the same one"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", min(ports)))
+        listening.listen()
+        draws = iter([min(ports), min(ports), max(ports)])
+        monkeypatch.setattr(spawned.random, "choice", lambda _: next(draws))
+        assert spawned.free_port() == max(ports), "a port in use is passed over"
 
 
 def test_servers_take_the_procfile_web_flags_on_loopback() -> None:

@@ -9,10 +9,9 @@ import wave
 import zlib
 from typing import Callable
 
-import httpx
 import numpy as np
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 
 from common.keys import chunk_key, request_key
@@ -78,16 +77,16 @@ def test_each_cue_holds_its_chunk_audio_and_no_other(stack_factory: Callable[...
     tone_stack.start_web()
     tone_stack.start_worker()
     tone_stack.wait_ready()
-    body = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT}).json()
+    body = HTTP.post(tone_stack.url + "/v1/tts", json={"text": TEXT}).json()
     assert body["captions_url"] == f"/v1/tts/{body['id']}/captions"
-    wav = httpx.get(f"{tone_stack.url}{body['audio_url']}?wait=30", timeout=40)
+    wav = HTTP.get(f"{tone_stack.url}{body['audio_url']}?wait=30", timeout=40)
     assert wav.status_code == 200
     clip = _pcm(wav.content)
     layout = json.loads(redis.get(request_key(body["id"])))
     chunks = [np.frombuffer(redis.get(chunk_key(cid)), dtype="<i2") for cid in layout["chunks"]]
     assert len(chunks) >= 4
 
-    r = httpx.get(f"{tone_stack.url}{body['captions_url']}?format=json")
+    r = HTTP.get(f"{tone_stack.url}{body['captions_url']}?format=json")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     doc = r.json()
     assert doc["id"] == body["id"] and round(doc["duration"] * RATE) == len(clip)
@@ -103,10 +102,10 @@ def test_each_cue_holds_its_chunk_audio_and_no_other(stack_factory: Callable[...
         assert not after.any(), f"audio between cue {i + 1} and the next"
         assert len(after) == RATE * layout["pauses"][i] // 1000
 
-    vtt = httpx.get(f"{tone_stack.url}{body['captions_url']}")  # the default format
+    vtt = HTTP.get(f"{tone_stack.url}{body['captions_url']}")  # the default format
     assert vtt.status_code == 200 and vtt.headers["content-type"] == "text/vtt; charset=utf-8"
     assert vtt.text.startswith("WEBVTT\n\n") and "&lt;Tags&gt; &amp; ampersands" in vtt.text
-    srt = httpx.get(f"{tone_stack.url}{body['captions_url']}?format=srt")
+    srt = HTTP.get(f"{tone_stack.url}{body['captions_url']}?format=srt")
     assert srt.status_code == 200 and srt.headers["content-type"] == "application/x-subrip; charset=utf-8"
     for text, separator in ((vtt.text, "."), (srt.text, ",")):
         stamps = re.findall(rf"(\d\d:\d\d:\d\d\{separator}\d\d\d) --> (\d\d:\d\d:\d\d\{separator}\d\d\d)", text)
@@ -126,11 +125,11 @@ def test_word_cues_lie_inside_their_chunks_cues(stack_factory: Callable[..., Sta
     stack.start_worker()
     stack.wait_ready()
     text = TEXT + " 你好，世界。“词”的时间，按规则分配。"
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
+    assert HTTP.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
     url = stack.url + body["captions_url"]
-    doc = httpx.get(url + "?format=json&words=false").json()
-    by_word = httpx.get(url + "?format=json&words=true")
+    doc = HTTP.get(url + "?format=json&words=false").json()
+    by_word = HTTP.get(url + "?format=json&words=true")
     assert by_word.status_code == 200 and by_word.headers["content-type"] == "application/json"
     words = by_word.json()
     assert words["id"] == doc["id"] and words["duration"] == doc["duration"]
@@ -159,7 +158,7 @@ def test_word_cues_lie_inside_their_chunks_cues(stack_factory: Callable[..., Sta
     assert len(doc["cues"]) >= 4 and "时" in [t for _, _, t in samples]
 
     for fmt, separator in (("vtt", "."), ("srt", ",")):
-        shown = httpx.get(f"{url}?format={fmt}&words=1")
+        shown = HTTP.get(f"{url}?format={fmt}&words=1")
         assert shown.status_code == 200 and shown.headers["content-type"] == captions.MEDIA[fmt]
         stamps = re.findall(rf"(\d\d:\d\d:\d\d\{separator}\d\d\d) --> (\d\d:\d\d:\d\d\{separator}\d\d\d)", shown.text)
         assert len(stamps) == len(samples)
@@ -173,26 +172,26 @@ def test_captions_answer_like_the_audio_route(stack_factory: Callable[..., Stack
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()
-    queued = httpx.post(stack.url + "/v1/tts", json={"text": "Not made yet."}).json()
-    r = httpx.get(stack.url + queued["captions_url"])
+    queued = HTTP.post(stack.url + "/v1/tts", json={"text": "Not made yet."}).json()
+    r = HTTP.get(stack.url + queued["captions_url"])
     assert r.status_code == 202 and r.json()["status"] == "queued" and int(r.headers["retry-after"]) >= 1
-    bad = httpx.get(stack.url + queued["captions_url"] + "?format=ass")
+    bad = HTTP.get(stack.url + queued["captions_url"] + "?format=ass")
     assert bad.status_code == 422 and bad.json()["field"] == "format"
-    bad = httpx.get(stack.url + queued["captions_url"] + "?words=maybe")
+    bad = HTTP.get(stack.url + queued["captions_url"] + "?words=maybe")
     assert bad.status_code == 422 and bad.json()["field"] == "words"
-    assert httpx.get(f"{stack.url}/v1/tts/{'0' * 32}/captions").status_code == 404
-    assert httpx.get(f"{stack.url}/v1/tts/not-an-id/captions").status_code == 404
+    assert HTTP.get(f"{stack.url}/v1/tts/{'0' * 32}/captions").status_code == 404
+    assert HTTP.get(f"{stack.url}/v1/tts/not-an-id/captions").status_code == 404
 
-    assert httpx.delete(stack.url + queued["status_url"]).status_code == 204
-    assert httpx.get(stack.url + queued["captions_url"]).status_code == 409
+    assert HTTP.delete(stack.url + queued["status_url"]).status_code == 204
+    assert HTTP.get(stack.url + queued["captions_url"]).status_code == 409
 
-    failing = httpx.post(stack.url + "/v1/tts", json={"text": "Fail me."}).json()
+    failing = HTTP.post(stack.url + "/v1/tts", json={"text": "Fail me."}).json()
     key = f"rq:job:{failing['id']}"
     data = json.loads(zlib.decompress(redis.hget(key, "data")))
     data[2][0]["model"] = "some-other-model"  # a job keyed for another model fails
     redis.hset(key, "data", zlib.compress(json.dumps(data).encode()))
     redis.hset(key, "retries_left", 0)
     stack.run_worker_burst()
-    wait_for(lambda: httpx.get(stack.url + failing["status_url"]).json()["status"] == "failed", 10, "the failure")
-    r = httpx.get(stack.url + failing["captions_url"])
+    wait_for(lambda: HTTP.get(stack.url + failing["status_url"]).json()["status"] == "failed", 10, "the failure")
+    r = HTTP.get(stack.url + failing["captions_url"])
     assert r.status_code == 500 and "model" in r.json()["detail"] and "Traceback" not in r.text

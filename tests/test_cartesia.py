@@ -9,10 +9,9 @@ import base64
 import functools
 from typing import Any, Callable
 
-import httpx
 import numpy as np
 import pytest
-from conftest import Stack, start_tone_stack, wait_for
+from conftest import HTTP, Stack, start_tone_stack, wait_for
 from redis import Redis
 from test_elevenlabs import FIRST, SECOND, TEXT, _canceled, _turn, request_id, spoken, stored
 
@@ -133,7 +132,7 @@ def test_a_cancel_stops_the_answer_and_the_next_turn_speaks(stack_factory: Calla
     stack.run_worker_burst()
     later = ["The second sentence waits here.", "So does the third one here."]
     for text in (FIRST, "Next turn."):
-        assert httpx.post(stack.url + "/v1/tts", json={"text": text, "voice": "cedar"}).status_code == 202
+        assert HTTP.post(stack.url + "/v1/tts", json={"text": text, "voice": "cedar"}).status_code == 202
     stack.run_worker_burst()
     frames = [*_turn(FIRST, *later), SleepFrame(sleep=1.5), InterruptionFrame(), *_turn("Next turn."), SleepFrame(2.0)]
     down, _ = asyncio.run(run_test(_pipecat(stack, "cedar"), frames_to_send=frames, start_timeout=10))

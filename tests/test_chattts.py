@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from rq.job import Job
 
@@ -31,10 +31,10 @@ def test_chattts_worker_synthesizes_through_http(
     ready = stack.wait_ready(timeout=180)
     assert ready["model"]["name"] == "chattts-tiny-random-seed0" and ready["model"]["tiny"] is True
 
-    r = httpx.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 11})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 11})
     assert r.status_code == 202, r.text
     request_id = r.json()["id"]
-    audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=60", timeout=90)
+    audio = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=60", timeout=90)
     assert audio.status_code == 200, audio.text
     data, rate = soundfile.read(io.BytesIO(audio.content), dtype="int16")
     assert rate == 24000 and data.ndim == 1
@@ -73,9 +73,9 @@ def test_chattts_worker_synthesizes_through_http(
     assert inside > 1000 and max(joins) <= 0.05 * inside, (joins, inside)
 
     # The same request again is answered from Redis with the same bytes.
-    again = httpx.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 11})
+    again = HTTP.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 11})
     assert again.status_code == 200 and again.json()["id"] == request_id
-    assert httpx.get(f"{stack.url}/v1/tts/{request_id}/audio").content == audio.content
+    assert HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio").content == audio.content
     assert "Traceback" not in worker.output()
 
 
@@ -138,13 +138,13 @@ def test_cancel_stops_a_running_job_between_batches(
     stack.start_worker()
     stack.wait_ready(timeout=180)
     body = _start_long_job(stack, redis)
-    assert httpx.delete(stack.url + body["status_url"]).status_code == 204
+    assert HTTP.delete(stack.url + body["status_url"]).status_code == 204
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "finished", 60, "the job to stop")
     result = job.return_value()
     assert result["canceled"] is True
     assert 1 <= result["chunks_synthesized"] < result["chunks_total"]
-    status = httpx.get(stack.url + body["status_url"]).json()
+    status = HTTP.get(stack.url + body["status_url"]).json()
     assert status["status"] == "canceled"
     assert status["progress"]["chunks_done"] < status["progress"]["chunks_total"] == result["chunks_total"]
 
@@ -191,9 +191,9 @@ def test_sigkilled_job_without_retries_left_fails_with_a_reason(
     worker.stop(signal.SIGKILL)
     stack.start_worker()  # a live worker notices the dead one's job
     wait_for(lambda: job.get_status() == "failed", 90, "the abandoned job to be marked failed", interval=0.2)
-    status = httpx.get(stack.url + body["status_url"]).json()
+    status = HTTP.get(stack.url + body["status_url"]).json()
     assert status["status"] == "failed" and "worker stopped" in status["error"]
-    assert httpx.get(stack.url + body["audio_url"]).status_code == 500
+    assert HTTP.get(stack.url + body["audio_url"]).status_code == 500
 
 
 def _start_long_job(stack: Stack, redis: Redis) -> dict:
@@ -203,7 +203,7 @@ def _start_long_job(stack: Stack, redis: Redis) -> dict:
         for word in "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".split()
     )
     pubsub = redis.pubsub()
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
     pubsub.subscribe(keys.events_channel(body["id"]))
 
     def first_chunk() -> bool:
@@ -217,7 +217,7 @@ def _start_long_job(stack: Stack, redis: Redis) -> dict:
 
 def _wait_audio(stack: Stack, request_id: str, timeout: float) -> httpx.Response:
     def ready() -> httpx.Response | None:
-        r = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=5", timeout=10)
+        r = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=5", timeout=10)
         return r if r.status_code == 200 else None
 
     return wait_for(ready, timeout, "the audio", interval=0)  # type: ignore[return-value]
@@ -232,16 +232,16 @@ def test_stream_starts_long_before_the_job_ends(
     stack.start_worker()
     stack.wait_ready(timeout=180)
     text = " ".join(f"Sentence number {n} is spoken here." for n in range(1, 13))
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
     total = body["progress"]["chunks_total"]
     assert total == 12
     seen: set[int] = set()
-    with httpx.stream("GET", f"{stack.url}{body['audio_url']}?stream=true", timeout=120) as r:
+    with HTTP.stream("GET", f"{stack.url}{body['audio_url']}?stream=true", timeout=120) as r:
         assert r.status_code == 200
         pieces = r.iter_raw()
         first = next(pieces)
         # While it streams, status shows the job moving.
-        status = httpx.get(stack.url + body["status_url"]).json()
+        status = HTTP.get(stack.url + body["status_url"]).json()
         seen.add(status["progress"]["chunks_done"])
         streamed = first + b"".join(pieces)
     assert status["status"] in ("started", "finished") and status["progress"]["chunks_total"] == total
@@ -249,7 +249,7 @@ def test_stream_starts_long_before_the_job_ends(
     assert min(seen) < total, "status should show the job part-way through while the stream starts"
     job = Job.fetch(body["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "finished", 30, "the job to record its result")
-    stored = httpx.get(stack.url + body["audio_url"]).content
+    stored = HTTP.get(stack.url + body["audio_url"]).content
     assert streamed[44:] == stored[44:], "the streamed audio must be the stored audio"
 
 

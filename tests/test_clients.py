@@ -9,7 +9,7 @@ import wave
 
 import httpx
 import pytest
-from conftest import Stack
+from conftest import HTTP, Stack
 
 # The clients are imported by the tests that use them: together they take seconds to import, which
 # every test process would pay at collection.
@@ -21,7 +21,7 @@ TEXT = "Hello from a voice agent. It speaks what it is given."
 
 def stored_pcm(stack: Stack, text: str, voice: str) -> bytes:
     """The PCM16 samples the service stores for `text` in `voice` (its WAV without the header)."""
-    r = httpx.post(
+    r = HTTP.post(
         stack.url + "/v1/audio/speech",
         json={"model": "tts-1", "input": text, "voice": voice, "response_format": "wav"},
         timeout=120,
@@ -102,7 +102,7 @@ def test_open_webui_lists_models_and_voices_and_speaks_with_them(shared_tone_sta
     {id: name}; then POST {base}/audio/speech with a listed model and voice."""
     base = shared_tone_stack.url + "/v1"
     # The module's one saved voice: the other tests speak in built-in ones.
-    saved = httpx.put(
+    saved = HTTP.put(
         shared_tone_stack.url + "/v1/voices/announcer", json={"seed": 9, "description": "clear"}, timeout=60
     )
     assert saved.status_code == 201, saved.text

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from webhook_helpers import SECRET
 
@@ -281,7 +281,7 @@ ALICE, BOB = "alice-dns-key-0123456789", "bob-dns-key-0123456789ab"
 
 
 def _lookups(stack: Stack, tenant: str) -> float:
-    text = httpx.get(stack.url + "/metrics/process", headers={"Authorization": f"Bearer {BOB}"}).text
+    text = HTTP.get(stack.url + "/metrics/process", headers={"Authorization": f"Bearer {BOB}"}).text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)
@@ -307,7 +307,7 @@ def test_slow_callback_hosts_of_one_tenant_leave_the_others_theirs(
 
     def submit(key: str, text: str, url: str) -> httpx.Response:
         body = {"text": text, "callback_url": url}
-        return httpx.post(stack.url + "/v1/tts", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        return HTTP.post(stack.url + "/v1/tts", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
 
     with ThreadPoolExecutor(12) as pool:
         began = time.monotonic()

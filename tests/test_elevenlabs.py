@@ -11,10 +11,9 @@ import io
 import wave
 from typing import Any, Callable
 
-import httpx
 import pytest
 import soundfile
-from conftest import Stack, start_tone_stack, wait_for
+from conftest import HTTP, Stack, start_tone_stack, wait_for
 from redis import Redis
 
 from common import audio
@@ -32,7 +31,7 @@ def stack(shared_stack_factory: Callable[..., Stack]) -> Stack:
 
 def stored(stack: Stack, text: str, voice: str) -> bytes:
     """The PCM16 the service stores for `text` in `voice`, as every route speaks it (the OpenAI route's WAV)."""
-    r = httpx.post(
+    r = HTTP.post(
         stack.url + "/v1/audio/speech",
         json={"model": "tts-1", "input": text, "voice": voice, "response_format": "wav"},
         timeout=120,
@@ -66,7 +65,7 @@ def request_id(redis: Redis, text: str, voice: str) -> str:
 
 
 def _canceled(stack: Stack, request_id: str) -> bool:
-    return httpx.get(f"{stack.url}/v1/tts/{request_id}").json().get("status") == "canceled"
+    return HTTP.get(f"{stack.url}/v1/tts/{request_id}").json().get("status") == "canceled"
 
 
 # -- the official SDK, HTTP ---------------------------------------------------------------------
@@ -111,7 +110,7 @@ def test_the_sdk_gets_audio_timestamps_voices_and_models(stack: Stack) -> None:
         token = page.next_page_token
     assert paged == list(voices)
     assert [v.voice_id for v in client.voices.search(search="nov").voices] == ["nova"]
-    bad = httpx.get(stack.url + "/elevenlabs/v2/voices?page_size=0")
+    bad = HTTP.get(stack.url + "/elevenlabs/v2/voices?page_size=0")
     assert bad.status_code == 422 and "page_size" in bad.json()["detail"]["message"], bad.text
 
 
@@ -164,7 +163,7 @@ def test_the_sdk_is_refused_in_elevenlabs_words(stack: Stack) -> None:
     with pytest.raises(ApiError) as info:
         b"".join(client.text_to_speech.convert("Not-a-voice", text="Hello."))
     assert info.value.status_code == 422 and info.value.body["detail"]["status"] == "voice_not_found"
-    r = httpx.post(stack.url + "/elevenlabs/v1/text-to-speech/ash?output_format=flac_1", json={"text": "Hi."})
+    r = HTTP.post(stack.url + "/elevenlabs/v1/text-to-speech/ash?output_format=flac_1", json={"text": "Hi."})
     assert r.status_code == 422 and r.json()["detail"]["status"] == "invalid_request"
     assert "output_format" in r.json()["detail"]["message"]
 
@@ -223,7 +222,7 @@ def test_a_barge_in_stops_the_answer_and_the_next_turn_speaks(
     stack.run_worker_burst()
     later = ["The second sentence waits.", "So does the third one."]
     for text in (FIRST, "Next turn."):
-        assert httpx.post(stack.url + "/v1/tts", json={"text": text, "voice": "echo"}).status_code == 202
+        assert HTTP.post(stack.url + "/v1/tts", json={"text": text, "voice": "echo"}).status_code == 202
     stack.run_worker_burst()  # makes those two; then no worker runs
     frames = [*_turn(FIRST, *later), SleepFrame(sleep=1.5), InterruptionFrame(), *_turn("Next turn."), SleepFrame(2.0)]
     down, _ = asyncio.run(run_test(_pipecat(stack, "echo"), frames_to_send=frames, start_timeout=10))

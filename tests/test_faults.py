@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import Stack, _free_port, _pings, serving, wait_for
+from conftest import HTTP, Stack, _pings, free_port, serving, wait_for
 from redis import Redis
 from rq.job import Job
 
@@ -28,7 +28,7 @@ class RedisServer:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -80,8 +80,8 @@ def outage_stack(private_redis: RedisServer, tmp_path: Path) -> Iterator[Stack]:
 
 
 def _finish(stack: Stack, text: str) -> str:
-    body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
-    r = httpx.get(stack.url + body["audio_url"] + "?wait=30", timeout=40)
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
+    r = HTTP.get(stack.url + body["audio_url"] + "?wait=30", timeout=40)
     assert r.status_code == 200, r.text
     return body["id"]
 
@@ -93,23 +93,23 @@ def test_redis_outage_is_503_and_both_sides_recover(
     before = _finish(stack, "Stored before the outage.")
     private_redis.stop()
 
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Asked during the outage."}, timeout=15)
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Asked during the outage."}, timeout=15)
     assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
     assert "Redis" in r.json()["detail"] and "Traceback" not in r.text
-    r = httpx.get(f"{stack.url}/v1/tts/{before}", timeout=15)
+    r = HTTP.get(f"{stack.url}/v1/tts/{before}", timeout=15)
     assert r.status_code == 503 and r.json()["detail"]
-    ready = httpx.get(stack.url + "/readyz", timeout=15)
+    ready = HTTP.get(stack.url + "/readyz", timeout=15)
     assert ready.status_code == 503 and "Redis" in ready.json()["detail"]
-    assert httpx.get(stack.url + "/healthz").status_code == 200
+    assert HTTP.get(stack.url + "/healthz").status_code == 200
     # Ids that cannot exist are answered without asking Redis: 404, not 503.
-    assert httpx.get(f"{stack.url}/v1/tts/not-an-id", timeout=15).status_code == 404
+    assert HTTP.get(f"{stack.url}/v1/tts/not-an-id", timeout=15).status_code == 404
 
     private_redis.start()
     restarted = time.monotonic()
     stack.wait_ready(timeout=30)  # by itself, without a restart of any process
     record_property("ready_again_after_restart_s", round(time.monotonic() - restarted, 2))
     _finish(stack, "Asked after the outage.")
-    assert httpx.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
+    assert HTTP.get(f"{stack.url}/v1/tts/{before}/audio").status_code == 200
     assert all(p.popen.poll() is None for p in stack.procs), "no process may die of a Redis outage"
 
 
@@ -125,7 +125,7 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(
         worker = stack.start_worker()
         stack.wait_ready()
         worker.stop()  # the model stays published; what is submitted now waits in the queue
-        body = httpx.post(stack.url + "/v1/tts", json={"text": "Nobody will make this."}).json()
+        body = HTTP.post(stack.url + "/v1/tts", json={"text": "Nobody will make this."}).json()
         audio_url = stack.url + body["audio_url"]
         redis = Redis.from_url(private_redis.url)
         clients = 60  # against 40 connections: a waiter borrows one only for its checks
@@ -155,7 +155,7 @@ def test_clients_waiting_through_outages_leave_the_web_process_whole(
             assert asyncio.run(wait_all(30, cut_off)) == [503] * clients
             private_redis.start()
         assert asyncio.run(wait_all(1)) == [202] * clients
-        assert httpx.get(stack.url + body["status_url"]).json()["status"] == "queued"
+        assert HTTP.get(stack.url + body["status_url"]).json()["status"] == "queued"
     finally:
         stack.stop()
 
@@ -176,10 +176,10 @@ def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_requ
             f"Sentence number {word} is here."
             for word in "one two three four five six seven eight nine ten eleven twelve".split()
         )
-        body = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+        body = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
         redis = Redis.from_url(private_redis.url)
         wait_for(
-            lambda: httpx.get(stack.url + body["status_url"]).json()["progress"]["chunks_done"] >= 1,
+            lambda: HTTP.get(stack.url + body["status_url"]).json()["progress"]["chunks_done"] >= 1,
             60,
             "the first chunk",
         )
@@ -193,7 +193,7 @@ def test_redis_lost_in_the_middle_of_a_job_costs_neither_the_worker_nor_the_requ
         assert worker.popen.poll() is None, "the worker must outlive the outage:\n" + worker.output()[-3000:]
         private_redis.start()
         wait_for(
-            lambda: httpx.get(f"{stack.url}{body['audio_url']}?wait=10", timeout=20).status_code == 200,
+            lambda: HTTP.get(f"{stack.url}{body['audio_url']}?wait=10", timeout=20).status_code == 200,
             180,
             "the request to finish after the outage",
             interval=0,
@@ -229,7 +229,7 @@ def test_redis_lost_while_a_webhook_is_delivered_costs_neither_the_process_nor_l
         stack.start_worker()
         hooks = stack.start_webhooks()
         stack.wait_ready()
-        first = httpx.post(
+        first = HTTP.post(
             stack.url + "/v1/tts", json={"text": "Delivered through an outage.", "callback_url": receiver.url + "/slow"}
         )
         assert first.status_code in (200, 202), first.text
@@ -245,7 +245,7 @@ def test_redis_lost_while_a_webhook_is_delivered_costs_neither_the_process_nor_l
         private_redis.start()
         wait_for(
             lambda: (
-                httpx.post(
+                HTTP.post(
                     stack.url + "/v1/tts", json={"text": "After the outage.", "callback_url": receiver.url + "/after"}
                 ).status_code
                 in (200, 202)
@@ -318,12 +318,12 @@ def test_job_past_its_time_limit_fails_cleanly_and_worker_goes_on(
     # attempts of 3 s each (retries resume) make a quarter of them at most, and 3 s
     # leaves a one-chunk job room on a loaded machine.
     long_text = " ".join(f"Sentence number {i} is here." for i in range(360))
-    slow = httpx.post(stack.url + "/v1/tts", json={"text": long_text}).json()
+    slow = HTTP.post(stack.url + "/v1/tts", json={"text": long_text}).json()
     job = Job.fetch(slow["id"], connection=redis, serializer=SERIALIZER)
     wait_for(lambda: job.get_status() == "failed", 60, "the job to fail on its time limit", interval=0.1)
-    status = httpx.get(stack.url + slow["status_url"]).json()
+    status = HTTP.get(stack.url + slow["status_url"]).json()
     assert status["status"] == "failed" and "time limit" in status["error"]
-    assert httpx.get(stack.url + slow["audio_url"]).status_code == 500
+    assert HTTP.get(stack.url + slow["audio_url"]).status_code == 500
     # The same worker goes on to the next job.
     _finish(stack, "Short.")
     assert worker.popen.poll() is None
@@ -337,18 +337,18 @@ def test_api_keys_and_rate_limit(stack_factory: Callable[..., Stack], redis: Red
     stack.wait_ready()
     auth = {"Authorization": f"Bearer {key}"}
     for headers in ({}, {"Authorization": "Bearer wrong-key-wrong-key"}, {"Authorization": key}):
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "hi"}, headers=headers)
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "hi"}, headers=headers)
         assert r.status_code == 401 and r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
-    assert httpx.get(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 401
-    assert httpx.get(stack.url + "/healthz").status_code == 200
-    assert httpx.get(stack.url + "/").status_code == 200
-    answers = [httpx.post(stack.url + "/v1/tts", json={"text": f"hi {i}"}, headers=auth).status_code for i in range(7)]
+    assert HTTP.get(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 401
+    assert HTTP.get(stack.url + "/healthz").status_code == 200
+    assert HTTP.get(stack.url + "/").status_code == 200
+    answers = [HTTP.post(stack.url + "/v1/tts", json={"text": f"hi {i}"}, headers=auth).status_code for i in range(7)]
     assert answers[:5] == [202] * 5 or time.time() % 60 < 2  # a minute boundary may reset the window
     assert 429 in answers
-    limited = httpx.post(stack.url + "/v1/tts", json={"text": "again"}, headers=auth)
+    limited = HTTP.post(stack.url + "/v1/tts", json={"text": "again"}, headers=auth)
     if limited.status_code == 429:
         assert 1 <= int(limited.headers["retry-after"]) <= 60
-    other = httpx.post(
+    other = HTTP.post(
         stack.url + "/v1/tts", json={"text": "other key"}, headers={"Authorization": "Bearer " + "o" * 24}
     )
     assert other.status_code == 202

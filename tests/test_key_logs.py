@@ -7,9 +7,8 @@ import json
 import logging
 from typing import Callable
 
-import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from websockets.sync.client import connect
 
 from common import logs, redact
@@ -25,17 +24,17 @@ def test_api_keys_are_in_no_log_line(stack_factory: Callable[..., Stack]) -> Non
     stack.start_webhooks()
     stack.start_worker()
     bearer = {"Authorization": f"Bearer {KEY}"}
-    wait_for(lambda: httpx.get(stack.url + "/readyz").json().get("workers"), 120, "a worker")
-    r = httpx.post(f"{stack.url}/v1/tts", json={"text": "Keys stay out of the logs."}, headers=bearer)
+    wait_for(lambda: HTTP.get(stack.url + "/readyz").json().get("workers"), 120, "a worker")
+    r = HTTP.post(f"{stack.url}/v1/tts", json={"text": "Keys stay out of the logs."}, headers=bearer)
     assert r.status_code in (200, 202), r.text
     status_url = f"{stack.url}/v1/tts/{r.json()['id']}"
-    wait_for(lambda: httpx.get(status_url, headers=bearer).json()["status"] == "finished", 60, "the request")
+    wait_for(lambda: HTTP.get(status_url, headers=bearer).json()["status"] == "finished", 60, "the request")
     # Over HTTP a key goes in the header; one in the query is refused, and logged by no one.
-    assert httpx.get(f"{status_url}/audio?api_key={KEY}").status_code == 401
-    assert httpx.post(f"{stack.url}/v1/tts?api_key={KEY}", json={"text": "Refused."}).status_code == 401
-    assert httpx.get(f"{status_url}?api_key={WRONG}").status_code == 401
-    assert httpx.get(status_url, headers={"Authorization": f"Bearer {WRONG}"}).status_code == 401
-    speech = httpx.post(f"{stack.url}/v1/audio/speech", json={"input": "Hello.", "voice": "alloy"}, headers=bearer)
+    assert HTTP.get(f"{status_url}/audio?api_key={KEY}").status_code == 401
+    assert HTTP.post(f"{stack.url}/v1/tts?api_key={KEY}", json={"text": "Refused."}).status_code == 401
+    assert HTTP.get(f"{status_url}?api_key={WRONG}").status_code == 401
+    assert HTTP.get(status_url, headers={"Authorization": f"Bearer {WRONG}"}).status_code == 401
+    speech = HTTP.post(f"{stack.url}/v1/audio/speech", json={"input": "Hello.", "voice": "alloy"}, headers=bearer)
     assert speech.status_code == 200, speech.text
     ws_url = stack.url.replace("http://", "ws://") + "/v1/audio/speech/websocket"
     for query in (f"?api_key={KEY}", f"?x=1&api_key={KEY}&y=2"):

@@ -13,9 +13,8 @@ import textwrap
 from pathlib import Path
 from typing import Callable
 
-import httpx
 import pytest
-from conftest import Proc, Stack, wait_for
+from conftest import HTTP, Proc, Stack, wait_for
 from ops_helpers import children, environ_of, workers_alive
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,7 +66,7 @@ def _starts(tmp_path: Path, gpu: str) -> list[tuple[int, float]]:
 
 
 def _figure(url: str, name: str, gpu: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = HTTP.get(url + "/metrics", timeout=10).text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)
@@ -331,8 +330,8 @@ def test_gpus_all_starts_pinned_workers_and_stops_them(stack_factory: Callable[.
     assert {e["CUDA_DEVICE_ORDER"] for e in envs} == {"PCI_BUS_ID"}  # nvidia-smi's numbering
     assert "torch" not in Path(f"/proc/{launcher.pid}/maps").read_text()
     # They take jobs (the launcher itself is not a worker: four, not five).
-    body = httpx.post(stack.url + "/v1/tts", json={"text": "Pinned."}).json()
-    assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": "Pinned."}).json()
+    assert HTTP.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
     assert workers_alive(stack.url) == 4
 
     launcher.popen.send_signal(signal.SIGTERM)

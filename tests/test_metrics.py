@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from conftest import _free_port
+from conftest import free_port
 from ops_helpers import value
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
@@ -83,7 +83,7 @@ def test_a_failed_flush_keeps_everything_for_the_next(redis: Redis) -> None:
     recorder = metrics.Recorder()
     recorder.inc("tts_jobs_total", 2, outcome="finished")
     recorder.observe("tts_real_time_factor", 0.4)
-    down = Redis(port=_free_port(), socket_connect_timeout=0.2)
+    down = Redis(port=free_port(), socket_connect_timeout=0.2)
     with pytest.raises(RedisConnectionError):
         recorder.flush(down)
     recorder.inc("tts_jobs_total", outcome="finished")  # counted while Redis was away

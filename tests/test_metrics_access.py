@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import httpx
 import pytest
-from conftest import Stack
+from conftest import HTTP, Stack
 
 ALICE, BOB = "alice-metrics-key-01234567", "bob-metrics-key-0123456789"
 OPERATOR = "operators-metrics-key-0123456789"
@@ -21,7 +20,7 @@ def test_a_tenant_cannot_read_the_metrics_of_an_isolated_service(stack_factory: 
     for route in ROUTES:
         for key, status in ((BOB, 403), (ALICE, 403), (None, 401), (BOB + "x", 401), (OPERATOR, 200)):
             headers = {"Authorization": f"Bearer {key}"} if key else {}
-            r = httpx.get(stack.url + route, headers=headers)
+            r = HTTP.get(stack.url + route, headers=headers)
             assert r.status_code == status, (route, key and key[:5], r.text)
             if status == 200:
                 assert "tts_build_info" in r.text
@@ -29,7 +28,7 @@ def test_a_tenant_cannot_read_the_metrics_of_an_isolated_service(stack_factory: 
                 assert r.json()["detail"] and "tts_" not in r.text
                 assert OPERATOR not in r.text and BOB not in r.text
     # The operators' key is no tenant's: it opens nothing else.
-    r = httpx.get(stack.url + "/v1/voices", headers={"Authorization": f"Bearer {OPERATOR}"})
+    r = HTTP.get(stack.url + "/v1/voices", headers={"Authorization": f"Bearer {OPERATOR}"})
     assert r.status_code == 401
     assert stack.web is not None and OPERATOR not in stack.web.output()
 

@@ -10,10 +10,9 @@ import re
 import time
 from typing import Callable, Iterator
 
-import httpx
 import pytest
 import soundfile
-from conftest import Stack, mp3_samples, wait_for
+from conftest import HTTP, Stack, mp3_samples, wait_for
 from openai import AuthenticationError, BadRequestError, OpenAI
 from redis import Redis
 
@@ -82,14 +81,14 @@ def test_streaming_response_and_sharing_with_v1_tts(client: OpenAI, tone_stack: 
     assert soundfile.info(io.BytesIO(data)).samplerate == 24000
     jobs_before = sorted(redis.keys("rq:job:*"))
     # The same request through /v1/tts is already stored: same id, no new job.
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": "Streamed to the client.", "seed": 1007})
+    r = HTTP.post(tone_stack.url + "/v1/tts", json={"text": "Streamed to the client.", "seed": 1007})
     assert r.status_code == 200 and r.json()["id"] == request_id
     assert sorted(redis.keys("rq:job:*")) == jobs_before
 
 
 def test_voices_seeds_and_speed_change_the_request(shared_tone_stack: Stack) -> None:
     def rid(**body: object) -> str:
-        r = httpx.post(
+        r = HTTP.post(
             shared_tone_stack.url + "/v1/audio/speech",
             json={"model": "tts-1", "input": "Same words.", "response_format": "wav", **body},
         )
@@ -122,7 +121,7 @@ def test_unsupported_format_is_400_naming_the_supported(shared_client: OpenAI) -
     ],
 )
 def test_bad_speech_body_is_400_in_openais_shape(shared_tone_stack: Stack, body: dict, field: str) -> None:
-    r = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
+    r = HTTP.post(shared_tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", **body})
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == field and error["type"] == "invalid_request_error" and field in error["message"]
@@ -139,7 +138,7 @@ def test_sdk_raises_its_error_classes_with_our_message_and_param(shared_client: 
 
 
 def test_v1_tts_keeps_its_own_error_shape(shared_tone_stack: Stack) -> None:
-    r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": " "})
+    r = HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": " "})
     assert r.status_code == 422 and r.json()["field"] == "text" and "error" not in r.json()
 
 
@@ -158,7 +157,7 @@ def test_speech_with_no_audio_yet_is_504_after_tts_speech_wait(stack_factory: Ca
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; no worker runs now, so the request waits in the queue
     started = time.monotonic()
-    r = httpx.post(
+    r = HTTP.post(
         stack.url + "/v1/audio/speech", json={"input": "Nobody makes this.", "response_format": fmt}, timeout=60
     )
     waited = time.monotonic() - started
@@ -185,17 +184,17 @@ def test_streaming_response_yields_bytes_before_the_request_is_finished(
         pieces = response.iter_bytes()
         first = next(pieces)
         first_at = time.monotonic()
-        status = httpx.get(f"{stack.url}/v1/tts/{request_id}").json()
+        status = HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()
         assert first and status["status"] == "queued" and status["progress"]["chunks_done"] == 1
         stack.start_worker()
         rest = b"".join(pieces)
         waited = time.monotonic() - first_at
-    whole = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio").content[44:]
+    whole = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio").content[44:]
     assert first + rest == whole
 
     # The relay's figures reach /metrics: time to first audio and the stream's worst playback gap, by route.
     def figures() -> str | None:
-        text = httpx.get(stack.url + "/metrics").text
+        text = HTTP.get(stack.url + "/metrics").text
         return text if 'tts_playback_gap_seconds_count{route="/v1/audio/speech"} 1.0' in text else None
 
     text = wait_for(figures, 10, "the relay's figures in /metrics")
@@ -278,9 +277,9 @@ def test_aac_decodes_to_the_stored_samples(shared_client: OpenAI) -> None:
 
 def test_models_lists_openais_names_and_the_loaded_model(shared_client: OpenAI, shared_tone_stack: Stack) -> None:
     ids = [model.id for model in shared_client.models.list()]
-    served = httpx.get(shared_tone_stack.url + "/readyz").json()["model"]["name"]
+    served = HTTP.get(shared_tone_stack.url + "/readyz").json()["model"]["name"]
     assert ids == ["tts-1", "tts-1-hd", "gpt-4o-mini-tts", served]
-    raw = httpx.get(shared_tone_stack.url + "/v1/models").json()
+    raw = HTTP.get(shared_tone_stack.url + "/v1/models").json()
     assert raw["object"] == "list" and all(m["object"] == "model" and m["owned_by"] for m in raw["data"])
     # Every listed name is one `model` takes.
     for name in ids:
@@ -291,37 +290,35 @@ def test_models_lists_openais_names_and_the_loaded_model(shared_client: OpenAI, 
 
 def test_audio_voices_lists_the_builtin_names_and_saved_voices(shared_tone_stack: Stack) -> None:
     # The module's one saved voice: no other test of it saves or lists voices.
-    saved = httpx.put(
+    saved = HTTP.put(
         shared_tone_stack.url + "/v1/voices/narrator", json={"seed": 77, "description": "calm"}, timeout=60
     )
     assert saved.status_code == 201, saved.text
-    voices = httpx.get(shared_tone_stack.url + "/v1/audio/voices").json()["voices"]
+    voices = HTTP.get(shared_tone_stack.url + "/v1/audio/voices").json()["voices"]
     builtin = [v for v in voices if v["builtin"]]
     assert [v["id"] for v in builtin][:2] == ["alloy", "ash"] and len(builtin) == 13
     assert voices[-1] == {"id": "narrator", "name": "narrator", "builtin": False, "description": "calm"}
     # Each listed id is a voice the speech route takes.
     for voice in (builtin[0]["id"], "narrator"):
-        r = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice}, timeout=60)
+        r = HTTP.post(shared_tone_stack.url + "/v1/audio/speech", json={"input": "Hi.", "voice": voice}, timeout=60)
         assert r.status_code == 200, r.text
 
 
 def test_each_call_has_its_own_request_id_and_a_callers_is_kept(shared_tone_stack: Stack) -> None:
     body = {"model": "tts-1", "input": "Twice the same words.", "voice": "alloy", "response_format": "wav"}
-    first = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
-    second = httpx.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    first = HTTP.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+    second = HTTP.post(shared_tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
     assert first.headers["x-tts-id"] == second.headers["x-tts-id"]  # one synthesis
     assert first.headers["x-request-id"] != second.headers["x-request-id"]  # two calls
     assert first.headers["x-request-id"] != first.headers["x-tts-id"]
     given = "proxy-5f0c.42"
-    kept = httpx.post(
-        shared_tone_stack.url + "/v1/audio/speech", json=body, headers={"X-Request-Id": given}, timeout=60
-    )
+    kept = HTTP.post(shared_tone_stack.url + "/v1/audio/speech", json=body, headers={"X-Request-Id": given}, timeout=60)
     assert kept.headers["x-request-id"] == given
     # Free text is not echoed: it is replaced.
-    odd = httpx.get(shared_tone_stack.url + "/healthz", headers={"X-Request-Id": "two words"})
+    odd = HTTP.get(shared_tone_stack.url + "/healthz", headers={"X-Request-Id": "two words"})
     assert odd.headers["x-request-id"] != "two words" and len(odd.headers["x-request-id"]) == 32
     # Every route has one, errors included.
-    assert httpx.get(shared_tone_stack.url + "/v1/tts/nothing").headers["x-request-id"]
+    assert HTTP.get(shared_tone_stack.url + "/v1/tts/nothing").headers["x-request-id"]
 
     def logged() -> list[dict]:
         assert shared_tone_stack.web is not None
@@ -340,8 +337,8 @@ def _half_made(stack_factory: Callable[..., Stack]) -> Stack:
     stack.start_web()
     worker = stack.start_worker()
     stack.wait_ready()
-    stored = httpx.post(stack.url + "/v1/tts", json={"text": FIRST, "seed": 1007}).json()["id"]
-    assert httpx.get(f"{stack.url}/v1/tts/{stored}/audio?wait=30&format=wav").status_code == 200
+    stored = HTTP.post(stack.url + "/v1/tts", json={"text": FIRST, "seed": 1007}).json()["id"]
+    assert HTTP.get(f"{stack.url}/v1/tts/{stored}/audio?wait=30&format=wav").status_code == 200
     worker.stop()
     return stack
 
@@ -349,12 +346,12 @@ def _half_made(stack_factory: Callable[..., Stack]) -> Stack:
 def test_an_sse_stream_that_stops_short_ends_with_an_error_event(stack_factory: Callable[..., Stack]) -> None:
     stack = _half_made(stack_factory)
     body = {"model": "tts-1", "voice": "onyx", "input": TWO, "response_format": "pcm", "stream_format": "sse"}
-    with httpx.stream("POST", stack.url + "/v1/audio/speech", json=body, timeout=60) as response:
+    with HTTP.stream("POST", stack.url + "/v1/audio/speech", json=body, timeout=60) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(lines) == "event: speech.audio.delta"  # the stored first chunk
         # Canceled while its second chunk waits: the stream cannot be whole.
-        assert httpx.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
+        assert HTTP.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
         rest = "\n".join(lines)
     last = [line for line in rest.split("\n") if line.startswith("data: ")][-1]
     error = json.loads(last[len("data: ") :])
@@ -371,7 +368,7 @@ def test_an_audio_stream_that_stops_short_is_an_incomplete_transfer(stack_factor
     ) as response:
         pieces = response.iter_bytes()
         assert next(pieces)
-        assert httpx.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
+        assert HTTP.delete(f"{stack.url}/v1/tts/{response.headers['x-tts-id']}").status_code == 204
         # The client sees the transfer end without its last chunk, never a short clip that looks whole
         # (the SDK's HTTP client, httpx2, raises its RemoteProtocolError).
         with pytest.raises(Exception, match="incomplete chunked read") as info:

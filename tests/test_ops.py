@@ -20,7 +20,7 @@ from typing import Callable
 import httpx
 import pytest
 import soundfile
-from conftest import Proc, Stack, _free_port, serving, wait_for
+from conftest import HTTP, Proc, Stack, free_port, serving, wait_for
 from ops_helpers import TEXT, log_events, scrape, value
 from redis import Redis
 from rq import Queue
@@ -47,7 +47,7 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     stack.wait_ready(timeout=180)
     # Ten chunks of one batch each: the first worker is stopped after the first.
     text = " ".join(f"Sentence number {i} is here." for i in range(10))
-    submitted = httpx.post(stack.url + "/v1/tts", json={"text": text})
+    submitted = HTTP.post(stack.url + "/v1/tts", json={"text": text})
     assert submitted.status_code == 202, submitted.text
     request_id = submitted.json()["id"]
     chunk_ids = json.loads(redis.get(request_key(request_id)))["chunks"]
@@ -71,7 +71,7 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     assert job.retries_left == 2
     assert queue.job_ids == [request_id]
     assert queue.failed_job_registry.count == 0 and queue.started_job_registry.count == 0
-    assert httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
+    assert HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
     stopped = log_events(first.output(), "job")
     assert [(j["id"], j["status"], j["synthesized"]) for j in stopped] == [(request_id, "requeued", made_by_first)]
     assert "Traceback" not in first.output()
@@ -86,7 +86,7 @@ def test_worker_sigterm_mid_job_puts_the_job_back_and_the_next_worker_finishes_i
     second = stack.start_worker()
 
     def audio_ready() -> httpx.Response | None:
-        r = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30", timeout=60)
+        r = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30", timeout=60)
         return r if r.status_code == 200 else None
 
     # Generous: the tiny model takes 0.1 s a chunk on an idle machine, seconds on a busy one.
@@ -116,11 +116,11 @@ def test_web_sigterm_finishes_the_request_in_flight(stack_factory: Callable[...,
     worker = stack.start_worker()
     stack.wait_ready()
     worker.stop()  # an idle worker stops at once; the job below waits for the next one
-    request_id = httpx.post(stack.url + "/v1/tts", json={"text": "Held across a restart."}).json()["id"]
+    request_id = HTTP.post(stack.url + "/v1/tts", json={"text": "Held across a restart."}).json()["id"]
     answer: dict[str, httpx.Response] = {}
 
     def hold() -> None:
-        answer["audio"] = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=50", timeout=60)
+        answer["audio"] = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=50", timeout=60)
 
     waiting = threading.Thread(target=hold)
     waiting.start()
@@ -148,7 +148,7 @@ def test_web_sigterm_finishes_the_request_in_flight(stack_factory: Callable[...,
 
 @pytest.mark.slow
 def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, redis: Redis, tmp_path: Path) -> None:
-    port, dashboard, wyoming = _free_port(), _free_port(), _free_port()
+    port, dashboard, wyoming = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -171,35 +171,35 @@ def test_honcho_runs_web_worker_and_dashboard_from_the_procfile(redis_url: str, 
             wait_for(lambda: serving(web), 120, "web and worker under honcho", interval=0.3)
         except AssertionError:
             pytest.fail(honcho.output()[-4000:])
-        body = httpx.post(web + "/v1/tts", json={"text": TEXT}).json()
-        assert httpx.get(f"{web}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+        body = HTTP.post(web + "/v1/tts", json={"text": TEXT}).json()
+        assert HTTP.get(f"{web}{body['audio_url']}?wait=30", timeout=40).status_code == 200
         # WEB_CONCURRENCY: uvicorn runs two server processes.
         wait_for(lambda: honcho.output().count("Started server process") >= 2, 30, "two uvicorn processes")
         wait_for(lambda: value(scrape(web), "tts_jobs_total", outcome="finished") == 1, 10, "the worker's figures")
 
         def dashboard_up() -> bool:
             try:
-                return httpx.get(dash + "/", timeout=2).status_code == 401
+                return HTTP.get(dash + "/", timeout=2).status_code == 401
             except httpx.HTTPError:
                 return False
 
         wait_for(dashboard_up, 60, "rq-dashboard to answer (401 without credentials)", interval=0.3)
         auth = ("ops", "dashboard-secret")
-        assert httpx.get(dash + "/", auth=("ops", "wrong")).status_code == 401
-        page = httpx.get(dash + "/", auth=auth)
+        assert HTTP.get(dash + "/", auth=("ops", "wrong")).status_code == 401
+        page = HTTP.get(dash + "/", auth=auth)
         assert page.status_code == 200 and "RQ" in page.text
-        queues = httpx.get(dash + "/0/data/queues.json", auth=auth).json()["queues"]
+        queues = HTTP.get(dash + "/0/data/queues.json", auth=auth).json()["queues"]
         assert "tts" in [q["name"] for q in queues]
 
         def worker_queues() -> list[list[str]]:
-            workers = httpx.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
+            workers = HTTP.get(dash + "/0/data/workers.json", auth=auth).json()["workers"]
             return sorted(w["queues"] for w in workers)
 
         # The webhooks process starts its delivery processes (TTS_WEBHOOK_WORKERS) after it is up.
         hooks = [lane.name for lane in lanes.lanes(Settings())]  # tts-webhooks and its other lanes (hooks/lanes.py)
         expected = [["tts"], *[hooks] * Settings().webhook_workers]
         wait_for(lambda: worker_queues() == expected, 60, "the worker and the webhooks processes", interval=0.3)
-        listing = httpx.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)
+        listing = HTTP.get(dash + "/0/data/jobs/tts/finished/10/asc/1.json", auth=auth)
         assert listing.status_code == 200, listing.text
         job = next(j for j in listing.json()["jobs"] if j["id"] == body["id"])
         assert re.match(r"tts \d+ chunk\(s\): 'Purple elephants juggle", job["description"]), job["description"]

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-import httpx
 import pytest
 import soundfile
-from conftest import Stack
+from conftest import HTTP, Stack
 
 # Debian's package, which `make install` installs; Playwright drives it and downloads no browser.
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
@@ -93,13 +92,13 @@ def test_type_generate_and_the_player_gets_playable_audio(browser: Browser, tone
     assert state["progressText"].startswith("100%"), state
 
     # The request the page made is the one the API makes of the same fields.
-    expected = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT, "seed": 7, "speed": 6}).json()
+    expected = HTTP.post(tone_stack.url + "/v1/tts", json={"text": TEXT, "seed": 7, "speed": 6}).json()
     assert state["download"] == expected["audio_url"], state
     # The player streams (it started before the end); the progress came from the status endpoint.
     assert "stream=true" in state["src"] and f"/v1/tts/{expected['id']}/audio" in state["src"], state
     assert any(url.endswith(f"/v1/tts/{expected['id']}") for url in browser.requests), browser.requests
 
-    download = httpx.get(tone_stack.url + state["download"])
+    download = HTTP.get(tone_stack.url + state["download"])
     assert download.status_code == 200 and download.headers["content-type"] == "audio/wav"
     samples, rate = soundfile.read(io.BytesIO(download.content))
     seconds = len(samples) / rate
@@ -154,8 +153,8 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
     page.click("#save-voice")  # type: ignore[attr-defined]
     page.wait_for_function("() => document.getElementById('voice').value === 'reader'")  # type: ignore[attr-defined]
     assert 'Saved the voice "reader"' in page.text_content("#notice")  # type: ignore[attr-defined]
-    saved = httpx.get(tone_stack.url + "/v1/voices/reader").json()
-    assert saved["speaker"] == httpx.get(tone_stack.url + "/v1/voices/11").json()["speaker"]
+    saved = HTTP.get(tone_stack.url + "/v1/voices/reader").json()
+    assert saved["speaker"] == HTTP.get(tone_stack.url + "/v1/voices/11").json()["speaker"]
     assert saved["description"] == "steady reader"
 
     # Use it, with other controls set, and a download format.
@@ -166,7 +165,7 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
     page.fill("#oral", "3")  # type: ignore[attr-defined]
     page.select_option("#format", "flac")  # type: ignore[attr-defined]
     page.click("#go")  # type: ignore[attr-defined]
-    expected = httpx.post(
+    expected = HTTP.post(
         tone_stack.url + "/v1/tts",
         json={
             "text": CAPTIONED,
@@ -191,7 +190,7 @@ def test_save_a_voice_use_it_and_see_captions_in_time(browser: Browser, tone_sta
     finally:
         page.screenshot(path=str(tmp_path / "page-captions.png"), full_page=True)  # type: ignore[attr-defined]
     shown = page.text_content("#caption")  # type: ignore[attr-defined]
-    cues = httpx.get(tone_stack.url + expected["captions_url"] + "?format=json").json()["cues"]
+    cues = HTTP.get(tone_stack.url + expected["captions_url"] + "?format=json").json()["cues"]
     assert shown in [c["text"] for c in cues], (shown, cues)
     state = _state(page)
     assert state["message"] == "" and state["download"] == expected["audio_url"], state
@@ -232,7 +231,7 @@ def test_speak_as_i_type_starts_playing_on_the_first_finished_sentence(
     first = page.evaluate("() => ({done: window.live.done, until: window.live.until})")  # type: ignore[attr-defined]
     assert first["done"] == 0 and first["until"] > 0, first
     # The sentence's audio is the ordinary request's, stored under its id.
-    stored = httpx.post(tone_stack.url + "/v1/tts", json={"text": "The first sentence is typed.", "seed": 5})
+    stored = HTTP.post(tone_stack.url + "/v1/tts", json={"text": "The first sentence is typed.", "seed": 5})
     assert stored.status_code == 200, stored.text  # answered from the store: the page's session made it
     page.type("#text", " one ends here.", delay=5)  # type: ignore[attr-defined]
     page.click("#go")  # type: ignore[attr-defined]
@@ -265,7 +264,7 @@ def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
     # Not without the speaker's consent.
     page.click("#save-sample")  # type: ignore[attr-defined]
     page.wait_for_function("() => document.getElementById('error').textContent.startsWith('Tick')")  # type: ignore[attr-defined]
-    assert httpx.get(tone_stack.url + "/v1/voices/mine").status_code == 404
+    assert HTTP.get(tone_stack.url + "/v1/voices/mine").status_code == 404
     page.check("#consent")  # type: ignore[attr-defined]
     page.click("#save-sample")  # type: ignore[attr-defined]
     try:
@@ -275,7 +274,7 @@ def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
     finally:
         page.screenshot(path=str(tmp_path / "page-recorded.png"), full_page=True)  # type: ignore[attr-defined]
     assert 'Saved the voice "mine"' in page.text_content("#notice")  # type: ignore[attr-defined]
-    made = httpx.get(tone_stack.url + "/v1/voices/mine").json()
+    made = HTTP.get(tone_stack.url + "/v1/voices/mine").json()
     assert made["kind"] == "sample" and made["text"] == SAYS and made["seconds"] >= 2.0, made
 
     # A file instead: picked, saved, then used to generate.
@@ -287,13 +286,13 @@ def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
     page.wait_for_function(  # type: ignore[attr-defined]
         "() => document.getElementById('voice').value === 'from-file'", timeout=DEADLINE_MS
     )
-    assert httpx.get(tone_stack.url + "/v1/voices/from-file").json()["seconds"] == 3.0
+    assert HTTP.get(tone_stack.url + "/v1/voices/from-file").json()["seconds"] == 3.0
     page.fill("#text", "Spoken in the voice of a file.")  # type: ignore[attr-defined]
     page.click("#go")  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
         "() => !document.getElementById('download').hidden", timeout=DEADLINE_MS
     )
-    expected = httpx.post(
+    expected = HTTP.post(
         tone_stack.url + "/v1/tts", json={"text": "Spoken in the voice of a file.", "voice": "from-file"}
     ).json()
     assert _state(page)["download"] == expected["audio_url"], _state(page)
@@ -309,4 +308,4 @@ def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
         "() => document.getElementById('error').textContent.startsWith('sample:')", timeout=DEADLINE_MS
     )
     assert "is not audio" in _state(page)["message"]
-    assert httpx.get(tone_stack.url + "/v1/voices/junk").status_code == 404
+    assert HTTP.get(tone_stack.url + "/v1/voices/junk").status_code == 404

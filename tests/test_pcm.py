@@ -6,10 +6,9 @@ import base64
 import json
 import warnings
 
-import httpx
 import numpy as np
 import pytest
-from conftest import Stack
+from conftest import HTTP, Stack
 
 from common import audio, pcm
 
@@ -98,7 +97,7 @@ def test_raw_formats_on_the_speech_route(tone_stack: Stack) -> None:
         for stream_format in ("audio", "sse"):
             text = f"Raw audio for a telephone, {fmt}, {stream_format}."
             body = {"model": "tts-1", "input": text, "response_format": fmt, "stream_format": stream_format}
-            got = httpx.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
+            got = HTTP.post(tone_stack.url + "/v1/audio/speech", json=body, timeout=60)
             assert got.status_code == 200, got.text
             if stream_format == "sse":
                 events = [json.loads(line[6:]) for line in got.text.splitlines() if line.startswith("data: ")]
@@ -108,9 +107,9 @@ def test_raw_formats_on_the_speech_route(tone_stack: Stack) -> None:
                 data = got.content
                 assert got.headers["content-type"] == audio.FORMATS[fmt][0]
             # What the service stored, converted here: the answer is exactly that.
-            stored = httpx.post(
+            stored = HTTP.post(
                 tone_stack.url + "/v1/audio/speech", json={**body, "response_format": "pcm", "stream_format": "audio"}
             )
             assert data and data == audio.encode(stored.content, fmt), (fmt, stream_format)
-            whole = httpx.post(tone_stack.url + "/v1/audio/speech", json={**body, "stream_format": "audio"})
+            whole = HTTP.post(tone_stack.url + "/v1/audio/speech", json={**body, "stream_format": "audio"})
             assert whole.content == data  # stored now: answered whole, the same bytes

@@ -12,9 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import pytest
-from conftest import Proc, Stack, clean, wait_for
+from conftest import HTTP, Proc, Stack, clean, wait_for
 from redis import Redis
 from test_ops import log_events, scrape, value
 
@@ -275,7 +274,7 @@ def made_by(workers: list[Proc], total: int, before: list[int] | None = None) ->
 
 def submit_all(stack: Stack, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def post(body: dict[str, Any]) -> dict[str, Any]:
-        r = httpx.post(stack.url + "/v1/tts", json=body, timeout=30)
+        r = HTTP.post(stack.url + "/v1/tts", json=body, timeout=30)
         assert r.status_code in (200, 202), r.text
         return r.json()
 
@@ -285,7 +284,7 @@ def submit_all(stack: Stack, bodies: list[dict[str, Any]]) -> list[dict[str, Any
 
 def wait_audio(stack: Stack, request_id: str, timeout: float) -> bytes:
     def ready() -> bytes | None:
-        r = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=5", timeout=15)
+        r = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=5", timeout=15)
         assert r.status_code in (200, 202), r.text
         return r.content if r.status_code == 200 else None
 
@@ -452,18 +451,18 @@ def test_canceling_one_of_two_requests_that_share_a_chunk_keeps_the_chunk_for_th
     stack.wait_ready(timeout=180)
     first.stop()  # both requests wait in the pool before any worker runs
     shared = "The shared sentence is here."
-    long = httpx.post(stack.url + "/v1/tts", json={"text": " ".join(SENTENCES[:8] + [shared])}).json()
-    short = httpx.post(stack.url + "/v1/tts", json={"text": f"A short request. {shared}"}).json()
+    long = HTTP.post(stack.url + "/v1/tts", json={"text": " ".join(SENTENCES[:8] + [shared])}).json()
+    short = HTTP.post(stack.url + "/v1/tts", json={"text": f"A short request. {shared}"}).json()
     shared_id = json.loads(redis.get(request_key(long["id"])))["chunks"][-1]
     assert shared_id == json.loads(redis.get(request_key(short["id"])))["chunks"][-1]
-    assert httpx.delete(f"{stack.url}/v1/tts/{long['id']}").status_code == 204
+    assert HTTP.delete(f"{stack.url}/v1/tts/{long['id']}").status_code == 204
     # The long request's own chunks left the pool; the shared one stays for the short request.
     waiting = {m.decode().split(":")[1] for m in redis.zrange(keys.pool_key("tts"), 0, -1)}
     assert shared_id in waiting and len(waiting) == 2
     stack.start_worker()
     wav = wait_audio(stack, short["id"], 120)
     assert pcm_of(wav) == joined_from_store(redis, short["id"])[0]
-    assert httpx.get(f"{stack.url}/v1/tts/{long['id']}").json()["status"] == "canceled"
+    assert HTTP.get(f"{stack.url}/v1/tts/{long['id']}").json()["status"] == "canceled"
     assert redis.zcard(keys.pool_key("tts")) == 0
 
 
@@ -476,7 +475,7 @@ def test_a_long_request_spreads_over_two_workers(
         for word in "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
         "sixteen".split()
     )
-    answer = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()
+    answer = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()
     assert answer["progress"]["chunks_total"] == 16
     wav = wait_audio(stack, answer["id"], 300)
     assert pcm_of(wav) == joined_from_store(redis, answer["id"])[0]
@@ -486,7 +485,7 @@ def test_a_long_request_spreads_over_two_workers(
     assert helped and sum(j["synthesized"] for j in helped) >= 4
     # Straight after: a second long request spreads too, though the worker that takes its job last counted
     # the idle workers under a second ago, while the other one was busy.
-    second = httpx.post(stack.url + "/v1/tts", json={"text": text.replace("of a long one", "of another")}).json()
+    second = HTTP.post(stack.url + "/v1/tts", json={"text": text.replace("of a long one", "of another")}).json()
     wait_audio(stack, second["id"], 300)
     again = made_by(workers, 16, made)
     assert sorted(again)[0] >= 4 and sum(again) == 16, f"chunks of the second request made by each worker: {again}"

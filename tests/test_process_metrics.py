@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from ops_helpers import TEXT, log_events, scrape, value
 from redis import Redis
 from websockets.sync.client import connect
@@ -36,7 +35,7 @@ def test_per_process_figures_sum_to_the_service_figures(stack_factory: Callable[
     b.start_web()
     for stack, count in ((a, 3), (b, 2)):
         for _ in range(count):
-            assert httpx.get(stack.url + "/v1/voices").status_code == 200
+            assert HTTP.get(stack.url + "/v1/voices").status_code == 200
     route = {"route": "/v1/voices", "method": "GET", "status": "200"}
     per_a = scrape(a.url, path="/metrics/process")
     per_b = scrape(b.url, path="/metrics/process")
@@ -82,8 +81,8 @@ def test_tenants_are_a_label_and_keys_never_appear(stack_factory: Callable[..., 
     stack.start_web()
     auth = {"Authorization": f"Bearer {key}"}
     for _ in range(2):
-        assert httpx.get(stack.url + "/v1/voices", headers=auth).status_code == 200
-    assert httpx.get(stack.url + "/v1/voices").status_code == 401  # no key: no tenant
+        assert HTTP.get(stack.url + "/v1/voices", headers=auth).status_code == 200
+    assert HTTP.get(stack.url + "/v1/voices").status_code == 401  # no key: no tenant
     # The scrape is a request of the tenant too: two, then itself.
     own = scrape(stack.url, auth, path="/metrics/process")
     assert total(own, "tts_tenant_requests_total", tenant="alice") == 3
@@ -95,7 +94,7 @@ def test_tenants_are_a_label_and_keys_never_appear(stack_factory: Callable[..., 
 
     assert wait_for(service, 10, "the tenant's requests in the service's figures")
     for path in ("/metrics/process", "/metrics"):
-        text = httpx.get(stack.url + path, headers=auth).text
+        text = HTTP.get(stack.url + path, headers=auth).text
         assert key not in text and key[:12] not in text
 
 
@@ -108,16 +107,16 @@ def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable
     b = stack_factory(**env)  # a second web process, as on another host, on the same Redis
     web_b = b.start_web()
 
-    first = httpx.post(a.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
+    first = HTTP.post(a.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
     assert first.status_code == 202, first.text
     request_id = first.json()["id"]
-    wav = httpx.get(f"{b.url}/v1/tts/{request_id}/audio?wait=30", headers=AUTH, timeout=40)
+    wav = HTTP.get(f"{b.url}/v1/tts/{request_id}/audio?wait=30", headers=AUTH, timeout=40)
     assert wav.status_code == 200, wav.text
-    again = httpx.post(b.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
+    again = HTTP.post(b.url + "/v1/tts", json={"text": TEXT}, headers=AUTH)
     assert again.status_code == 200 and again.json()["cached"] is True
-    assert httpx.get(f"{a.url}/v1/tts/{request_id}", headers=AUTH).status_code == 200
-    assert httpx.get(a.url + "/no/such/page", headers=AUTH).status_code == 404
-    assert httpx.get(a.url + "/metrics").status_code == 401  # API keys guard it like the API
+    assert HTTP.get(f"{a.url}/v1/tts/{request_id}", headers=AUTH).status_code == 200
+    assert HTTP.get(a.url + "/no/such/page", headers=AUTH).status_code == 404
+    assert HTTP.get(a.url + "/metrics").status_code == 401  # API keys guard it like the API
 
     chunk_ids = json.loads(redis.get(request_key(request_id)))["chunks"]
     n = len(chunk_ids)
@@ -153,7 +152,7 @@ def test_metrics_add_up_across_web_processes_and_workers(stack_factory: Callable
     try:
         samples = wait_for(complete, 15, "the figures of both web processes and the worker", interval=0.3)
     except AssertionError:
-        pytest.fail(f"metrics never matched; last scrape:\n{httpx.get(a.url + '/metrics', headers=AUTH).text}")
+        pytest.fail(f"metrics never matched; last scrape:\n{HTTP.get(a.url + '/metrics', headers=AUTH).text}")
     assert isinstance(samples, dict)
     assert value(samples, "tts_audio_seconds_total") == pytest.approx(audio_seconds, rel=1e-9)
     assert value(samples, "tts_synthesis_seconds_total") > 0

@@ -16,12 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import soundfile
 import torch
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from q4step_helpers import INT4
 
 from cache import Spec
@@ -157,9 +156,9 @@ def test_a_worker_on_int4_weight_serves_speech_through_http_with_the_c_step(
     stack.start_web()
     worker = stack.start_worker()
     stack.wait_ready(timeout=180)
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Four bits a weight. The steps run in C.", "seed": 5})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Four bits a weight. The steps run in C.", "seed": 5})
     assert r.status_code == 202, r.text
-    audio = httpx.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
+    audio = HTTP.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
     assert audio.status_code == 200, audio.text
     data, rate = soundfile.read(io.BytesIO(audio.content), dtype="int16")
     assert rate == 24000 and data.size > 0
@@ -194,9 +193,9 @@ def test_a_worker_that_dies_in_native_code_serves_again_with_the_c_step_off(
     assert "int4-weight steps run torch's kernels: TTS_NATIVE_STEP=off" in log, log[-3000:]
     (second,) = _children(launcher.pid)
     assert "TTS_NATIVE_STEP=off" in Path(f"/proc/{second}/environ").read_bytes().decode().split("\0")
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Still speaking, on torch's kernels.", "seed": 5})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Still speaking, on torch's kernels.", "seed": 5})
     assert r.status_code == 202, r.text
-    audio = httpx.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
+    audio = HTTP.get(f"{stack.url}/v1/tts/{r.json()['id']}/audio?wait=60", timeout=90)
     assert audio.status_code == 200, audio.text
     assert stack.wait_ready()["model"] == before, "the same model identity"
 

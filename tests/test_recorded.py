@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-from conftest import Stack, start_tone_stack, wait_for
+from conftest import HTTP, Stack, start_tone_stack, wait_for
 from redis import Redis
 from test_recordings import recording, speech_like
 from webhook_helpers import SECRET, Receiver
@@ -35,7 +35,7 @@ def put_recording(
 ) -> httpx.Response:
     """PUT /v1/voices/{name} as a form, as curl -F and browsers send it."""
     form = {"text": text, **fields} if text is not None else dict(fields)
-    return httpx.put(
+    return HTTP.put(
         f"{stack.url}/v1/voices/{name}",
         files={"sample": (filename, data, "application/octet-stream")},
         data=form,
@@ -50,7 +50,7 @@ def _leftovers(redis: Redis) -> list[Any]:
 
 def _audio(stack: Stack, request_id: str) -> bytes:
     def done() -> httpx.Response | None:
-        r = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio", timeout=30)
+        r = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio", timeout=30)
         return r if r.status_code == 200 else None
 
     response = wait_for(done, 60, "the audio")
@@ -59,7 +59,7 @@ def _audio(stack: Stack, request_id: str) -> bytes:
 
 
 def _submit(stack: Stack, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{stack.url}/v1/tts", json={"text": TEXT, **body}, timeout=30)
+    r = HTTP.post(f"{stack.url}/v1/tts", json={"text": TEXT, **body}, timeout=30)
     assert r.status_code in (200, 202), r.text
     return dict(r.json())
 
@@ -92,10 +92,10 @@ def test_a_voice_from_a_recording_is_a_voice_on_every_route(stack: Stack, redis:
     assert voice["seconds"] == 4.0 and voice["text"] == SAYS and voice["created"] == voice["updated"]
     # The recording's audio and the prompt made of it are gone; the voice holds the prompt.
     assert not redis.keys(keys.sample_key("*")) and not redis.keys(keys.prompt_key("*"))
-    assert httpx.get(f"{stack.url}/v1/voices/reader").json() == voice
-    listed = httpx.get(f"{stack.url}/v1/voices").json()["voices"]
+    assert HTTP.get(f"{stack.url}/v1/voices/reader").json() == voice
+    listed = HTTP.get(f"{stack.url}/v1/voices").json()["voices"]
     assert [(v["name"], v["kind"]) for v in listed] == [("reader", "sample")]
-    offered = httpx.get(f"{stack.url}/v1/audio/voices").json()["voices"]
+    offered = HTTP.get(f"{stack.url}/v1/audio/voices").json()["voices"]
     assert {"id": "reader", "name": "reader", "builtin": False, "description": "made from a recording"} in offered
 
     # POST /v1/tts, with a webhook: the request is made, its captions follow it, the event comes signed.
@@ -103,13 +103,13 @@ def test_a_voice_from_a_recording_is_a_voice_on_every_route(stack: Stack, redis:
     audio = _audio(stack, submitted["id"])
     event = json.loads(receiver.wait("/done", 1)[0]["body"])
     assert event["id"] == submitted["id"] and event["status"] == "finished"
-    cues = httpx.get(f"{stack.url}{submitted['captions_url']}?format=json").json()["cues"]
+    cues = HTTP.get(f"{stack.url}{submitted['captions_url']}?format=json").json()["cues"]
     assert " ".join(c["text"] for c in cues) == TEXT
     # Its own voice: not the default seed's, not another recording's.
     assert _submit(stack)["id"] != submitted["id"]
 
     # OpenAI's route: the same request, the same audio.
-    speech = httpx.post(
+    speech = HTTP.post(
         f"{stack.url}/v1/audio/speech",
         json={"model": "tts-1", "input": TEXT, "voice": "reader", "response_format": "wav"},
         timeout=60,
@@ -142,7 +142,7 @@ def test_a_voice_from_a_recording_is_a_voice_on_every_route(stack: Stack, redis:
     assert _submit(stack, voice="twin")["id"] not in (submitted["id"], _submit(stack, voice="other")["id"])
 
     # A recording has no speaker embedding to mix.
-    mix = httpx.put(
+    mix = HTTP.put(
         f"{stack.url}/v1/voices/blend", json={"mix": [{"voice": "reader", "weight": 1}, {"voice": 3, "weight": 1}]}
     )
     assert mix.status_code == 422 and mix.json()["field"] == "mix[0].voice", mix.text
@@ -161,7 +161,7 @@ def test_a_recorded_voice_made_on_another_model_is_refused_as_saved_voices_are(
         ("/v1/tts", {"text": TEXT, "voice": "reader"}, "voice"),
         ("/v1/audio/speech", {"model": "tts-1", "input": TEXT, "voice": "reader"}, "voice"),
     ):
-        r = httpx.post(stack.url + route, json=body, timeout=30)
+        r = HTTP.post(stack.url + route, json=body, timeout=30)
         assert r.status_code in (400, 422), r.text
         refused = r.json().get("error", r.json())
         assert refused.get("field", refused.get("param")) == field, r.text
@@ -237,7 +237,7 @@ def test_a_bad_recording_is_refused_naming_its_field_and_leaves_nothing(
     r = put_recording(refusing, "reader", data, text)
     assert r.status_code == status and r.json()["field"] == field and words in r.json()["detail"], r.text
     redis = Redis.from_url(refusing.env["REDIS_URL"])
-    assert _leftovers(redis) == [[], [], []] and httpx.get(f"{refusing.url}/v1/voices").json()["voices"] == []
+    assert _leftovers(redis) == [[], [], []] and HTTP.get(f"{refusing.url}/v1/voices").json()["voices"] == []
 
 
 @pytest.mark.parametrize(
@@ -277,7 +277,7 @@ def test_a_bad_recording_is_refused_naming_its_field_and_leaves_nothing(
 def test_a_malformed_form_is_refused(
     refusing: Stack, body: bytes, content_type: str, status: int, field: str | None
 ) -> None:
-    r = httpx.put(f"{refusing.url}/v1/voices/reader", content=body, headers={"content-type": content_type}, timeout=30)
+    r = HTTP.put(f"{refusing.url}/v1/voices/reader", content=body, headers={"content-type": content_type}, timeout=30)
     assert r.status_code == status and r.json().get("field") == field, r.text
     assert _leftovers(Redis.from_url(refusing.env["REDIS_URL"])) == [[], [], []]
 
@@ -308,7 +308,7 @@ def test_every_format_makes_a_voice_and_cut_or_mutated_ones_are_4xx_over_http(re
         assert made.status_code == 201 and made.json()["kind"] == "sample", made.text
         assert abs(made.json()["seconds"] - 1.5) < 0.1
     finally:
-        httpx.delete(f"{refusing.url}/v1/voices/{name}")
+        HTTP.delete(f"{refusing.url}/v1/voices/{name}")
     rng = np.random.default_rng(7)
     for cut in (len(data) // 7, len(data) // 2):
         damaged = bytearray(data[:cut])
@@ -317,5 +317,5 @@ def test_every_format_makes_a_voice_and_cut_or_mutated_ones_are_4xx_over_http(re
         assert r.status_code < 500, r.text
         if r.status_code >= 400:
             assert r.json()["field"] == "sample", r.text
-        httpx.delete(f"{refusing.url}/v1/voices/{name}")
+        HTTP.delete(f"{refusing.url}/v1/voices/{name}")
     assert not redis.keys(keys.sample_key("*")) and not redis.keys(keys.prompt_key("*"))

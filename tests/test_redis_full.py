@@ -9,9 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import httpx
 import pytest
-from conftest import Stack, _free_port, _pings, wait_for
+from conftest import HTTP, Stack, _pings, free_port, wait_for
 from redis import Redis
 from redis.exceptions import OutOfMemoryError
 from webhook_helpers import DELAYS, SECRET, _scrape
@@ -29,7 +28,7 @@ def full_redis(tmp_path: Path) -> Iterator[str]:
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("no redis-server binary")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             server,
@@ -96,17 +95,17 @@ def test_a_full_redis_refuses_new_work_with_503_and_everything_recovers(full_red
     redis = Redis.from_url(full_redis)
     try:
         names = fill(redis)
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "Nothing can be stored now."})
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "Nothing can be stored now."})
         assert r.status_code == 503, r.text
         assert "Redis is full" in r.json()["detail"] and r.headers["Retry-After"]
         # Every process keeps running while Redis refuses writes (idle workers' bookkeeping included).
-        wait_for(lambda: httpx.get(stack.url + "/readyz").status_code == 200, 10, "/readyz while full")
+        wait_for(lambda: HTTP.get(stack.url + "/readyz").status_code == 200, 10, "/readyz while full")
         redis.delete(*names)  # the operator frees memory; no restart
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "Stored again."})
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "Stored again."})
         assert r.status_code == 202, r.text
         request_id = r.json()["id"]
         wait_for(
-            lambda: httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished",
+            lambda: HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished",
             60,
             "the request to finish after memory was freed",
         )

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Proc, Stack, _free_port, _pings, wait_for
+from conftest import HTTP, ROOT, Proc, Stack, _pings, free_port, wait_for
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -50,7 +50,7 @@ class TLSRedis:
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.socket = directory / "redis.sock"
         self.password = "redis-pass-123"
         make_certificates(directory)
@@ -117,7 +117,7 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
     certificate) or a socket."""
     env = {
         "TTS_ENGINE": "tone",
-        "DASHBOARD_PORT": str(_free_port()),
+        "DASHBOARD_PORT": str(free_port()),
         "RQ_DASHBOARD_PASSWORD": "dash-pass",
         "TTS_WEBHOOK_WORKERS": "1",
     }
@@ -141,8 +141,8 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
         stack.start_webhooks()
         ready = stack.wait_ready(timeout=60)
         assert ready["workers"] == 1
-        body = httpx.post(stack.url + "/v1/tts", json={"text": f"Over {form}."}).json()
-        assert httpx.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
+        body = HTTP.post(stack.url + "/v1/tts", json={"text": f"Over {form}."}).json()
+        assert HTTP.get(f"{stack.url}{body['audio_url']}?wait=30", timeout=40).status_code == 200
         # The same URL and option reach rq-dashboard.
         dashboard = Proc(
             [str(ROOT / "scripts" / "dashboard")],
@@ -154,7 +154,7 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
 
         def queues() -> list[str] | None:
             try:
-                r = httpx.get(dash + "/0/data/queues.json", auth=("admin", "dash-pass"), timeout=2)
+                r = HTTP.get(dash + "/0/data/queues.json", auth=("admin", "dash-pass"), timeout=2)
             except httpx.HTTPError:
                 return None
             return [q["name"] for q in r.json()["queues"]] if r.status_code == 200 else None
@@ -163,7 +163,7 @@ def test_redis_url_forms_carry_a_job_end_to_end(form: str, tls_redis: TLSRedis, 
         assert tls_redis.password not in dashboard.output()
 
         def worker_queues() -> list[list[str]]:
-            workers = httpx.get(dash + "/0/data/workers.json", auth=("admin", "dash-pass"), timeout=5)
+            workers = HTTP.get(dash + "/0/data/workers.json", auth=("admin", "dash-pass"), timeout=5)
             return sorted(w["queues"] for w in workers.json()["workers"])
 
         # The webhooks process is registered too: it reached Redis the same way.
@@ -180,7 +180,7 @@ def test_a_client_certificate_is_shown_where_redis_requires_one(tmp_path: Path) 
     if server is None or not shutil.which("openssl"):
         pytest.skip("needs redis-server and openssl")
     make_certificates(tmp_path)
-    port = _free_port()
+    port = free_port()
     tls = ["--tls-cert-file", str(tmp_path / "cert.pem"), "--tls-key-file", str(tmp_path / "key.pem")]
     tls += ["--tls-ca-cert-file", str(tmp_path / "ca.pem"), "--tls-auth-clients", "yes"]
     args = [server, "--port", "0", "--tls-port", str(port), *tls, "--save", "", "--appendonly", "no"]

@@ -8,9 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import ROOT, Stack
+from conftest import HTTP, ROOT, Stack
 from starlette.routing import Route, WebSocketRoute
 
 from common import speakers
@@ -112,11 +111,11 @@ def test_limits_follow_the_settings() -> None:
 
 
 def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stack, tmp_path: Path) -> None:
-    served = httpx.get(tone_stack.url + "/openapi.json")
+    served = HTTP.get(tone_stack.url + "/openapi.json")
     assert served.status_code == 200 and served.headers["content-type"] == "application/json"
     assert served.json() == openapi.schema(from_env(tone_stack.env))
 
-    voice = httpx.get(tone_stack.url + "/v1/voices/1", timeout=60)
+    voice = HTTP.get(tone_stack.url + "/v1/voices/1", timeout=60)
     assert voice.status_code == 200, voice.text
     dim = speakers.decode_speaker(voice.json()["speaker"]).size
     env = {

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Proc, Stack, _free_port, wait_for
+from conftest import HTTP, ROOT, Proc, Stack, free_port, wait_for
 from redis import Redis
 from redis.exceptions import RedisError
 from rq.job import Job
@@ -44,8 +44,8 @@ class Replicated:
         assert server is not None
         self.server = server
         self.dir = directory
-        self.ports = [_free_port() for _ in range(1 + replicas)]
-        self.sentinel_ports = [_free_port() for _ in range(3)]
+        self.ports = [free_port() for _ in range(1 + replicas)]
+        self.sentinel_ports = [free_port() for _ in range(3)]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for i, port in enumerate(self.ports):
             self._start(port, ["--replicaof", "127.0.0.1", str(self.ports[0])] if i else [])
@@ -182,7 +182,7 @@ def test_a_job_not_on_a_replica_in_time_is_503_and_stays_queued(
 def _queues(port: int) -> list[str] | None:
     """The queues rq-dashboard on `port` lists; None while it does not answer 200."""
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/0/data/queues.json", timeout=5)
+        r = HTTP.get(f"http://127.0.0.1:{port}/0/data/queues.json", timeout=5)
     except httpx.HTTPError:
         return None
     return [q["name"] for q in r.json()["queues"]] if r.status_code == 200 else None
@@ -212,7 +212,7 @@ def test_a_failover_loses_no_accepted_request(
         # A piece stored at every token: the tone engine's requests then take a while.
         "TTS_STREAM_TOKENS": "1",
     }
-    dash_port = _free_port()
+    dash_port = free_port()
     stack = Stack(f"redis://127.0.0.1:{first}/0", tmp_path, {**env, "DASHBOARD_PORT": str(dash_port)})
     try:
         stack.start_web()
@@ -227,12 +227,12 @@ def test_a_failover_loses_no_accepted_request(
         accepted: list[str] = []
         for n in range(6):
             text = " ".join(f"Request {n} says sentence {k} slowly." for k in range(8))
-            r = httpx.post(stack.url + "/v1/tts", json={"text": text, "speed": 1}, timeout=15)
+            r = HTTP.post(stack.url + "/v1/tts", json={"text": text, "speed": 1}, timeout=15)
             assert r.status_code == 202, r.text
             accepted.append(r.json()["id"])
 
         def states() -> list[str]:
-            return [httpx.get(f"{stack.url}/v1/tts/{i}", timeout=15).json()["status"] for i in accepted]
+            return [HTTP.get(f"{stack.url}/v1/tts/{i}", timeout=15).json()["status"] for i in accepted]
 
         def pinned() -> list[str] | None:
             # The worker is frozen (SIGSTOP) at a moment when one request is being made and others wait:
@@ -258,7 +258,7 @@ def test_a_failover_loses_no_accepted_request(
             while time.monotonic() - killed < 40:
                 n += 1
                 try:
-                    r = httpx.post(stack.url + "/v1/tts", json={"text": f"During the failover, {n}."}, timeout=20)
+                    r = HTTP.post(stack.url + "/v1/tts", json={"text": f"During the failover, {n}."}, timeout=20)
                 except httpx.TimeoutException:
                     answers.append(Answer(time.monotonic() - killed, 0, None, None))
                     return
@@ -293,7 +293,7 @@ def test_a_failover_loses_no_accepted_request(
             for request_id in accepted:
                 if request_id in outcome:
                     continue
-                r = httpx.get(f"{stack.url}/v1/tts/{request_id}", timeout=15)
+                r = HTTP.get(f"{stack.url}/v1/tts/{request_id}", timeout=15)
                 assert r.status_code != 404, f"accepted request {request_id} lost: {r.text}"
                 if r.status_code == 503:
                     return False
@@ -307,7 +307,7 @@ def test_a_failover_loses_no_accepted_request(
             if status["status"] == "failed":
                 assert status.get("error"), json.dumps(status)
             else:
-                audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio", timeout=15)
+                audio = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio", timeout=15)
                 assert audio.status_code == 200, audio.text
         record_property("failed", sum(s["status"] == "failed" for s in outcome.values()))
         # rq-dashboard follows too: it lists the jobs' queue from the new primary.

@@ -9,10 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import pytest
 import soundfile
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from starlette.testclient import TestClient
 
@@ -29,7 +28,7 @@ TEXT = "Hello from the tone engine. This is the second sentence."
 
 def _poll_finished(stack: Stack, request_id: str, timeout: float = 60) -> dict[str, Any]:
     def finished() -> dict[str, Any] | None:
-        body = httpx.get(f"{stack.url}/v1/tts/{request_id}").json()
+        body = HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()
         assert body["status"] in ("queued", "started", "finished"), body
         return body if body["status"] == "finished" else None
 
@@ -47,7 +46,7 @@ def _rq_state(redis: Redis) -> dict[str, Any]:
 
 
 def test_submit_poll_audio_then_repeat_is_served_from_redis(tone_stack: Stack, redis: Redis) -> None:
-    r = httpx.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
+    r = HTTP.post(tone_stack.url + "/v1/tts", json={"text": TEXT})
     assert r.status_code == 202, r.text
     body = r.json()
     request_id = body["id"]
@@ -56,19 +55,19 @@ def test_submit_poll_audio_then_repeat_is_served_from_redis(tone_stack: Stack, r
     done = _poll_finished(tone_stack, request_id)
     assert done["progress"]["chunks_done"] == done["progress"]["chunks_total"] >= 1
 
-    audio = httpx.get(tone_stack.url + body["audio_url"])
+    audio = HTTP.get(tone_stack.url + body["audio_url"])
     assert audio.status_code == 200
     assert audio.headers["content-type"] == "audio/wav"
     assert int(audio.headers["content-length"]) == len(audio.content)
     assert "immutable" in audio.headers["cache-control"]
     data, rate = soundfile.read(io.BytesIO(audio.content))
     assert rate == 24000 and data.ndim == 1 and len(data) > 24000 // 2
-    again = httpx.get(tone_stack.url + body["audio_url"], headers={"If-None-Match": audio.headers["etag"]})
+    again = HTTP.get(tone_stack.url + body["audio_url"], headers={"If-None-Match": audio.headers["etag"]})
     assert again.status_code == 304
 
     before = _rq_state(redis)
     # Same sound: width forms, zero-width characters and white space differ.
-    repeat = httpx.post(
+    repeat = HTTP.post(
         tone_stack.url + "/v1/tts",
         json={"text": "  Ｈｅｌｌｏ from the tone\u200b engine.\n\nThis is the second   sentence. "},
     )
@@ -84,9 +83,7 @@ def test_identical_concurrent_submissions_share_one_job(stack_factory: Callable[
     # A worker publishes the model, then exits: the queue is ours to inspect.
     stack.run_worker_burst()
     with ThreadPoolExecutor(20) as pool:
-        answers = list(
-            pool.map(lambda _: httpx.post(stack.url + "/v1/tts", json={"text": TEXT}, timeout=30), range(20))
-        )
+        answers = list(pool.map(lambda _: HTTP.post(stack.url + "/v1/tts", json={"text": TEXT}, timeout=30), range(20)))
     assert {a.status_code for a in answers} == {202}
     ids = {a.json()["id"] for a in answers}
     assert len(ids) == 1
@@ -101,7 +98,7 @@ def test_failed_job_is_replaced_by_a_new_submission(stack_factory: Callable[...,
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()
-    request_id = httpx.post(stack.url + "/v1/tts", json={"text": "Fail me once."}).json()["id"]
+    request_id = HTTP.post(stack.url + "/v1/tts", json={"text": "Fail me once."}).json()["id"]
     # Make the queued job fail for real: it names a model no worker runs.
     key = f"rq:job:{request_id}"
     data = json.loads(zlib.decompress(redis.hget(key, "data")))
@@ -109,13 +106,13 @@ def test_failed_job_is_replaced_by_a_new_submission(stack_factory: Callable[...,
     redis.hset(key, "data", zlib.compress(json.dumps(data).encode()))
     redis.hset(key, "retries_left", 0)
     stack.run_worker_burst()
-    failed = httpx.get(f"{stack.url}/v1/tts/{request_id}").json()
+    failed = HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()
     assert failed["status"] == "failed"
     assert "model" in failed["error"] and "Traceback" not in failed["error"]
-    audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio")
+    audio = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio")
     assert audio.status_code == 500 and "Traceback" not in audio.text
 
-    again = httpx.post(stack.url + "/v1/tts", json={"text": "Fail me once."})
+    again = HTTP.post(stack.url + "/v1/tts", json={"text": "Fail me once."})
     assert again.status_code == 202 and again.json()["id"] == request_id
     stack.run_worker_burst()
     _poll_finished(stack, request_id)
@@ -123,8 +120,8 @@ def test_failed_job_is_replaced_by_a_new_submission(stack_factory: Callable[...,
 
 def test_audio_wait_holds_until_ready(shared_tone_stack: Stack) -> None:
     # Words no other test of the module asks for: the request is new, its audio not made yet.
-    body = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": "Wait for me, please."}).json()
-    r = httpx.get(shared_tone_stack.url + body["audio_url"] + "?wait=30", timeout=40)
+    body = HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": "Wait for me, please."}).json()
+    r = HTTP.get(shared_tone_stack.url + body["audio_url"] + "?wait=30", timeout=40)
     assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
 
 
@@ -132,44 +129,44 @@ def test_audio_not_ready_is_202_with_retry_after(stack_factory: Callable[..., St
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()
-    body = httpx.post(stack.url + "/v1/tts", json={"text": "Nobody is working."}).json()
-    r = httpx.get(stack.url + body["audio_url"] + "?wait=0.2")
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": "Nobody is working."}).json()
+    r = HTTP.get(stack.url + body["audio_url"] + "?wait=0.2")
     assert r.status_code == 202
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["status"] == "queued" and r.json()["position"] == 0
 
 
 def test_web_process_never_imports_torch(shared_tone_stack: Stack) -> None:
-    httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": TEXT})
+    HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": TEXT})
     assert shared_tone_stack.web is not None
     maps = Path(f"/proc/{shared_tone_stack.web.pid}/maps").read_text()
     assert "libtorch" not in maps and "torch/lib" not in maps
 
 
 def test_readyz_names_the_model_and_counts_workers(shared_tone_stack: Stack) -> None:
-    body = httpx.get(shared_tone_stack.url + "/readyz").json()
+    body = HTTP.get(shared_tone_stack.url + "/readyz").json()
     assert body["status"] == "ready" and body["workers"] == 1
     assert body["model"]["name"] == "tone"
-    assert httpx.get(shared_tone_stack.url + "/healthz").status_code == 200
+    assert HTTP.get(shared_tone_stack.url + "/healthz").status_code == 200
 
 
 def test_web_process_is_ready_without_a_worker(stack_factory: Callable[..., Stack]) -> None:
     """API v1.2: readiness is the web process's own; no worker is reported in the body, not as a 503."""
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
-    r = httpx.get(stack.url + "/readyz")
+    r = HTTP.get(stack.url + "/readyz")
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["status"] == "ready" and body["workers"] == 0 and body["model"] is None
     assert "no worker" in body["detail"] and "retry-after" not in r.headers
     # No model published yet: submissions are refused clearly, not lost.
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "too early"})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "too early"})
     assert r.status_code == 503 and "retry-after" in r.headers
     # A worker comes and goes (burst): it published its model, and the web process serves on without one.
     stack.run_worker_burst()
-    r = httpx.get(stack.url + "/readyz")
+    r = HTTP.get(stack.url + "/readyz")
     assert r.status_code == 200 and r.json()["workers"] == 0 and r.json()["model"]["name"] == "tone"
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "queued for later"}).status_code == 202
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "queued for later"}).status_code == 202
 
 
 @pytest.mark.parametrize(
@@ -270,18 +267,18 @@ def test_cancel_queued_job_never_runs(stack_factory: Callable[..., Stack], redis
     stack = stack_factory(TTS_ENGINE="tone")
     stack.start_web()
     stack.run_worker_burst()
-    body = httpx.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."}).json()
-    r = httpx.delete(stack.url + body["status_url"])
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."}).json()
+    r = HTTP.delete(stack.url + body["status_url"])
     assert r.status_code == 204
-    assert httpx.get(stack.url + body["status_url"]).json()["status"] == "canceled"
+    assert HTTP.get(stack.url + body["status_url"]).json()["status"] == "canceled"
     output = stack.run_worker_burst()
     assert "Job OK" not in output
-    assert httpx.get(stack.url + body["status_url"]).json()["status"] == "canceled"
-    assert httpx.get(stack.url + body["audio_url"]).status_code == 409
-    assert httpx.delete(stack.url + body["status_url"]).status_code == 204  # idempotent
-    assert httpx.delete(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 404
+    assert HTTP.get(stack.url + body["status_url"]).json()["status"] == "canceled"
+    assert HTTP.get(stack.url + body["audio_url"]).status_code == 409
+    assert HTTP.delete(stack.url + body["status_url"]).status_code == 204  # idempotent
+    assert HTTP.delete(f"{stack.url}/v1/tts/{'0' * 32}").status_code == 404
     # Asking again un-cancels.
-    again = httpx.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."})
+    again = HTTP.post(stack.url + "/v1/tts", json={"text": "Cancel me before I run."})
     assert again.status_code == 202 and again.json()["id"] == body["id"]
     stack.run_worker_burst()
     _poll_finished(stack, body["id"])
@@ -291,15 +288,15 @@ def test_queue_limit_refuses_new_work_but_serves_cached(stack_factory: Callable[
     stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE="1")
     stack.start_web()
     stack.run_worker_burst()
-    cached = httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).json()
+    cached = HTTP.post(stack.url + "/v1/tts", json={"text": "Cached one."}).json()
     stack.run_worker_burst()
     _poll_finished(stack, cached["id"])
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202
-    full = httpx.post(stack.url + "/v1/tts", json={"text": "One too many."})
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202
+    full = HTTP.post(stack.url + "/v1/tts", json={"text": "One too many."})
     assert full.status_code == 429 and int(full.headers["retry-after"]) > 0 and full.json()["detail"]
     assert redis.llen("rq:queue:tts") == 1
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202  # joins its job
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "Cached one."}).status_code == 200
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "Queued one."}).status_code == 202  # joins its job
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "Cached one."}).status_code == 200
 
 
 def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_drains(
@@ -312,7 +309,7 @@ def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_
     stack.run_worker_burst()  # publishes the model; then no worker while the backlog builds
 
     def submit(i: int) -> int:
-        return httpx.post(stack.url + "/v1/tts", json={"text": f"Backlog {i}."}, timeout=60).status_code
+        return HTTP.post(stack.url + "/v1/tts", json={"text": f"Backlog {i}."}, timeout=60).status_code
 
     # The backlog as the web process queues it (work/queueing.submit), without a thousand HTTP round trips.
     model = ModelInfo.from_json(redis.get(keys.MODEL_KEY) or b"").id
@@ -338,10 +335,10 @@ def test_after_a_backlog_of_a_thousand_jobs_new_work_is_accepted_long_before_it_
 )
 def test_every_format_decodes_to_the_same_clip(shared_tone_stack: Stack, fmt: str, content_type: str) -> None:
     url = shared_tone_stack.url
-    body = httpx.post(url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
+    body = HTTP.post(url + "/v1/tts", json={"text": "Formats, all of them.", "format": fmt}).json()
     assert body["audio_url"].endswith(f"?format={fmt}") or fmt == "wav"
-    wav = httpx.get(url + body["audio_url"].split("?")[0] + "?wait=30", timeout=40)
-    r = httpx.get(f"{url}/v1/tts/{body['id']}/audio?format={fmt}")
+    wav = HTTP.get(url + body["audio_url"].split("?")[0] + "?wait=30", timeout=40)
+    r = HTTP.get(f"{url}/v1/tts/{body['id']}/audio?format={fmt}")
     assert r.status_code == 200 and r.headers["content-type"] == content_type
     assert r.headers["content-disposition"].endswith(f'.{fmt}"')
     assert r.headers["etag"] != wav.headers["etag"] or fmt == "wav"
@@ -356,14 +353,14 @@ def test_audio_of_an_expired_id_is_404_again_within_a_second(shared_tone_stack: 
     """A web process answers hot audio from memory, but not once Redis has let the id go."""
     stack = shared_tone_stack
     # Words of this test's own: the id it lets go is no other test's.
-    body = httpx.post(stack.url + "/v1/tts", json={"text": "Soon to be forgotten."}).json()
-    first = httpx.get(stack.url + body["audio_url"], params={"wait": 30}, timeout=40)
+    body = HTTP.post(stack.url + "/v1/tts", json={"text": "Soon to be forgotten."}).json()
+    first = HTTP.get(stack.url + body["audio_url"], params={"wait": 30}, timeout=40)
     assert first.status_code == 200
-    assert httpx.get(stack.url + body["audio_url"]).content == first.content  # from the process's cache
+    assert HTTP.get(stack.url + body["audio_url"]).content == first.content  # from the process's cache
     with Redis.from_url(stack.env["REDIS_URL"]) as redis:
         redis.delete(keys.request_key(body["id"]))  # what the sweep past its retention does
     wait_for(
-        lambda: httpx.get(stack.url + body["audio_url"]).status_code == 404,
+        lambda: HTTP.get(stack.url + body["audio_url"]).status_code == 404,
         3,
         "the expired id to be answered 404",
         interval=0.05,

@@ -15,8 +15,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Proc, Stack, wait_for
-from conftest import _free_port as free_port
+from conftest import HTTP, ROOT, Proc, Stack, free_port, wait_for
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -92,10 +91,10 @@ def test_audio_comes_before_any_flush_once_a_sentence_is_complete(
     # Two ordinary requests, stored and keyed like POST /v1/tts: the session's audio is theirs,
     # joined with the pause a sentence end gets.
     ids = [
-        httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
+        HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": text, "seed": 1001}).json()["id"]
         for text in ("The first sentence is here.", "And the next one begins here.")
     ]
-    stored = [httpx.get(f"{shared_tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
+    stored = [HTTP.get(f"{shared_tone_stack.url}/v1/tts/{i}/audio?format=wav&wait=30").content[44:] for i in ids]
     assert audio == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
     usage = done["usage"]
     assert usage["output_tokens"] == sum(-(-len(s) // 2 // 512) for s in stored)
@@ -240,11 +239,11 @@ def test_the_documented_websocket_client_runs(shared_tone_stack: Stack, tmp_path
     pcm = (tmp_path / "live.pcm").read_bytes()
     # Two sentences, two ordinary requests: both stored, and what the client wrote is their audio.
     ids = [
-        httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
+        HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": t, "seed": 1001}).json()
         for t in ("Spoken while it is written.", "Each sentence at once.")
     ]
     assert [i["status"] for i in ids] == ["finished", "finished"]
-    stored = [httpx.get(shared_tone_stack.url + i["audio_url"]).content[44:] for i in ids]
+    stored = [HTTP.get(shared_tone_stack.url + i["audio_url"]).content[44:] for i in ids]
     assert pcm == stored[0] + bytes(2 * 24000 * 250 // 1000) + stored[1]
 
 
@@ -266,7 +265,7 @@ def test_a_client_that_goes_away_withdraws_what_nobody_else_waits_for(
         assert isinstance(found, dict)
         alone, streamed = sorted(found, key=lambda rid: "Nobody" not in found[rid])
         listener = threading.Thread(
-            target=lambda: heard.append(httpx.get(f"{other_web}/v1/tts/{streamed}/audio?stream=true", timeout=120))
+            target=lambda: heard.append(HTTP.get(f"{other_web}/v1/tts/{streamed}/audio?stream=true", timeout=120))
         )
         listener.start()
         wait_for(lambda: redis.pubsub_numsub(keys.events_channel(streamed))[0][1] == 1, 10, "the other stream")
@@ -288,7 +287,7 @@ def _request_texts(redis: Redis) -> dict[str, str]:
 
 
 def _status(stack: Stack, request_id: str) -> str:
-    return str(httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"])
+    return str(HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()["status"])
 
 
 def test_a_frame_over_64_kib_closes_1009_and_one_at_the_limit_is_an_event(session: ClientConnection) -> None:
@@ -413,6 +412,6 @@ def test_the_procfile_server_refuses_a_frame_over_the_limit_itself(redis_url: st
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return HTTP.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False

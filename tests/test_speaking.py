@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from websockets.sync.client import ClientConnection, connect
 
@@ -56,7 +56,7 @@ def _audio(events: list[dict], context: str) -> bytes:
 
 
 def _stored(stack: Stack, request_id: str) -> bytes:
-    answer = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?format=wav&wait=30", timeout=60)
+    answer = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?format=wav&wait=30", timeout=60)
     assert answer.status_code == 200, answer.text
     return answer.content[44:]
 
@@ -80,7 +80,7 @@ def idle_stack(stack_factory: Callable[..., Stack]) -> Iterator[Stack]:
 
 
 def test_contexts_speak_side_by_side_and_every_audio_event_names_its_context(idle_stack: Stack) -> None:
-    stored = httpx.post(idle_stack.url + "/v1/tts", json={"text": "Beta is stored already.", "seed": ALLOY}).json()
+    stored = HTTP.post(idle_stack.url + "/v1/tts", json={"text": "Beta is stored already.", "seed": ALLOY}).json()
     idle_stack.run_worker_burst()  # makes it, then no worker runs
     with _ws(idle_stack) as ws:
         _send(ws, type="input_text.append", text="Alpha waits in the queue.", context_id="alpha")
@@ -186,7 +186,7 @@ def test_barge_in_withdraws_the_unspoken_sentences_and_their_jobs(idle_stack: St
         assert json.loads(ws.recv(timeout=30)) == {"type": "speech.audio.cleared", "context_id": "a"}
 
         def statuses() -> list[str]:
-            return [httpx.get(f"{idle_stack.url}/v1/tts/{rid}").json()["status"] for rid in withdrawn]
+            return [HTTP.get(f"{idle_stack.url}/v1/tts/{rid}").json()["status"] for rid in withdrawn]
 
         wait_for(lambda: statuses() == ["canceled", "canceled"], 10, "the withdrawn sentences' jobs to be canceled")
         idle_stack.start_worker()
@@ -227,13 +227,13 @@ def test_barge_in_spares_a_sentence_another_session_wants(idle_stack: Stack, red
         _send(one, type="input_text.clear")
         assert json.loads(one.recv(timeout=30))["type"] == "speech.audio.cleared"
         wait_for(lambda: redis.scard(keys.wanted_key(request_id)) == 1, 10, "the first session to let go")
-        assert httpx.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
+        assert HTTP.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
         idle_stack.start_worker()
         _send(two, type="input_text.flush")
         events = _collect(two, _done("default"))
     starts = [e for e in events if e["type"] == "speech.segment.start"]
     assert [s["request_id"] for s in starts][0] == request_id
-    assert httpx.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "finished"
+    assert HTTP.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "finished"
     wait_for(lambda: not redis.exists(keys.wanted_key(request_id)), 10, "every holder to let go")
 
 
@@ -317,7 +317,7 @@ def test_barge_in_spares_a_sentence_someone_streams(idle_stack: Stack, redis: Re
         wait_for(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 10, "the session's relay")
 
         def listen() -> None:
-            heard.append(httpx.get(f"{other_web}/v1/tts/{request_id}/audio?stream=true", timeout=120))
+            heard.append(HTTP.get(f"{other_web}/v1/tts/{request_id}/audio?stream=true", timeout=120))
 
         listener = threading.Thread(target=listen)
         listener.start()
@@ -325,7 +325,7 @@ def test_barge_in_spares_a_sentence_someone_streams(idle_stack: Stack, redis: Re
         _send(ws, type="input_text.clear")
         assert json.loads(ws.recv(timeout=30))["type"] == "speech.audio.cleared"
         wait_for(lambda: not redis.exists(keys.wanted_key(request_id)), 10, "the session to let go")
-        assert httpx.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
+        assert HTTP.get(f"{idle_stack.url}/v1/tts/{request_id}").json()["status"] == "queued"
         idle_stack.start_worker()
         listener.join(120)
     assert heard and heard[0].status_code == 200 and heard[0].content[44:] == _stored(idle_stack, request_id)

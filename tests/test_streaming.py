@@ -9,10 +9,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import httpx
 import pytest
 import soundfile
-from conftest import Stack, mp3_samples, wait_for
+from conftest import HTTP, Stack, mp3_samples, wait_for
 from redis import Redis
 
 from common import keys
@@ -33,14 +32,14 @@ def _queued_stack(stack_factory: Callable[..., Stack], **env: str) -> Stack:
 
 
 def _stream(url: str) -> tuple[int, dict[str, str], bytes]:
-    with httpx.stream("GET", url, timeout=120) as r:
+    with HTTP.stream("GET", url, timeout=120) as r:
         return r.status_code, dict(r.headers), r.read()
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "ogg"])
 def test_stream_relays_chunks_as_the_worker_stores_them(stack_factory: Callable[..., Stack], fmt: str) -> None:
     stack = _queued_stack(stack_factory)
-    r = httpx.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 4})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": TEXT, "seed": 4})
     assert r.status_code == 202, r.text
     request_id = r.json()["id"]
     total = r.json()["progress"]["chunks_total"]
@@ -54,7 +53,7 @@ def test_stream_relays_chunks_as_the_worker_stores_them(stack_factory: Callable[
     assert headers["content-type"] == {"wav": "audio/wav", "mp3": "audio/mpeg", "ogg": "audio/ogg"}[fmt]
     assert headers.get("transfer-encoding") == "chunked" and "content-length" not in headers
     assert headers["cache-control"] == "no-store"
-    whole = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio")
+    whole = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio")
     assert whole.status_code == 200
     stored = whole.content[44:]  # the stored clip's PCM, after the 44-byte WAV header
     if fmt == "wav":
@@ -74,11 +73,11 @@ def test_stream_relays_chunks_as_the_worker_stores_them(stack_factory: Callable[
 
 def test_stream_of_stored_audio_is_the_whole_file(shared_tone_stack: Stack) -> None:
     url = shared_tone_stack.url
-    r = httpx.post(url + "/v1/tts", json={"text": TEXT})
+    r = HTTP.post(url + "/v1/tts", json={"text": TEXT})
     request_id = r.json()["id"]
-    whole = httpx.get(f"{url}/v1/tts/{request_id}/audio?wait=30")
+    whole = HTTP.get(f"{url}/v1/tts/{request_id}/audio?wait=30")
     assert whole.status_code == 200
-    again = httpx.get(f"{url}/v1/tts/{request_id}/audio?stream=true")
+    again = HTTP.get(f"{url}/v1/tts/{request_id}/audio?stream=true")
     assert again.status_code == 200 and again.content == whole.content
     assert again.headers["content-length"] == str(len(whole.content)) and "etag" in again.headers
 
@@ -90,8 +89,8 @@ def test_joins_carry_the_pauses_of_their_punctuation(stack_factory: Callable[...
     stack.wait_ready()
     # A sentence end, a clause mark, then cuts made only for length.
     text = "One sentence ends here. Two clauses, here" + " and" * 12 + " three"
-    request_id = httpx.post(stack.url + "/v1/tts", json={"text": text}).json()["id"]
-    clip = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30").content[44:]
+    request_id = HTTP.post(stack.url + "/v1/tts", json={"text": text}).json()["id"]
+    clip = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio?wait=30").content[44:]
     layout = json.loads(redis.get(keys.request_key(request_id)))
     parts = [redis.get(keys.chunk_key(cid)) for cid in layout["chunks"]]
     assert len(parts) >= 4
@@ -102,18 +101,18 @@ def test_joins_carry_the_pauses_of_their_punctuation(stack_factory: Callable[...
 def test_stream_errors(shared_tone_stack: Stack) -> None:
     url = shared_tone_stack.url
     # Words no other test of the module asks for (the stack is the module's, shared).
-    r = httpx.post(url + "/v1/tts", json={"text": "A stream asked for wrongly."})
+    r = HTTP.post(url + "/v1/tts", json={"text": "A stream asked for wrongly."})
     request_id = r.json()["id"]
-    bad = httpx.get(f"{url}/v1/tts/{request_id}/audio?stream=maybe")
+    bad = HTTP.get(f"{url}/v1/tts/{request_id}/audio?stream=maybe")
     assert bad.status_code == 422 and bad.json()["field"] == "stream"
-    assert httpx.get(f"{url}/v1/tts/{'0' * 32}/audio?stream=true").status_code == 404
+    assert HTTP.get(f"{url}/v1/tts/{'0' * 32}/audio?stream=true").status_code == 404
 
 
 def test_a_stream_with_no_chunk_yet_answers_202_after_tts_speech_wait(stack_factory: Callable[..., Stack]) -> None:
     # No worker runs: the stream waits TTS_SPEECH_WAIT for a first chunk (not
     # a fixed minute, past what a Heroku-style router allows), then says 202.
     stack = _queued_stack(stack_factory, TTS_SPEECH_WAIT="2")
-    request_id = httpx.post(stack.url + "/v1/tts", json={"text": TEXT}).json()["id"]
+    request_id = HTTP.post(stack.url + "/v1/tts", json={"text": TEXT}).json()["id"]
     started = time.monotonic()
     status, headers, body = _stream(f"{stack.url}/v1/tts/{request_id}/audio?stream=true")
     waited = time.monotonic() - started
@@ -123,45 +122,45 @@ def test_a_stream_with_no_chunk_yet_answers_202_after_tts_speech_wait(stack_fact
 
 def test_stream_of_a_canceled_request_is_409(stack_factory: Callable[..., Stack]) -> None:
     stack = _queued_stack(stack_factory)
-    request_id = httpx.post(stack.url + "/v1/tts", json={"text": TEXT}).json()["id"]
+    request_id = HTTP.post(stack.url + "/v1/tts", json={"text": TEXT}).json()["id"]
     with ThreadPoolExecutor(1) as pool:
         streamed = pool.submit(_stream, f"{stack.url}/v1/tts/{request_id}/audio?stream=true")
-        wait_for(lambda: httpx.delete(f"{stack.url}/v1/tts/{request_id}").status_code == 204, 10, "cancel")
+        wait_for(lambda: HTTP.delete(f"{stack.url}/v1/tts/{request_id}").status_code == 204, 10, "cancel")
         status, _, body = streamed.result(timeout=30)
     assert status == 409, body
 
 
 def test_voice_of_a_seed_is_a_speaker_string_giving_the_same_voice(shared_tone_stack: Stack) -> None:
     stack = shared_tone_stack
-    r = httpx.get(f"{stack.url}/v1/voices/7", timeout=60)
+    r = HTTP.get(f"{stack.url}/v1/voices/7", timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["seed"] == 7 and body["model"] and isinstance(body["speaker"], str) and body["speaker"]
     # Asked again: the same string, from Redis.
-    assert httpx.get(f"{stack.url}/v1/voices/7").json()["speaker"] == body["speaker"]
-    assert httpx.get(f"{stack.url}/v1/voices/8").json()["speaker"] != body["speaker"]
+    assert HTTP.get(f"{stack.url}/v1/voices/7").json()["speaker"] == body["speaker"]
+    assert HTTP.get(f"{stack.url}/v1/voices/8").json()["speaker"] != body["speaker"]
 
-    by_seed = httpx.post(stack.url + "/v1/tts", json={"text": "Same voice.", "seed": 7}).json()["id"]
-    by_speaker = httpx.post(stack.url + "/v1/tts", json={"text": "Same voice.", "speaker": body["speaker"]})
+    by_seed = HTTP.post(stack.url + "/v1/tts", json={"text": "Same voice.", "seed": 7}).json()["id"]
+    by_speaker = HTTP.post(stack.url + "/v1/tts", json={"text": "Same voice.", "speaker": body["speaker"]})
     assert by_speaker.status_code in (200, 202), by_speaker.text
-    a = httpx.get(f"{stack.url}/v1/tts/{by_seed}/audio?wait=30").content
-    b = httpx.get(f"{stack.url}/v1/tts/{by_speaker.json()['id']}/audio?wait=30").content
+    a = HTTP.get(f"{stack.url}/v1/tts/{by_seed}/audio?wait=30").content
+    b = HTTP.get(f"{stack.url}/v1/tts/{by_speaker.json()['id']}/audio?wait=30").content
     assert a[44:] == b[44:]  # the tone engine's pitch follows the embedding
 
 
 def test_bad_seeds_and_speakers_are_422_naming_the_field(shared_tone_stack: Stack) -> None:
     for seed in ["4294967296", "99999999999999999999"]:
-        r = httpx.get(f"{shared_tone_stack.url}/v1/voices/{seed}")
+        r = HTTP.get(f"{shared_tone_stack.url}/v1/voices/{seed}")
         assert r.status_code == 422 and r.json()["field"] == "seed", (seed, r.text)
     # Since v1.1 the segment may also be a voice name; what is neither is 422 naming `name`.
     for segment in ["-1", "1e3", "٣", "Abc", "a b"]:
-        r = httpx.get(f"{shared_tone_stack.url}/v1/voices/{segment}")
+        r = HTTP.get(f"{shared_tone_stack.url}/v1/voices/{segment}")
         assert r.status_code == 422 and r.json()["field"] == "name", (segment, r.text)
-    assert httpx.get(f"{shared_tone_stack.url}/v1/voices/abc").status_code == 404  # a name nobody saved
+    assert HTTP.get(f"{shared_tone_stack.url}/v1/voices/abc").status_code == 404  # a name nobody saved
     for speaker in ["not a speaker string", "乀仰丁琮枌竓徘萀", "ChatTTS" * 100]:
-        r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": speaker})
+        r = HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": speaker})
         assert r.status_code == 422 and r.json()["field"] == "speaker", (speaker, r.text)
-        r = httpx.post(
+        r = HTTP.post(
             shared_tone_stack.url + "/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": speaker * 2}
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == "voice", (speaker, r.text)  # OpenAI's 400
@@ -173,5 +172,5 @@ def test_speaker_of_another_size_is_422(shared_tone_stack: Stack) -> None:
     from common.speakers import encode_speaker
 
     wrong = encode_speaker(np.zeros(768))  # a full-size ChatTTS embedding; the tone model's have 16 values
-    r = httpx.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": wrong})
+    r = HTTP.post(shared_tone_stack.url + "/v1/tts", json={"text": "Hi.", "speaker": wrong})
     assert r.status_code == 422 and r.json()["field"] == "speaker" and "768" in r.json()["detail"], r.text

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, cast
 import httpx
 import numpy as np
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from test_webhooks import SECRET, Receiver, _verify
 from websockets.sync.client import connect
@@ -215,20 +215,20 @@ def test_one_tenants_backlog_never_refuses_anothers_request(stack_factory: Calla
     stack.run_worker_burst()  # publishes the model; no worker runs while the backlog builds
     refused = []
     for i in range(40):
-        r = httpx.post(stack.url + "/v1/tts", json={"text": f"Alice floods, number {i}."}, headers=_auth(ALICE))
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": f"Alice floods, number {i}."}, headers=_auth(ALICE))
         if r.status_code == 429:
             refused.append(r)
     assert len(refused) == 20, "alice alone fills the queue to its limit, then is refused"
     assert "20 chunks are waiting" in refused[0].json()["detail"] and refused[0].headers["Retry-After"]
     for i in range(10):  # bob's share while alice waits: half the limit
-        r = httpx.post(stack.url + "/v1/tts", json={"text": f"Bob, number {i}."}, headers=_auth(BOB))
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": f"Bob, number {i}."}, headers=_auth(BOB))
         assert r.status_code == 202, r.text
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Bob once too often."}, headers=_auth(BOB))
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Bob once too often."}, headers=_auth(BOB))
     assert r.status_code == 429 and "its share of the queue is 10" in r.json()["detail"]
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Alice again."}, headers=_auth(ALICE))
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Alice again."}, headers=_auth(ALICE))
     assert r.status_code == 429
     # Bob's status and voices answer whatever alice queued.
-    assert httpx.get(stack.url + "/v1/voices", headers=_auth(BOB)).status_code == 200
+    assert HTTP.get(stack.url + "/v1/voices", headers=_auth(BOB)).status_code == 200
     # Shared tenancy with several tenants is said at start: their ids are guessable content hashes.
     assert stack.web is not None and "TTS_TENANCY=shared with 3 tenants" in stack.web.output()
 
@@ -270,11 +270,11 @@ def _submit(stack: Stack, key: str, text: str, callback: str | None = None, **bo
     payload: dict[str, Any] = {"text": text, **body}
     if callback is not None:
         payload["callback_url"] = callback
-    return httpx.post(stack.url + "/v1/tts", json=payload, headers=_auth(key), timeout=30)
+    return HTTP.post(stack.url + "/v1/tts", json=payload, headers=_auth(key), timeout=30)
 
 
 def _status(stack: Stack, key: str, request_id: str) -> httpx.Response:
-    return httpx.get(f"{stack.url}/v1/tts/{request_id}", headers=_auth(key), timeout=30)
+    return HTTP.get(f"{stack.url}/v1/tts/{request_id}", headers=_auth(key), timeout=30)
 
 
 def test_a_tenants_delete_withdraws_only_its_own_interest(
@@ -289,7 +289,7 @@ def test_a_tenants_delete_withdraws_only_its_own_interest(
     request_id = a.json()["id"]
     assert b.json()["id"] == request_id  # shared: one id, one job
 
-    assert httpx.delete(f"{stack.url}/v1/tts/{request_id}", headers=_auth(ALICE)).status_code == 204
+    assert HTTP.delete(f"{stack.url}/v1/tts/{request_id}", headers=_auth(ALICE)).status_code == 204
     assert _status(stack, ALICE, request_id).json()["status"] == "canceled"
     assert _status(stack, BOB, request_id).json()["status"] == "queued"
     event = _verify(hooks.wait("/alice", 1)[0])
@@ -300,7 +300,7 @@ def test_a_tenants_delete_withdraws_only_its_own_interest(
     stack.run_worker_burst()
     assert _status(stack, BOB, request_id).json()["status"] == "finished"
     assert _verify(hooks.wait("/bob", 1)[0])["status"] == "finished"
-    audio = httpx.get(f"{stack.url}/v1/tts/{request_id}/audio", headers=_auth(BOB))
+    audio = HTTP.get(f"{stack.url}/v1/tts/{request_id}/audio", headers=_auth(BOB))
     assert audio.status_code == 200 and audio.content[:4] == b"RIFF"
     time.sleep(0.5)  # nothing more may come: alice heard once, of her own interest only
     assert len(hooks.at("/alice")) == 1 and len(hooks.at("/bob")) == 1
@@ -309,7 +309,7 @@ def test_a_tenants_delete_withdraws_only_its_own_interest(
     other = _submit(stack, ALICE, "Nobody wants this one after all.", hooks.url + "/alice2").json()["id"]
     assert _submit(stack, BOB, "Nobody wants this one after all.").json()["id"] == other
     for key in (BOB, ALICE):
-        assert httpx.delete(f"{stack.url}/v1/tts/{other}", headers=_auth(key)).status_code == 204
+        assert HTTP.delete(f"{stack.url}/v1/tts/{other}", headers=_auth(key)).status_code == 204
     assert redis.hget(f"rq:job:{other}", "status") == b"canceled"
     assert {_status(stack, k, other).json()["status"] for k in (ALICE, BOB)} == {"canceled"}
     assert _verify(hooks.wait("/alice2", 1)[0])["status"] == "canceled"
@@ -322,7 +322,7 @@ def test_a_tenants_delete_withdraws_only_its_own_interest(
     same = hooks.url + "/same"
     third = _submit(stack, ALICE, "One URL, two tenants.", same).json()["id"]
     assert _submit(stack, BOB, "One URL, two tenants.", same).json()["id"] == third
-    assert httpx.delete(f"{stack.url}/v1/tts/{third}", headers=_auth(ALICE)).status_code == 204
+    assert HTTP.delete(f"{stack.url}/v1/tts/{third}", headers=_auth(ALICE)).status_code == 204
     assert _verify(hooks.wait("/same", 1)[0])["status"] == "canceled"
     stack.run_worker_burst()
     assert [_verify(c)["status"] for c in hooks.wait("/same", 2)] == ["canceled", "finished"]
@@ -339,7 +339,7 @@ def test_saved_voices_belong_to_the_tenant_that_saved_them(stack_factory: Callab
     stack = _stack(stack_factory, worker=True)
 
     def call(method: str, key: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(method, stack.url + path, headers=_auth(key), timeout=60, **kwargs)
+        return HTTP.request(method, stack.url + path, headers=_auth(key), timeout=60, **kwargs)
 
     alices, bobs = _speaker(1), _speaker(2)
     assert call("PUT", ALICE, "/v1/voices/narrator", json={"speaker": alices}).status_code == 201
@@ -370,9 +370,9 @@ def test_tenant_names_appear_in_logs_and_metrics_and_keys_nowhere(
     for key in (ALICE, BOB, BARE):
         r = _submit(stack, key, f"Logged for {key[:3]}.")
         assert r.status_code in (200, 202), r.text
-    wrong = httpx.post(stack.url + "/v1/tts", json={"text": "x"}, headers=_auth(ALICE + "x"))
+    wrong = HTTP.post(stack.url + "/v1/tts", json={"text": "x"}, headers=_auth(ALICE + "x"))
     assert wrong.status_code == 401 and ALICE not in wrong.text
-    metrics = httpx.get(stack.url + "/metrics", headers=_auth(BOB)).text
+    metrics = HTTP.get(stack.url + "/metrics", headers=_auth(BOB)).text
     for name in ("alice", "bob", bare_key_name(BARE)):
         assert f'tts_tenant_requests_total{{tenant="{name}"}}' in metrics
     assert stack.web is not None
@@ -392,7 +392,7 @@ def test_tenant_names_appear_in_logs_and_metrics_and_keys_nowhere(
 
 def test_a_sockets_sentences_are_its_tenants(stack_factory: Callable[..., Stack], redis: Redis) -> None:
     stack = _stack(stack_factory, worker=False)
-    put = httpx.put(f"{stack.url}/v1/voices/narrator", json={"speaker": _speaker(3)}, headers=_auth(BOB))
+    put = HTTP.put(f"{stack.url}/v1/voices/narrator", json={"speaker": _speaker(3)}, headers=_auth(BOB))
     assert put.status_code == 201
     socket = stack.url.replace("http://", "ws://") + "/v1/audio/speech/websocket?api_key="
 
@@ -431,9 +431,9 @@ def test_isolated_tenants_share_nothing_and_cannot_see_each_others_requests(
     mine = _submit(stack, ALICE, text).json()["id"]
     wait_for(lambda: _status(stack, ALICE, mine).json()["status"] == "finished", 30, "alice's audio")
     for path in ("", "/audio", "/captions"):
-        assert httpx.get(f"{stack.url}/v1/tts/{mine}{path}", headers=_auth(BOB)).status_code == 404, path
-    assert httpx.delete(f"{stack.url}/v1/tts/{mine}", headers=_auth(BOB)).status_code == 404
-    assert httpx.get(f"{stack.url}/v1/tts/{mine}/audio", headers=_auth(ALICE)).status_code == 200
+        assert HTTP.get(f"{stack.url}/v1/tts/{mine}{path}", headers=_auth(BOB)).status_code == 404, path
+    assert HTTP.delete(f"{stack.url}/v1/tts/{mine}", headers=_auth(BOB)).status_code == 404
+    assert HTTP.get(f"{stack.url}/v1/tts/{mine}/audio", headers=_auth(ALICE)).status_code == 200
     # Bob's identical request is his own: another id, made again, not a cache hit that would tell him.
     theirs = _submit(stack, BOB, text)
     assert theirs.status_code == 202 and theirs.json()["id"] != mine

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import httpx
 import numpy as np
 import pytest
-from conftest import Stack, start_tone_stack, wait_for
+from conftest import HTTP, Stack, start_tone_stack, wait_for
 from redis import Redis
 
 from common import keys
@@ -51,17 +51,17 @@ def refusing(shared_stack_factory: Callable[..., Stack]) -> Stack:
 
 
 def _put(stack: Stack, name: str, body: Any) -> httpx.Response:
-    return httpx.put(f"{stack.url}/v1/voices/{name}", json=body, timeout=60)
+    return HTTP.put(f"{stack.url}/v1/voices/{name}", json=body, timeout=60)
 
 
 def _seed_speaker(stack: Stack, seed: int) -> str:
-    r = httpx.get(f"{stack.url}/v1/voices/{seed}", timeout=60)
+    r = HTTP.get(f"{stack.url}/v1/voices/{seed}", timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["speaker"]
 
 
 def _request_id(stack: Stack, **body: Any) -> str:
-    r = httpx.post(f"{stack.url}/v1/tts", json={"text": "Voices, saved and mixed.", **body})
+    r = HTTP.post(f"{stack.url}/v1/tts", json={"text": "Voices, saved and mixed.", **body})
     assert r.status_code in (200, 202), r.text
     return r.json()["id"]
 
@@ -72,13 +72,13 @@ def test_save_use_replace_list_and_delete_a_voice(stack: Stack) -> None:
     saved = r.json()
     assert saved["name"] == "calm" and saved["description"] == "Calm and slow" and saved["builtin"] is False
     assert saved["speaker"] == _seed_speaker(stack, 7) and saved["created"] == saved["updated"]
-    assert httpx.get(f"{stack.url}/v1/voices/calm").json() == saved
+    assert HTTP.get(f"{stack.url}/v1/voices/calm").json() == saved
 
     # A request with the name is keyed by the speaker string it stands for now.
     first = _request_id(stack, voice="calm")
     assert first == _request_id(stack, speaker=saved["speaker"])
     # OpenAI's route takes saved names too, and shares the request.
-    speech = httpx.post(
+    speech = HTTP.post(
         f"{stack.url}/v1/audio/speech",
         timeout=60,
         json={"model": "tts-1", "input": "Voices, saved and mixed.", "voice": "calm", "response_format": "wav"},
@@ -92,25 +92,25 @@ def test_save_use_replace_list_and_delete_a_voice(stack: Stack) -> None:
     second = _request_id(stack, voice="calm")
     assert second != first and second == _request_id(stack, speaker=replaced.json()["speaker"])
 
-    listing = httpx.get(f"{stack.url}/v1/voices").json()
+    listing = HTTP.get(f"{stack.url}/v1/voices").json()
     assert [v["name"] for v in listing["voices"]] == ["calm"]
     assert "speaker" not in listing["voices"][0]
     assert listing["builtin"] == sorted(voices.BUILTIN) and "alloy" in listing["builtin"]
 
-    assert httpx.delete(f"{stack.url}/v1/voices/calm").status_code == 204
-    assert httpx.delete(f"{stack.url}/v1/voices/calm").status_code == 404
-    assert httpx.get(f"{stack.url}/v1/voices/calm").status_code == 404
-    gone = httpx.post(f"{stack.url}/v1/tts", json={"text": "Hi.", "voice": "calm"})
+    assert HTTP.delete(f"{stack.url}/v1/voices/calm").status_code == 204
+    assert HTTP.delete(f"{stack.url}/v1/voices/calm").status_code == 404
+    assert HTTP.get(f"{stack.url}/v1/voices/calm").status_code == 404
+    gone = HTTP.post(f"{stack.url}/v1/tts", json={"text": "Hi.", "voice": "calm"})
     assert gone.status_code == 422 and gone.json()["field"] == "voice", gone.text
 
 
 def test_builtin_voices_are_fixed_seeds_and_cannot_be_saved_over(refusing: Stack) -> None:
     stack = refusing
     assert _request_id(stack, voice="alloy") == _request_id(stack, seed=voices.BUILTIN["alloy"])
-    r = httpx.get(f"{stack.url}/v1/voices/alloy", timeout=60)
+    r = HTTP.get(f"{stack.url}/v1/voices/alloy", timeout=60)
     assert r.status_code == 200 and r.json()["builtin"] is True
     assert r.json()["speaker"] == _seed_speaker(stack, voices.BUILTIN["alloy"])
-    for answer in (_put(stack, "alloy", {"seed": 1}), httpx.delete(f"{stack.url}/v1/voices/alloy")):
+    for answer in (_put(stack, "alloy", {"seed": 1}), HTTP.delete(f"{stack.url}/v1/voices/alloy")):
         assert answer.status_code == 409 and answer.json()["field"] == "name", answer.text
 
 
@@ -182,7 +182,7 @@ def test_bad_voices_are_refused_naming_the_field(
 ) -> None:
     r = _put(refusing, name, body)
     assert r.status_code == status and r.json()["field"] == field, r.text
-    assert httpx.get(f"{refusing.url}/v1/voices").json()["voices"] == []
+    assert HTTP.get(f"{refusing.url}/v1/voices").json()["voices"] == []
 
 
 @pytest.mark.parametrize(
@@ -196,7 +196,7 @@ def test_bad_voices_are_refused_naming_the_field(
     ],
 )
 def test_voice_in_a_request_is_checked_and_exclusive(refusing: Stack, body: dict[str, Any], field: str) -> None:
-    r = httpx.post(f"{refusing.url}/v1/tts", json={"text": "Hi.", **body})
+    r = HTTP.post(f"{refusing.url}/v1/tts", json={"text": "Hi.", **body})
     assert r.status_code == 422 and r.json()["field"] == field, r.text
 
 
@@ -215,21 +215,21 @@ def test_seed_lookups_are_admitted_like_syntheses_and_repeats_come_from_the_stor
     stack = stack_factory(TTS_ENGINE="tone", TTS_MAX_QUEUE="1", TTS_SPEECH_WAIT="3")
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; no worker takes jobs now
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "Fills the queue."}).status_code == 202
-    r = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "Fills the queue."}).status_code == 202
+    r = HTTP.get(stack.url + "/v1/voices/4242", timeout=30)
     assert r.status_code == 429 and r.headers["Retry-After"], r.text
     assert "limit is 1" in r.json()["detail"]
     assert not redis.keys("rq:job:voice-*")  # nothing was put at the front of the queue
     worker = stack.start_worker()  # drains the queue, then exports the voice
     wait_for(lambda: redis.llen("rq:queue:tts") == 0, 60, "the worker to drain the queue")
-    first = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    first = HTTP.get(stack.url + "/v1/voices/4242", timeout=30)
     assert first.status_code == 200, first.text
     worker.stop()
     for key in redis.keys("rq:job:voice-*"):
         redis.delete(key)
     # Answered from the store: no job is enqueued even with the queue full again.
-    assert httpx.post(stack.url + "/v1/tts", json={"text": "Fills the queue again."}).status_code in (200, 202)
-    again = httpx.get(stack.url + "/v1/voices/4242", timeout=30)
+    assert HTTP.post(stack.url + "/v1/tts", json={"text": "Fills the queue again."}).status_code in (200, 202)
+    again = HTTP.get(stack.url + "/v1/voices/4242", timeout=30)
     assert again.status_code == 200 and again.json()["speaker"] == first.json()["speaker"]
     assert not redis.keys("rq:job:voice-*")
 
@@ -246,11 +246,11 @@ def test_a_tenants_backlog_refuses_its_own_seed_lookups_not_another_tenants(
     stack.start_web()
     stack.run_worker_burst()  # publishes the model; no worker takes jobs now
     two = "The first sentence is the first chunk. " * 4 + "The second sentence makes a chunk of its own. " * 3
-    r = httpx.post(stack.url + "/v1/tts", json={"text": two}, headers={"Authorization": f"Bearer {alice}"})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": two}, headers={"Authorization": f"Bearer {alice}"})
     assert r.status_code == 202 and r.json()["progress"]["chunks_total"] == 2, r.text
-    refused = httpx.get(stack.url + "/v1/voices/4242", headers={"Authorization": f"Bearer {alice}"}, timeout=30)
+    refused = HTTP.get(stack.url + "/v1/voices/4242", headers={"Authorization": f"Bearer {alice}"}, timeout=30)
     assert refused.status_code == 429 and "limit is 2" in refused.json()["detail"], refused.text
     assert not redis.keys("rq:job:voice-*")
-    waiting = httpx.get(stack.url + "/v1/voices/4243", headers={"Authorization": f"Bearer {bob}"}, timeout=30)
+    waiting = HTTP.get(stack.url + "/v1/voices/4243", headers={"Authorization": f"Bearer {bob}"}, timeout=30)
     assert waiting.status_code == 504, waiting.text  # admitted: queued at the front, but no worker runs
     assert redis.keys("rq:job:voice-*")

@@ -6,9 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from conftest import Proc, Stack, wait_for
+from conftest import HTTP, Proc, Stack, wait_for
 from redis import Redis
 from test_redis_full import _stack, fill, full_redis  # noqa: F401 (a fixture)
 
@@ -38,7 +37,7 @@ def test_every_process_waits_out_a_full_redis_and_serves_again(full_redis: str, 
         # A second worker is born into the full Redis (RQ's register_birth is refused).
         born = stack.start_worker()
         began = time.monotonic()
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "Nothing can be stored now."})
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "Nothing can be stored now."})
         assert r.status_code == 503, r.text
         wait_for(lambda: "full" in born.output().lower(), 60, "the new worker to say Redis is full")
         while time.monotonic() - began < FULL_SECONDS:
@@ -48,13 +47,13 @@ def test_every_process_waits_out_a_full_redis_and_serves_again(full_redis: str, 
             assert _full_lines(proc) <= MOST_LINES, (proc.log.name, proc.output()[-3000:])
         redis.delete(*names)  # the operator frees memory; nothing is restarted
         wait_for(
-            lambda: httpx.get(stack.url + "/readyz").json().get("workers") == 2, 60, "both workers registered again"
+            lambda: HTTP.get(stack.url + "/readyz").json().get("workers") == 2, 60, "both workers registered again"
         )
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "Served again once there is room."})
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "Served again once there is room."})
         assert r.status_code == 202, r.text
         request_id = r.json()["id"]
         wait_for(
-            lambda: httpx.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished",
+            lambda: HTTP.get(f"{stack.url}/v1/tts/{request_id}").json()["status"] == "finished",
             60,
             "the request to finish after memory was freed",
         )

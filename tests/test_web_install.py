@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, Proc, _free_port, serving, wait_for
+from conftest import HTTP, ROOT, Proc, free_port, serving, wait_for
 from redis import Redis
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -96,7 +96,7 @@ def test_the_web_set_has_no_model_stack(web_venv: Path) -> None:
 def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
     web_venv: Path, redis: Redis, redis_url: str, tmp_path: Path
 ) -> None:
-    port, dashboard_port = _free_port(), _free_port()
+    port, dashboard_port = free_port(), free_port()
     # The Procfile's own line, with the port the platform would set and the
     # host narrowed to loopback: tests reach nothing else.
     web_line = procfile_line("web").replace("${PORT:-8000}", str(port)).replace("--host 0.0.0.0", "--host 127.0.0.1")
@@ -122,7 +122,7 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
 
         def answers(path: str, base: str = url) -> int | None:
             try:
-                return httpx.get(base + path, timeout=2).status_code
+                return HTTP.get(base + path, timeout=2).status_code
             except httpx.HTTPError:
                 return None
 
@@ -131,17 +131,17 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
             wait_for(lambda: serving(url), 60, "a worker and its model", interval=0.1)
         except AssertionError:
             pytest.fail(f"web:\n{web.output()[-3000:]}\nworker:\n{worker.output()[-3000:]}")
-        made = httpx.post(url + "/v1/tts", json={"text": TEXT}, timeout=10)
+        made = HTTP.post(url + "/v1/tts", json={"text": TEXT}, timeout=10)
         assert made.status_code == 202, made.text
-        audio = httpx.get(url + made.json()["audio_url"], params={"wait": 30}, timeout=40)
+        audio = HTTP.get(url + made.json()["audio_url"], params={"wait": 30}, timeout=40)
         assert audio.status_code == 200 and audio.content[:4] == b"RIFF"
         # The stored request: answered from Redis, the same id and audio.
-        stored = httpx.post(url + "/v1/tts", json={"text": TEXT}, timeout=10)
+        stored = HTTP.post(url + "/v1/tts", json={"text": TEXT}, timeout=10)
         assert stored.status_code == 200 and stored.json()["cached"] is True
         assert stored.json()["id"] == made.json()["id"]
-        assert httpx.get(url + stored.json()["audio_url"], timeout=10).content == audio.content
-        assert httpx.get(url + "/v1/tts/" + stored.json()["id"], timeout=10).json()["status"] == "finished"
-        assert httpx.get(url + "/metrics", timeout=10).status_code == 200
+        assert HTTP.get(url + stored.json()["audio_url"], timeout=10).content == audio.content
+        assert HTTP.get(url + "/v1/tts/" + stored.json()["id"], timeout=10).json()["status"] == "finished"
+        assert HTTP.get(url + "/metrics", timeout=10).status_code == 200
         assert "libtorch" not in Path(f"/proc/{web.pid}/maps").read_text()
         # rq-dashboard from the same set; without a password it listens on loopback only.
         wait_for(
@@ -150,7 +150,7 @@ def test_the_procfile_web_webhooks_and_dashboard_lines_run_from_the_web_set(
             "rq-dashboard to answer",
             interval=0.2,
         )
-        page = httpx.get(f"http://127.0.0.1:{dashboard_port}/0/data/queues.json", timeout=10)
+        page = HTTP.get(f"http://127.0.0.1:{dashboard_port}/0/data/queues.json", timeout=10)
         assert "tts" in [q["name"] for q in page.json()["queues"]]
         # The webhook deliverer: an rq worker on its own queue.
         try:

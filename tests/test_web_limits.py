@@ -10,7 +10,7 @@ from typing import Iterator
 
 import httpx
 import pytest
-from conftest import ROOT, Proc, _free_port, wait_for
+from conftest import HTTP, ROOT, Proc, free_port, wait_for
 
 from web import protocol
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def web(redis_url: str, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = Proc(
         [sys.executable, "-m", "uvicorn", "service:create_app", *web_flags(port)],
         {"PATH": "/usr/bin:/bin", "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"},
@@ -33,7 +33,7 @@ def web(redis_url: str, tmp_path: Path) -> Iterator[str]:
 
     def answers() -> bool:
         try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+            return HTTP.get(url + "/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -75,7 +75,7 @@ def test_a_slowloris_connection_is_dropped_within_the_bound(web: str) -> None:
     assert closed, f"still open after {held:.0f} s"
     assert held <= protocol.REQUEST_SECONDS + 3, held
     # Others are served meanwhile and after.
-    assert httpx.get(web + "/healthz").status_code == 200
+    assert HTTP.get(web + "/healthz").status_code == 200
 
 
 def test_a_multi_megabyte_url_is_refused_at_once(web: str) -> None:
@@ -92,4 +92,4 @@ def test_a_multi_megabyte_url_is_refused_at_once(web: str) -> None:
         except (ConnectionResetError, socket.timeout):
             pass
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:200]
-    assert httpx.get(web + "/healthz").status_code == 200
+    assert HTTP.get(web + "/healthz").status_code == 200

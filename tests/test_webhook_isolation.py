@@ -10,9 +10,8 @@ import time
 from datetime import datetime
 from typing import Callable, Iterator
 
-import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from webhook_helpers import Receiver, _stack, _submit, _verify
 
@@ -110,7 +109,7 @@ def test_a_request_takes_a_bounded_number_of_callback_urls(
     text = "Many receivers for one request."
     for n in (1, 2):
         _submit(stack, text, f"{receiver.url}/hook{n}", status=202)
-    r = httpx.post(stack.url + "/v1/tts", json={"text": text, "callback_url": f"{receiver.url}/hook3"})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": text, "callback_url": f"{receiver.url}/hook3"})
     assert r.status_code == 422 and r.json()["field"] == "callback_url", r.text
     assert "TTS_MAX_CALLBACK_URLS" in r.json()["detail"]
     _submit(stack, text, f"{receiver.url}/hook1", status=202)  # one it has already is no new URL
@@ -150,7 +149,7 @@ def test_a_slow_receiver_of_one_tenant_holds_only_its_share(
 
 
 def _send(stack: Stack, key: str, text: str, callback: str) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         stack.url + "/v1/tts", json={"text": text, "callback_url": callback}, headers={"Authorization": f"Bearer {key}"}
     )
     assert r.status_code in (200, 202), r.text
@@ -166,9 +165,9 @@ def test_an_event_comes_once_its_audio_is_whole_not_after_the_jobs_queued_ahead_
     long_text = " ".join(
         f"Sentence number {n} of Bob's long request, which keeps the worker busy a while." for n in range(40)
     )
-    r = httpx.post(stack.url + "/v1/tts", json={"text": long_text}, headers={"Authorization": f"Bearer {BOB}"})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": long_text}, headers={"Authorization": f"Bearer {BOB}"})
     assert r.status_code == 202 and r.json()["progress"]["chunks_total"] >= 20, r.text
-    alice = httpx.post(
+    alice = HTTP.post(
         stack.url + "/v1/tts",
         json={"text": "Alice's short one.", "callback_url": receiver.url + "/alice"},
         headers={"Authorization": f"Bearer {ALICE}"},

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 import standardwebhooks
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from webhook_helpers import SECRET, Receiver, _stack, _verify
 
@@ -38,7 +38,7 @@ def _post(stack: Stack, key: str, text: str, callback: str | None = None) -> htt
     body: dict[str, Any] = {"text": text}
     if callback is not None:
         body["callback_url"] = callback
-    return httpx.post(stack.url + "/v1/tts", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    return HTTP.post(stack.url + "/v1/tts", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
 
 
 def test_a_tenants_pending_events_are_capped_and_free_again_once_delivered(
@@ -67,7 +67,7 @@ def test_a_tenants_pending_events_are_capped_and_free_again_once_delivered(
 def _scrape_as(stack: Stack, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {BOB}"}).text
+    text = HTTP.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {BOB}"}).text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)

@@ -8,9 +8,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Callable
 
-import httpx
 import pytest
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from webhook_helpers import Receiver, _deliveries, _scrape, _stack, _state_is, _submit
 
 from common.settings import from_env
@@ -151,7 +150,7 @@ def test_each_tenant_sees_only_its_own_callbacks_delivery(
     stack = _stack(stack_factory, TTS_API_KEYS=f"alice={alice},bob={bob}")
     ids = set()
     for key, path in ((alice, "/alice"), (bob, "/bob")):
-        r = httpx.post(
+        r = HTTP.post(
             stack.url + "/v1/tts",
             json={"text": "One request, two tenants.", "callback_url": receiver.url + path},
             headers={"Authorization": f"Bearer {key}"},
@@ -163,7 +162,7 @@ def test_each_tenant_sees_only_its_own_callbacks_delivery(
     receiver.wait("/bob", 1)
 
     def seen(key: str) -> list[dict[str, Any]] | None:
-        r = httpx.get(f"{stack.url}/v1/tts/{request_id}", headers={"Authorization": f"Bearer {key}"})
+        r = HTTP.get(f"{stack.url}/v1/tts/{request_id}", headers={"Authorization": f"Bearer {key}"})
         hooks = r.json().get("webhooks", [])
         return hooks if hooks and all(h["state"] == "delivered" for h in hooks) else None
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-import httpx
 import pytest
-from conftest import Stack
+from conftest import HTTP, Stack
 from redis import Redis
 from webhook_helpers import SECRET, Receiver
 
@@ -49,7 +48,7 @@ def test_refused_callback_urls_are_422(stack_factory: Callable[..., Stack], redi
     stack.start_web()
     stack.run_worker_burst()
     for url in REFUSED_URLS:
-        r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": url})
+        r = HTTP.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": url})
         assert r.status_code == 422 and r.json()["field"] == "callback_url", (url, r.text)
     assert redis.llen("rq:queue:tts") == 0 and not redis.keys(keys.hooks_key("*"))
 

@@ -13,10 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import pytest
 import standardwebhooks
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 from redis import Redis
 from webhook_helpers import SECRET, VERIFIER, Receiver, _scrape, _stack, _state_is, _submit, _verify
 
@@ -38,14 +37,14 @@ def test_finished_request_posts_a_signed_event(stack_factory: Callable[..., Stac
     assert made.tzinfo is not None and abs(made.timestamp() - time.time()) < 60
     assert event["audio_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/audio"
     assert event["captions_url"] == f"https://tts.example.com/v1/tts/{submitted['id']}/captions"
-    wav = httpx.get(f"{stack.url}/v1/tts/{submitted['id']}/audio").content
+    wav = HTTP.get(f"{stack.url}/v1/tts/{submitted['id']}/audio").content
     with wave.open(io.BytesIO(wav)) as w:
         assert abs(event["audio_seconds"] - w.getnframes() / w.getframerate()) < 0.001
     assert event["chunks_total"] == submitted["progress"]["chunks_total"]
     assert receiver.at("/done")[0]["path"] == "/done?user=7"  # the query goes along
 
     # Already finished when submitted: the event comes all the same (once), in the format asked for.
-    again = httpx.post(
+    again = HTTP.post(
         stack.url + "/v1/tts",
         json={"text": "Call me back. When it is done.", "format": "mp3", "callback_url": receiver.url + "/again"},
     )
@@ -108,7 +107,7 @@ def test_thirty_cached_repeats_with_one_callback_url_make_one_event(
     stack = _stack(stack_factory)
     text = "Repeated, then called back."
     first = _submit(stack, text, None, 202)
-    assert httpx.get(f"{stack.url}/v1/tts/{first['id']}/audio", params={"wait": 30}, timeout=40).status_code == 200
+    assert HTTP.get(f"{stack.url}/v1/tts/{first['id']}/audio", params={"wait": 30}, timeout=40).status_code == 200
     with ThreadPoolExecutor(10) as pool:
         answers = list(pool.map(lambda _: _submit(stack, text, receiver.url + "/each", 200), range(30)))
     assert {a["id"] for a in answers} == {first["id"]} and all(a["cached"] for a in answers)
@@ -173,7 +172,7 @@ def test_canceled_and_failed_requests_post_their_events(
 ) -> None:
     stack = _stack(stack_factory, worker=False)
     canceled = _submit(stack, "Cancel me.", receiver.url + "/canceled", 202)
-    assert httpx.delete(stack.url + canceled["status_url"]).status_code == 204
+    assert HTTP.delete(stack.url + canceled["status_url"]).status_code == 204
     event = _verify(receiver.wait("/canceled", 1)[0])
     assert event["status"] == "canceled" and event["audio_seconds"] == 0 and "error" not in event
     assert event["type"] == "tts.canceled"
@@ -198,7 +197,7 @@ def test_without_a_secret_callback_urls_are_refused(stack_factory: Callable[...,
     stack = stack_factory(TTS_ENGINE="tone", TTS_WEBHOOK_ALLOW_PRIVATE="true")
     stack.start_web()
     stack.run_worker_burst()
-    r = httpx.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": receiver.url + "/x"})
+    r = HTTP.post(stack.url + "/v1/tts", json={"text": "Hi.", "callback_url": receiver.url + "/x"})
     assert r.status_code == 422 and r.json()["field"] == "callback_url" and "TTS_WEBHOOK_SECRET" in r.json()["detail"]
 
 

@@ -12,9 +12,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-import httpx
 import standardwebhooks
-from conftest import Stack, wait_for
+from conftest import HTTP, Stack, wait_for
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-secret-0123456789-abcdef").decode()
 # What a receiver holds: the secret, in Standard Webhooks' own verifier.
@@ -100,7 +99,7 @@ def _submit(stack: Stack, text: str, callback: str | None, status: int | tuple[i
     body: dict[str, Any] = {"text": text}
     if callback is not None:
         body["callback_url"] = callback
-    r = httpx.post(stack.url + "/v1/tts", json=body)
+    r = HTTP.post(stack.url + "/v1/tts", json=body)
     assert r.status_code in ((status,) if isinstance(status, int) else status), r.text
     return r.json()
 
@@ -119,7 +118,7 @@ def _verify(call: dict[str, Any], verifier: standardwebhooks.Webhook = VERIFIER)
 def _scrape(stack: Stack, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(stack.url + "/metrics").text
+    text = HTTP.get(stack.url + "/metrics").text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)
@@ -129,7 +128,7 @@ def _scrape(stack: Stack, name: str, **labels: str) -> float:
 
 
 def _deliveries(stack: Stack, request_id: str) -> list[dict[str, Any]]:
-    status = httpx.get(f"{stack.url}/v1/tts/{request_id}")
+    status = HTTP.get(f"{stack.url}/v1/tts/{request_id}")
     assert status.status_code == 200, status.text
     return status.json().get("webhooks", [])  # type: ignore[no-any-return]
 
