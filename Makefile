@@ -1,5 +1,5 @@
 # Two commands do everything:  make run  (Redis, web and worker)  and  make test;
-# make test-fast runs the tests that start no process and load no model.
+# make test-fast runs the tests that start no process and load no model (two pytest processes).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -74,10 +74,10 @@ test: $(VENV)/.test
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 # The tests that start no process and load no model (tests/conftest.py marks the others
-# `slow` and fails a fast test that starts a process), in one pytest process, no linters.
+# `slow` and fails a fast test that starts a process), in two pytest processes, no linters.
 test-fast: $(VENV)/.test
 	@url=$$(scripts/redis-url $(BIN)/python) && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -m "not slow" -n $${TEST_PROCESSES:-0} $(PYTEST_ARGS)
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -m "not slow" -n $${TEST_PROCESSES:-2} $(PYTEST_ARGS)
 
 tiny-model: $(VENV)/.run
 	$(BIN)/python -m engines.tiny_checkpoint $(TINY)
