@@ -167,16 +167,26 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
         return (yield)
 
 
-def wait_for(check: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
-    """Poll `check` until it returns something truthy; fail after `timeout` s."""
+# wait_for's looks when the caller names no interval: quick at first, then further apart up to SLOWEST, so a
+# long wait (a model loading, a job on the tiny ChatTTS) does not keep a web process answering 20 looks a second
+# on cores the suite shares.
+QUICKEST, SLOWEST = 0.05, 0.25
+
+
+def wait_for(check: Callable[[], object], timeout: float, what: str, interval: float | None = None) -> object:
+    """Poll `check` until it returns something truthy; fail after `timeout` s. A given `interval` is kept
+    throughout (a test that must catch a short moment names one)."""
     deadline = time.monotonic() + timeout
+    pause = interval or QUICKEST
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(SLOWEST, pause * 1.25)
 
 
 def mp3_samples(body: bytes) -> int:

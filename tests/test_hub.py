@@ -78,3 +78,28 @@ def test_a_new_event_loop_gets_a_subscription_of_its_own(redis: Redis, redis_url
     asyncio.run(one())
     asyncio.run(one())
     asyncio.run(hub.close())
+
+
+def test_a_waiter_after_an_outage_subscribes_on_a_new_connection(redis: Redis, redis_url: str) -> None:
+    """The shared connection Redis dropped (a restart) is found dead by the next waiter's subscribe before the
+    reader notices: that waiter subscribes on a new connection, and the channels watched before are heard again."""
+
+    async def scene() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        hub = Hub(client)
+        try:
+            before = await hub.watch("hub:d")
+            hub._pubsub.connection._writer.transport.abort()  # what a Redis restart leaves behind
+            after = await hub.watch("hub:e")
+            for channel, watch in (("hub:e", after), ("hub:d", before)):
+                await client.publish(channel, "news")
+                started = time.monotonic()
+                await watch.wait(5.0)
+                assert time.monotonic() - started < 1.5, f"{channel} was not heard after the new connection"
+            await before.close()
+            await after.close()
+        finally:
+            await hub.close()
+            await client.aclose()
+
+    asyncio.run(scene())

@@ -74,11 +74,7 @@ class Hub:
         try:
             if first:
                 self._confirmed[channel] = asyncio.get_running_loop().create_future()
-                try:
-                    await self._pubsub.subscribe(channel)
-                except RuntimeError as exc:  # its transport was closed under it (Redis went away)
-                    await self._reconnect()
-                    raise RedisConnectionError(f"the shared subscription's connection was lost: {exc}") from exc
+                await self._subscribe(channel)
                 self._start_reader()
             confirmed = self._confirmed.get(channel)
             if confirmed is not None and not confirmed.done():
@@ -88,6 +84,22 @@ class Hub:
             await self.drop(watch)
             raise
         return watch
+
+    async def _subscribe(self, channel: str) -> None:
+        """SUBSCRIBE `channel` on the shared connection; once more on a new one when that connection is found
+        dead (Redis went away since the reader last looked: the waiter after a restart is not refused).
+        Raises RedisConnectionError when the new one fails too."""
+        try:
+            await self._pubsub.subscribe(channel)
+            return
+        except (RedisConnectionError, OSError, RuntimeError) as exc:  # RuntimeError: its transport closed under it
+            logger.debug("the shared subscription's connection was lost (%s); subscribing on a new one", exc)
+            await self._reconnect()
+        try:
+            await self._pubsub.subscribe(channel)
+        except (OSError, RuntimeError) as exc:
+            await self._reconnect()
+            raise RedisConnectionError(f"the shared subscription's connection was lost: {exc}") from exc
 
     async def drop(self, watch: Watch) -> None:
         """Forget `watch`; its channel is unsubscribed once no Watch of it is left."""
