@@ -79,15 +79,16 @@ def free_port() -> int:
     Chosen at random, so two callers rarely pick the same one; the server that is given it binds it itself.
     """
     low = ephemeral_low()
-    ports = range(PRIVATE_PORTS.start, min(PRIVATE_PORTS.stop, low)) if low > PRIVATE_PORTS.start + 1000 else None
-    for _ in range(100 if ports else 0):
-        port = random.choice(ports)  # type: ignore[arg-type]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+    if low > PRIVATE_PORTS.start + 1000:
+        ports = range(PRIVATE_PORTS.start, min(PRIVATE_PORTS.stop, low))
+        for _ in range(100):
+            port = random.choice(ports)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
