@@ -15,6 +15,11 @@ import pytest
 
 from engines import q4build
 
+# Extra flags for the builds here, which no test runs: -O0, the last -O of each compile command (q4build's own
+# comes first), compiles the library several times as fast, and what these tests check (the key, the cache, the
+# lock, CC's words) does not depend on it.
+QUICK = ("-O0",)
+
 
 @pytest.fixture
 def cc() -> str:
@@ -69,14 +74,14 @@ def test_a_build_is_made_once_and_found_again_by_its_key(cc: str, tmp_path: Path
     """Into a private folder (0700): the library, its harness and the command; a second build of the same
     sources, compiler and flags is the first (no compiler run but the probes); other flags, another build."""
     cache = tmp_path / "cache"
-    first = q4build.build({"CC": cc}, cache=cache)
+    first = q4build.build({"CC": cc}, extra=QUICK, cache=cache)
     assert first.library.is_file() and first.harness.is_file() and first.folder.parent == cache
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
     assert first.command[0] == cc.split()[0] and str(first.library) in first.command
     stamp = first.library.stat().st_mtime_ns
-    again = q4build.build({"CC": cc}, cache=cache)
+    again = q4build.build({"CC": cc}, extra=QUICK, cache=cache)
     assert again == first and again.library.stat().st_mtime_ns == stamp
-    other = q4build.build({"CC": cc}, extra=("-DQ4_OTHER=1",), cache=cache)
+    other = q4build.build({"CC": cc}, extra=(*QUICK, "-DQ4_OTHER=1"), cache=cache)
     assert other.folder != first.folder
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == sorted(
         [first.folder.name, other.folder.name]
@@ -86,7 +91,7 @@ def test_a_build_is_made_once_and_found_again_by_its_key(cc: str, tmp_path: Path
 @pytest.mark.slow
 def test_cc_with_a_launcher_word_builds(cc: str, tmp_path: Path) -> None:
     """`CC="env gcc"`, a launcher before the compiler as ccache is: split as words, it builds."""
-    built = q4build.build({"CC": f"env {cc}"}, cache=tmp_path / "cache")
+    built = q4build.build({"CC": f"env {cc}"}, extra=QUICK, cache=tmp_path / "cache")
     assert built.command[:2] == ("env", cc.split()[0]) and built.library.is_file()
 
 
@@ -111,7 +116,7 @@ def test_a_cache_others_can_write_is_not_used(cc: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / "chattts-service" / "q4step").mkdir(parents=True)
     (home / "chattts-service" / "q4step").chmod(0o777)
-    built = q4build.build({"CC": cc, "XDG_CACHE_HOME": str(home)})
+    built = q4build.build({"CC": cc, "XDG_CACHE_HOME": str(home)}, extra=QUICK)
     try:
         assert built.temporary and not built.folder.is_relative_to(home) and built.library.is_file()
         assert q4build.private(built.folder)
@@ -120,35 +125,51 @@ def test_a_cache_others_can_write_is_not_used(cc: str, tmp_path: Path) -> None:
 
 
 BUILDER = textwrap.dedent("""
-    import sys, time
+    import sys
     from pathlib import Path
     from engines import q4build
-    Path(sys.argv[2]).touch()
-    while not all(Path(sys.argv[3], f"ready-{i}").exists() for i in range(int(sys.argv[4]))):
-        time.sleep(0.01)
-    print(q4build.build({"CC": sys.argv[5]}, cache=Path(sys.argv[1])).folder)
+    print(q4build.build({"CC": sys.argv[2]}, extra=tuple(sys.argv[3:]), cache=Path(sys.argv[1])).folder)
 """)
+# Seconds, at least, that the wrapper's compile waits for every worker to probe the compiler before it fails.
+GATHER = 60
 
 
 @pytest.mark.slow
 def test_workers_starting_together_build_once(cc: str, tmp_path: Path) -> None:
-    """Four processes ask for the same build at the same moment: one compiles (one compile command in the log of
-    compiler calls), all four get the same complete folder, no temporary folder is left."""
-    cache, calls = tmp_path / "cache", tmp_path / "calls"
-    # A compiler wrapper that notes each call that compiles (not the probes).
-    wrapper = tmp_path / "cc-wrapper"
-    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *q4step.c*) echo x >> {calls};; esac\nexec {cc} "$@"\n')
-    wrapper.chmod(0o755)
+    """Four processes ask for the same build at the same moment (a compile starts only once all four have
+    probed the compiler, so each is inside `build` while it runs): one compiles (one compile command in the log
+    of compiler calls), all four get the same complete folder, no temporary folder is left."""
+    cache, calls, probes = tmp_path / "cache", tmp_path / "calls", tmp_path / "probes"
     count = 4
+    # A compiler wrapper that notes each probe of the compiler's version (every worker's last compiler call
+    # before the lock) and each call that compiles; a compile waits, polling, until all workers have probed.
+    wrapper = tmp_path / "cc-wrapper"
+    wrapper.write_text(
+        textwrap.dedent(f"""\
+            #!/bin/sh
+            case "$*" in
+            --version) echo x >> {probes};;
+            *q4step.c*)
+                echo x >> {calls}
+                n=0
+                until [ "$(wc -l < {probes})" -ge {count} ]; do
+                    n=$((n + 1))
+                    [ $n -le {GATHER * 100} ] || {{ echo "cc-wrapper: not all {count} workers probed" >&2; exit 1; }}
+                    sleep 0.01
+                done;;
+            esac
+            exec {cc} "$@"
+        """)
+    )
+    wrapper.chmod(0o755)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", BUILDER, str(cache), str(tmp_path / f"ready-{i}"), str(tmp_path), str(count)]
-            + [str(wrapper)],
+            [sys.executable, "-c", BUILDER, str(cache), str(wrapper), *QUICK],
             cwd=Path(__file__).resolve().parent.parent,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i in range(count)
+        for _ in range(count)
     ]
     folders = {p.communicate(timeout=300)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
