@@ -69,8 +69,23 @@ def first_logits(chat: Any, text: str, spk_emb: torch.Tensor) -> torch.Tensor:
     )
     emb = chat.embed(input_ids, text_mask)
     chat.speaker.apply(emb, spk_emb, input_ids, chat.tokenizer.spk_emb_ids, chat.device_gpt)
-    position_ids = attention_mask.long().cumsum(-1) - 1
-    out = chat.gpt.gpt(inputs_embeds=emb, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    # The prefill as ChatTTS's `generate` makes it (its inputs, mask buffer and arguments), so that a compiled
+    # GPT runs the graph the sampled steps below run first instead of compiling one of its own.
+    length = input_ids.shape[1]
+    mask = torch.ones((input_ids.shape[0], length + 1), dtype=torch.bool, device=input_ids.device)
+    mask.narrow(1, 0, length).copy_(attention_mask)
+    inputs = chat.gpt._prepare_generation_inputs(input_ids, None, mask.narrow(1, 0, length))
+    inputs.inputs_embeds = emb
+    inputs.to(chat.device_gpt, chat.gpt.gpt.dtype)
+    out = chat.gpt.gpt(
+        attention_mask=inputs.attention_mask,
+        position_ids=inputs.position_ids,
+        past_key_values=inputs.past_key_values,
+        inputs_embeds=inputs.inputs_embeds,
+        use_cache=True,
+        output_attentions=False,
+        cache_position=inputs.cache_position,
+    )
     hidden = out.last_hidden_state[:, -1].float()
     with P.cached():
         return torch.stack([head(hidden)[0] for head in chat.gpt.head_code]).float()
