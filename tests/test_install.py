@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+import pip
 import pytest
 from conftest import ROOT
 from packaging import tags
@@ -91,9 +93,18 @@ def pypi() -> None:
 
 @pytest.fixture(scope="module")
 def fresh_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The interpreter of a new virtualenv (pip, nothing else): where `make` runs scripts/torch-source first."""
+    """The interpreter of a new virtualenv (pip, nothing else): where `make` runs scripts/torch-source first.
+
+    Its pip is this environment's own, linked into its site-packages rather than installed by ensurepip, which
+    would unpack and compile a whole pip for the two things scripts/torch-source asks of it (`pip config list`
+    and pip's tag rules); torch and everything else stay out of its reach, as on a fresh machine.
+    """
     venv = tmp_path_factory.mktemp("fresh") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    ours = Path(pip.__file__).parent
+    for part in (ours, *ours.parent.glob("pip-*.dist-info")):
+        (site / part.name).symlink_to(part, target_is_directory=True)
     return venv / "bin" / "python"
 
 
@@ -246,21 +257,31 @@ def locked_entries(lock: Path) -> list[tuple[str, str, str | None]]:
     return [(name, version, marker) for name, version, marker, _ in lock_entries(lock)]
 
 
+# Pages index_files reads at once: enough to hide the network's latency, each over a connection of its own.
+PAGE_FETCHES = 8
+
+
 @pytest.fixture(scope="module")
 def index_files(pypi: None) -> dict[str, list[tuple[str, str]]]:
     """name -> (file name, sha256) of every wheel PyPI serves for it, read from its PEP 691 page; torch's CPU
-    builds from the list the locks were made from (scripts/torch-cpu-wheels.txt)."""
+    builds from the list the locks were made from (scripts/torch-cpu-wheels.txt).
+
+    The pages come over one client's few kept-alive connections: a connection (and an SSL context) a page
+    would cost more CPU than reading the pages themselves.
+    """
+    accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
 
     def files(name: str) -> list[tuple[str, str]]:
-        request = urllib.request.Request(
-            f"https://pypi.org/simple/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-        )
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            page = json.load(answer)
+        answer = client.get(f"https://pypi.org/simple/{name}/")
+        answer.raise_for_status()
+        page = answer.json()
         return [(f["filename"], f["hashes"].get("sha256", "")) for f in page["files"] if f["filename"].endswith(".whl")]
 
     names = sorted({name for name, _, _ in locked_entries(ROOT / "requirements-test.txt")})
-    with ThreadPoolExecutor(16) as pool:
+    with (
+        httpx.Client(headers=accept, timeout=60, follow_redirects=True) as client,
+        ThreadPoolExecutor(PAGE_FETCHES) as pool,
+    ):
         found = dict(zip(names, pool.map(files, names)))
     recorded = (ROOT / "scripts" / "torch-cpu-wheels.txt").read_text().splitlines()
     found["torch"] += [tuple(line.split()) for line in recorded if line and not line.startswith("#")]  # type: ignore[misc]

@@ -32,15 +32,18 @@ TOOLS = {"pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis",
 
 
 def interpreter(version: str) -> Path | None:
-    """A working `python<version>`: on PATH, or in pyenv's versions; None where there is none."""
-    candidates = [shutil.which(f"python{version}")]
+    """A working `python<version>`: on PATH, or in pyenv's versions; None where there is none.
+
+    A pyenv shim on PATH is passed over: it only hands on to one of pyenv's versions, each tried here
+    directly, and running one costs a shell and pyenv's own lookup.
+    """
     pyenv = shutil.which("pyenv")
     root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip() if pyenv else ""
     root = root or os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
+    on_path = shutil.which(f"python{version}")
+    candidates = [on_path] if on_path and Path(on_path).parent != Path(root) / "shims" else []
     candidates += sorted(str(p) for p in Path(root).glob(f"versions/{version}.*/bin/python{version}"))
     for candidate in candidates:
-        if candidate is None:
-            continue
         run = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True)  # fmt: skip
         if run.returncode == 0 and run.stdout.strip() == version:
@@ -80,12 +83,16 @@ def test_the_fast_tests_pass_under(version: str, redis_url: str, tmp_path: Path)
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert install.returncode == 0, install.stderr[-3000:]
-    # The inner run claims a database of its own on the same server.
+    # The inner run claims a database of its own on the same server. Its bytecode goes to a folder of its own,
+    # written once and read by every process it starts (web, worker, import checks): uv installs no bytecode,
+    # and where the environment forbids writing it each of those processes would compile anew all it imports.
     server = redis_url.rsplit("/", 1)[0] + "/0"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(REDIS_URL=server, PYTHONPYCACHEPREFIX=str(tmp_path / "bytecode"))
     run = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow or every_python",
          *(f"tests/{f}" for f in FAST)],
-        cwd=ROOT, env={**os.environ, "REDIS_URL": server}, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, run.stdout[-4000:]
