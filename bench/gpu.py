@@ -50,6 +50,13 @@ def smi(*query: str) -> list[list[str]]:
     return [[x.strip() for x in line.split(",")] for line in lines if line.strip()]
 
 
+def cuda_devices() -> int:
+    """The CUDA devices torch sees (0 where it says nothing), asked in a child: this process never touches CUDA."""
+    code = "import torch; print(torch.cuda.device_count())"
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.split()
+    return int(probe[-1]) if probe and probe[-1].isdigit() else 0
+
+
 def gpu_mib(pid: int | None = None) -> float | None:
     """MiB in use on GPU 0 (with `pid`: by that process), by nvidia-smi; None where it does not say."""
     rows = smi("--query-compute-apps=pid,used_memory") if pid else smi("--query-gpu=memory.used", "-i", "0")
@@ -228,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="a checkpoint written already (CPU mode: the tiny one)")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    code = "import torch; print(torch.cuda.device_count())"  # asked in a child: this process never touches CUDA
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.split()
-    gpu = not args.cpu and bool(probe) and probe[-1].isdigit() and int(probe[-1]) > 0
+    gpu = not args.cpu and cuda_devices() > 0
     mode = MODES["GPU" if gpu else "CPU"]
     rounds, cores = 1 if args.quick or not gpu else 2, os.cpu_count() or 1
     smi_name = smi("--query-gpu=name,driver_version", "-i", "0")

@@ -22,7 +22,8 @@ import ChatTTS, vocos, encodec, vector_quantize_pytorch, num2words, cn2an, rq, r
 outside = [m.__name__ for m in (ChatTTS, vocos, rq) if not m.__file__.startswith(sys.argv[1])]
 sys.exit(f"device kit: imported from elsewhere: {outside}" if outside else 0)' "$site"
   echo "device kit: imports ok from $site"
-  if ! "$py" -c "import ChatTTS" >/dev/null 2>&1; then
+  # Whether this Python has ChatTTS, found without importing it (which would import torch and the model stack).
+  if ! "$py" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("ChatTTS") is None)'; then
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     echo "device kit: on PYTHONPATH"
   fi

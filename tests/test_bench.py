@@ -196,31 +196,51 @@ def test_kit_then_gpu_script_runs_its_reduced_cpu_mode(tiny_model: Path) -> None
         assert line in out, out
 
 
+# Bench scripts run one after another in one interpreter, each as `python SCRIPT ARGS` runs it (as __main__, with
+# its own sys.argv), the line in argv[1] printed after each; a script's nonzero exit ends the child with its status.
+SCRIPTS = """
+import json, runpy, sys
+done, commands = sys.argv[1], json.loads(sys.argv[2])
+for command in commands:
+    sys.argv = command
+    try:
+        runpy.run_path(command[0], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+    print(done, flush=True)
+"""
+SCRIPT_DONE = "-- bench script done --"
+
+
+def run_scripts(*commands: list[str], env: dict[str, str]) -> list[str]:
+    """Each command (a bench script and its arguments) run to its end in one child process, which imports torch and
+    ChatTTS once for them all; each one's stdout. Fails the test with the output's end when one fails."""
+    argv = [sys.executable, "-c", SCRIPTS, SCRIPT_DONE, json.dumps(commands)]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    *outputs, rest = done.stdout.split(SCRIPT_DONE + "\n")
+    assert len(outputs) == len(commands) and not rest, done.stdout[-3000:]
+    return outputs
+
+
 def test_the_cpu_step_tools_run_on_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     """bench/step_parts.py, engine_bench.py --floors and bench/worker_memory.py end to end on the tiny checkpoint:
     every part of a step reported at each batch size, a bandwidth, a step's bytes and the C step's time, and a
-    worker's memory with its 4-bit layers' bytes."""
+    worker's memory with its 4-bit layers' bytes. The three share one interpreter (engine_bench.py first, before
+    step_parts.py wraps the model's classes in its timers); worker_memory.py still loads in a process of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
-
-    def run(*args: str) -> str:
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done.stdout
-
-    parts = run("bench/step_parts.py", "--model", str(tiny_model), "--rounds", "1", "--batch-sizes", "1,2")
+    out, tuning = tmp_path / "engine.json", "loop:float32+int4-weight"
+    engine = ["bench/engine_bench.py", "--model", str(tiny_model), "--tunings", tuning, "--batch-sizes", "1"]
+    engine += ["--chunks", "1", "--rounds", "1", "--floors", "--json", str(out)]
+    parts = ["bench/step_parts.py", "--model", str(tiny_model), "--rounds", "1", "--batch-sizes", "1,2"]
+    memory = ["bench/worker_memory.py", "--model", str(tiny_model), "--settings", "TTS_QUANTIZE=int4-weight"]
+    _, parts_out, memory_out = run_scripts(engine, parts, memory, env=env)
     for size in (1, 2):
-        assert f"\nBatch {size} (" in parts
+        assert f"\nBatch {size} (" in parts_out
     for part in ("GPT step", "GPT prefill", "code heads", "sampling", "DVAE decoder", "Vocos", "Redis (a piece's"):
-        assert parts.count(f"| {part}") == 2, part
-    out = tmp_path / "engine.json"
-    tuning = "loop:float32+int4-weight"
-    run(
-        "bench/engine_bench.py",
-        *("--model", str(tiny_model), "--tunings", tuning, "--batch-sizes", "1", "--chunks", "1", "--rounds", "1"),
-        *("--floors", "--json", str(out)),
-    )
+        assert parts_out.count(f"| {part}") == 2, part
     floors = json.loads(out.read_text())["floors"]
     assert floors["tuning"] == tuning and floors["bandwidth"] > 1e8 and floors["gpt_step_seconds"] > 0
     assert all(floors["bytes"][part] > 0 for part in ("gpt", "heads", "decoders"))
-    memory = run("bench/worker_memory.py", "--model", str(tiny_model), "--settings", "TTS_QUANTIZE=int4-weight")
-    assert "| this tree | TTS_QUANTIZE=int4-weight | " in memory
+    assert "| this tree | TTS_QUANTIZE=int4-weight | " in memory_out
