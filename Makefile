@@ -65,10 +65,11 @@ lint: $(VENV)/.test
 
 # The linters run beside the tests (mypy keeps one core busy while the test
 # processes start); either failing fails `make test`, the linters' output last.
+# The slowest tests are listed at the end (--durations): where the suite's time goes.
 test: $(VENV)/.test
 	@mkdir -p .cache && url=$$(scripts/redis-url $(BIN)/python) && \
 	{ $(MAKE) --no-print-directory lint > .cache/lint.log 2>&1 & lint=$$!; } && \
-	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs -n $${TEST_PROCESSES:-4} --dist loadfile $(PYTEST_ARGS); \
+	REDIS_URL=$$url $(BIN)/python -m pytest -q -rs --durations=15 -n $${TEST_PROCESSES:-4} --dist loadfile $(PYTEST_ARGS); \
 	tests=$$?; wait $$lint; linted=$$?; cat .cache/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: the linters failed (above)" >&2; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
