@@ -17,13 +17,13 @@ import platform as platform_module
 import re
 import subprocess
 import sys
+import sysconfig
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pip
 import pytest
 from conftest import ROOT
 from packaging import tags
@@ -102,7 +102,9 @@ def fresh_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("fresh") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     (site,) = (venv / "lib").glob("python3*/site-packages")
-    ours = Path(pip.__file__).parent
+    # Found by path, not imported: importing pip tells setuptools' distutils shim that pip runs, and it stays
+    # off for the process (a later `torch.compile` in it then fails importing setuptools).
+    ours = Path(sysconfig.get_paths()["purelib"]) / "pip"
     for part in (ours, *ours.parent.glob("pip-*.dist-info")):
         (site / part.name).symlink_to(part, target_is_directory=True)
     return venv / "bin" / "python"
