@@ -38,10 +38,6 @@ from spawned import free_port  # noqa: E402  (a port outside the ephemeral range
 # Inductor compiles in a pool of processes, each importing torch anew: the suite keeps every core busy
 # already, so a test that compiles (the +compile fidelity check) does it in its own process.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-# A test process that imports pip (tests/test_repository.py reads its configuration) turns setuptools' distutils
-# shim off for good, and setuptools, which `torch.compile` imports, then fails its own check of the shim:
-# with the standard library's distutils asked for, neither depends on what a process ran before.
-os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 CLAIM = "tts-tests:claim"
 # The fixtures that start processes (uvicorn, worker.py, redis-server) or load the tiny checkpoint. A
 # test's `fixturenames` is the closure of what it uses, so one built on these is covered too.
