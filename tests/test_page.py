@@ -255,7 +255,8 @@ def test_a_voice_from_the_microphone_or_a_file_is_saved_and_speaks(
     # Recorded from the (fake) microphone for about 2 s, then saved with what it says.
     page.click("#record")  # type: ignore[attr-defined]
     page.wait_for_function(  # type: ignore[attr-defined]
-        "() => window.rec.stream && performance.now() - window.rec.started > 2000", timeout=DEADLINE_MS
+        "() => window.rec.stream && window.rec.chunks.reduce((n, c) => n + c.length, 0) > 2.05 * window.rec.rate",
+        timeout=DEADLINE_MS,
     )
     page.click("#record")  # type: ignore[attr-defined]
     page.wait_for_function("() => window.rec.wav !== null && !document.getElementById('sample-player').hidden")  # type: ignore[attr-defined]
