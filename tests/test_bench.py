@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -226,7 +227,8 @@ def run_scripts(*commands: list[str], env: dict[str, str]) -> list[str]:
 
 def test_the_cpu_step_tools_run_on_the_tiny_model(tiny_model: Path, tmp_path: Path) -> None:
     """bench/step_parts.py, engine_bench.py --floors and bench/worker_memory.py end to end on the tiny checkpoint:
-    every part of a step reported at each batch size, a bandwidth, a step's bytes and the C step's time, and a
+    every part of a step and the real-time factor reported at each batch size for this tree's C step and for HEAD's
+    (built from its own tree, as --before builds a commit's), a bandwidth, a step's bytes and the C step's time, and a
     worker's memory with its 4-bit layers' bytes. The three share one interpreter (engine_bench.py first, before
     step_parts.py wraps the model's classes in its timers); worker_memory.py still loads in a process of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
@@ -234,12 +236,17 @@ def test_the_cpu_step_tools_run_on_the_tiny_model(tiny_model: Path, tmp_path: Pa
     engine = ["bench/engine_bench.py", "--model", str(tiny_model), "--tunings", tuning, "--batch-sizes", "1"]
     engine += ["--chunks", "1", "--rounds", "1", "--floors", "--json", str(out)]
     parts = ["bench/step_parts.py", "--model", str(tiny_model), "--rounds", "1", "--batch-sizes", "1,2"]
+    parts += ["--before", "HEAD"]
     memory = ["bench/worker_memory.py", "--model", str(tiny_model), "--settings", "TTS_QUANTIZE=int4-weight"]
     _, parts_out, memory_out = run_scripts(engine, parts, memory, env=env)
     for size in (1, 2):
-        assert f"\nBatch {size} (" in parts_out
+        for build in ("this tree", "HEAD"):
+            assert re.search(rf"\nBatch {size} \({build}'s C step: .* real-time factor \d+\.\d\d \(", parts_out), build
     for part in ("GPT step", "GPT prefill", "code heads", "sampling", "DVAE decoder", "Vocos", "Redis (a piece's"):
-        assert parts_out.count(f"| {part}") == 2, part
+        assert parts_out.count(f"| {part}") == 4, part
+    paired = parts_out.split("This tree against HEAD, round by round on the same rows")[1]
+    for size in (1, 2):
+        assert re.search(rf"\n\| {size} \| \d+\.\d\dx \[", paired), paired
     floors = json.loads(out.read_text())["floors"]
     assert floors["tuning"] == tuning and floors["bandwidth"] > 1e8 and floors["gpt_step_seconds"] > 0
     assert all(floors["bytes"][part] > 0 for part in ("gpt", "heads", "decoders"))
