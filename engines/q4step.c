@@ -109,12 +109,15 @@ static void prepare(int rows, int cols, const float *x, Input in) {
                     in.sum + (size_t)r * cols / 32);
 }
 
-/* y (R x w->rows) = W x for R prepared inputs; W's rows split over the team's threads. */
+/* y (R x w->rows) = W x for R prepared inputs; W's rows split over the team's threads. At one or two inputs the
+   product streams W, and each row's words further on are fetched ahead of the kernel (fetch_ahead). */
 static void product(const Q4 *w, Input in, int R, float *y, int threads) {
 #define ROWS(k)                                                                                                       \
     case k:                                                                                                           \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int n = 0; n < w->rows; n++)         \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)") for (int n = 0; n < w->rows; n++) {       \
+            if (k <= 2) fetch_ahead(w, n);                                                                            \
             product_row(w, in, n, k, y);                                                                              \
+        }                                                                                                             \
         break;
     switch (R) {
         ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)

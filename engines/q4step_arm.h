@@ -151,6 +151,13 @@ static inline float32x4_t bf16x4(const uint16_t *p) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
 }
 
+/* The x86 kernels fetch a step's words ahead of the products; here the hardware prefetcher alone does (not
+   measured on aarch64 hardware). */
+static inline void fetch_ahead(const Q4 *w, int n) {
+    (void)w;
+    (void)n;
+}
+
 /* Row n of W times each of R prepared inputs, to y[r * w->rows + n]: four groups at a time, each group's integer
    dot scaled by its weights' scale times the input's, plus (zero - 8 scale) times the input's sum. Inlined with
    R constant. */

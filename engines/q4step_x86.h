@@ -119,6 +119,16 @@ static inline void nibbles(const uint16_t *words, __m256i *n) {
     n[3] = _mm256_srli_epi16(v, 12);
 }
 
+/* Row n's words as they lie 2 KiB further on (the next rows' words, since a thread's rows of W lie one after
+   another), fetched into L1 ahead of the kernel: at one or two inputs a product is a stream of the weights,
+   which the hardware prefetcher alone falls behind. A step's products ask for it; a prefill's do not, as their
+   arithmetic is the bound and a block of W is read again from L1 for every eight inputs. */
+static inline void fetch_ahead(const Q4 *w, int n) {
+    /* An address, not a pointer into W: past W's last rows it points at nothing, and a prefetch never faults. */
+    uintptr_t row = (uintptr_t)(w->words + (size_t)n * (w->cols / 4)) + 2048;
+    for (int at = 0; at < w->cols / 2; at += 64) _mm_prefetch((const char *)(row + (uintptr_t)at), _MM_HINT_T0);
+}
+
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
