@@ -309,6 +309,13 @@ def jobs_run(redis: Redis, queue: str) -> int:
     return sum(w.successful_job_count + w.failed_job_count for w in workers_of(redis, queue))
 
 
+def tree_at(commit: str, folder: Path) -> Path:
+    """`commit`'s tree (its tracked files, `git archive`) extracted into `folder`, which it returns."""
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
 def write_tiny_model(directory: Path, max_new_token: int | None = None, full_size: bool = False) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk); with
     `full_size`, ChatTTS's own sizes with random weights: the real model's cost, no download."""

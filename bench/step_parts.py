@@ -74,8 +74,7 @@ def built_at(commit: str, folder: Path) -> Path:
     tree, cache = folder / "tree", folder / "cache"
     tree.mkdir()
     cache.mkdir(mode=0o700)
-    archive = subprocess.run(["git", "archive", commit], cwd=spawned.ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    spawned.tree_at(commit, tree)
     code = f"from pathlib import Path\nfrom engines import q4build\nprint(q4build.build(cache=Path({str(cache)!r})).library)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     made = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True, check=True)

@@ -72,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="before-") as tmp:
         trees = {"this tree": spawned.ROOT}
         if args.before:
-            archive = subprocess.run(["git", "archive", args.before], cwd=spawned.ROOT, capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-            trees[f"{args.before}"] = Path(tmp)
+            trees[f"{args.before}"] = spawned.tree_at(args.before, Path(tmp))
         rows = []
         for _ in range(args.rounds):
             for env in sets:
