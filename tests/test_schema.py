@@ -129,6 +129,8 @@ def test_schemathesis_finds_nothing_against_the_running_service(tone_stack: Stac
         sys.executable,
         "-m",
         "schemathesis.cli",
+        "--config-file",
+        str(ROOT / "tests" / "schemathesis.toml"),
         "run",
         tone_stack.url + "/openapi.json",
         "--checks",
