@@ -17,9 +17,10 @@ SETTINGS_PAGE = ROOT / "docs" / "operating.md"
 # memory sizing, tenants): remove each from here once it is in the tree.
 PENDING: set[str] = set()
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-BENCHMARKS_LINES = 300
-# What the benchmark scripts replace in BENCHMARKS.md (bench/run.py, bench/soak.py, bench/cpu_engine.py).
-MARKERS = ("bench", "soak", "cpu-engine")
+BENCHMARKS_LINES = 330
+# What the benchmark scripts replace in BENCHMARKS.md (bench/run.py, bench/soak.py, bench/cpu_engine.py,
+# bench/capacity.py).
+MARKERS = ("bench", "soak", "cpu-engine", "capacity")
 
 
 def slug(heading: str) -> str:
