@@ -29,7 +29,11 @@ $(VENV)/.test: requirements-test.txt
 define venv_install
 	@$(call supported_python,$$(test -x $(BIN)/python && echo $(BIN)/python || echo $(PYTHON)))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
+	$(BIN)/python -m pip install -q --no-compile --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)
+	# Bytecode for what pip installed, on every core (pip compiles one file at a time: about half of
+	# a fresh install's time on 2 cores). As with pip, a file that does not compile is skipped (torch
+	# ships a few in syntax newer than this Python); Python reads their source if they are imported.
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib/python3*/site-packages || true
 	# PyPI's torchaudio is a CUDA build whose native libraries do not load
 	# beside torch 2.13; ChatTTS uses only its pure-Python parts, which work
 	# without them.
