@@ -56,7 +56,7 @@ def test_the_capacity_script_runs_both_trees_side_by_side(tiny_model: Path, tmp_
     out = tmp_path / "BENCH.md"
     out.write_text("# Bench\n\nkept\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TTS_")}
-    args = [sys.executable, "bench/capacity.py", "--model", str(tiny_model), "--rates", "2,4", "--requests", "4"]
+    args = [sys.executable, "bench/capacity.py", "--model", str(tiny_model), "--rates", "4,8", "--requests", "2"]
     args += ["--all", "--before", "HEAD", "--write", str(out)]
     done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -66,6 +66,6 @@ def test_the_capacity_script_runs_both_trees_side_by_side(tiny_model: Path, tmp_
         rows = re.findall(
             rf"^\| {side} \| (\d) \| (\d+) \| (\d+\.\d\d) / (\d+\.\d\d) \| (0|\d+ \([\d.]+\)) \| ", written, re.M
         )
-        assert [rate for rate, *_ in rows] == ["2", "4"], written  # --all: every rate, held or not
-        assert all(count == "4" and float(p50) <= float(p95) for _, count, p50, p95, _ in rows), written
+        assert [rate for rate, *_ in rows] == ["4", "8"], written  # --all: every rate, held or not
+        assert all(count == "2" and float(p50) <= float(p95) for _, count, p50, p95, _ in rows), written
         assert re.search(rf"^\*\*{side}: .*requests/s held", written, re.M), written

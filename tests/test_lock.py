@@ -71,7 +71,10 @@ def test_the_cpu_locks_hold_torchs_cpu_build_and_the_gpu_lock_pypis() -> None:
 
 def test_make_installs_the_locks_with_hashes_required() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    assert "pip install -q --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)" in makefile
+    install = "pip install -q --no-compile --require-hashes $$($(BIN)/python scripts/torch-source $(1)) -r $(1)"
+    assert install in makefile
+    # The bytecode pip does not write, compileall writes on every core, in the same recipe.
+    assert makefile.index(install) < makefile.index("-m compileall -qq -j 0 $(VENV)/lib/python3*/site-packages")
     assert "$(call venv_install,requirements-run.txt)" in makefile  # make run: no test tools
     assert "$(call venv_install,requirements-test.txt)" in makefile
     # `make test` runs the linters too (beside the tests) and fails when they fail.
