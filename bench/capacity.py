@@ -196,10 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     text += markdown_table(HEAD, [row(side, level, args.first_audio) for side in levels for level in levels[side]])
     for side, side_levels in levels.items():
         text += f"\n\n**{side}: {verdict(side_levels, args.first_audio)}**"
-    print("\n" + text)
-    if args.write:
-        figures.write_section(args.write, BEGIN, END, text)
-        say(f"wrote the table into {args.write}")
+    figures.publish(text, args.write, BEGIN, END)
     return 0
 
 

@@ -159,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             "one worker with its default threads on the same cores; RTF = the whole answer's time / its audio.\n\n"
         )
         text += markdown_table(HTTP_HEAD, http)
-    print("\n" + text)
-    if args.write:
-        figures.write_section(args.write, CPU_BEGIN, CPU_END, text)
-        say(f"wrote the table into {args.write}")
+    figures.publish(text, args.write, CPU_BEGIN, CPU_END)
     return 0
 
 

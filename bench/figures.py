@@ -115,3 +115,11 @@ def write_section(path: Path, begin: str, end: str, block: str) -> None:
         path.write_text(head + section + rest.split(end, 1)[1])
     else:
         path.write_text(text.rstrip() + "\n\n" + section + "\n")
+
+
+def publish(text: str, path: Path | None, begin: str, end: str) -> None:
+    """Print a script's table `text`; with `path`, also put it between the markers `begin` and `end` there."""
+    print("\n" + text, flush=True)
+    if path is not None:
+        write_section(path, begin, end, text)
+        print(f"wrote the table into {path}", flush=True)
