@@ -155,12 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         spawned.write_tiny_model(model, MAX_NEW_TOKEN, full_size=True)
     with Cluster() as cluster, tempfile.TemporaryDirectory(prefix="before-") as tmp:
         cluster.start_redis()
-        trees = {
-            "this tree": spawned.ROOT,
-            **({args.before: spawned.tree_at(args.before, Path(tmp))} if args.before else {}),
-        }
         urls: dict[str, str] = {}
-        for database, (side, tree) in enumerate(trees.items()):
+        for database, (side, tree) in enumerate(spawned.trees(args.before, Path(tmp)).items()):
             env = {"REDIS_URL": cluster.redis_url.rsplit("/", 1)[0] + f"/{database}"}
             # One model process at a time: OpenMP threads of processes warming up together spin against each other.
             say(f"{side}: a worker on {model.name}, default settings")

@@ -316,6 +316,12 @@ def tree_at(commit: str, folder: Path) -> Path:
     return folder
 
 
+def trees(before: str | None, folder: Path) -> dict[str, Path]:
+    """The trees a `--before` run compares, by label: this one ("this tree", the checkout itself) and, with
+    `before`, that commit's, extracted into `folder` (`tree_at`)."""
+    return {"this tree": ROOT, **({before: tree_at(before, folder)} if before else {})}
+
+
 def write_tiny_model(directory: Path, max_new_token: int | None = None, full_size: bool = False) -> Path:
     """The tiny ChatTTS checkpoint, written by the documented command (`max_new_token`: its cap per chunk); with
     `full_size`, ChatTTS's own sizes with random weights: the real model's cost, no download."""

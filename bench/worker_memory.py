@@ -70,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         spawned.write_tiny_model(model, 128, full_size=True)
     sets = [dict(pair.split("=", 1) for pair in group.split(",")) for group in args.settings.split(";") if group]
     with tempfile.TemporaryDirectory(prefix="before-") as tmp:
-        trees = {"this tree": spawned.ROOT}
-        if args.before:
-            trees[f"{args.before}"] = spawned.tree_at(args.before, Path(tmp))
+        trees = spawned.trees(args.before, Path(tmp))
         rows = []
         for _ in range(args.rounds):
             for env in sets:
